@@ -1,0 +1,1 @@
+"""lm-eval model adapters (installed as ``bosch_eval.model_adapters``)."""

@@ -1,0 +1,1 @@
+"""Head-mask builders and the BOSCH search (installed as ``bosch_eval.search``)."""
