@@ -1,0 +1,160 @@
+"""Sliding-window attention kernels for the SWA heads of a hybrid layer.
+
+One window semantics everywhere, the same as transformers' ``sliding_attention``
+layers (``masking_utils.sliding_window_overlay``): query ``t`` sees keys ``j`` with
+``t − W < j ≤ t``, i.e. ``W`` keys including itself.
+
+Positions: the keys handed to an attention function are contiguous and end at the last
+query (no cache, or a dynamic cache), so query ``i`` of ``T`` sits at key position
+``S − T + i``.
+
+Shapes follow transformers' attention functions: ``query [B, H, T, D]``,
+``key/value [B, G, S, D]`` (before the GQA repeat), output ``[B, T, H, D]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+
+def band_mask(q_len: int, kv_len: int, window: int, device: torch.device) -> torch.Tensor:
+    """Boolean ``[q_len, kv_len]`` mask of the causal window ``t − W < j ≤ t``."""
+    lag = (torch.arange(q_len, device=device) + (kv_len - q_len))[:, None] - torch.arange(kv_len, device=device)
+    return (lag >= 0) & (lag < window)
+
+
+def restrict_to_window(attention_mask: torch.Tensor | None, q_len: int, kv_len: int, window: int, device: torch.device) -> torch.Tensor:
+    """The model's 4D mask (padding, causality) intersected with the window band."""
+    band = band_mask(q_len, kv_len, window, device)[None, None]
+    if attention_mask is None:
+        return band
+    if attention_mask.dtype == torch.bool:
+        return attention_mask & band
+    return attention_mask.masked_fill(~band, torch.finfo(attention_mask.dtype).min)
+
+
+def masked_swa_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    window: int,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Reference SWA: SDPA with an explicit band mask. Exact, any device, O(T·S) work."""
+    mask = restrict_to_window(attention_mask, query.shape[2], key.shape[2], window, query.device)
+    return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
+
+
+def default_block_size(window: int) -> int:
+    """Query-block size of the blocked kernel.
+
+    A block of ``C`` queries computes ``C·(C + W − 1)`` scores for ``C·W`` useful ones,
+    so smaller blocks waste less; below ~16 queries the per-block overhead of the CPU
+    SDPA kernel dominates (measured with ``benchmarks/swa_attention.py``).
+    """
+    return max(16, window // 4)
+
+
+def _key_blocks(x: torch.Tensor, start: int, n_blocks: int, block: int, span: int) -> torch.Tensor:
+    """``[B, G, S, D]`` -> ``[B, n_blocks, G, span, D]``: block i holds keys ``start + i·block …``."""
+    x = x[:, :, start:] if start >= 0 else F.pad(x, (0, 0, -start, 0))
+    x = F.pad(x, (0, 0, 0, n_blocks * block + span - block - x.shape[2]))
+    return x.unfold(2, span, block).permute(0, 2, 1, 4, 3)
+
+
+def _mask_blocks(mask: torch.Tensor, start: int, q_len: int, n_blocks: int, block: int, span: int) -> torch.Tensor:
+    """Diagonal blocks of a ``[B, 1, T, S]`` bool mask -> ``[B, n_blocks, 1, block, span]``."""
+    mask = mask[:, 0]
+    mask = mask[:, :, start:] if start >= 0 else F.pad(mask, (-start, 0), value=False)
+    padded_q = n_blocks * block
+    # Padded query rows may look anywhere (their output is dropped); this keeps them finite.
+    mask = F.pad(mask, (0, padded_q + span - block - mask.shape[2], 0, padded_q - q_len), value=True).contiguous()
+    row_stride, col_stride = mask.stride(1), mask.stride(2)
+    blocks = mask.as_strided(
+        (mask.shape[0], n_blocks, block, span),
+        (mask.stride(0), block * (row_stride + col_stride), row_stride, col_stride),
+    )
+    return blocks[:, :, None]
+
+
+def blocked_swa_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    window: int,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    block_size: int | None = None,
+) -> torch.Tensor:
+    """SWA whose cost grows with T·W, not T²: each block of C queries attends only the
+    C + W − 1 keys its windows can reach, all blocks in one batched SDPA call.
+
+    Args:
+        query: ``[B, H, T, D]``.
+        key, value: ``[B, G, S, D]`` with ``S ≥ T``; H must be a multiple of G.
+        attention_mask: the model's boolean ``[B, 1, T, S]`` mask (padding), or None.
+        window: W, keys seen per query including itself.
+
+    Returns:
+        ``[B, T, H, Dv]``.
+    """
+    batch, heads, q_len, _ = query.shape
+    kv_len = key.shape[2]
+    block = min(block_size or default_block_size(window), q_len)
+    n_blocks = -(-q_len // block)
+    span = block + window - 1
+    # Key position (in key coordinates) of local key 0 in block 0.
+    start = kv_len - q_len - window + 1
+
+    q_blocks = F.pad(query, (0, 0, 0, n_blocks * block - q_len))
+    q_blocks = q_blocks.view(batch, heads, n_blocks, block, -1).transpose(1, 2)  # [B, nb, H, C, D]
+    k_blocks = _key_blocks(key, start, n_blocks, block, span)  # [B, nb, G, span, D]
+    v_blocks = _key_blocks(value, start, n_blocks, block, span)
+
+    device = query.device
+    local_q = torch.arange(block, device=device)[:, None]
+    local_k = torch.arange(span, device=device)[None, :]
+    # Query r of a block sits at local key r + W − 1, so its window is local keys r … r + W − 1.
+    allowed = (local_k >= local_q) & (local_k < local_q + window)  # [C, span]
+    key_pos = start + block * torch.arange(n_blocks, device=device)[:, None] + torch.arange(span, device=device)
+    allowed = allowed[None, None, None] & (key_pos >= 0)[None, :, None, None, :]  # [1, nb, 1, C, span]
+    if attention_mask is not None:
+        if attention_mask.dtype != torch.bool:
+            raise TypeError("blocked SWA expects a boolean attention mask (the sdpa mask format)")
+        allowed = allowed & _mask_blocks(attention_mask, start, q_len, n_blocks, block, span)
+
+    out = F.scaled_dot_product_attention(
+        q_blocks,
+        k_blocks,
+        v_blocks,
+        attn_mask=allowed,
+        dropout_p=dropout,
+        scale=scaling,
+        enable_gqa=heads != key.shape[1],
+    )  # [B, nb, H, C, Dv]
+    out = out.permute(0, 1, 3, 2, 4).reshape(batch, n_blocks * block, heads, -1)
+    return out[:, :q_len]
+
+
+def flash_swa_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    window: int,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """flash-attn 2 with ``window_size``; transformers maps ``sliding_window=W`` to
+    ``window_size=(W − 1, W − 1)``, which under causality is exactly our window."""
+    from transformers.integrations.flash_attention import flash_attention_forward  # needs flash_attn, CUDA
+
+    kwargs.pop("sliding_window", None)
+    return flash_attention_forward(module, query, key, value, attention_mask, sliding_window=window, **kwargs)

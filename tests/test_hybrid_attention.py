@@ -1,0 +1,206 @@
+"""Hybrid attention against its oracles: the unpatched model, transformers' own sliding
+layers, and a dense eager reference with an explicit band mask per head."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from bosch_eval.hybrid_attention import hybrid_state, hybridize
+from bosch_eval.masks import HeadMask, MaskError, ModelShape
+from tests.conftest import FAMILIES, left_padded_batch, tiny_model
+
+WINDOW = 5
+CPU_BACKENDS = ["sdpa", "blocked"]
+REFERENCE = "bosch_test_dense_band_reference"
+
+
+def random_mask(model, seed: int) -> HeadMask:
+    """A mask with every kind of layer: all full, all SWA and mixed."""
+    shape = ModelShape.from_config(model.config)
+    generator = torch.Generator().manual_seed(seed)
+    rows = torch.randint(0, 2, (shape.num_layers, shape.num_kv_heads), generator=generator).tolist()
+    rows[0] = [1] * shape.num_kv_heads
+    rows[1] = [0] * shape.num_kv_heads
+    rows[2] = [(g + seed) % 2 for g in range(shape.num_kv_heads)]
+    return HeadMask.from_rows(rows, shape.num_heads, window=WINDOW)
+
+
+def dense_band_reference(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """Eager attention over every head with an explicit [T, S] band for the SWA heads."""
+    mask: HeadMask = module.reference_mask
+    heads_per_group = module.num_key_value_groups
+    key = key.repeat_interleave(heads_per_group, dim=1)
+    value = value.repeat_interleave(heads_per_group, dim=1)
+    q_len, kv_len = query.shape[2], key.shape[2]
+    query_pos = torch.arange(q_len)[:, None] + kv_len - q_len
+    lag = query_pos - torch.arange(kv_len)[None, :]
+    allowed = attention_mask.expand(query.shape[0], query.shape[1], q_len, kv_len).clone()
+    for head, bit in enumerate(mask.query_head_bits()[module.layer_idx]):
+        if not bit:
+            allowed[:, head] &= (lag >= 0) & (lag < mask.window)
+    # float64 inside, so the oracle's own rounding stays far below the tolerance.
+    scores = (query.double() @ key.double().transpose(2, 3)) * scaling
+    # Padding queries see no key at all; zero them so their NaNs cannot leak via value rows.
+    weights = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1).nan_to_num(0.0)
+    return (weights @ value.double()).to(query.dtype).transpose(1, 2), None
+
+
+def reference_logits(model, mask: HeadMask, ids, attention) -> torch.Tensor:
+    AttentionInterface.register(REFERENCE, dense_band_reference)
+    # sdpa_mask without its causal-skip shortcut: the reference always gets an explicit mask.
+    AttentionMaskInterface.register(REFERENCE, lambda *a, **k: sdpa_mask(*a, **{**k, "allow_is_causal_skip": False}))
+    original = model.config._attn_implementation
+    for module in model.modules():
+        if hasattr(module, "num_key_value_groups"):
+            module.reference_mask = mask
+    model.set_attn_implementation(REFERENCE)
+    try:
+        with torch.no_grad():
+            return model(input_ids=ids, attention_mask=attention).logits
+    finally:
+        model.set_attn_implementation(original)
+
+
+def logits(model, ids, attention=None) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=attention).logits
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_all_full_mask_is_bit_identical_to_unpatched_model(family, backend):
+    model = tiny_model(family)
+    ids, attention = left_padded_batch(model.config.vocab_size, [40, 31, 17])
+    expected_padded = logits(model, ids, attention)
+    expected_plain = logits(model, ids[:1])
+    hybridize(model, HeadMask.uniform(ModelShape.from_config(model.config), full=True, window=WINDOW), backend=backend)
+    assert model.config._attn_implementation == "bosch_sdpa"
+    assert torch.equal(logits(model, ids, attention), expected_padded)
+    assert torch.equal(logits(model, ids[:1]), expected_plain)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("family", ["qwen3", "qwen2"])
+def test_whole_layer_swa_matches_transformers_sliding_layers(family, backend):
+    layer_types = ["sliding_attention", "full_attention", "sliding_attention"]
+    native = tiny_model(family, layer_types=layer_types, use_sliding_window=True, sliding_window=WINDOW)
+    assert [m.sliding_window for m in native.model.layers.modules() if hasattr(m, "num_key_value_groups")] == [
+        WINDOW,
+        None,
+        WINDOW,
+    ]
+    ids, attention = left_padded_batch(native.config.vocab_size, [40, 33])
+    expected = logits(native, ids, attention)
+
+    hybrid = tiny_model(family)
+    hybrid.load_state_dict(native.state_dict())
+    shape = ModelShape.from_config(hybrid.config)
+    rows = [[int(kind == "full_attention")] * shape.num_kv_heads for kind in layer_types]
+    hybridize(hybrid, HeadMask.from_rows(rows, shape.num_heads, window=WINDOW), backend=backend)
+    got = logits(hybrid, ids, attention)
+    torch.testing.assert_close(got[attention.bool()], expected[attention.bool()], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_per_group_masks_match_dense_band_reference(family, backend):
+    model = tiny_model(family, seed=3)
+    ids, attention = left_padded_batch(model.config.vocab_size, [40, 26, 9], seed=4)
+    for seed in range(2):
+        mask = random_mask(model, seed)
+        expected = reference_logits(model, mask, ids, attention)
+        hybridize(model, mask, backend=backend)
+        got = logits(model, ids, attention)
+        torch.testing.assert_close(got[attention.bool()], expected[attention.bool()], atol=1e-5, rtol=0)
+
+
+def test_the_window_changes_the_output():
+    """Guards the oracles above: an SWA mask must not equal full attention."""
+    model = tiny_model("qwen3")
+    ids, _ = left_padded_batch(model.config.vocab_size, [40])
+    full = logits(model, ids)
+    hybridize(model, HeadMask.uniform(ModelShape.from_config(model.config), full=False, window=WINDOW))
+    assert (logits(model, ids) - full).abs().max() > 1e-3
+
+
+def test_mask_swaps_in_place_reproduce_outputs_and_leave_weights_untouched():
+    model = tiny_model("llama")
+    ids, attention = left_padded_batch(model.config.vocab_size, [40, 21])
+    pointers = {name: p.data_ptr() for name, p in model.named_parameters()}
+    weights = {name: p.detach().clone() for name, p in model.named_parameters()}
+    first, second = random_mask(model, 0), random_mask(model, 1)
+    state = hybridize(model, first)
+    out_first = logits(model, ids, attention)
+    state.set_mask(second)
+    out_second = logits(model, ids, attention)
+    state.set_mask(first)
+    assert torch.equal(logits(model, ids, attention), out_first)
+    assert not torch.equal(out_first, out_second)
+    assert hybridize(model, second) is state  # re-applying swaps too, never stacks patches
+    assert torch.equal(logits(model, ids, attention), out_second)
+    assert {name: p.data_ptr() for name, p in model.named_parameters()} == pointers
+    assert all(torch.equal(p, weights[name]) for name, p in model.named_parameters())
+
+
+def test_greedy_decoding_with_cache_matches_recomputation():
+    """The SWA kernels place queries correctly when keys come from a cache."""
+    model = tiny_model("qwen3")
+    hybridize(model, random_mask(model, 0), backend="blocked")
+    ids, _ = left_padded_batch(model.config.vocab_size, [12])
+    generated = model.generate(ids, max_new_tokens=8, do_sample=False, min_new_tokens=8)
+    recomputed = ids
+    for _ in range(8):
+        next_token = logits(model, recomputed)[:, -1].argmax(-1, keepdim=True)
+        recomputed = torch.cat([recomputed, next_token], dim=1)
+    assert torch.equal(generated, recomputed)
+
+
+class TestErrors:
+    def test_mask_for_another_model_is_rejected(self):
+        model = tiny_model("qwen3")
+        shape = ModelShape.from_config(model.config)
+        wrong_layers = HeadMask.uniform(ModelShape(shape.num_layers + 1, 8, 4), full=True, window=4)
+        with pytest.raises(MaskError, match=r"mask.json: field 'num_layers' is 4, but the model .* has num_layers=3"):
+            hybridize(model, wrong_layers, source="mask.json")
+        wrong_groups = HeadMask.uniform(ModelShape(shape.num_layers, 8, 2), full=True, window=4)
+        with pytest.raises(MaskError, match="field 'num_kv_heads' is 2, but the model .* has num_kv_heads=4"):
+            hybridize(model, wrong_groups)
+
+    def test_window_is_required(self):
+        model = tiny_model("qwen3")
+        with pytest.raises(MaskError, match="field 'window' is missing"):
+            hybridize(model, HeadMask.uniform(ModelShape.from_config(model.config), full=False))
+
+    def test_unknown_and_unavailable_backends(self):
+        model = tiny_model("qwen3")
+        mask = HeadMask.uniform(ModelShape.from_config(model.config), full=False, window=4)
+        with pytest.raises(MaskError, match=r"attn_backend: expected one of \['auto'"):
+            hybridize(model, mask, backend="triton")
+        with pytest.raises(MaskError, match="'flash_attention_2' needs a CUDA model"):
+            hybridize(model, mask, backend="flash_attention_2")
+
+    def test_unhybridized_model_has_no_state(self):
+        with pytest.raises(RuntimeError, match="not hybridized"):
+            hybrid_state(tiny_model("qwen3"))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_flash_backend_matches_dense_band_reference(family):
+    pytest.importorskip("flash_attn", reason="needs flash-attn (pip install 'bosch-eval[flash]')")
+    model = tiny_model(family, seed=3).to("cuda", torch.bfloat16)
+    ids, attention = left_padded_batch(model.config.vocab_size, [40, 26, 9], seed=4)
+    ids, attention = ids.cuda(), attention.cuda()
+    for seed in range(2):
+        mask = random_mask(model, seed)
+        expected = reference_logits(model.float(), mask, ids, attention)
+        model.to(torch.bfloat16)
+        hybridize(model, mask, backend="flash_attention_2")
+        got = logits(model, ids, attention).float()
+        # bf16 activations: compare at bf16 resolution.
+        torch.testing.assert_close(got[attention.bool()], expected[attention.bool()], atol=5e-2, rtol=5e-2)
+        model.set_attn_implementation("sdpa")
