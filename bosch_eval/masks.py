@@ -88,6 +88,14 @@ class ModelShape:
         """Query heads per KV group (H / G)."""
         return self.num_heads // self.num_kv_heads
 
+    def check_matches(self, model: ModelShape, source: str, model_name: str | None = None) -> None:
+        """Raise a MaskError naming ``source`` unless this shape (of a file) equals the model's."""
+        name = f" ({model_name})" if model_name else ""
+        for attr in ("num_layers", "num_heads", "num_kv_heads"):
+            got, want = getattr(self, attr), getattr(model, attr)
+            if got != want:
+                raise MaskError(f"{source}: field '{attr}' is {got}, but the model{name} has {attr}={want}")
+
 
 @dataclass(frozen=True)
 class HeadMask:
@@ -160,11 +168,7 @@ class HeadMask:
 
     def check_fits(self, shape: ModelShape, source: str = "mask", model: str | None = None) -> None:
         """Raise a MaskError naming ``source`` unless this mask was made for ``shape``."""
-        name = f" ({model})" if model else ""
-        for attr in ("num_layers", "num_heads", "num_kv_heads"):
-            got, want = getattr(self.shape, attr), getattr(shape, attr)
-            if got != want:
-                raise MaskError(f"{source}: field '{attr}' is {got}, but the model{name} has {attr}={want}")
+        self.shape.check_matches(shape, source, model)
 
     # -- JSON -------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:

@@ -1,0 +1,149 @@
+"""The ``bosch`` lm-eval model: any Hugging Face causal LM with a hybrid full/SWA head mask.
+
+    lm_eval --model bosch --model_args pretrained=Qwen/Qwen3-1.7B-Base,mask=mask.json --tasks ...
+
+model_args (besides everything HFLM accepts):
+
+* ``mask=FILE``: a ``bosch-mask/1`` file;
+* ``ranking=FILE,ratio=R``: a ``bosch-ranking/1`` file, its ⌈R·L·G⌉ most local groups to SWA;
+* ``layers=intr|bme|rand,ratio=R[,seed=S]``: a layer heuristic (``seed`` for ``rand``);
+* ``window=W``: overrides the window stored in the mask or ranking;
+* ``attn_backend=auto|sdpa|blocked|flash_attention_2``.
+
+Programmatic use (search mode): ``BoschLM(pretrained=<loaded model>, tokenizer=..., mask=...)``
+then :meth:`BoschLM.set_mask` to swap masks without reloading.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+from lm_eval.models.utils import Collator
+from lm_eval.models.utils_hf import pad_and_concat
+from tqdm import tqdm
+
+from bosch_eval.hybrid_attention import HybridAttention, hybridize
+from bosch_eval.mask_sources import resolve_mask
+from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
+from bosch_eval.model_adapters.continuation_logits import logits_at, scored_positions
+
+
+@register_model("bosch")
+class BoschLM(HFLM):
+    """HFLM with a BOSCH head mask applied through the hybrid attention implementation."""
+
+    def __init__(
+        self,
+        pretrained: str | torch.nn.Module,
+        mask: str | Path | HeadMask | None = None,
+        ranking: str | Path | HeadRanking | None = None,
+        layers: str | None = None,
+        ratio: float | None = None,
+        seed: int | None = None,
+        window: int | None = None,
+        attn_backend: str = "auto",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(pretrained=pretrained, **kwargs)
+        if self.backend != "causal":
+            raise MaskError(f"bosch: hybrid attention needs a decoder-only (causal) model, got backend={self.backend!r}")
+        model_name = pretrained if isinstance(pretrained, str) else getattr(self.model.config, "_name_or_path", None)
+        self._window_override = window
+        head_mask, source = resolve_mask(
+            ModelShape.from_config(self.model.config),
+            mask=mask,
+            ranking=ranking,
+            layers=layers,
+            ratio=ratio,
+            seed=seed,
+            window=window,
+            model_name=model_name,
+        )
+        self.hybrid: HybridAttention = hybridize(self.model, head_mask, backend=attn_backend, source=source)
+
+    @property
+    def head_mask(self) -> HeadMask:
+        return self.hybrid.mask
+
+    def set_mask(self, mask: HeadMask) -> None:
+        """Swap the head mask in place (no reload, no weight copy). A ``window=`` given
+        at construction still overrides the mask's own window."""
+        window = self._window_override if self._window_override is not None else mask.window
+        self.hybrid.set_mask(mask, window)
+
+    def get_model_info(self) -> dict[str, Any]:
+        info = super().get_model_info()
+        mask = self.hybrid.mask
+        info.update(
+            bosch_swa_ratio=mask.swa_ratio,
+            bosch_window=self.hybrid.window,
+            bosch_method=mask.method,
+            bosch_attn_backend=self.hybrid.backend,
+            bosch_mask=[list(row) for row in mask.bits],
+        )
+        return info
+
+    def _loglikelihood_tokens(
+        self,
+        requests: list[tuple[tuple[str, str], list[int], list[int]]],
+        disable_tqdm: bool = False,
+        override_bs: int | None = None,
+    ) -> list[tuple[float, bool]]:
+        """HFLM's scoring loop (same ordering, batching, truncation and caching), but
+        logits are computed only at the positions that predict continuation tokens."""
+        collator = Collator(
+            requests,
+            sort_fn=lambda req: (-len(req[1] + req[2]), tuple(req[1] + req[2])),
+            group_by="contexts" if self.logits_cache else None,
+            # Requests that share context + continuation[:-1] reuse one forward pass.
+            group_fn=lambda req: req[-2] + req[-1][:-1],
+        )
+        if self.batch_size == "auto" and not override_bs:
+            self.batch_sizes = {}  # detect again for these requests, as HFLM does
+            batches = collator.get_batched(n=0, batch_fn=self._batch_scheduler if len(collator) else None)
+        else:
+            batches = collator.get_batched(n=override_bs if self.batch_size == "auto" else self.batch_size)
+
+        results: list[tuple[float, bool]] = []
+        progress = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0, desc="Running loglikelihood requests")
+        for batch in batches:
+            # Left-truncate to max_length + 1 tokens and drop the last: HFLM's causal input.
+            inputs = [(context + continuation)[-(self.max_length + 1) :][:-1] for _, context, continuation in batch]
+            continuations = [continuation for _, _, continuation in batch]
+            input_ids = pad_and_concat(
+                max(map(len, inputs)),
+                [torch.tensor(row, dtype=torch.long, device=self.device) for row in inputs],
+                padding_side="right",
+            )  # [B, T]
+            positions = scored_positions([len(row) for row in inputs], [len(c) for c in continuations], self.device)
+            with (
+                torch.no_grad(),
+                torch.autocast(
+                    device_type=self.device.type,
+                    dtype=self.mixed_precision_dtype,
+                    enabled=self.mixed_precision_dtype is not None,
+                ),
+            ):
+                log_probs = F.log_softmax(logits_at(self.model, input_ids, positions), dim=-1, dtype=self.softmax_dtype)
+            for (request, context, _), row_log_probs, continuation in zip(batch, log_probs, continuations, strict=True):
+                row_log_probs = row_log_probs[: len(continuation)].unsqueeze(0)  # [1, k, V]
+                greedy = row_log_probs.argmax(dim=-1)
+                for request, cont_tokens, cached in collator.get_cache(
+                    req_str=request, cxt_toks=context, cont_toks=continuation, logits=row_log_probs
+                ):
+                    target = torch.tensor(cont_tokens, dtype=torch.long, device=self.device)[None]  # [1, k']
+                    # Same-context requests may score a shorter suffix of the continuation.
+                    is_greedy = bool((greedy[:, -target.shape[1] :] == target).all())
+                    log_likelihood = float(cached[:, -target.shape[1] :].gather(2, target[..., None]).sum())
+                    answer = (log_likelihood, is_greedy)
+                    results.append(answer)
+                    if request is not None:
+                        self.cache_hook.add_partial("loglikelihood", request, answer)
+                    progress.update(1)
+        progress.close()
+        return collator.get_original(results)

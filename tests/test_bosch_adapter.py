@@ -1,0 +1,177 @@
+"""The `bosch` lm-eval adapter: same scores as HFLM under an all-full mask, masks from
+every source, in-place swaps, and continuation-only logits."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import lm_eval
+import pytest
+import torch
+from lm_eval.api.instance import Instance
+from lm_eval.models.huggingface import HFLM
+from lm_eval.tasks import TaskManager
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
+from bosch_eval.model_adapters.bosch import BoschLM
+from bosch_eval.model_adapters.continuation_logits import logits_at, scored_positions
+from tests.conftest import tiny_model
+
+FIXTURE_TASKS = Path(__file__).parent / "fixtures" / "tasks"
+
+
+def all_full_mask(model_dir: Path, window: int = 4) -> HeadMask:
+    shape = ModelShape.from_config(AutoModelForCausalLM.from_pretrained(model_dir).config)
+    return HeadMask.uniform(shape, full=True, window=window)
+
+
+def requests() -> list[Instance]:
+    pairs = [
+        ("The quick brown fox", " jumps over the lazy dog."),
+        ("The quick brown fox", " jumps"),
+        ("The quick brown fox", " sleeps"),
+        ("A needle hides in the haystack:", " 7 3 1."),
+        ("A needle", " hides in the haystack: 7 3 1. The quick brown fox jumps over the lazy dog."),
+    ]
+    return [Instance("loglikelihood", {}, pair, idx) for idx, pair in enumerate(pairs)]
+
+
+@pytest.fixture
+def lms(tiny_model_dir):
+    hf = HFLM(pretrained=str(tiny_model_dir), device="cpu", batch_size=3, dtype="float32")
+    bosch = BoschLM(
+        pretrained=str(tiny_model_dir), device="cpu", batch_size=3, dtype="float32", layers="intr", ratio=0.0, window=4
+    )
+    return hf, bosch
+
+
+def test_all_full_mask_scores_like_hflm(lms):
+    hf, bosch = lms
+    expected = hf.loglikelihood(requests())
+    got = bosch.loglikelihood(requests())
+    assert [greedy for _, greedy in got] == [greedy for _, greedy in expected]
+    torch.testing.assert_close(torch.tensor([ll for ll, _ in got]), torch.tensor([ll for ll, _ in expected]), atol=1e-5, rtol=0)
+
+
+def test_rolling_loglikelihood_goes_through_the_same_scoring(lms):
+    hf, bosch = lms
+    text = [Instance("loglikelihood_rolling", {}, ("The quick brown fox jumps over the lazy dog. " * 6,), 0)]
+    torch.testing.assert_close(
+        torch.tensor(bosch.loglikelihood_rolling(text)), torch.tensor(hf.loglikelihood_rolling(text)), atol=1e-4, rtol=0
+    )
+
+
+def test_set_mask_swaps_scores_and_back(lms):
+    _, bosch = lms
+    full = bosch.loglikelihood(requests())
+    all_swa = HeadMask.uniform(ModelShape.from_config(bosch.model.config), full=False, window=2)
+    bosch.set_mask(all_swa)
+    assert bosch.head_mask == all_swa and bosch.hybrid.window == 4  # window= from construction wins
+    swa = bosch.loglikelihood(requests())
+    assert max(abs(a[0] - b[0]) for a, b in zip(full, swa)) > 1e-3
+    bosch.set_mask(HeadMask.uniform(ModelShape.from_config(bosch.model.config), full=True))
+    assert bosch.loglikelihood(requests()) == full
+
+
+def test_preloaded_model_and_model_info(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    lm = BoschLM(pretrained=model, tokenizer=tokenizer, mask=all_full_mask(tiny_model_dir, window=8), batch_size=2)
+    assert lm.model is model and lm.hybrid.window == 8
+    info = lm.get_model_info()
+    assert info["bosch_swa_ratio"] == 0.0 and info["bosch_window"] == 8
+
+
+class TestMaskSources:
+    def test_mask_file(self, tiny_model_dir, tmp_path):
+        mask = HeadMask.from_rows([[0, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0]], 8, window=6)
+        mask.save(tmp_path / "mask.json")
+        lm = BoschLM(pretrained=str(tiny_model_dir), device="cpu", mask=str(tmp_path / "mask.json"))
+        assert lm.head_mask.bits == mask.bits and lm.hybrid.window == 6
+        assert BoschLM(pretrained=str(tiny_model_dir), device="cpu", mask=str(tmp_path / "mask.json"), window=3).hybrid.window == 3
+
+    def test_ranking_file(self, tiny_model_dir, tmp_path):
+        scores = [[float(layer * 4 + g) for g in range(4)] for layer in range(3)]
+        HeadRanking(tuple(map(tuple, scores)), "higher", "dcam", 8, window=5).save(tmp_path / "ranking.json")
+        lm = BoschLM(pretrained=str(tiny_model_dir), device="cpu", ranking=str(tmp_path / "ranking.json"), ratio=0.25)
+        assert lm.head_mask.bits == ((1, 1, 1, 1), (1, 1, 1, 1), (1, 0, 0, 0))
+        assert lm.hybrid.window == 5
+
+    @pytest.mark.parametrize(("layers", "seed"), [("intr", None), ("bme", None), ("rand", 1)])
+    def test_layer_heuristics(self, tiny_model_dir, layers, seed):
+        lm = BoschLM(pretrained=str(tiny_model_dir), device="cpu", layers=layers, ratio=0.5, seed=seed, window=4)
+        assert sum(not any(row) for row in lm.head_mask.bits) == 2  # ⌈0.5·3⌉ layers
+
+    @pytest.mark.parametrize(
+        ("args", "message"),
+        [
+            ({}, r"expected exactly one mask source .* got none"),
+            ({"layers": "intr", "ratio": 0.5, "mask": "m.json"}, r"got \['layers', 'mask'\]"),
+            ({"layers": "intr", "window": 4}, r"ratio: layers= needs ratio=R"),
+            ({"layers": "intr", "ratio": 1.5, "window": 4}, r"ratio: expected an SWA ratio in \[0, 1\], got 1.5"),
+            ({"layers": "top", "ratio": 0.5, "window": 4}, r"unknown layer heuristic 'top'"),
+            ({"layers": "intr", "ratio": 0.5}, r"layers=intr: field 'window' is missing"),
+            ({"layers": "bme", "ratio": 0.5, "seed": 3, "window": 4}, r"seed: only layers=rand is random"),
+            ({"mask": "missing.json"}, r"missing.json: no such file"),
+            ({"layers": "intr", "ratio": 0.5, "window": 4, "attn_backend": "xformers"}, r"attn_backend: expected one of"),
+            ({"layers": "intr", "ratio": 0.5, "window": 0}, r"window: expected a positive integer"),
+        ],
+    )
+    def test_bad_arguments(self, tiny_model_dir, args, message):
+        with pytest.raises(MaskError, match=message):
+            BoschLM(pretrained=str(tiny_model_dir), device="cpu", **args)
+
+    def test_mask_for_another_model(self, tiny_model_dir, tmp_path):
+        HeadMask.uniform(ModelShape(3, 8, 2), full=True, window=4).save(tmp_path / "other.json")
+        with pytest.raises(MaskError, match=r"other.json: field 'num_kv_heads' is 2, but the model .* has num_kv_heads=4"):
+            BoschLM(pretrained=str(tiny_model_dir), device="cpu", mask=str(tmp_path / "other.json"))
+
+
+class TestContinuationLogits:
+    def test_positions_per_row(self):
+        positions = scored_positions([10, 6], [3, 1], torch.device("cpu"))
+        assert positions.tolist() == [[7, 8, 9], [5, 5, 5]]
+
+    def test_equal_to_full_logits_and_only_k_positions_computed(self):
+        model = tiny_model("llama")
+        ids = torch.randint(0, 300, (2, 30))
+        positions = scored_positions([30, 17], [4, 2], torch.device("cpu"))
+        with torch.no_grad():
+            full = model(ids).logits
+            got = logits_at(model, ids, positions)
+        assert got.shape == (2, 4, 300)
+        expected = full.gather(1, positions[..., None].expand(-1, -1, 300))
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+        assert not model.get_output_embeddings()._forward_pre_hooks  # the hook does not outlive the call
+
+
+@pytest.mark.slow
+def test_simple_evaluate_bosch_equals_hf_per_sample(tiny_model_dir):
+    """lm-eval end to end, both models on the same local data, per-sample log-likelihoods."""
+    task_manager = TaskManager(include_path=str(FIXTURE_TASKS), include_defaults=False)
+    per_model = {}
+    for model, extra in (("hf", ""), ("bosch", ",layers=bme,ratio=0,window=4")):
+        out = lm_eval.simple_evaluate(
+            model=model,
+            model_args=f"pretrained={tiny_model_dir},dtype=float32{extra}",
+            tasks=["bosch_test_choice", "bosch_test_continuation"],
+            task_manager=task_manager,
+            device="cpu",
+            batch_size=4,
+            log_samples=True,
+            bootstrap_iters=0,
+        )
+        per_model[model] = out
+    for task in ("bosch_test_choice", "bosch_test_continuation"):
+        hf_samples, bosch_samples = per_model["hf"]["samples"][task], per_model["bosch"]["samples"][task]
+        assert len(hf_samples) == len(bosch_samples) == 12
+        for hf_doc, bosch_doc in zip(hf_samples, bosch_samples, strict=True):
+            hf_ll = [float(resp[0][0]) for resp in hf_doc["resps"]]
+            bosch_ll = [float(resp[0][0]) for resp in bosch_doc["resps"]]
+            assert bosch_ll == pytest.approx(hf_ll, abs=1e-5)
+            assert [resp[0][1] for resp in hf_doc["resps"]] == [resp[0][1] for resp in bosch_doc["resps"]]
+        assert per_model["hf"]["results"][task]["acc,none"] == per_model["bosch"]["results"][task]["acc,none"]
+    assert json.dumps(per_model["bosch"]["config"]["model_args"])  # the mask args are recorded with results
