@@ -1,0 +1,53 @@
+"""The bosch-eval command line: mask show and mask from-ranking."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from bosch_eval.cli import main
+from bosch_eval.masks import HeadMask, HeadRanking
+
+
+@pytest.fixture
+def ranking_file(tmp_path):
+    scores = ((0.9, 0.1, 0.5, 0.2), (0.3, 0.8, 0.4, 0.7))
+    path = tmp_path / "ranking.json"
+    HeadRanking(scores, "higher", "dcam", 8, window=16, model="tiny").save(path)
+    return path
+
+
+def test_from_ranking_writes_mask_and_show_prints_it(ranking_file, tmp_path, capsys):
+    out = tmp_path / "mask.json"
+    assert main(["mask", "from-ranking", str(ranking_file), "--ratio", "0.5", "--out", str(out)]) == 0
+    mask = HeadMask.load(out)
+    assert mask.bits == ((0, 1, 0, 1), (1, 0, 1, 0)) and mask.window == 16 and mask.method == "dcam"
+    capsys.readouterr()
+    assert main(["mask", "show", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "L=2 layers × G=4 KV groups (H=8 query heads)" in printed
+    assert "SWA ratio  0.5000 (4 of 8 KV groups)" in printed
+    assert "window     16" in printed and "method     dcam" in printed
+    assert "layer 0    ·█·█" in printed and "layer 1    █·█·" in printed
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["mask", "show", "nope.json"], "nope.json: no such file"),
+        (["mask", "from-ranking", "RANKING", "--ratio", "1.2", "--out", "x.json"], "expected an SWA ratio in [0, 1], got 1.2"),
+    ],
+)
+def test_errors_exit_2_with_message(ranking_file, tmp_path, capsys, argv, message):
+    argv = [str(ranking_file) if a == "RANKING" else a for a in argv]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_console_script_is_installed():
+    executable = shutil.which("bosch-eval")
+    assert executable, "bosch-eval is not on PATH: install the package (pip install -e .)"
+    result = subprocess.run([executable, "mask", "--help"], capture_output=True, text=True, check=True)
+    assert "from-ranking" in result.stdout
