@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -47,7 +48,7 @@ def test_errors_exit_2_with_message(ranking_file, tmp_path, capsys, argv, messag
 
 
 def test_console_script_is_installed():
-    executable = shutil.which("bosch-eval")
-    assert executable, "bosch-eval is not on PATH: install the package (pip install -e .)"
-    result = subprocess.run([executable, "mask", "--help"], capture_output=True, text=True, check=True)
+    executable = Path(sys.executable).parent / "bosch-eval"
+    assert executable.exists(), f"no {executable}: install the package (pip install -e .)"
+    result = subprocess.run([str(executable), "mask", "--help"], capture_output=True, text=True, check=True)
     assert "from-ranking" in result.stdout
