@@ -55,10 +55,10 @@ def default_block_size(window: int) -> int:
     """Query-block size of the blocked kernel.
 
     A block of ``C`` queries computes ``C·(C + W − 1)`` scores for ``C·W`` useful ones,
-    so smaller blocks waste less; below ~16 queries the per-block overhead of the CPU
+    so smaller blocks waste less; below ~32 queries the per-block overhead of the CPU
     SDPA kernel dominates (measured with ``benchmarks/swa_attention.py``).
     """
-    return max(16, window // 4)
+    return max(32, window // 4)
 
 
 def _key_blocks(x: torch.Tensor, start: int, n_blocks: int, block: int, span: int) -> torch.Tensor:
@@ -69,18 +69,17 @@ def _key_blocks(x: torch.Tensor, start: int, n_blocks: int, block: int, span: in
 
 
 def _mask_blocks(mask: torch.Tensor, start: int, q_len: int, n_blocks: int, block: int, span: int) -> torch.Tensor:
-    """Diagonal blocks of a ``[B, 1, T, S]`` bool mask -> ``[B, n_blocks, 1, block, span]``."""
+    """Diagonal blocks of a ``[B, 1, T, S]`` bool mask -> ``[B, n_blocks, block, span]``."""
     mask = mask[:, 0]
     mask = mask[:, :, start:] if start >= 0 else F.pad(mask, (-start, 0), value=False)
     padded_q = n_blocks * block
     # Padded query rows may look anywhere (their output is dropped); this keeps them finite.
     mask = F.pad(mask, (0, padded_q + span - block - mask.shape[2], 0, padded_q - q_len), value=True).contiguous()
     row_stride, col_stride = mask.stride(1), mask.stride(2)
-    blocks = mask.as_strided(
+    return mask.as_strided(
         (mask.shape[0], n_blocks, block, span),
         (mask.stride(0), block * (row_stride + col_stride), row_stride, col_stride),
     )
-    return blocks[:, :, None]
 
 
 def blocked_swa_attention(
@@ -96,6 +95,10 @@ def blocked_swa_attention(
     """SWA whose cost grows with T·W, not T²: each block of C queries attends only the
     C + W − 1 keys its windows can reach, all blocks in one batched SDPA call.
 
+    The query heads of a KV group are packed into the query axis (``[G, R·C]`` instead
+    of ``[H, C]``) and blocks go to the batch axis, so SDPA gets plain 4D tensors with a
+    dense boolean mask: the fast CPU kernel, no GQA repeat of the keys.
+
     Args:
         query: ``[B, H, T, D]``.
         key, value: ``[B, G, S, D]`` with ``S ≥ T``; H must be a multiple of G.
@@ -106,7 +109,8 @@ def blocked_swa_attention(
         ``[B, T, H, Dv]``.
     """
     batch, heads, q_len, _ = query.shape
-    kv_len = key.shape[2]
+    groups, kv_len = key.shape[1], key.shape[2]
+    per_group = heads // groups
     block = min(block_size or default_block_size(window), q_len)
     n_blocks = -(-q_len // block)
     span = block + window - 1
@@ -114,9 +118,10 @@ def blocked_swa_attention(
     start = kv_len - q_len - window + 1
 
     q_blocks = F.pad(query, (0, 0, 0, n_blocks * block - q_len))
-    q_blocks = q_blocks.view(batch, heads, n_blocks, block, -1).transpose(1, 2)  # [B, nb, H, C, D]
-    k_blocks = _key_blocks(key, start, n_blocks, block, span)  # [B, nb, G, span, D]
-    v_blocks = _key_blocks(value, start, n_blocks, block, span)
+    q_blocks = q_blocks.view(batch, groups, per_group, n_blocks, block, -1).permute(0, 3, 1, 2, 4, 5)
+    q_blocks = q_blocks.reshape(batch * n_blocks, groups, per_group * block, -1)  # [B·nb, G, R·C, D]
+    k_blocks = _key_blocks(key, start, n_blocks, block, span).flatten(0, 1)  # [B·nb, G, span, D]
+    v_blocks = _key_blocks(value, start, n_blocks, block, span).flatten(0, 1)
 
     device = query.device
     local_q = torch.arange(block, device=device)[:, None]
@@ -124,23 +129,20 @@ def blocked_swa_attention(
     # Query r of a block sits at local key r + W − 1, so its window is local keys r … r + W − 1.
     allowed = (local_k >= local_q) & (local_k < local_q + window)  # [C, span]
     key_pos = start + block * torch.arange(n_blocks, device=device)[:, None] + torch.arange(span, device=device)
-    allowed = allowed[None, None, None] & (key_pos >= 0)[None, :, None, None, :]  # [1, nb, 1, C, span]
+    allowed = allowed[None, None] & (key_pos >= 0)[None, :, None, :]  # [1, nb, C, span]
     if attention_mask is not None:
         if attention_mask.dtype != torch.bool:
             raise TypeError("blocked SWA expects a boolean attention mask (the sdpa mask format)")
         allowed = allowed & _mask_blocks(attention_mask, start, q_len, n_blocks, block, span)
+    # Every query head of a group shares its row of the mask.
+    allowed = allowed[:, :, None].expand(batch, -1, per_group, -1, -1)
+    allowed = allowed.reshape(batch * n_blocks, 1, per_group * block, span)  # [B·nb, 1, R·C, span]
 
     out = F.scaled_dot_product_attention(
-        q_blocks,
-        k_blocks,
-        v_blocks,
-        attn_mask=allowed,
-        dropout_p=dropout,
-        scale=scaling,
-        enable_gqa=heads != key.shape[1],
-    )  # [B, nb, H, C, Dv]
-    out = out.permute(0, 1, 3, 2, 4).reshape(batch, n_blocks * block, heads, -1)
-    return out[:, :q_len]
+        q_blocks, k_blocks, v_blocks, attn_mask=allowed, dropout_p=dropout, scale=scaling
+    )  # [B·nb, G, R·C, Dv]
+    out = out.view(batch, n_blocks, groups, per_group, block, -1).permute(0, 1, 4, 2, 3, 5)
+    return out.reshape(batch, n_blocks * block, heads, -1)[:, :q_len]
 
 
 def flash_swa_attention(
