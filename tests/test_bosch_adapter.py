@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
 from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.model_adapters.continuation_logits import logits_at, scored_positions
-from tests.conftest import tiny_model
+from bosch_eval.random_model import random_model
 
 FIXTURE_TASKS = Path(__file__).parent / "fixtures" / "tasks"
 
@@ -136,7 +136,7 @@ class TestContinuationLogits:
         assert positions.tolist() == [[7, 8, 9], [5, 5, 5]]
 
     def test_equal_to_full_logits_and_only_k_positions_computed(self):
-        model = tiny_model("llama")
+        model = random_model("llama")
         ids = torch.randint(0, 300, (2, 30))
         positions = scored_positions([30, 17], [4, 2], torch.device("cpu"))
         with torch.no_grad():

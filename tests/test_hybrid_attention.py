@@ -10,7 +10,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from bosch_eval.hybrid_attention import hybrid_state, hybridize
 from bosch_eval.masks import HeadMask, MaskError, ModelShape
-from tests.conftest import FAMILIES, left_padded_batch, tiny_model
+from bosch_eval.random_model import FAMILIES, random_model
+from tests.conftest import left_padded_batch
 
 WINDOW = 5
 CPU_BACKENDS = ["sdpa", "blocked"]
@@ -72,7 +73,7 @@ def logits(model, ids, attention=None) -> torch.Tensor:
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_all_full_mask_is_bit_identical_to_unpatched_model(family, backend):
-    model = tiny_model(family)
+    model = random_model(family)
     ids, attention = left_padded_batch(model.config.vocab_size, [40, 31, 17])
     expected_padded = logits(model, ids, attention)
     expected_plain = logits(model, ids[:1])
@@ -86,7 +87,7 @@ def test_all_full_mask_is_bit_identical_to_unpatched_model(family, backend):
 @pytest.mark.parametrize("family", ["qwen3", "qwen2"])
 def test_whole_layer_swa_matches_transformers_sliding_layers(family, backend):
     layer_types = ["sliding_attention", "full_attention", "sliding_attention"]
-    native = tiny_model(family, layer_types=layer_types, use_sliding_window=True, sliding_window=WINDOW)
+    native = random_model(family, layer_types=layer_types, use_sliding_window=True, sliding_window=WINDOW)
     assert [m.sliding_window for m in native.model.layers.modules() if hasattr(m, "num_key_value_groups")] == [
         WINDOW,
         None,
@@ -95,7 +96,7 @@ def test_whole_layer_swa_matches_transformers_sliding_layers(family, backend):
     ids, attention = left_padded_batch(native.config.vocab_size, [40, 33])
     expected = logits(native, ids, attention)
 
-    hybrid = tiny_model(family)
+    hybrid = random_model(family)
     hybrid.load_state_dict(native.state_dict())
     shape = ModelShape.from_config(hybrid.config)
     rows = [[int(kind == "full_attention")] * shape.num_kv_heads for kind in layer_types]
@@ -107,7 +108,7 @@ def test_whole_layer_swa_matches_transformers_sliding_layers(family, backend):
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_per_group_masks_match_dense_band_reference(family, backend):
-    model = tiny_model(family, seed=3)
+    model = random_model(family, seed=3)
     ids, attention = left_padded_batch(model.config.vocab_size, [40, 26, 9], seed=4)
     for seed in range(2):
         mask = random_mask(model, seed)
@@ -119,7 +120,7 @@ def test_per_group_masks_match_dense_band_reference(family, backend):
 
 def test_the_window_changes_the_output():
     """Guards the oracles above: an SWA mask must not equal full attention."""
-    model = tiny_model("qwen3")
+    model = random_model("qwen3")
     ids, _ = left_padded_batch(model.config.vocab_size, [40])
     full = logits(model, ids)
     hybridize(model, HeadMask.uniform(ModelShape.from_config(model.config), full=False, window=WINDOW))
@@ -127,7 +128,7 @@ def test_the_window_changes_the_output():
 
 
 def test_mask_swaps_in_place_reproduce_outputs_and_leave_weights_untouched():
-    model = tiny_model("llama")
+    model = random_model("llama")
     ids, attention = left_padded_batch(model.config.vocab_size, [40, 21])
     pointers = {name: p.data_ptr() for name, p in model.named_parameters()}
     weights = {name: p.detach().clone() for name, p in model.named_parameters()}
@@ -147,7 +148,7 @@ def test_mask_swaps_in_place_reproduce_outputs_and_leave_weights_untouched():
 
 def test_greedy_decoding_with_cache_matches_recomputation():
     """The SWA kernels place queries correctly when keys come from a cache."""
-    model = tiny_model("qwen3")
+    model = random_model("qwen3")
     hybridize(model, random_mask(model, 0), backend="blocked")
     ids, _ = left_padded_batch(model.config.vocab_size, [12])
     generated = model.generate(ids, max_new_tokens=8, do_sample=False, min_new_tokens=8)
@@ -160,7 +161,7 @@ def test_greedy_decoding_with_cache_matches_recomputation():
 
 class TestErrors:
     def test_mask_for_another_model_is_rejected(self):
-        model = tiny_model("qwen3")
+        model = random_model("qwen3")
         shape = ModelShape.from_config(model.config)
         wrong_layers = HeadMask.uniform(ModelShape(shape.num_layers + 1, 8, 4), full=True, window=4)
         with pytest.raises(MaskError, match=r"mask.json: field 'num_layers' is 4, but the model .* has num_layers=3"):
@@ -170,12 +171,12 @@ class TestErrors:
             hybridize(model, wrong_groups)
 
     def test_window_is_required(self):
-        model = tiny_model("qwen3")
+        model = random_model("qwen3")
         with pytest.raises(MaskError, match="field 'window' is missing"):
             hybridize(model, HeadMask.uniform(ModelShape.from_config(model.config), full=False))
 
     def test_unknown_and_unavailable_backends(self):
-        model = tiny_model("qwen3")
+        model = random_model("qwen3")
         mask = HeadMask.uniform(ModelShape.from_config(model.config), full=False, window=4)
         with pytest.raises(MaskError, match=r"attn_backend: expected one of \['auto'"):
             hybridize(model, mask, backend="triton")
@@ -184,7 +185,7 @@ class TestErrors:
 
     def test_unhybridized_model_has_no_state(self):
         with pytest.raises(RuntimeError, match="not hybridized"):
-            hybrid_state(tiny_model("qwen3"))
+            hybrid_state(random_model("qwen3"))
 
 
 @pytest.mark.cuda
@@ -192,7 +193,7 @@ class TestErrors:
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_flash_backend_matches_dense_band_reference(family):
     pytest.importorskip("flash_attn", reason="needs flash-attn (pip install 'bosch-eval[flash]')")
-    model = tiny_model(family, seed=3).to("cuda", torch.bfloat16)
+    model = random_model(family, seed=3).to("cuda", torch.bfloat16)
     ids, attention = left_padded_batch(model.config.vocab_size, [40, 26, 9], seed=4)
     ids, attention = ids.cuda(), attention.cuda()
     for seed in range(2):
