@@ -3,8 +3,9 @@ every source, in-place swaps, and continuation-only logits."""
 
 from __future__ import annotations
 
-import copy
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import lm_eval
@@ -175,3 +176,39 @@ def test_simple_evaluate_bosch_equals_hf_per_sample(tiny_model_dir):
             assert [resp[0][1] for resp in hf_doc["resps"]] == [resp[0][1] for resp in bosch_doc["resps"]]
         assert per_model["hf"]["results"][task]["acc,none"] == per_model["bosch"]["results"][task]["acc,none"]
     assert json.dumps(per_model["bosch"]["config"]["model_args"])  # the mask args are recorded with results
+
+
+def _sample_log_likelihoods(output_dir: Path, task: str) -> list[list[tuple[float, bool]]]:
+    (samples_file,) = output_dir.rglob(f"samples_{task}_*.jsonl")
+    rows = [json.loads(line) for line in samples_file.read_text().splitlines()]
+    rows.sort(key=lambda row: row["doc_id"])
+    return [[(float(resp[0][0]), resp[0][1] in (True, "True")) for resp in row["resps"]] for row in rows]
+
+
+@pytest.mark.slow
+def test_stock_lm_eval_cli_bosch_equals_hf_per_sample(tiny_model_dir, tmp_path):
+    """`lm_eval --model bosch` (found through the start-up hook) against `--model hf`."""
+    lm_eval_cli = Path(sys.executable).parent / "lm_eval"
+    mask_file = tmp_path / "full.json"
+    all_full_mask(tiny_model_dir, window=4).save(mask_file)
+    for model, extra in (("hf", ""), ("bosch", f",mask={mask_file}")):
+        subprocess.run(
+            [
+                str(lm_eval_cli),
+                "--model", model,
+                "--model_args", f"pretrained={tiny_model_dir},dtype=float32{extra}",
+                "--tasks", "bosch_test_continuation",
+                "--include_path", str(FIXTURE_TASKS),
+                "--device", "cpu", "--batch_size", "4",
+                "--log_samples", "--output_path", str(tmp_path / model),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )  # fmt: skip
+    hf = _sample_log_likelihoods(tmp_path / "hf", "bosch_test_continuation")
+    bosch = _sample_log_likelihoods(tmp_path / "bosch", "bosch_test_continuation")
+    assert len(hf) == len(bosch) == 12
+    for hf_doc, bosch_doc in zip(hf, bosch, strict=True):
+        assert [greedy for _, greedy in bosch_doc] == [greedy for _, greedy in hf_doc]
+        assert [ll for ll, _ in bosch_doc] == pytest.approx([ll for ll, _ in hf_doc], abs=1e-5)

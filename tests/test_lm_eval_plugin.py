@@ -1,0 +1,146 @@
+"""The stock ``lm_eval`` finds ``--model bosch`` through the installed start-up hook.
+
+The hook acts at interpreter start (``bosch_eval_lm_eval_hook.pth`` in site-packages), so
+most checks run in fresh interpreters. They need the package installed with the .pth
+(``pip install -e .[test]`` or ``pip install .``); a source checkout on PYTHONPATH is not enough.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bosch_eval import lm_eval_hook
+
+PTH_NAME = "bosch_eval_lm_eval_hook.pth"
+FIXTURE_TASKS = Path(__file__).parent / "fixtures" / "tasks"
+HEAVY = ("torch", "transformers", "lm_eval")
+
+
+def run_python(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd, timeout=120, check=False)
+
+
+def python_json(code: str, cwd: Path) -> dict:
+    result = run_python("-c", code, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def pth_file() -> Path:
+    site_dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    for directory in site_dirs:
+        if (path := Path(directory, PTH_NAME)).is_file():
+            return path
+    pytest.fail(
+        f"{PTH_NAME} is not in any site-packages directory {site_dirs}: the lm-eval hook is not installed; "
+        "install the package with `pip install -e .` or `pip install .` (setup.py writes the file)"
+    )
+
+
+def test_hook_is_active_at_start_and_imports_nothing_heavy(pth_file, tmp_path):
+    state = python_json(
+        "import json, sys; print(json.dumps({'hook': 'bosch_eval.lm_eval_hook' in sys.modules,"
+        " 'heavy': sorted(m for m in sys.modules if m.split('.')[0] in %r or m.startswith('bosch_eval.model'))}))"
+        % (HEAVY,),
+        cwd=tmp_path,
+    )
+    assert state["hook"], f"{pth_file} did not import bosch_eval.lm_eval_hook at interpreter start"
+    assert state["heavy"] == []
+
+
+def test_start_up_cost_under_5ms(pth_file, tmp_path):
+    """``-X importtime`` cumulative time of the hook (including the light ``bosch_eval`` package)."""
+    costs = []
+    for _ in range(5):
+        report = run_python("-X", "importtime", "-c", "pass", cwd=tmp_path).stderr
+        match = re.search(r"^import time:\s+\d+ \|\s+(\d+) \|\s+bosch_eval\.lm_eval_hook$", report, re.MULTILINE)
+        assert match, f"bosch_eval.lm_eval_hook not imported at start:\n{report[-2000:]}"
+        costs.append(int(match.group(1)))
+    assert min(costs) < 5000, f"hook import costs {costs} µs"
+
+
+def test_lingering_pth_without_package_is_silent(pth_file, tmp_path):
+    """An uninstalled bosch_eval must not make every interpreter start print errors."""
+    line = pth_file.read_text(encoding="utf-8").strip()
+    assert line.startswith("import ")  # site.py executes only lines that start with "import"
+    # -I -S: no site-packages, no cwd, so bosch_eval cannot be imported, as after an uninstall.
+    result = run_python("-I", "-S", "-c", f"{line}\nimport sys; assert 'bosch_eval' not in sys.modules", cwd=tmp_path)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+def test_registry_has_builtin_models_and_lazy_bosch(pth_file, tmp_path):
+    """0.4.13's get_model imports lm_eval.models only while the registry is empty: bosch must not pre-empt it."""
+    state = python_json(
+        """
+import json, sys
+from lm_eval.api.registry import get_model, model_registry
+before = len(model_registry)
+hf = get_model("hf")
+placeholder = dict(model_registry.items())["bosch"]
+adapter_loaded_early = "bosch_eval.model_adapters.bosch" in sys.modules
+try:
+    get_model("no-such-model")
+except ValueError as exc:
+    listing = str(exc)
+bosch = get_model("bosch")
+print(json.dumps({"before": before, "hf": f"{hf.__module__}:{hf.__name__}", "placeholder": placeholder,
+                  "adapter_loaded_early": adapter_loaded_early, "listing": listing, "bosch": bosch.__name__,
+                  "bosch_mro": [f"{c.__module__}:{c.__name__}" for c in bosch.__mro__],
+                  "upgraded": dict(model_registry.items())["bosch"] is bosch}))
+""",
+        cwd=tmp_path,
+    )
+    assert state["before"] == 0
+    assert state["hf"] == "lm_eval.models.huggingface:HFLM"
+    assert state["placeholder"] == lm_eval_hook.MODEL_TARGET == "bosch_eval.model_adapters.bosch:BoschLM"
+    assert not state["adapter_loaded_early"]
+    names = state["listing"].split("Supported model names:")[1].replace(",", " ").split()
+    assert {"hf", "vllm", "bosch"} <= set(names)
+    assert state["bosch"] == "BoschLM" and "lm_eval.models.huggingface:HFLM" in state["bosch_mro"]
+    assert state["upgraded"]
+
+
+def test_importing_the_adapter_first_upgrades_the_placeholder(pth_file, tmp_path):
+    """``@register_model("bosch")`` meets our placeholder (its own HFLM import loads lm_eval.models): no duplicate error."""
+    state = python_json(
+        """
+import json
+from bosch_eval.model_adapters.bosch import BoschLM
+from lm_eval.api.registry import get_model
+print(json.dumps({"same": get_model("bosch") is BoschLM, "hf": get_model("hf").__name__}))
+""",
+        cwd=tmp_path,
+    )
+    assert state == {"same": True, "hf": "HFLM"}
+
+
+def test_register_keeps_an_existing_entry(pth_file):
+    import lm_eval.models  # noqa: F401  (runs the hook if this process has not yet)
+    from lm_eval.api.registry import model_registry
+
+    before = dict(model_registry.items())["bosch"]
+    lm_eval_hook.register()
+    assert dict(model_registry.items())["bosch"] is before
+
+
+@pytest.mark.slow
+def test_stock_lm_eval_cli_runs_model_bosch(pth_file, tiny_model_dir, tmp_path):
+    executable = Path(sys.executable).parent / "lm_eval"
+    assert executable.exists(), f"no {executable}: lm-eval is not installed in this environment"
+    result = subprocess.run(
+        [str(executable), "--model", "bosch",
+         "--model_args", f"pretrained={tiny_model_dir},dtype=float32,layers=bme,ratio=0.5,window=4",
+         "--tasks", "bosch_test_choice", "--include_path", str(FIXTURE_TASKS),
+         "--device", "cpu", "--batch_size", "4", "--limit", "4"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "bosch ({'pretrained'" in result.stdout and "|bosch_test_choice|" in result.stdout
