@@ -57,6 +57,20 @@ def test_all_full_mask_scores_like_hflm(lms):
     torch.testing.assert_close(torch.tensor([ll for ll, _ in got]), torch.tensor([ll for ll, _ in expected]), atol=1e-5, rtol=0)
 
 
+def test_logits_are_built_only_for_scored_positions(lms):
+    _, bosch = lms
+    shapes = []
+    head = bosch.model.get_output_embeddings()
+    handle = head.register_forward_hook(lambda _m, _args, out: shapes.append(tuple(out.shape)))
+    try:
+        bosch.loglikelihood(requests())
+    finally:
+        handle.remove()
+    longest_continuation = max(len(bosch.tok_encode(cont)) for _, cont in (r.args for r in requests()))
+    longest_input = max(len(bosch.tok_encode(ctx + cont)) for ctx, cont in (r.args for r in requests()))
+    assert shapes and all(positions <= longest_continuation < longest_input for _, positions, _ in shapes)
+
+
 def test_rolling_loglikelihood_goes_through_the_same_scoring(lms):
     hf, bosch = lms
     text = [Instance("loglikelihood_rolling", {}, ("The quick brown fox jumps over the lazy dog. " * 6,), 0)]
