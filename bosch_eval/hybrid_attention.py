@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from transformers import AttentionInterface
@@ -33,6 +33,15 @@ SDPA_IMPLEMENTATION = "bosch_sdpa"
 FLASH_IMPLEMENTATION = "bosch_flash_attention_2"
 # auto: flash-attn on CUDA when installed, the O(T·W) blocked kernel on CPU, else masked SDPA.
 BACKENDS = ("auto", "sdpa", "blocked", "flash_attention_2")
+
+
+class HybridStates(NamedTuple):
+    """Keys (or values) handed over by a deploy-mode cache layer (``bosch_eval.hybrid_cache``):
+    ``full [B, G_full, S, D]`` over every position and ``swa [B, G_swa, S_swa, D]`` over
+    the last ``S_swa`` positions, ending at the last query."""
+
+    full: torch.Tensor
+    swa: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -145,6 +154,8 @@ def hybrid_attention_forward(
             "use bosch_eval.hybrid_attention.hybridize(model, mask)"
         )
     split = state.layer_split(module.layer_idx, query.device)
+    if isinstance(key, HybridStates):
+        return _attend_cached_split(state, split, module, query, key, value, attention_mask, **kwargs), None
     if not len(split.swa_kv):
         # Bit-identical to the unpatched model: the very same kernel on the very same tensors.
         return state.full_attention(module, query, key, value, attention_mask, **kwargs), None
@@ -157,6 +168,32 @@ def hybrid_attention_forward(
         module, query[:, split.swa_q], key[:, split.swa_kv], value[:, split.swa_kv], attention_mask, **kwargs
     )
     return torch.cat([full, swa], dim=2)[:, :, split.restore], None  # [B, T, H, D]
+
+
+def _attend_cached_split(
+    state: HybridAttention,
+    split: LayerSplit,
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: HybridStates,
+    value: HybridStates,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """Attention over a hybrid cache layer, whose full and SWA groups hold different spans."""
+    if key.full.shape[1] != len(split.full_kv) or key.swa.shape[1] != len(split.swa_kv):
+        raise RuntimeError(
+            f"layer {module.layer_idx}: the KV cache was built for another mask "
+            f"({key.full.shape[1]} full / {key.swa.shape[1]} SWA groups, mask has {len(split.full_kv)} / "
+            f"{len(split.swa_kv)}); build a new cache after set_mask"
+        )
+    # The SWA part covers the last positions only: the matching last columns of the mask.
+    swa_mask = attention_mask[..., -key.swa.shape[2] :] if attention_mask is not None else None
+    swa = state.swa_attention(module, query[:, split.swa_q], key.swa, value.swa, swa_mask, **kwargs)
+    if not len(split.full_kv):
+        return swa
+    full = state.full_attention(module, query[:, split.full_q], key.full, value.full, attention_mask, **kwargs)
+    return torch.cat([full, swa], dim=2)[:, :, split.restore]
 
 
 def register() -> None:

@@ -8,7 +8,9 @@ model_args (besides everything HFLM accepts):
 * ``ranking=FILE,ratio=R``: a ``bosch-ranking/1`` file, its ⌈R·L·G⌉ most local groups to SWA;
 * ``layers=intr|bme|rand,ratio=R[,seed=S]``: a layer heuristic (``seed`` for ``rand``);
 * ``window=W``: overrides the window stored in the mask or ranking;
-* ``attn_backend=auto|sdpa|blocked|flash_attention_2``.
+* ``attn_backend=auto|sdpa|blocked|flash_attention_2``;
+* ``kv_cache=hybrid|dynamic``: generation keeps only ``W − 1`` positions for SWA groups
+  (``hybrid``, default) or every position (``dynamic``, transformers' default cache).
 
 Programmatic use (search mode): ``BoschLM(pretrained=<loaded model>, tokenizer=..., mask=...)``
 then :meth:`BoschLM.set_mask` to swap masks without reloading.
@@ -28,9 +30,13 @@ from lm_eval.models.utils_hf import pad_and_concat
 from tqdm import tqdm
 
 from bosch_eval.hybrid_attention import HybridAttention, hybridize
+from bosch_eval.hybrid_cache import HybridCache
 from bosch_eval.mask_sources import resolve_mask
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
 from bosch_eval.model_adapters.continuation_logits import logits_at, scored_positions
+
+
+KV_CACHES = ("hybrid", "dynamic")
 
 
 @register_model("bosch")
@@ -47,8 +53,12 @@ class BoschLM(HFLM):
         seed: int | None = None,
         window: int | None = None,
         attn_backend: str = "auto",
+        kv_cache: str = "hybrid",
         **kwargs: Any,
     ) -> None:
+        if kv_cache not in KV_CACHES:
+            raise MaskError(f"kv_cache: expected one of {list(KV_CACHES)}, got {kv_cache!r}")
+        self.kv_cache = kv_cache
         super().__init__(pretrained=pretrained, **kwargs)
         if self.backend != "causal":
             raise MaskError(f"bosch: hybrid attention needs a decoder-only (causal) model, got backend={self.backend!r}")
@@ -76,6 +86,12 @@ class BoschLM(HFLM):
         window = self._window_override if self._window_override is not None else mask.window
         self.hybrid.set_mask(mask, window)
 
+    def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any) -> torch.Tensor:
+        """HFLM's generation, on a deploy-mode cache unless ``kv_cache=dynamic``."""
+        if self.kv_cache == "hybrid":
+            generation_kwargs.setdefault("past_key_values", HybridCache.for_model(self.model))
+        return super()._model_generate(context, max_length, stop, **generation_kwargs)
+
     def get_model_info(self) -> dict[str, Any]:
         info = super().get_model_info()
         mask = self.hybrid.mask
@@ -84,6 +100,7 @@ class BoschLM(HFLM):
             bosch_window=self.hybrid.window,
             bosch_method=mask.method,
             bosch_attn_backend=self.hybrid.backend,
+            bosch_kv_cache=self.kv_cache,
             bosch_mask=[list(row) for row in mask.bits],
         )
         return info

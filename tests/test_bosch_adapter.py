@@ -100,6 +100,24 @@ def test_preloaded_model_and_model_info(tiny_model_dir):
     assert info["bosch_swa_ratio"] == 0.0 and info["bosch_window"] == 8
 
 
+def generation_requests() -> list[Instance]:
+    prompts = ["The quick brown fox", "A needle hides in the haystack: the special magic number is", "What"]
+    kwargs = {"until": ["\n\n"], "max_gen_toks": 24, "do_sample": False}
+    return [Instance("generate_until", {}, (prompt, kwargs), idx) for idx, prompt in enumerate(prompts)]
+
+
+def test_generation_on_the_hybrid_cache_equals_the_dynamic_cache(tiny_model_dir, lms):
+    hf, _ = lms
+    args = dict(pretrained=str(tiny_model_dir), device="cpu", batch_size=3, dtype="float32")
+    full = BoschLM(**args, layers="intr", ratio=0.0, window=4)
+    assert full.generate_until(generation_requests()) == hf.generate_until(generation_requests())
+    mask = HeadMask.from_rows([[0, 1, 0, 1], [0, 0, 0, 0], [1, 1, 0, 1]], 8, window=3)
+    hybrid = BoschLM(**args, mask=mask)
+    dynamic = BoschLM(**args, mask=mask, kv_cache="dynamic")
+    assert hybrid.kv_cache == "hybrid" and hybrid.get_model_info()["bosch_kv_cache"] == "hybrid"
+    assert hybrid.generate_until(generation_requests()) == dynamic.generate_until(generation_requests())
+
+
 class TestMaskSources:
     def test_mask_file(self, tiny_model_dir, tmp_path):
         mask = HeadMask.from_rows([[0, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0]], 8, window=6)
@@ -133,6 +151,7 @@ class TestMaskSources:
             ({"mask": "missing.json"}, r"missing.json: no such file"),
             ({"layers": "intr", "ratio": 0.5, "window": 4, "attn_backend": "xformers"}, r"attn_backend: expected one of"),
             ({"layers": "intr", "ratio": 0.5, "window": 0}, r"window: expected a positive integer"),
+            ({"layers": "intr", "ratio": 0.5, "window": 4, "kv_cache": "paged"}, r"kv_cache: expected one of"),
         ],
     )
     def test_bad_arguments(self, tiny_model_dir, args, message):

@@ -1,0 +1,127 @@
+"""Deploy-mode KV cache: SWA groups keep only what their window needs.
+
+Per layer of a hybridized model (transformers' ``Cache`` API, one layer object each):
+
+* no SWA group: a plain ``DynamicLayer`` (every position, as the unpatched model);
+* otherwise a :class:`HybridHeadLayer`: the full-attention KV groups keep every position,
+  the SWA groups keep the last ``W − 1`` (what the next query's window can reach, the
+  same as transformers' own ``DynamicSlidingWindowLayer``).
+
+Bytes held = Σ_layers (G_full·T + G_swa·min(T, W − 1)) × 2 (K and V) × head_dim × dtype size.
+
+A hybrid layer hands :class:`HybridStates` (full part, SWA part) to the attention
+function instead of one ``[B, G, S, D]`` tensor, because the two parts have different
+lengths; only the bosch attention function consumes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+from bosch_eval.hybrid_attention import HybridStates, hybrid_state
+
+
+class HybridHeadLayer(DynamicLayer):
+    """Cache layer holding every position for full groups and ``W − 1`` for SWA groups."""
+
+    is_croppable = False  # dropped SWA positions cannot be restored
+
+    def __init__(self, full_groups: list[int], swa_groups: list[int], window: int) -> None:
+        super().__init__()
+        self.full_groups, self.swa_groups, self.window = full_groups, swa_groups, window
+        self.cumulative_length = 0
+        self.full_keys = self.full_values = self.swa_keys = self.swa_values = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self._full_index = torch.tensor(self.full_groups, dtype=torch.long, device=self.device)
+        self._swa_index = torch.tensor(self.swa_groups, dtype=torch.long, device=self.device)
+        batch, _, _, dim = key_states.shape
+        empty = lambda groups: key_states.new_zeros(batch, len(groups), 0, dim)  # noqa: E731
+        self.full_keys, self.swa_keys = empty(self.full_groups), empty(self.swa_groups)
+        self.full_values = value_states.new_zeros(batch, len(self.full_groups), 0, value_states.shape[-1])
+        self.swa_values = value_states.new_zeros(batch, len(self.swa_groups), 0, value_states.shape[-1])
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[HybridStates, HybridStates]:
+        """Append ``[B, G, q, D]`` states; return what this step's queries attend to."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.cumulative_length += key_states.shape[-2]
+        self.full_keys = torch.cat([self.full_keys, key_states[:, self._full_index]], dim=-2)
+        self.full_values = torch.cat([self.full_values, value_states[:, self._full_index]], dim=-2)
+        swa_keys = torch.cat([self.swa_keys, key_states[:, self._swa_index]], dim=-2)
+        swa_values = torch.cat([self.swa_values, value_states[:, self._swa_index]], dim=-2)
+        # The next query at position t sees t − W < j ≤ t: the last W − 1 cached keys plus itself.
+        drop = max(0, swa_keys.shape[2] - (self.window - 1))
+        self.swa_keys, self.swa_values = swa_keys[:, :, drop:], swa_values[:, :, drop:]
+        return HybridStates(self.full_keys, swa_keys), HybridStates(self.full_values, swa_values)
+
+    def get_seq_length(self) -> int:
+        return self.cumulative_length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        # The mask spans every position (full groups); SWA groups use its last columns.
+        return self.cumulative_length + query_length, 0
+
+    def stored_bytes(self) -> int:
+        if not self.is_initialized:
+            return 0
+        tensors = (self.full_keys, self.full_values, self.swa_keys, self.swa_values)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def reset(self) -> None:
+        self.full_keys = self.full_values = self.swa_keys = self.swa_values = None
+        self.cumulative_length = 0
+        self.is_initialized = False
+
+    def _map(self, fn: Any) -> None:
+        if self.is_initialized:
+            self.full_keys, self.full_values = fn(self.full_keys), fn(self.full_values)
+            self.swa_keys, self.swa_values = fn(self.swa_keys), fn(self.swa_values)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._map(lambda t: t[indices])
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise RuntimeError("a hybrid KV cache cannot be cropped: its SWA groups no longer hold old positions")
+
+
+class HybridCache(DynamicCache):
+    """A ``DynamicCache`` whose layers follow a hybrid model's head mask."""
+
+    def __init__(self, layers: list[DynamicLayer]) -> None:
+        Cache.__init__(self, layers=layers)  # DynamicCache.__init__ would build its own layers
+
+    @classmethod
+    def for_model(cls, model: Any) -> HybridCache:
+        """The cache of a hybridized ``model``; its mask is read once (deploy mode keeps it fixed)."""
+        state = hybrid_state(model)
+        layers: list[DynamicLayer] = []
+        for layer, bits in enumerate(state.mask.bits):
+            if all(bits):
+                layers.append(DynamicLayer())
+            else:
+                split = state.layer_split(layer, torch.device("cpu"))
+                layers.append(HybridHeadLayer(split.full_kv.tolist(), split.swa_kv.tolist(), state.window))
+        return cls(layers)
+
+
+def kv_cache_bytes(cache: Cache) -> int:
+    """Bytes of keys and values the cache holds right now."""
+    total = 0
+    for layer in cache.layers:
+        if isinstance(layer, HybridHeadLayer):
+            total += layer.stored_bytes()
+        elif layer.is_initialized:
+            total += layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+    return total

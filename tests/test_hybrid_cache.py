@@ -1,0 +1,87 @@
+"""Deploy-mode KV cache: generation equals recomputation, bytes equal the formula,
+chunked prefill equals one-shot prefill."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bosch_eval.hybrid_attention import hybridize
+from bosch_eval.hybrid_cache import HybridCache, HybridHeadLayer, kv_cache_bytes
+from bosch_eval.masks import HeadMask, ModelShape
+from bosch_eval.random_model import random_model
+from tests.conftest import left_padded_batch
+
+WINDOW = 8
+MASKS = {
+    "all_full": [[1, 1, 1, 1]] * 4,
+    "all_swa": [[0, 0, 0, 0]] * 4,
+    "mixed": [[1, 1, 1, 1], [0, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 0]],
+}
+
+
+def hybrid_model(rows, backend="blocked"):
+    model = random_model("qwen3", num_layers=4, seed=5)
+    hybridize(model, HeadMask.from_rows(rows, 8, window=WINDOW), backend=backend)
+    return model
+
+
+def greedy_by_recomputation(model, ids, attention, new_tokens):
+    """Search mode, no cache: the whole sequence through the model for every new token."""
+    for _ in range(new_tokens):
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits
+        ids = torch.cat([ids, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
+    return ids
+
+
+@pytest.mark.parametrize("mask", sorted(MASKS))
+def test_greedy_generation_with_hybrid_cache_equals_recomputation(mask):
+    model = hybrid_model(MASKS[mask])
+    ids, attention = left_padded_batch(model.config.vocab_size, [11, 5, 17], seed=2)
+    cache = HybridCache.for_model(model)
+    generated = model.generate(
+        input_ids=ids, attention_mask=attention, past_key_values=cache, max_new_tokens=64, min_new_tokens=64,
+        do_sample=False, pad_token_id=0,
+    )  # fmt: skip
+    assert torch.equal(generated, greedy_by_recomputation(model, ids, attention, 64))
+    swa_layers = [layer for layer in cache.layers if isinstance(layer, HybridHeadLayer)]
+    assert len(swa_layers) == sum(not all(row) for row in MASKS[mask])
+    assert all(layer.swa_keys.shape[2] == WINDOW - 1 for layer in swa_layers)
+
+
+@pytest.mark.parametrize("length", [3, WINDOW - 1, WINDOW, 40])
+def test_cache_bytes_equal_the_formula(length):
+    model = hybrid_model(MASKS["mixed"])
+    ids, _ = left_padded_batch(model.config.vocab_size, [length, length], seed=3)
+    cache = HybridCache.for_model(model)
+    with torch.no_grad():
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+    head_dim, dtype_size, batch = model.config.head_dim, 4, 2
+    expected = sum(
+        (row.count(1) * length + row.count(0) * min(length, WINDOW - 1)) * 2 * head_dim * dtype_size * batch
+        for row in MASKS["mixed"]
+    )
+    assert kv_cache_bytes(cache) == expected
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "blocked"])
+def test_chunked_prefill_equals_one_shot(backend):
+    model = hybrid_model(MASKS["mixed"], backend)
+    ids, _ = left_padded_batch(model.config.vocab_size, [45], seed=4)
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        cache = HybridCache.for_model(model)
+        chunks = [model(input_ids=chunk, past_key_values=cache, use_cache=True).logits for chunk in ids.split(10, dim=1)]
+    torch.testing.assert_close(torch.cat(chunks, dim=1), expected, atol=1e-5, rtol=0)
+
+
+def test_cache_from_another_mask_is_an_error():
+    model = hybrid_model(MASKS["mixed"])
+    ids, _ = left_padded_batch(model.config.vocab_size, [6], seed=4)
+    cache = HybridCache.for_model(model)
+    model.bosch_hybrid.set_mask(HeadMask.uniform(ModelShape(4, 8, 4), full=False, window=WINDOW))
+    with pytest.raises(RuntimeError, match="the KV cache was built for another mask"), torch.no_grad():
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
