@@ -63,15 +63,23 @@ class HybridAttention:
         window: W, keys seen by an SWA query including itself.
         backend: one of ``sdpa`` (exact masked reference), ``blocked`` (O(T·W) SWA,
             any device), ``flash_attention_2`` (CUDA, flash-attn 2).
+        config: the model's config; the current mask is kept in it under
+            ``bosch_mask`` so that ``save_pretrained`` writes it into the checkpoint.
     """
 
-    def __init__(self, mask: HeadMask, window: int, backend: str) -> None:
+    def __init__(self, mask: HeadMask, window: int, backend: str, config: Any = None) -> None:
         if backend not in BACKENDS[1:]:
             raise MaskError(f"attn_backend: expected one of {list(BACKENDS)}, got {backend!r}")
         self.backend = backend
-        self.mask = mask
-        self.window = check_window(window)
+        self.config = config
         self._splits: dict[tuple[int, torch.device], LayerSplit] = {}
+        self._apply(mask, check_window(window))
+
+    def _apply(self, mask: HeadMask, window: int) -> None:
+        self.mask, self.window = mask, window
+        self._splits.clear()
+        if self.config is not None:
+            self.config.bosch_mask = mask.with_meta(window=window).to_json()
 
     def set_mask(self, mask: HeadMask, window: int | None = None) -> None:
         """Swap the mask in place (search mode): no reload, no weight copy.
@@ -79,10 +87,7 @@ class HybridAttention:
         The window stays unless ``window`` is given.
         """
         mask.check_fits(self.mask.shape, source="set_mask", model=self.mask.model)
-        if window is not None:
-            self.window = check_window(window)
-        self.mask = mask
-        self._splits.clear()
+        self._apply(mask, self.window if window is None else check_window(window))
 
     def layer_split(self, layer: int, device: torch.device) -> LayerSplit:
         """The head partition of ``layer``, built once per mask and device."""
@@ -283,7 +288,7 @@ def hybridize(
             f"{type(model).__name__} does not dispatch attention through transformers' AttentionInterface; "
             "it cannot run a hybrid mask"
         )
-    state = HybridAttention(mask, window, backend)
+    state = HybridAttention(mask, window, backend, model.config)
     for module in modules.values():
         module.bosch_hybrid = state
     model.bosch_hybrid = state

@@ -29,6 +29,7 @@ from lm_eval.models.utils import Collator
 from lm_eval.models.utils_hf import pad_and_concat
 from tqdm import tqdm
 
+from bosch_eval.checkpoint import saved_mask
 from bosch_eval.hybrid_attention import HybridAttention, hybridize
 from bosch_eval.hybrid_cache import HybridCache
 from bosch_eval.mask_sources import resolve_mask
@@ -64,6 +65,9 @@ class BoschLM(HFLM):
             raise MaskError(f"bosch: hybrid attention needs a decoder-only (causal) model, got backend={self.backend!r}")
         model_name = pretrained if isinstance(pretrained, str) else getattr(self.model.config, "_name_or_path", None)
         self._window_override = window
+        checkpoint_mask = saved_mask(self.model.config, f"{model_name}/config.json")
+        if checkpoint_mask is not None and (mask, ranking, layers) == (None, None, None):
+            mask = checkpoint_mask  # a hybrid checkpoint restores its own mask
         head_mask, source = resolve_mask(
             ModelShape.from_config(self.model.config),
             mask=mask,
@@ -74,6 +78,12 @@ class BoschLM(HFLM):
             window=window,
             model_name=model_name,
         )
+        if checkpoint_mask is not None and (head_mask.bits, head_mask.window) != (checkpoint_mask.bits, checkpoint_mask.window):
+            raise MaskError(
+                f"{source}: differs from the mask saved in {model_name}/config.json "
+                f"(SWA ratio {head_mask.swa_ratio:.4g}, window {head_mask.window} vs saved "
+                f"{checkpoint_mask.swa_ratio:.4g}, window {checkpoint_mask.window}); drop the explicit mask to use the saved one"
+            )
         self.hybrid: HybridAttention = hybridize(self.model, head_mask, backend=attn_backend, source=source)
 
     @property

@@ -49,7 +49,7 @@ def dense_band_reference(module, query, key, value, attention_mask, scaling, dro
     return (weights @ value.double()).to(query.dtype).transpose(1, 2), None
 
 
-def reference_logits(model, mask: HeadMask, ids, attention) -> torch.Tensor:
+def reference_logits(model, mask: HeadMask, ids, attention, grad: bool = False) -> torch.Tensor:
     AttentionInterface.register(REFERENCE, dense_band_reference)
     # sdpa_mask without its causal-skip shortcut: the reference always gets an explicit mask.
     AttentionMaskInterface.register(REFERENCE, lambda *a, **k: sdpa_mask(*a, **{**k, "allow_is_causal_skip": False}))
@@ -59,7 +59,7 @@ def reference_logits(model, mask: HeadMask, ids, attention) -> torch.Tensor:
             module.reference_mask = mask
     model.set_attn_implementation(REFERENCE)
     try:
-        with torch.no_grad():
+        with torch.set_grad_enabled(grad):
             return model(input_ids=ids, attention_mask=attention).logits
     finally:
         model.set_attn_implementation(original)
