@@ -274,10 +274,6 @@ def hybridize(
             f"that dispatch through transformers' AttentionInterface, found {sorted(modules)}"
         )
     backend = resolve_backend(backend, model.device)
-    existing: HybridAttention | None = getattr(model, "bosch_hybrid", None)
-    if existing is not None and existing.backend == backend:
-        existing.set_mask(mask, window)
-        return existing
     register()
     implementation = FLASH_IMPLEMENTATION if backend == "flash_attention_2" else SDPA_IMPLEMENTATION
     # transformers only logs a warning when a model cannot switch implementation; running
@@ -288,6 +284,10 @@ def hybridize(
             f"{type(model).__name__} does not dispatch attention through transformers' AttentionInterface; "
             "it cannot run a hybrid mask"
         )
+    existing: HybridAttention | None = getattr(model, "bosch_hybrid", None)
+    if existing is not None and existing.backend == backend:
+        existing.set_mask(mask, window)  # re-applying swaps in place, never stacks states
+        return existing
     state = HybridAttention(mask, window, backend, model.config)
     for module in modules.values():
         module.bosch_hybrid = state
