@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from bosch_eval.masks import HeadMask, HeadRanking, MaskError
+from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
 
 FULL, SWA = "█", "·"
 
@@ -43,6 +44,63 @@ def _mask_from_ranking(args: argparse.Namespace) -> None:
     print(format_mask(mask, args.out))
 
 
+# Random-weight models for timing (no download): attention dominates at long T.
+RANDOM_CONFIGS = {
+    "attn-heavy": dict(
+        model_type="qwen3", num_hidden_layers=2, hidden_size=256, intermediate_size=256, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, vocab_size=512, max_position_embeddings=65536,
+    ),
+}  # fmt: skip
+
+
+def _bench_model(args: argparse.Namespace) -> Any:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    dtype = getattr(torch, args.dtype)
+    if args.model.startswith("random:"):
+        name = args.model.removeprefix("random:")
+        if name not in RANDOM_CONFIGS:
+            raise MaskError(f"--model: unknown random config {name!r}, expected one of {sorted(RANDOM_CONFIGS)}")
+        fields = dict(RANDOM_CONFIGS[name])
+        config = AutoConfig.for_model(fields.pop("model_type"), attn_implementation="sdpa", **fields)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation="sdpa")
+    return model.to(args.device).eval()
+
+
+def _bench(args: argparse.Namespace) -> None:
+    import json
+    from pathlib import Path
+
+    from bosch_eval.bench import balanced_mask, environment, plot, ratio_table, rows_as_json, run_bench
+
+    model = _bench_model(args)
+    if args.mask:
+        configs = [(Path(args.mask).stem, HeadMask.load(args.mask))]
+    else:
+        configs = [(f"ρ={ratio:g}", ratio) for ratio in args.ratios]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = run_bench(model, configs, args.lengths, args.decode_tokens, args.window, args.chunk, args.repeats)
+    report = {"command": " ".join(["bosch-eval", *args.argv]), "environment": environment(), "rows": rows_as_json(rows)}
+    table = ratio_table(rows)
+    plot(rows, str(out / "bench.png"))
+    if args.windows:
+        ratio = args.ratios[-1]
+        shape = ModelShape.from_config(model.config)
+        sweep_configs = [(f"ρ={ratio:g} W={w}", balanced_mask(shape, ratio, w)) for w in args.windows]
+        sweep = run_bench(model, sweep_configs, [max(args.lengths)], args.decode_tokens, None, args.chunk, args.repeats)
+        report["window_sweep"] = rows_as_json(sweep)
+        table += "\n\nWindow sweep\n" + ratio_table(sweep)
+        plot(sweep, str(out / "bench_windows.png"), x="window")
+    (out / "bench.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "bench.md").write_text(f"$ {report['command']}\n\n{json.dumps(report['environment'])}\n\n{table}\n")
+    print(table)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bosch-eval", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -57,11 +115,29 @@ def build_parser() -> argparse.ArgumentParser:
     from_ranking.add_argument("--window", type=int, help="SWA window W (default: the ranking's)")
     from_ranking.add_argument("--out", required=True, help="where to write the bosch-mask/1 file")
     from_ranking.set_defaults(run=_mask_from_ranking)
+
+    bench = commands.add_parser("bench", help="prefill/decode speed, peak memory and KV bytes: original vs hybrids")
+    bench.add_argument("--model", required=True, help="HF id or path, or random:attn-heavy (random weights, for timing)")
+    source = bench.add_mutually_exclusive_group()
+    source.add_argument("--mask", help="a bosch-mask/1 file to benchmark")
+    source.add_argument("--ratios", type=float, nargs="+", default=[0.75], help="SWA ratios (balanced masks)")
+    bench.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192], help="sequence lengths T")
+    bench.add_argument("--window", type=int, help="SWA window W for --ratios (default T/32 per length)")
+    bench.add_argument("--windows", type=int, nargs="+", help="also sweep these windows at the largest T (Fig. 6)")
+    bench.add_argument("--decode-tokens", type=int, default=16, help="greedy decode steps timed after the prefill")
+    bench.add_argument("--chunk", type=int, help="prefill in chunks of C tokens (default: one pass)")
+    bench.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
+    bench.add_argument("--device", default="cpu", help="cpu or cuda")
+    bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype")
+    bench.add_argument("--out", default="bench", help="directory for bench.json, bench.md and the PNGs")
+    bench.set_defaults(run=_bench)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
     try:
         args.run(args)
     except MaskError as err:

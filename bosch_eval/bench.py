@@ -1,0 +1,204 @@
+"""Latency and memory of hybrid models next to the original (paper §C.4, Fig. 5–6).
+
+For each sequence length T and each configuration (the original model, then one hybrid
+per mask or ratio), measured interleaved in one process: prefill tokens/s (optionally in
+chunks of C tokens), decode tokens/s over N greedy steps after the prefill, KV-cache
+bytes after the prefill, and peak memory (CUDA allocator peak; on CPU the peak resident
+set size above the start, sampled every millisecond). The original runs unpatched
+(``sdpa``, transformers' dynamic cache); hybrids run the bosch attention on the
+deploy-mode :class:`~bosch_eval.hybrid_cache.HybridCache`.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from bosch_eval.hybrid_attention import hybridize
+from bosch_eval.hybrid_cache import HybridCache, kv_cache_bytes
+from bosch_eval.masks import HeadMask, ModelShape, ceil_count, check_ratio
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    label: str
+    swa_ratio: float
+    window: int | None
+    length: int
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    kv_cache_bytes: int
+    peak_memory_bytes: int
+
+
+def balanced_mask(shape: ModelShape, ratio: float, window: int) -> HeadMask:
+    """⌈ρ·L·G⌉ SWA groups spread evenly over layers (for timing, which groups does not matter)."""
+    ratio = check_ratio(ratio)
+    cells = sorted(((layer, g) for layer in range(shape.num_layers) for g in range(shape.num_kv_heads)), key=lambda c: (c[1], c[0]))
+    swa = set(cells[: ceil_count(ratio, len(cells))])
+    return HeadMask.from_swa_groups(shape, swa, window=window, method=f"balanced-{ratio:g}")
+
+
+@contextmanager
+def peak_memory(device: torch.device) -> Iterator[Callable[[], int]]:
+    """Yields a function returning the peak memory above the start, in bytes."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        start = torch.cuda.memory_allocated(device)
+        yield lambda: torch.cuda.max_memory_allocated(device) - start
+        return
+    import psutil
+
+    process, peak, done = psutil.Process(), [0], threading.Event()
+    start = process.memory_info().rss
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], process.memory_info().rss - start)
+            time.sleep(0.001)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield lambda: peak[0]
+    finally:
+        done.set()
+        sampler.join()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def measure(model: Any, ids: torch.Tensor, decode_tokens: int, chunk: int | None, cache: DynamicCache) -> tuple[float, float, int, int]:
+    """Prefill seconds, decode seconds per token, KV bytes after prefill, peak memory bytes."""
+    device = ids.device
+    with peak_memory(device) as peak:
+        _sync(device)
+        start = time.perf_counter()
+        for piece in ids.split(chunk or ids.shape[1], dim=1):
+            logits = model(input_ids=piece, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+        _sync(device)
+        prefill = time.perf_counter() - start
+        kv_bytes = kv_cache_bytes(cache)
+        token = logits[:, -1:].argmax(-1)
+        start = time.perf_counter()
+        for _ in range(decode_tokens):
+            token = model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+        _sync(device)
+        decode = (time.perf_counter() - start) / max(1, decode_tokens)
+        return prefill, decode, kv_bytes, peak()
+
+
+def run_bench(
+    model: Any,
+    configs: list[tuple[str, float | HeadMask]],
+    lengths: list[int],
+    decode_tokens: int,
+    window: int | None = None,
+    chunk: int | None = None,
+    repeats: int = 3,
+) -> list[BenchRow]:
+    """Measure the original model and each hybrid configuration at each length.
+
+    Args:
+        configs: ``(label, ratio or mask)``; a ratio gets :func:`balanced_mask`.
+        window: W for ratio configs; default ``T // 32`` (the paper's T/W) per length.
+    """
+    shape = ModelShape.from_config(model.config)
+    device = model.device
+    rows = []
+    for length in lengths:
+        w = window or max(1, length // 32)
+        masks = [(label, c if isinstance(c, HeadMask) else balanced_mask(shape, c, w)) for label, c in configs]
+        ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length)).to(device)
+        timings: dict[str, list[tuple[float, float, int, int]]] = {}
+        for _ in range(repeats):  # interleaved, so drifting machine load hits every configuration alike
+            model.set_attn_implementation("sdpa")
+            timings.setdefault("original", []).append(measure(model, ids, decode_tokens, chunk, DynamicCache()))
+            for label, mask in masks:
+                hybridize(model, mask, window=mask.window or w, backend="auto")
+                timings.setdefault(label, []).append(measure(model, ids, decode_tokens, chunk, HybridCache.for_model(model)))
+        for label, runs in timings.items():
+            mask = dict(masks).get(label)
+            rows.append(
+                BenchRow(
+                    label=label,
+                    swa_ratio=mask.swa_ratio if mask else 0.0,
+                    window=(mask.window or w) if mask else None,
+                    length=length,
+                    prefill_tokens_per_s=length / statistics.median(r[0] for r in runs),
+                    decode_tokens_per_s=1.0 / statistics.median(r[1] for r in runs),
+                    kv_cache_bytes=runs[0][2],
+                    peak_memory_bytes=int(statistics.median(r[3] for r in runs)),
+                )
+            )
+    return rows
+
+
+def ratio_table(rows: list[BenchRow]) -> str:
+    """Markdown table with each hybrid's ratios to the original at the same length."""
+    original = {row.length: row for row in rows if row.label == "original"}
+    lines = [
+        "| config | ρ | W | T | prefill tok/s | decode tok/s | KV bytes | peak MB | prefill time ratio | decode time ratio | KV ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        base = original[row.length]
+        lines.append(
+            f"| {row.label} | {row.swa_ratio:.3g} | {row.window or '-'} | {row.length} | {row.prefill_tokens_per_s:.1f} | "
+            f"{row.decode_tokens_per_s:.2f} | {row.kv_cache_bytes} | {row.peak_memory_bytes / 2**20:.1f} | "
+            f"{base.prefill_tokens_per_s / row.prefill_tokens_per_s:.3f} | {base.decode_tokens_per_s / row.decode_tokens_per_s:.3f} | "
+            f"{row.kv_cache_bytes / base.kv_cache_bytes:.4f} |"
+        )
+    return "\n".join(lines)
+
+
+def environment() -> dict[str, str]:
+    """Device and versions, recorded beside every benchmark result."""
+    import transformers
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({platform.processor() or platform.machine()})"
+    return {"device": device, "threads": str(torch.get_num_threads()), "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version()}  # fmt: skip
+
+
+def plot(rows: list[BenchRow], path: str, x: str = "length") -> None:
+    """Prefill and decode throughput and KV bytes per configuration against ``x`` (Fig. 5/6 style)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [("prefill_tokens_per_s", "prefill tokens/s"), ("decode_tokens_per_s", "decode tokens/s"), ("kv_cache_bytes", "KV-cache bytes")]
+    figure, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    for axis, (field, title) in zip(axes, metrics, strict=True):
+        for label in dict.fromkeys(row.label for row in rows):
+            points = [(getattr(r, x), getattr(r, field)) for r in rows if r.label == label]
+            if points[0][0] is None:  # the original has no window: a reference line in the sweep
+                axis.axhline(points[0][1], color="black", linestyle="--", label=label)
+            else:
+                axis.plot(*zip(*points, strict=True), marker="o", label=label)
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("sequence length T" if x == "length" else "window W")
+        axis.set_title(title)
+    axes[0].legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def rows_as_json(rows: list[BenchRow]) -> list[dict[str, Any]]:
+    return [asdict(row) for row in rows]

@@ -1,0 +1,36 @@
+"""The latency/memory benchmark: structure, KV bytes against the formula, the CLI end to end."""
+
+from __future__ import annotations
+
+import json
+
+from bosch_eval.bench import balanced_mask, ratio_table, run_bench
+from bosch_eval.cli import main
+from bosch_eval.masks import ModelShape
+from bosch_eval.random_model import random_model
+
+
+def test_balanced_mask_spreads_swa_groups_over_layers():
+    mask = balanced_mask(ModelShape(4, 8, 4), 0.75, window=8)
+    assert mask.num_swa_groups == 12 and all(row.count(0) == 3 for row in mask.bits)
+
+
+def test_rows_and_kv_bytes_match_the_formula():
+    model = random_model("qwen3", num_layers=4)
+    rows = run_bench(model, [("r", 0.75)], lengths=[64], decode_tokens=2, repeats=1)
+    original, hybrid = rows
+    assert (original.label, hybrid.label, hybrid.window) == ("original", "r", 2)  # W = T/32
+    per_token = 2 * model.config.head_dim * 4  # K and V, fp32
+    assert original.kv_cache_bytes == 4 * 4 * 64 * per_token
+    assert hybrid.kv_cache_bytes == 4 * (1 * 64 + 3 * min(64, 2 - 1)) * per_token
+    assert "| r | 0.75 | 2 | 64 |" in ratio_table(rows)
+
+
+def test_cli_writes_table_json_and_plots(tmp_path, capsys):
+    assert main(["bench", "--model", "random:attn-heavy", "--lengths", "64", "--decode-tokens", "2", "--repeats", "1",
+                 "--windows", "4", "8", "--out", str(tmp_path)]) == 0  # fmt: skip
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["environment"]["torch"] and len(report["rows"]) == 2
+    assert [row["window"] for row in report["window_sweep"]] == [None, 4, 8]
+    assert (tmp_path / "bench.png").stat().st_size > 0 and (tmp_path / "bench_windows.png").stat().st_size > 0
+    assert "prefill time ratio" in capsys.readouterr().out
