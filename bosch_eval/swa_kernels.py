@@ -51,6 +51,10 @@ def masked_swa_attention(
     return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
 
 
+# Key elements materialized per SDPA call of the blocked kernel (16M: 64 MB in fp32).
+_BLOCK_ELEMENTS_PER_CALL = 1 << 24
+
+
 def default_block_size(window: int) -> int:
     """Query-block size of the blocked kernel.
 
@@ -119,9 +123,9 @@ def blocked_swa_attention(
 
     q_blocks = F.pad(query, (0, 0, 0, n_blocks * block - q_len))
     q_blocks = q_blocks.view(batch, groups, per_group, n_blocks, block, -1).permute(0, 3, 1, 2, 4, 5)
-    q_blocks = q_blocks.reshape(batch * n_blocks, groups, per_group * block, -1)  # [B·nb, G, R·C, D]
-    k_blocks = _key_blocks(key, start, n_blocks, block, span).flatten(0, 1)  # [B·nb, G, span, D]
-    v_blocks = _key_blocks(value, start, n_blocks, block, span).flatten(0, 1)
+    q_blocks = q_blocks.reshape(batch, n_blocks, groups, per_group * block, -1)  # [B, nb, G, R·C, D]
+    k_blocks = _key_blocks(key, start, n_blocks, block, span)  # [B, nb, G, span, D], a view
+    v_blocks = _key_blocks(value, start, n_blocks, block, span)
 
     device = query.device
     local_q = torch.arange(block, device=device)[:, None]
@@ -136,11 +140,22 @@ def blocked_swa_attention(
         allowed = allowed & _mask_blocks(attention_mask, start, q_len, n_blocks, block, span)
     # Every query head of a group shares its row of the mask.
     allowed = allowed[:, :, None].expand(batch, -1, per_group, -1, -1)
-    allowed = allowed.reshape(batch * n_blocks, 1, per_group * block, span)  # [B·nb, 1, R·C, span]
+    allowed = allowed.reshape(batch, n_blocks, 1, per_group * block, span)  # [B, nb, 1, R·C, span]
 
-    out = F.scaled_dot_product_attention(
-        q_blocks, k_blocks, v_blocks, attn_mask=allowed, dropout_p=dropout, scale=scaling
-    )  # [B·nb, G, R·C, Dv]
+    # SDPA copies the overlapping key blocks into contiguous memory (~span/C times the
+    # keys); calling it on slices of blocks bounds that working set.
+    step = max(1, _BLOCK_ELEMENTS_PER_CALL // (groups * span * key.shape[-1]))
+    rows = []
+    for b in range(batch):
+        pieces = [
+            F.scaled_dot_product_attention(
+                q_blocks[b, i : i + step], k_blocks[b, i : i + step], v_blocks[b, i : i + step],
+                attn_mask=allowed[b, i : i + step], dropout_p=dropout, scale=scaling,
+            )  # fmt: skip
+            for i in range(0, n_blocks, step)
+        ]
+        rows.append(torch.cat(pieces))  # [nb, G, R·C, Dv]
+    out = torch.stack(rows)
     out = out.view(batch, n_blocks, groups, per_group, block, -1).permute(0, 1, 4, 2, 3, 5)
     return out.reshape(batch, n_blocks * block, heads, -1)[:, :q_len]
 
