@@ -1,0 +1,215 @@
+"""Train the bundled toy model: a small Qwen3 that must retrieve needles from far back.
+
+    python -m bosch_eval.toy.train --out bosch_eval/toy/model
+
+Runs on CPU or CUDA (``--device``), fixed seed. Writes the checkpoint (weights, config,
+tokenizer) and ``training.json`` (arguments, wall time, per-step log, final metrics) to
+``--out``; ``--log`` gets one JSON line per logged step while it runs.
+
+Recipe (why): retrieval heads form fastest on dense multi-query associative recall with
+short keys and values, so training starts there alone and then shifts to RULER-format
+documents; document lengths follow a curriculum from short to the full context; the loss weighs answer tokens fully and the
+rest of the text (haystack, templates) at ``--context-weight``, because the random values
+in needles are unpredictable at first sight and would otherwise dominate the gradient.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from bosch_eval.toy.corpus import TRAIN_SEED_BASE, DocumentMaker, Piece
+
+EVAL_SEED = 20_000_000  # held-out documents for the training log; never used for training
+
+
+def train_tokenizer(vocab_size: int, seed: int) -> PreTrainedTokenizerFast:
+    """Byte-level BPE (any text encodes) with single-digit tokens, trained on the corpus."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    # Single digits keep numbers copyable digit by digit, as in Qwen's own tokenizer.
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    maker = DocumentMaker(random.Random(TRAIN_SEED_BASE - 1 - seed))
+    mix = {"prose": 1.0, "recall": 1.0, "short_recall": 1.0, "ruler": 2.0}
+    texts = ["".join(text for text, _ in maker.document(400, mix)) for _ in range(3000)]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+
+
+def encode(tokenizer: PreTrainedTokenizerFast, pieces: list[Piece], max_tokens: int) -> tuple[list[int], list[bool]]:
+    """Token ids of a document and, per token, whether it belongs to an answer piece."""
+    text = "".join(piece for piece, _ in pieces)
+    spans, start = [], 0
+    for piece, is_answer in pieces:
+        if is_answer:
+            spans.append((start, start + len(piece)))
+        start += len(piece)
+    encoded = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+    answer = [any(a <= lo < b for a, b in spans) for lo, _ in encoded["offset_mapping"]]
+    ids = encoded["input_ids"]
+    # Keep the end (question and answer); documents are drawn near max_tokens anyway.
+    return ids[-max_tokens:], answer[-max_tokens:]
+
+
+def make_batch(
+    tokenizer: PreTrainedTokenizerFast, maker: DocumentMaker, lengths: list[int], mix: dict[str, float], context_weight: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids ``[B, T]``, loss weights ``[B, T]`` (for predicting token t+1) and answer flags."""
+    rows = [encode(tokenizer, maker.document(n, mix), n) for n in lengths]
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+    answers = torch.zeros(len(rows), width, dtype=torch.bool)
+    weights = torch.zeros(len(rows), width)
+    for row, (tokens, answer) in enumerate(rows):
+        ids[row, : len(tokens)] = torch.tensor(tokens)
+        answers[row, : len(tokens)] = torch.tensor(answer)
+        weights[row, : len(tokens)] = context_weight
+    weights[answers] = 1.0
+    return ids, weights, answers
+
+
+def loss_and_accuracy(model: Qwen3ForCausalLM, ids: torch.Tensor, weights: torch.Tensor, answers: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Weighted next-token loss, and the share of rows whose every answer token is greedy."""
+    logits = model(ids).logits[:, :-1].float()
+    targets, weights, answers = ids[:, 1:], weights[:, 1:], answers[:, 1:]
+    losses = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+    loss = (losses * weights).sum() / weights.sum()
+    correct = (logits.argmax(-1) == targets) | ~answers
+    has_answer = answers.any(1)
+    accuracy = correct.all(1)[has_answer].float().mean().item() if has_answer.any() else float("nan")
+    return loss, accuracy
+
+
+def curriculum(step: int, args: argparse.Namespace) -> tuple[int, dict[str, float]]:
+    """Longest document length and document mix at ``step``.
+
+    Phase 1 (first third of ``--curriculum-steps``): short documents of short-key recall
+    only, until retrieval works at all; phase 2 adds long-form recall and RULER documents;
+    lengths then grow linearly to ``--max-len`` by the end of the curriculum.
+    """
+    phase_one = args.curriculum_steps // 3
+    if step < phase_one:
+        return args.start_len, {"short_recall": 1.0}
+    progress = min(1.0, (step - phase_one) / max(1, args.curriculum_steps - phase_one))
+    max_len = int(args.start_len + progress * (args.max_len - args.start_len))
+    return max_len, {"short_recall": 0.2, "recall": 0.3, "ruler": 0.4 + 0.3 * progress, "prose": 0.1}
+
+
+@torch.no_grad()
+def evaluate(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, device: torch.device, lengths: list[int], n: int) -> dict[str, float]:
+    """Teacher-forced answer accuracy on held-out RULER-format documents per length."""
+    model.eval()
+    scores = {}
+    for length in lengths:
+        maker = DocumentMaker(random.Random(EVAL_SEED + length))
+        correct = []
+        for start in range(0, n, 8):
+            ids, weights, answers = make_batch(tokenizer, maker, [length] * min(8, n - start), {"ruler": 1.0}, 0.0)
+            _, accuracy = loss_and_accuracy(model, ids.to(device), weights.to(device), answers.to(device))
+            correct.append(accuracy)
+        scores[f"ruler_acc@{length}"] = sum(correct) / len(correct)
+    model.train()
+    return scores
+
+
+def build_model(args: argparse.Namespace, vocab_size: int, eos: int) -> Qwen3ForCausalLM:
+    config = Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=args.hidden,
+        intermediate_size=args.hidden * 3,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        head_dim=args.hidden // args.heads,
+        max_position_embeddings=args.max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        pad_token_id=eos,
+    )
+    return Qwen3ForCausalLM(config)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
+    parser.add_argument("--log", type=Path, help="JSON-lines progress log (default: <out>/train_log.jsonl)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of weights and training documents")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
+    parser.add_argument("--steps", type=int, default=3000, help="optimizer steps")
+    parser.add_argument("--batch-tokens", type=int, default=8192, help="tokens per batch (rows = budget // length)")
+    parser.add_argument("--start-len", type=int, default=96, help="longest document at step 0, tokens")
+    parser.add_argument("--max-len", type=int, default=1152, help="longest document after the curriculum, tokens")
+    parser.add_argument("--curriculum-steps", type=int, default=1500, help="steps over which lengths and mix ramp up")
+    parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW, cosine decay)")
+    parser.add_argument("--warmup", type=int, default=100, help="linear warm-up steps")
+    parser.add_argument("--context-weight", type=float, default=0.1, help="loss weight of non-answer tokens")
+    parser.add_argument("--vocab", type=int, default=4096, help="BPE vocabulary size")
+    parser.add_argument("--hidden", type=int, default=128, help="model width")
+    parser.add_argument("--layers", type=int, default=4, help="decoder layers")
+    parser.add_argument("--heads", type=int, default=8, help="query heads")
+    parser.add_argument("--kv-heads", type=int, default=4, help="KV groups")
+    parser.add_argument("--max-positions", type=int, default=2048, help="max_position_embeddings")
+    parser.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
+    args = parser.parse_args(argv)
+
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    started = time.time()
+    tokenizer = train_tokenizer(args.vocab, args.seed)
+    model = build_model(args, len(tokenizer), tokenizer.eos_token_id).to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
+    schedule = lambda step: min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))  # noqa: E731
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    maker = DocumentMaker(random.Random(TRAIN_SEED_BASE + args.seed))
+    args.out.mkdir(parents=True, exist_ok=True)
+    log_path = args.log or args.out / "train_log.jsonl"
+    history: list[dict[str, Any]] = []
+
+    with log_path.open("w") as log:
+        for step in range(args.steps):
+            max_len, mix = curriculum(step, args)
+            lengths = [maker.rng.randint(max(32, max_len // 4), max_len) for _ in range(max(1, args.batch_tokens // max_len))]
+            ids, weights, answers = make_batch(tokenizer, maker, lengths, mix, args.context_weight)
+            loss, accuracy = loss_and_accuracy(model, ids.to(device), weights.to(device), answers.to(device))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            if step % 10 == 0 or step == args.steps - 1:
+                record = {"step": step, "loss": round(loss.item(), 4), "train_acc": accuracy, "max_len": max_len,
+                          "lr": scheduler.get_last_lr()[0], "elapsed_s": round(time.time() - started, 1)}  # fmt: skip
+                if step % args.eval_every == 0 or step == args.steps - 1:
+                    record.update(evaluate(model, tokenizer, device, [512, 1024], 32))
+                history.append(record)
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+
+    model.eval().save_pretrained(args.out)
+    tokenizer.save_pretrained(args.out)
+    final = evaluate(model, tokenizer, device, [512, 1024], 64)
+    summary = {"args": {k: str(v) for k, v in vars(args).items()}, "wall_time_s": round(time.time() - started, 1),
+               "final": final, "num_parameters": model.num_parameters(), "history": history}  # fmt: skip
+    (args.out / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps({"wall_time_s": summary["wall_time_s"], **final}))
+
+
+if __name__ == "__main__":
+    main()
