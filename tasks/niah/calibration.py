@@ -1,0 +1,110 @@
+"""``bosch_niah_calib``: the calibration set of the BOSCH search (paper §3.3, B.4).
+
+Synthetic needle-in-a-haystack, scored prefill-only: an example counts when every
+answer token is the greedy prediction (lm-eval's loglikelihood ``acc``), and the
+score S(M, z, D) is the mean over examples. Each example is a ship's ledger (generated
+here, nothing is downloaded) holding one needle, "The vault code of <name> is
+<6 digits>.", at a depth stratified over the examples, then the query; the target is
+the value, with the space a model writes before it.
+
+Metadata (``--metadata`` JSON, or ``TaskManager(metadata=...)``):
+
+* ``seq_len`` (default 32768): prompt + answer tokens in the model's tokenizer; each
+  example lands within one haystack word below it, never above;
+* ``num_examples`` (default 64, as in the paper);
+* ``calib_seed`` (default 0): the examples are a function of it, the length and the
+  tokenizer.
+
+Nothing is shared with the eval suite (``eval_suite.py``, RULER's format): other keys
+(made-up names, not adjective-noun pairs), other values (6 digits, not 7), other
+phrasing and another haystack vocabulary (``words.py``).
+"""
+
+from __future__ import annotations
+
+import random
+from functools import cache
+from typing import Any
+
+import datasets
+from transformers import PreTrainedTokenizerBase
+
+from bosch_eval.tasks.niah import words
+from bosch_eval.tasks.niah.haystack import Haystack, fit
+from bosch_eval.tasks.niah.metadata import int_setting, model_tokenizer
+
+TASK = "bosch_niah_calib"
+DEFAULT_SEQ_LEN = 32768
+DEFAULT_NUM_EXAMPLES = 64
+DEFAULT_SEED = 0
+
+INSTRUCTION = (
+    "Below is a page from a ship's ledger. A single line in it gives the vault code of a passenger; "
+    "keep it in mind for the closing query."
+)
+NEEDLE = "The vault code of {key} is {value}."
+QUERY = "Query: which vault code belongs to {key}?\nReply: The vault code of {key} is"
+
+_LEDGER = (
+    "At {time} the {vessel} weighed anchor at {port} laden with {cargo}.",
+    "The {crew} counted {count} barrels of {cargo} in the hold of the {vessel}.",
+    "A {weather} kept the {vessel} off {port} for {count} days.",
+    "The {crew} of the {vessel} bartered {cargo} for {cargo2} at {port}.",
+    "Harbour dues at {port} were settled in {cargo}.",
+    "By {time} the {vessel} had rounded the headland beyond {port}.",
+    "The {crew} reported {weather} and a falling glass near {port}.",
+    "Rations of {cargo} were issued to the crew of the {vessel} at {time}.",
+)
+
+
+def dataset(**metadata: Any) -> dict[str, datasets.Dataset]:
+    """lm-eval ``custom_dataset``: the calibration examples as the ``test`` split."""
+    tokenizer = model_tokenizer(metadata, TASK)
+    docs = examples(
+        tokenizer,
+        seq_len=int_setting(metadata, "seq_len", DEFAULT_SEQ_LEN, TASK),
+        num_examples=int_setting(metadata, "num_examples", DEFAULT_NUM_EXAMPLES, TASK),
+        seed=int_setting(metadata, "calib_seed", DEFAULT_SEED, TASK, minimum=0),
+    )
+    return {"test": datasets.Dataset.from_list(list(docs))}
+
+
+@cache
+def examples(
+    tokenizer: PreTrainedTokenizerBase, seq_len: int, num_examples: int, seed: int
+) -> tuple[dict[str, Any], ...]:
+    """All examples, cached: the search rebuilds the task for each of its thousands of S(z) calls."""
+    return tuple(_example(tokenizer, seq_len, index, num_examples, seed) for index in range(num_examples))
+
+
+def _example(
+    tokenizer: PreTrainedTokenizerBase, seq_len: int, index: int, num_examples: int, seed: int
+) -> dict[str, Any]:
+    rng = random.Random(f"{TASK}/{seed}/{seq_len}/{index}")
+    key = f"{rng.choice(words.CALIB_GIVEN_NAMES)} {rng.choice(words.CALIB_FAMILY_NAMES)}"
+    value = str(rng.randint(100_000, 999_999))
+    depth = (index + rng.random()) / num_examples  # stratified: every depth band gets its examples
+    needle = NEEDLE.format(key=key, value=value)
+    haystack = Haystack.grow(lambda: ledger_sentence(rng), tokenizer, seq_len, split_words=True)
+
+    def prompt(n: int) -> str:
+        return f"{INSTRUCTION}\n{haystack.text(n, [needle], [depth])}\n{QUERY.format(key=key)}"
+
+    what = f"{TASK} at seq_len={seq_len}"
+    n, length = fit(lambda n: f"{prompt(n)} {value}", tokenizer, haystack.costs, seq_len, what)
+    return {"input": prompt(n), "target": value, "key": key, "depth": depth, "length": length, "seq_len": seq_len}
+
+
+def ledger_sentence(rng: random.Random) -> str:
+    """One routine ledger entry (no digits, so the needle's value is the only number)."""
+    pick = rng.choice
+    return pick(_LEDGER).format(
+        time=pick(words.CALIB_TIMES),
+        vessel=pick(words.CALIB_VESSELS),
+        port=pick(words.CALIB_PORTS),
+        cargo=pick(words.CALIB_CARGO),
+        cargo2=pick(words.CALIB_CARGO),
+        crew=pick(words.CALIB_CREW),
+        count=pick(words.CALIB_COUNTS),
+        weather=pick(words.CALIB_WEATHER),
+    )

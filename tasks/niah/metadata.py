@@ -1,0 +1,60 @@
+"""Task settings and the model's tokenizer, read from lm-eval's task metadata.
+
+lm-eval 0.4.13 calls a task's ``custom_dataset`` with the task's metadata as keyword
+arguments: the YAML ``metadata`` block, then (overriding it) the TaskManager's metadata.
+That is where the settings come from, on both paths:
+
+* CLI: ``lm_eval --model_args pretrained=M,... --metadata '{"seq_len": 4096}'`` merges
+  the parsed ``--model_args`` with ``--metadata`` (``EvaluatorConfig``: ``model_args |
+  metadata``) into the TaskManager's metadata;
+* Python: ``simple_evaluate(model_args=..., metadata=...)`` does the same merge, but only
+  when it builds the TaskManager itself. With ``task_manager=TaskManager(metadata=...)``,
+  or with an already-built model object, the caller must put ``pretrained`` or
+  ``tokenizer`` into that metadata.
+
+Prompts are sized in tokens of the model's own tokenizer, found under ``tokenizer``,
+``pretrained`` or ``model`` (lm-eval's RULER convention, reused from its
+``common_utils``). Every model arg lands in the same dictionary, which is why our
+seeds are called ``calib_seed`` / ``eval_seed``: the ``bosch`` adapter's own ``seed``
+model arg (for ``layers=rand``) must not change the data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lm_eval.tasks.ruler.common_utils import get_tokenizer, resolve_tokenizer_name
+from transformers import PreTrainedTokenizerBase
+
+
+def model_tokenizer(metadata: dict[str, Any], task: str) -> PreTrainedTokenizerBase:
+    """The tokenizer named in ``metadata`` (loaded once per name and process)."""
+    name = resolve_tokenizer_name(metadata)
+    if name is None:
+        raise ValueError(
+            f"{task}: no tokenizer to size the prompts with. Pass the model with "
+            "`--model_args pretrained=<name or path>` (or tokenizer=...), or in Python "
+            "`TaskManager(metadata={'tokenizer': <name or path>})`."
+        )
+    return get_tokenizer(name)
+
+
+def int_setting(metadata: dict[str, Any], key: str, default: int, task: str, minimum: int = 1) -> int:
+    """``metadata[key]`` as an int >= ``minimum`` (model args arrive as strings or numbers)."""
+    value = metadata.get(key, default)
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{task}: metadata {key!r} must be an integer, got {value!r}") from None
+    if number < minimum or number != float(value):
+        raise ValueError(f"{task}: metadata {key!r} must be an integer >= {minimum}, got {value!r}")
+    return number
+
+
+def int_list_setting(metadata: dict[str, Any], key: str, default: tuple[int, ...], task: str) -> tuple[int, ...]:
+    """``metadata[key]`` as a tuple of positive ints; one int or a comma-separated string also work."""
+    value = metadata.get(key, default)
+    items = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else [value]
+    if not items:
+        raise ValueError(f"{task}: metadata {key!r} must list at least one length, got {value!r}")
+    return tuple(int_setting({key: item}, key, 0, task) for item in items)
