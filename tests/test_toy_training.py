@@ -50,3 +50,15 @@ def test_two_training_steps_write_a_loadable_checkpoint(tmp_path):
     assert len(AutoTokenizer.from_pretrained(tmp_path)) == 400
     summary = json.loads((tmp_path / "training.json").read_text())
     assert summary["wall_time_s"] > 0 and "ruler_acc@512" in summary["final"]
+
+
+def test_calib_documents_use_the_calibration_template_and_hold_their_answer():
+    from bosch_eval.tasks.niah import calibration
+
+    maker = DocumentMaker(random.Random(0))
+    for _ in range(20):
+        (prompt, _), (answer, is_answer), _ = maker.calib(300)
+        key = prompt.rsplit("The vault code of ", 1)[1].removesuffix(" is")
+        assert is_answer and prompt.startswith(calibration.INSTRUCTION)
+        assert calibration.NEEDLE.format(key=key, value=answer.strip()) in prompt
+        assert prompt.endswith(calibration.QUERY.format(key=key))

@@ -10,10 +10,15 @@ kinds of documents:
 * ``ruler``: RULER's NIAH formats (``niah_single_*``, ``niah_multikey_*``: repeated
   noise or generated-essay haystacks, word/number/UUID keys and values) ending in the
   question and ``gen_prefix`` exactly as lm-eval's ``ruler`` tasks render them;
+* ``calib``: documents in the format of ``bosch_niah_calib`` (ship's-ledger haystack,
+  one "vault code" needle, the task's query), so the search has a calibration set the
+  model can solve with full attention;
 * ``prose``: generated sentences, for spelling and short-range structure.
 
 Keys and values are drawn from ``random.Random(seed)``; the trainer uses seeds from
-``TRAIN_SEED_BASE`` upwards, disjoint from the evaluation generators' seeds.
+``TRAIN_SEED_BASE`` upwards. The calibration task seeds its examples with the string
+``"bosch_niah_calib/<calib_seed>/<seq_len>/<index>"`` and RULER/the eval suite with
+their own integer seeds, so no training document comes from an evaluation stream.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+from bosch_eval.tasks.niah import calibration, words
 
 TRAIN_SEED_BASE = 10_000_000
 
@@ -128,6 +135,15 @@ class DocumentMaker:
         question = template.format(kinds=singular, context="\n".join(lines), query=keys[query_index])
         prefix = RULER_PREFIX.format(kinds=singular, query=keys[query_index]).replace(" are", " is")
         return [(f"{question} {prefix}", False), (f" {values[query_index]}", True), (".", False)]
+
+    def calib(self, length: int) -> list[Piece]:
+        """A ``bosch_niah_calib``-format example: ledger haystack, one needle at a random depth."""
+        key = f"{self.rng.choice(words.CALIB_GIVEN_NAMES)} {self.rng.choice(words.CALIB_FAMILY_NAMES)}"
+        value = str(self.rng.randint(100_000, 999_999))
+        sentences = [calibration.ledger_sentence(self.rng) for _ in range(max(1, (int(length * self.chars_per_token) - 300) // 60))]
+        sentences.insert(self.rng.randint(0, len(sentences)), calibration.NEEDLE.format(key=key, value=value))
+        prompt = f"{calibration.INSTRUCTION}\n{' '.join(sentences)}\n{calibration.QUERY.format(key=key)}"
+        return [(prompt, False), (f" {value}", True), (".", False)]
 
     def document(self, length: int, mix: dict[str, float]) -> list[Piece]:
         kind = self.rng.choices(list(mix), weights=list(mix.values()))[0]

@@ -43,7 +43,7 @@ def train_tokenizer(vocab_size: int, seed: int) -> PreTrainedTokenizerFast:
     )
     tokenizer.decoder = decoders.ByteLevel()
     maker = DocumentMaker(random.Random(TRAIN_SEED_BASE - 1 - seed))
-    mix = {"prose": 1.0, "recall": 1.0, "short_recall": 1.0, "ruler": 2.0}
+    mix = {"prose": 1.0, "recall": 1.0, "short_recall": 1.0, "ruler": 2.0, "calib": 1.0}
     texts = ["".join(text for text, _ in maker.document(400, mix)) for _ in range(3000)]
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
@@ -108,22 +108,23 @@ def curriculum(step: int, args: argparse.Namespace) -> tuple[int, dict[str, floa
         return args.start_len, {"short_recall": 1.0}
     progress = min(1.0, (step - phase_one) / max(1, args.curriculum_steps - phase_one))
     max_len = int(args.start_len + progress * (args.max_len - args.start_len))
-    return max_len, {"short_recall": 0.2, "recall": 0.3, "ruler": 0.4 + 0.3 * progress, "prose": 0.1}
+    return max_len, {"short_recall": 0.15, "recall": 0.2, "ruler": 0.35 + 0.2 * progress, "calib": 0.25, "prose": 0.05}
 
 
 @torch.no_grad()
 def evaluate(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, device: torch.device, lengths: list[int], n: int) -> dict[str, float]:
-    """Teacher-forced answer accuracy on held-out RULER-format documents per length."""
+    """Teacher-forced answer accuracy on held-out RULER- and calibration-format documents per length."""
     model.eval()
     scores = {}
-    for length in lengths:
-        maker = DocumentMaker(random.Random(EVAL_SEED + length))
-        correct = []
-        for start in range(0, n, 8):
-            ids, weights, answers = make_batch(tokenizer, maker, [length] * min(8, n - start), {"ruler": 1.0}, 0.0)
-            _, accuracy = loss_and_accuracy(model, ids.to(device), weights.to(device), answers.to(device))
-            correct.append(accuracy)
-        scores[f"ruler_acc@{length}"] = sum(correct) / len(correct)
+    for kind in ("ruler", "calib"):
+        for length in lengths:
+            maker = DocumentMaker(random.Random(EVAL_SEED + length))
+            correct = []
+            for start in range(0, n, 8):
+                ids, weights, answers = make_batch(tokenizer, maker, [length] * min(8, n - start), {kind: 1.0}, 0.0)
+                _, accuracy = loss_and_accuracy(model, ids.to(device), weights.to(device), answers.to(device))
+                correct.append(accuracy)
+            scores[f"{kind}_acc@{length}"] = sum(correct) / len(correct)
     model.train()
     return scores
 
