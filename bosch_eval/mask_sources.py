@@ -19,6 +19,7 @@ def resolve_mask(
     ratio: Any = None,
     seed: Any = None,
     window: Any = None,
+    default_window: int | None = None,
     model_name: str | None = None,
 ) -> tuple[HeadMask, str]:
     """Build the mask asked for and check it fits ``shape``.
@@ -62,7 +63,7 @@ def resolve_mask(
             source = f"layers={layers}"
             result = layer_heuristic_mask(str(layers), shape, ratio, seed=0 if seed is None else int(seed))
     result.check_fits(shape, source=source, model=model_name)
-    effective_window = window if window is not None else result.window
+    effective_window = next((w for w in (window, result.window, default_window) if w is not None), None)
     if effective_window is None:
         raise MaskError(f"{source}: field 'window' is missing; pass window=W (keys seen per SWA query)")
     return result.with_meta(window=effective_window), source

@@ -34,6 +34,7 @@ from bosch_eval.hybrid_attention import HybridAttention, hybridize
 from bosch_eval.hybrid_cache import HybridCache
 from bosch_eval.mask_sources import resolve_mask
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
+from bosch_eval.model_defaults import model_defaults
 from bosch_eval.model_adapters.continuation_logits import logits_at, scored_positions
 
 
@@ -76,6 +77,7 @@ class BoschLM(HFLM):
             ratio=ratio,
             seed=seed,
             window=window,
+            default_window=model_defaults(pretrained).window if isinstance(pretrained, str) else None,
             model_name=model_name,
         )
         if checkpoint_mask is not None and (head_mask.bits, head_mask.window) != (checkpoint_mask.bits, checkpoint_mask.window):

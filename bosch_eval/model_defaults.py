@@ -1,0 +1,46 @@
+"""Per-model defaults a checkpoint can ship in ``bosch_defaults.json``.
+
+A model directory may hold ``{"window": W, "calib_len": T}``: the SWA window and the
+calibration length its authors recommend (the bundled toy model does). The CLI and the
+``bosch`` adapter use them when the user gives no ``--window``/``window=`` or
+``--calib-len``; an explicit value always wins.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from bosch_eval.masks import MaskError, check_window
+
+DEFAULTS_FILE = "bosch_defaults.json"
+
+
+@dataclass(frozen=True)
+class ModelDefaults:
+    """Recommended settings of one model; ``None`` where it recommends nothing."""
+
+    window: int | None = None
+    calib_len: int | None = None
+
+
+def model_defaults(model: str | Path) -> ModelDefaults:
+    """The defaults in ``<model>/bosch_defaults.json``, or none for hub ids and plain checkpoints."""
+    path = Path(model) / DEFAULTS_FILE
+    if not path.is_file():
+        return ModelDefaults()
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise MaskError(f"{path}: not valid JSON ({err})") from err
+    if not isinstance(data, dict):
+        raise MaskError(f"{path}: expected a JSON object with 'window' and 'calib_len', got {type(data).__name__}")
+    unknown = set(data) - {"window", "calib_len"}
+    if unknown:
+        raise MaskError(f"{path}: unknown fields {sorted(unknown)}; expected 'window', 'calib_len'")
+    window = check_window(data["window"], f"{path}: field 'window'") if "window" in data else None
+    calib_len = data.get("calib_len")
+    if calib_len is not None and (not isinstance(calib_len, int) or isinstance(calib_len, bool) or calib_len < 1):
+        raise MaskError(f"{path}: field 'calib_len' must be a positive integer, got {calib_len!r}")
+    return ModelDefaults(window=window, calib_len=calib_len)
