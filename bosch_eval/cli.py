@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
+from bosch_eval.search.import_cli import add_import_parser
 
 FULL, SWA = "█", "·"
 
@@ -101,6 +102,12 @@ def _bench(args: argparse.Namespace) -> None:
     print(table)
 
 
+def _toy_model(args: argparse.Namespace) -> None:
+    from bosch_eval.toy import model_path
+
+    print(model_path())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bosch-eval", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -131,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype")
     bench.add_argument("--out", default="bench", help="directory for bench.json, bench.md and the PNGs")
     bench.set_defaults(run=_bench)
+
+    toy = commands.add_parser("toy-model", help="the bundled toy model (a small trained Qwen3)")
+    toy.add_argument("--path", action="store_true", required=True, help="print the directory to pass as pretrained=")
+    toy.set_defaults(run=_toy_model)
+
+    add_import_parser(commands)
     return parser
 
 
