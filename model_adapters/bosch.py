@@ -35,6 +35,7 @@ from bosch_eval.hybrid_cache import HybridCache
 from bosch_eval.mask_sources import resolve_mask
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
 from bosch_eval.model_defaults import model_defaults
+from bosch_eval.toy import resolve_model
 from bosch_eval.model_adapters.continuation_logits import logits_at, scored_positions
 
 
@@ -61,6 +62,8 @@ class BoschLM(HFLM):
         if kv_cache not in KV_CACHES:
             raise MaskError(f"kv_cache: expected one of {list(KV_CACHES)}, got {kv_cache!r}")
         self.kv_cache = kv_cache
+        if isinstance(pretrained, str):
+            pretrained = resolve_model(pretrained)  # "toy": the bundled model
         super().__init__(pretrained=pretrained, **kwargs)
         if self.backend != "causal":
             raise MaskError(f"bosch: hybrid attention needs a decoder-only (causal) model, got backend={self.backend!r}")

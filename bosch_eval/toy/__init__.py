@@ -17,3 +17,12 @@ def model_path() -> Path:
     if not (MODEL_DIR / "model.safetensors").is_file():
         raise FileNotFoundError(f"{MODEL_DIR}: the bundled toy model's weights (model.safetensors) are missing")
     return MODEL_DIR
+
+
+ALIAS = "toy"
+
+
+def resolve_model(name: str) -> str:
+    """``"toy"`` (short for ``pretrained=$(bosch-eval toy-model --path)``) → the bundled
+    model's directory; any other model id or path is returned unchanged."""
+    return str(model_path()) if name == ALIAS else name

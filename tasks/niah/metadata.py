@@ -26,6 +26,8 @@ from typing import Any
 from lm_eval.tasks.ruler.common_utils import get_tokenizer, resolve_tokenizer_name
 from transformers import PreTrainedTokenizerBase
 
+from bosch_eval.toy import resolve_model
+
 
 def model_tokenizer(metadata: dict[str, Any], task: str) -> PreTrainedTokenizerBase:
     """The tokenizer named in ``metadata`` (loaded once per name and process)."""
@@ -36,7 +38,7 @@ def model_tokenizer(metadata: dict[str, Any], task: str) -> PreTrainedTokenizerB
             "`--model_args pretrained=<name or path>` (or tokenizer=...), or in Python "
             "`TaskManager(metadata={'tokenizer': <name or path>})`."
         )
-    return get_tokenizer(name)
+    return get_tokenizer(resolve_model(name))
 
 
 def int_setting(metadata: dict[str, Any], key: str, default: int, task: str, minimum: int = 1) -> int:
