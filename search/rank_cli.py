@@ -1,0 +1,151 @@
+"""``bosch-eval rank``: score every KV group of a model with a training-free method (paper B.3).
+
+::
+
+    bosch-eval rank --method dcam --model toy --out ranking.json
+    bosch-eval mask from-ranking ranking.json --ratio 0.75 --out mask.json
+
+The window and the calibration length default to the model's ``bosch_defaults.json``
+(the bundled toy model ships one); any other model needs ``--window`` and
+``--calib-len``. The output is a ``bosch-ranking/1`` file whose provenance records the
+method, its settings, the calibration settings, the wall time and the versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from bosch_eval.masks import MaskError
+from bosch_eval.search.rankers import METHOD_NAMES
+
+# Method settings on the command line: flag destination -> (method, option name).
+_METHOD_OPTIONS = {
+    "proxy_block": ("proxy", "block"),
+    "proxy_gamma": ("proxy", "gamma"),
+    "proxy_heads": ("proxy", "proxy_heads"),
+    "qada_buffer": ("qada", "buffer"),
+}
+
+
+def add_rank_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``rank`` command to ``subparsers`` (from ``parser.add_subparsers()``)."""
+    parser = subparsers.add_parser(
+        "rank",
+        help="rank KV groups with a training-free method (DCAM, APL, Proxy, QAdA, Razor, Fisher)",
+        description="Run a model over the bosch_niah_calib examples (Razor: a repeated random block) and write a "
+        "bosch-ranking/1 file of per-KV-group locality scores (paper Appendix B.3); a group's score is the mean "
+        "of its query heads'. Use it with ranking=FILE,ratio=R or 'bosch-eval mask from-ranking'.",
+    )
+    parser.add_argument("--method", required=True, choices=METHOD_NAMES, help="ranking method (paper B.3.1–B.3.6)")
+    parser.add_argument(
+        "--model", required=True, help="HF model id, local checkpoint directory, or 'toy' for the bundled toy model"
+    )
+    parser.add_argument("--out", required=True, help="where to write the bosch-ranking/1 JSON")
+    parser.add_argument("--window", type=int, help="SWA window W (default: the model's bosch_defaults.json)")
+    parser.add_argument(
+        "--calib-examples", type=int, default=64, help="calibration examples (Razor: probes); default 64 (paper B.4)"
+    )
+    parser.add_argument(
+        "--calib-len", type=int, help="tokens per calibration example (default: the model's bosch_defaults.json)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="calibration seed (Razor: probe seed); default 0")
+    parser.add_argument("--block-size", type=int, default=64, help="query rows per streamed attention block")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda when available)")
+    parser.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="model weights dtype"
+    )
+    parser.add_argument(
+        "--compute-dtype",
+        default="float32",
+        choices=["float32", "float64"],
+        help="precision of the attention blocks (accumulators are always float64)",
+    )
+    parser.add_argument("--proxy-block", type=int, help="proxy: keys per block B (default 64)")
+    parser.add_argument("--proxy-gamma", type=float, help="proxy: mass fraction γ a head must cover (default 0.9)")
+    parser.add_argument(
+        "--proxy-heads", type=int, nargs="+", help="proxy: the layer's proxy query heads P (default: head 0)"
+    )
+    parser.add_argument("--qada-buffer", type=int, help="qada: buffer keys B outside the window (default 128)")
+    parser.set_defaults(run=rank_main)
+    return parser
+
+
+def method_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The method settings given on the command line; a setting of another method is an error."""
+    options = {}
+    for dest, (method, option) in _METHOD_OPTIONS.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        if method != args.method:
+            flag = "--" + dest.replace("_", "-")
+            raise MaskError(f"{flag} applies to --method {method}, not {args.method}")
+        options[option] = tuple(value) if isinstance(value, list) else value
+    return options
+
+
+def resolve_model(name: str) -> str:
+    """``toy`` → the bundled checkpoint's directory; anything else as given."""
+    from bosch_eval.toy import resolve_model as resolve
+
+    try:
+        return resolve(name)
+    except FileNotFoundError as err:
+        raise MaskError(f"--model {name}: {err}") from None
+
+
+def rank_main(args: argparse.Namespace) -> None:
+    """Run ``bosch-eval rank``; raises :class:`MaskError` on any bad input."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from bosch_eval.model_defaults import model_defaults
+    from bosch_eval.search.rankers.driver import compute_ranking
+    from bosch_eval.tasks.niah.haystack import TemplateTooLong
+
+    options = method_options(args)
+    path = resolve_model(args.model)
+    defaults = model_defaults(path)
+    window = args.window if args.window is not None else defaults.window
+    calib_len = args.calib_len if args.calib_len is not None else defaults.calib_len
+    if window is None:
+        raise MaskError(f"{args.model}: no --window given and no bosch_defaults.json with 'window'; pass --window W")
+    if calib_len is None:
+        raise MaskError(
+            f"{args.model}: no --calib-len given and no bosch_defaults.json with 'calib_len'; pass --calib-len T"
+        )
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype), attn_implementation="sdpa")
+    try:
+        ranking = compute_ranking(
+            args.method,
+            model,
+            tokenizer,
+            window=window,
+            calib_examples=args.calib_examples,
+            calib_len=calib_len,
+            calib_seed=args.seed,
+            block_size=args.block_size,
+            device=device,
+            dtype=getattr(torch, args.compute_dtype),
+            options=options,
+            model_name=args.model,
+        )
+    except TemplateTooLong as err:
+        raise MaskError(f"--calib-len {calib_len}: {err}") from None
+    argv = getattr(args, "argv", None)
+    if argv is not None:
+        ranking = replace(ranking, provenance={**ranking.provenance, "command": " ".join(["bosch-eval", *argv])})
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    ranking.save(args.out)
+    shape = ranking.shape
+    print(
+        f"{args.out}: {args.method} ranking (bosch-ranking/1) of {args.model}, L={shape.num_layers} × "
+        f"G={shape.num_kv_heads} KV groups (H={shape.num_heads}); W={window}, {args.calib_examples} × {calib_len} "
+        f"tokens, seed {args.seed}, {ranking.provenance['wall_time_s']:.1f} s"
+    )
+    print(f"  more local = {ranking.more_local} score; use it with ranking={args.out},ratio=R")

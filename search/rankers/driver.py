@@ -1,0 +1,214 @@
+"""``compute_ranking``: run a model over the calibration inputs and rank its KV groups.
+
+The model runs one sequence at a time through :func:`capture_attention`. Methods that
+read probabilities do their work inside each layer's forward (no gradient, no logits:
+only the decoder runs); Fisher runs the decoder with gradients, takes the mean
+next-token cross-entropy through the output embeddings in chunks of rows (no ``T×V``
+logit tensor), and does its work in each layer's backward hook. Either way one layer's
+``q, k, v`` (``dO``) and one block of query rows are live at a time — see
+:mod:`bosch_eval.search.rankers.blocks` for the bound.
+
+A KV group's score is the mean of its query heads' scores (paper B.3).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Mapping, Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from bosch_eval.masks import HeadRanking, MaskError, ModelShape, check_window
+from bosch_eval.search.rankers.apl import APL
+from bosch_eval.search.rankers.base import Ranker
+from bosch_eval.search.rankers.blocks import query_blocks
+from bosch_eval.search.rankers.capture import capture_attention
+from bosch_eval.search.rankers.mass import DCAM, Fisher
+from bosch_eval.search.rankers.proxy import Proxy
+from bosch_eval.search.rankers.qada import QAdA
+from bosch_eval.search.rankers.razor import Razor
+
+METHODS: dict[str, type[Ranker]] = {cls.name: cls for cls in (DCAM, APL, Proxy, QAdA, Razor, Fisher)}
+DEFAULT_BLOCK_SIZE = 64
+# Rows of output-embedding logits formed at once by Fisher's loss ([rows, vocab] floats).
+LOSS_CHUNK = 512
+
+
+def make_ranker(method: str, shape: ModelShape, window: int, options: Mapping[str, Any] | None = None) -> Ranker:
+    """The ranker of ``method`` for a model of ``shape``; ``options`` are its settings.
+
+    Raises:
+        MaskError: an unknown method or option (the message lists the valid ones).
+    """
+    if method not in METHODS:
+        raise MaskError(f"method: expected one of {sorted(METHODS)}, got {method!r}")
+    cls = METHODS[method]
+    fixed = ("self", "num_layers", "num_heads", "window")
+    valid = [name for name in inspect.signature(cls.__init__).parameters if name not in fixed]
+    unknown = sorted(set(options or {}) - set(valid))
+    if unknown:
+        raise MaskError(f"{method}: unknown option(s) {unknown}; valid options are {valid or 'none'}")
+    return cls(shape.num_layers, shape.num_heads, window, **dict(options or {}))
+
+
+def group_means(head_scores: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """``[L, H]`` per-query-head scores → ``[L, G]`` means over each group's H/G heads."""
+    layers, heads = head_scores.shape
+    return head_scores.reshape(layers, num_kv_heads, heads // num_kv_heads).mean(-1)
+
+
+def run_ranker(
+    ranker: Ranker,
+    model: Any,
+    sequences: Sequence[torch.Tensor],
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Feed every sequence through ``model`` into ``ranker``; return its ``[L, H]`` head scores."""
+    device = next(model.parameters()).device
+
+    def consume(
+        layer: int, module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor | None = None
+    ) -> None:
+        start = ranker.first_row(q.shape[1])
+        with torch.no_grad():
+            for block in query_blocks(
+                q, k, module.scaling, block_size, start=start, value=v, grad_out=grad_out, dtype=dtype
+            ):
+                ranker.update(layer, block)
+
+    if ranker.needs_grad:
+        with capture_attention(model, on_backward=consume):
+            for ids in sequences:
+                _loss_backward(model, ids.to(device))
+    else:
+        with capture_attention(model, on_forward=consume), torch.no_grad():
+            for ids in sequences:
+                model.base_model(input_ids=ids[None].to(device), use_cache=False)
+    return ranker.head_scores()
+
+
+def _loss_backward(model: Any, ids: torch.Tensor) -> None:
+    """Backpropagate the mean next-token cross-entropy of ``ids`` to the input embeddings.
+
+    The capture's backward hooks fire on the way; no parameter gradient is formed.
+    """
+    if getattr(model.config, "final_logit_softcapping", None):
+        raise MaskError(
+            f"{type(model).__name__}: fisher takes logits = output embeddings(hidden); "
+            "softcapped logits are not supported"
+        )
+    embeds = model.get_input_embeddings()(ids[None]).detach().requires_grad_(True)
+    with torch.enable_grad():
+        hidden = model.base_model(inputs_embeds=embeds, use_cache=False).last_hidden_state  # [1, T, d]
+        head = model.get_output_embeddings()
+        predictions = ids.shape[0] - 1
+        grad_hidden = torch.zeros_like(hidden)
+        for c0 in range(0, predictions, LOSS_CHUNK):
+            c1 = min(predictions, c0 + LOSS_CHUNK)
+            rows = hidden[0, c0:c1].detach().requires_grad_(True)
+            logits = head(rows)
+            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # half precision → float32
+            loss = F.cross_entropy(logits, ids[c0 + 1 : c1 + 1], reduction="sum") / predictions
+            (grad_hidden[0, c0:c1],) = torch.autograd.grad(loss, rows)
+        torch.autograd.grad(hidden, embeds, grad_outputs=grad_hidden)
+
+
+def compute_ranking(
+    method: str,
+    model: Any,
+    tokenizer: Any,
+    *,
+    window: int,
+    calib_examples: int,
+    calib_len: int,
+    calib_seed: int = 0,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    options: Mapping[str, Any] | None = None,
+    model_name: str | None = None,
+) -> HeadRanking:
+    """Rank the KV groups of ``model`` with a training-free method of paper B.3.
+
+    Args:
+        method: one of :data:`METHODS` (dcam, apl, proxy, qada, razor, fisher).
+        model: a transformers causal LM whose attention dispatches through
+            ``AttentionInterface``; put in eval mode for the run (its mode is restored).
+        tokenizer: the model's tokenizer (sizes the calibration examples).
+        window: the SWA window W the scores refer to.
+        calib_examples: number of calibration examples (Razor: probes).
+        calib_len: tokens per calibration example (Razor: probe length 4·⌊T/4⌋).
+        calib_seed: seed of the calibration examples (Razor: of the probes).
+        block_size: query rows per streamed block, Bq.
+        device: where to run; the model is moved there (default: where it is).
+        dtype: precision of the attention blocks (accumulators are float64).
+        options: method settings (proxy: block, gamma, proxy_heads; qada: buffer).
+        model_name: recorded in the ranking (default: the config's ``_name_or_path``).
+
+    Raises:
+        MaskError: a bad method, option, window or size, or a model the capture cannot run.
+    """
+    window = check_window(window, "window")
+    for name, value in (("calib_examples", calib_examples), ("calib_len", calib_len), ("block_size", block_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise MaskError(f"{name}: expected a positive integer, got {value!r}")
+    shape = ModelShape.from_config(model.config)
+    ranker = make_ranker(method, shape, window, options)
+    if device is not None:
+        model.to(device)
+    was_training = model.training
+    model.eval()
+    started = time.perf_counter()
+    try:
+        vocab_size = model.get_input_embeddings().num_embeddings
+        sequences = ranker.sequences(tokenizer, vocab_size, calib_examples, calib_len, calib_seed)
+        head_scores = run_ranker(ranker, model, sequences, block_size, dtype)
+    finally:
+        model.train(was_training)
+    wall_time = time.perf_counter() - started
+    groups = group_means(head_scores, shape.num_kv_heads)
+    provenance = {
+        "method": method,
+        "window": window,
+        "calib_examples": calib_examples,
+        "calib_len": calib_len,
+        "calib_seed": calib_seed,
+        "inputs": ranker.inputs,
+        "sequence_lengths": sorted({int(ids.shape[0]) for ids in sequences}),
+        "settings": ranker.settings(),
+        "block_size": block_size,
+        "dtype": str(dtype).removeprefix("torch."),
+        "device": str(next(model.parameters()).device),
+        "group_score": "mean over the group's query heads (paper B.3)",
+        "head_scores": head_scores.tolist(),
+        "wall_time_s": round(wall_time, 3),
+        "versions": versions(),
+    }
+    return HeadRanking(
+        tuple(tuple(row) for row in groups.tolist()),
+        ranker.more_local,
+        method,
+        shape.num_heads,
+        window=window,
+        model=model_name or getattr(model.config, "_name_or_path", None) or None,
+        provenance=provenance,
+    )
+
+
+def versions() -> dict[str, str]:
+    """Versions of what computed a ranking."""
+    import platform
+
+    import transformers
+
+    try:
+        ours = version("bosch-eval")
+    except PackageNotFoundError:
+        ours = "unknown"
+    return {"bosch-eval": ours, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version()}  # fmt: skip
