@@ -230,7 +230,7 @@ class TestFormulas:
             "apl": lambda: ref.apl(probs, window),
             "proxy": lambda: ref.proxy(probs, **options),
             "qada": lambda: ref.qada([x["q"] for x in layers], [x["k"] for x in layers], self.TAU, window, 4),
-            "razor": lambda: ref.razor([probs], 9)[0],
+            "razor": lambda: ref.razor(*(x[None] for x in ref.razor_attention(probs, 9)))[0],
             "fisher": lambda: ref.fisher(probs, dprobs, window),
         }[method]()
         np.testing.assert_allclose(got, expected, atol=TOL, rtol=0)
@@ -323,7 +323,7 @@ def oracle_head_scores(method: str, model, tokenizer) -> np.ndarray:
         maps = [ref.attention_maps(q, k, tau, v, *rest) for q, k, v, tau, *rest in layer_runs]
         probs = [p for p, _ in maps]
         if method == "razor":
-            rows.append(probs)
+            rows.append(ref.razor_attention(probs, CALIB_LEN // 4))
         elif method == "dcam":
             rows.append(ref.dcam(probs, WINDOW))
         elif method == "apl":
@@ -335,7 +335,9 @@ def oracle_head_scores(method: str, model, tokenizer) -> np.ndarray:
         elif method == "qada":
             tau = layer_runs[0][3]
             rows.append(ref.qada([r[0] for r in layer_runs], [r[1] for r in layer_runs], tau, WINDOW, 128))
-    return ref.razor(rows, CALIB_LEN // 4) if method == "razor" else np.stack(rows)
+    if method == "razor":
+        return ref.razor(np.stack([e for e, _ in rows]), np.stack([i for _, i in rows]))
+    return np.stack(rows)
 
 
 class TestRealModel:

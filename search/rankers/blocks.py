@@ -9,7 +9,11 @@ of H/G, so no repeated key tensor is built.
 Peak memory per block: a few ``[H, Bq, t1]`` tensors, i.e. O(H·Bq·T) floats in
 ``dtype`` (logits, probabilities, their gradient and the rankers' temporaries on them),
 on top of the one layer's ``q``, ``k``, ``v`` (``dO``) the caller holds, O((H+2G)·T·D).
-A full ``[H, T, T]`` map is never formed.
+A full ``[H, T, T]`` map is never formed. Around it, the model's own forward of one
+sequence (no KV cache) and, for Fisher, what autograd saves for the backward pass:
+O(L·T·d) activations with a fused SDPA kernel (CPU; CUDA flash/memory-efficient) — SDPA's
+math fallback (e.g. float64 on CUDA) would save a T×T map per layer. Measured by
+``benchmarks/ranker_memory.py``.
 
 Rows and lags follow the project's window convention: query ``t`` sees keys ``j`` with
 ``t − W < j ≤ t``, i.e. lag ``d = t − j < W`` is inside the window.

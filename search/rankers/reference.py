@@ -114,23 +114,23 @@ def qada(queries: Sequence[np.ndarray], keys: Sequence[np.ndarray], tau: float, 
     return total / rows
 
 
-def razor(probs_by_layer: Sequence[Sequence[np.ndarray]], period: int) -> np.ndarray:
-    """Razor (Eq. 20–22) on probes of a K-token block repeated 4 times; ``[L, H]``.
+def razor_attention(probs: Sequence[np.ndarray], period: int) -> tuple[np.ndarray, np.ndarray]:
+    """Razor's E and I of one layer (Eq. 20–21) on probes of a K-token block repeated 4 times; ``[H]`` each.
 
-    ``probs_by_layer[l][n]`` is layer l's map on probe n. Induction reads j = m − K + 1
-    (see :mod:`bosch_eval.search.rankers.razor` for why not Eq. 20's m − 1 − K).
+    Induction reads j = m − K + 1 (see :mod:`bosch_eval.search.rankers.razor` for why
+    not Eq. 20's m − 1 − K).
     """
-    echo = np.zeros((len(probs_by_layer), probs_by_layer[0][0].shape[0]))
-    induction = np.zeros_like(echo)
-    for layer, maps in enumerate(probs_by_layer):
-        count = 0
-        for p in maps:
-            for m in range(period, 4 * period):
-                echo[layer] += p[:, m, m - period]
-                induction[layer] += p[:, m, m - period + 1]
-                count += 1
-        echo[layer] /= count
-        induction[layer] /= count
+    echo, induction, count = np.zeros(probs[0].shape[0]), np.zeros(probs[0].shape[0]), 0
+    for p in probs:
+        for m in range(period, 4 * period):
+            echo += p[:, m, m - period]
+            induction += p[:, m, m - period + 1]
+            count += 1
+    return echo / count, induction / count
+
+
+def razor(echo: np.ndarray, induction: np.ndarray) -> np.ndarray:
+    """Razor's score (Eq. 22) from ``[L, H]`` E and I: max of the z-scores across all heads."""
 
     def z(x: np.ndarray) -> np.ndarray:
         return (x - x.mean()) / x.std() if x.std() > 0 else np.zeros_like(x)
