@@ -10,7 +10,12 @@ model_args (besides everything HFLM accepts):
 * ``window=W``: overrides the window stored in the mask or ranking;
 * ``attn_backend=auto|sdpa|blocked|flash_attention_2``;
 * ``kv_cache=hybrid|dynamic``: generation keeps only ``W − 1`` positions for SWA groups
-  (``hybrid``, default) or every position (``dynamic``, transformers' default cache).
+  (``hybrid``, default) or every position (``dynamic``, transformers' default cache);
+* ``memoize_tokens=True``: remember every string's token ids (the search scores the same
+  requests thousands of times; off by default, since a plain evaluation sees each once).
+
+Under ``accelerate launch --num_processes N`` (GPUs or ``--cpu``, one node or many) each
+process scores its 1/N of the requests; see :meth:`BoschLM._shard_over_processes`.
 
 Programmatic use (search mode): ``BoschLM(pretrained=<loaded model>, tokenizer=..., mask=...)``
 then :meth:`BoschLM.set_mask` to swap masks without reloading.
@@ -18,11 +23,13 @@ then :meth:`BoschLM.set_mask` to swap masks without reloading.
 
 from __future__ import annotations
 
+from array import array
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from accelerate import Accelerator, PartialState
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import Collator
@@ -57,14 +64,20 @@ class BoschLM(HFLM):
         window: int | None = None,
         attn_backend: str = "auto",
         kv_cache: str = "hybrid",
+        memoize_tokens: bool = False,
         **kwargs: Any,
     ) -> None:
         if kv_cache not in KV_CACHES:
             raise MaskError(f"kv_cache: expected one of {list(KV_CACHES)}, got {kv_cache!r}")
+        if not isinstance(memoize_tokens, bool):
+            raise MaskError(f"memoize_tokens: expected True or False, got {memoize_tokens!r}")
         self.kv_cache = kv_cache
+        self.memoize_tokens = memoize_tokens
+        self._token_memo: dict[tuple[str, bool | None, int | None], array] = {}
         if isinstance(pretrained, str):
             pretrained = resolve_model(pretrained)  # "toy": the bundled model
         super().__init__(pretrained=pretrained, **kwargs)
+        self._shard_over_processes()
         if self.backend != "causal":
             raise MaskError(f"bosch: hybrid attention needs a decoder-only (causal) model, got backend={self.backend!r}")
         model_name = pretrained if isinstance(pretrained, str) else getattr(self.model.config, "_name_or_path", None)
@@ -90,6 +103,48 @@ class BoschLM(HFLM):
                 f"{checkpoint_mask.swa_ratio:.4g}, window {checkpoint_mask.window}); drop the explicit mask to use the saved one"
             )
         self.hybrid: HybridAttention = hybridize(self.model, head_mask, backend=attn_backend, source=source)
+
+    def _shard_over_processes(self) -> None:
+        """Under ``accelerate launch`` with N > 1 processes, make lm-eval give each process
+        its own 1/N of the documents (``rank`` = global process index, ``world_size`` = N).
+
+        HFLM (lm-eval 0.4.13) turns data parallelism on only when more than one GPU is
+        visible, so CPU processes (gloo) and one-GPU nodes each scored every document;
+        it takes ``local_process_index`` as the rank, so across nodes two processes
+        scored the same shard and gathered duplicates; and it keeps world size 1 for a
+        preloaded model. lm-eval's ``evaluate`` reaches the processes through
+        ``lm.accelerator`` (gather, barrier) and ``torch.distributed`` (gather_object).
+        The device stays HFLM's: the accelerator's (``cuda:<local index>`` on GPU nodes,
+        ``cpu`` under ``--cpu``) for a model loaded by name, the model's own when preloaded.
+        """
+        state = PartialState()
+        if state.num_processes <= 1:
+            return
+        if getattr(self, "accelerator", None) is None:
+            self.accelerator = Accelerator()  # shares the launch's process group
+        self._rank = state.process_index
+        self._world_size = state.num_processes
+
+    def tok_encode(
+        self, string: str, add_special_tokens: bool | None = None, left_truncate_len: int | None = None, **kwargs: Any
+    ) -> list[int]:
+        """HFLM's tokenization, remembered per string when ``memoize_tokens`` is on.
+
+        HFLM tokenizes every request on every ``loglikelihood`` call; the search sends the
+        same calibration requests for each of its thousands of masks. Ids are kept as a
+        compact ``array`` (4–8 bytes a token, not a Python int object each).
+        """
+        if not self.memoize_tokens or kwargs:
+            return super().tok_encode(string, add_special_tokens, left_truncate_len, **kwargs)
+        key = (string, add_special_tokens, left_truncate_len)
+        ids = self._token_memo.get(key)
+        if ids is None:
+            ids = self._token_memo[key] = array("q", super().tok_encode(string, add_special_tokens, left_truncate_len))
+        return ids.tolist()
+
+    def clear_token_memo(self) -> None:
+        """Forget the remembered token ids (e.g. before scoring another task set)."""
+        self._token_memo.clear()
 
     @property
     def head_mask(self) -> HeadMask:
