@@ -1,0 +1,400 @@
+"""S(z): lm-eval's own evaluation of the ``bosch`` adapter on the calibration task(s).
+
+One call = one mask: :meth:`BoschLM.set_mask` swaps it in place, then
+``lm_eval.evaluator.evaluate`` scores the Task objects built once at construction.
+
+Why ``evaluate`` and not ``simple_evaluate`` (measured on lm-eval 0.4.13,
+``benchmarks/objective_overhead.py``): everything ``simple_evaluate`` adds around
+``evaluate`` is per-call overhead the search pays thousands of times, or harms it:
+
+* it builds the tasks again from their names on every call (and a default TaskManager
+  first indexes all of lm-eval's tasks, ~11 s);
+* it collects environment info (``add_env_info``: git, pip, CUDA; ~1 s a call);
+* it reseeds the global ``random``/``numpy``/``torch`` generators, which would silently
+  make the search's own draws repeat;
+* its defaults ``bootstrap_iters=100000`` and ``log_samples=True`` cost time for numbers
+  the search never reads.
+
+What it does that matters, this module does once: ``num_fewshot`` defaults to 0 where a
+task sets none, and the few-shot sampler is reseeded to ``simple_evaluate``'s default
+(1234) before every call, so each call samples the same few-shot examples that a fresh
+``simple_evaluate`` would. Also:
+
+* no lm-eval ``use_cache``: it keys on the request text only and would return the
+  first mask's scores for every later mask;
+* ``bootstrap_iters=0``, ``log_samples=False``;
+* the global ``random``, ``numpy`` and ``torch`` (CPU and CUDA) generator states are saved
+  and restored around every call, whatever a task does inside;
+* tokenization is remembered by the adapter (``BoschLM.memoize_tokens``).
+
+Data parallelism: under ``accelerate launch --num_processes N`` every process calls the
+objective with the same mask; the adapter gives each process 1/N of the documents,
+lm-eval gathers the per-example metrics on process 0, and process 0's score is
+broadcast, so every process returns the same float (and every optimizer takes the same
+step). For a zero-shot task such as ``bosch_niah_calib`` and a mean metric over 0/1
+values (``acc``) the score is exactly the one-process score. Two lm-eval behaviours keep
+other calibrations from that exactness: each process draws few-shot examples from its own
+sampler over its own shard, and the mean adds the gathered values in another order.
+
+Score of several tasks or a group: the mean, unweighted, over the names the user gave.
+A name's score is lm-eval's own value for it when lm-eval reports the metric (a task, or
+a group whose ``aggregate_metric_list`` aggregates it); otherwise, for a group, the
+unweighted mean over its children (recursively), and for a tag, over its tasks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import logging
+import math
+import os
+import random
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from bosch_eval.masks import HeadMask, ModelShape
+from bosch_eval.model_defaults import model_defaults
+from bosch_eval.toy import resolve_model
+
+if TYPE_CHECKING:
+    from lm_eval.api.group import Group
+    from lm_eval.tasks import TaskDict, TaskManager
+
+    from bosch_eval.model_adapters.bosch import BoschLM
+
+DEFAULT_TASKS = ("bosch_niah_calib",)
+DEFAULT_CALIB_EXAMPLES = 64
+FEWSHOT_SEED = 1234  # simple_evaluate's default fewshot_random_seed (lm_eval.defaults)
+EVALUATE_PATH = "lm_eval.evaluator.evaluate"
+
+
+class ObjectiveError(ValueError):
+    """A calibration task, metric or result that cannot give S(z)."""
+
+
+class CalibrationObjective:
+    """S(z): lm-eval's evaluation of a BoschLM on calibration task(s), mask swapped in place.
+
+    Args:
+        lm: the adapter, loaded once; its tokenization is memoized from here on.
+        tasks: lm-eval task, group or tag names (or YAML paths), ``bosch_niah_calib`` by default.
+        include_path: an extra lm-eval task directory (bosch-eval's own tasks are always in).
+        metadata: the TaskManager metadata (``bosch_niah_calib`` reads ``seq_len``,
+            ``num_examples``, ``calib_seed`` and ``tokenizer``/``pretrained`` from it).
+        metric: the metric name (``acc``), or ``name,filter`` when a task has several filters.
+        limit: lm-eval's ``limit`` (first N documents of each task, or a fraction).
+
+    Attributes:
+        calls: evaluations done so far.
+    """
+
+    def __init__(
+        self,
+        lm: BoschLM,
+        tasks: Sequence[str] = DEFAULT_TASKS,
+        *,
+        include_path: str | Path | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        metric: str = "acc",
+        limit: int | float | None = None,
+    ) -> None:
+        if isinstance(tasks, str):
+            tasks = (tasks,)
+        if not tasks:
+            raise ObjectiveError("tasks: expected at least one lm-eval task or group name")
+        if not metric:
+            raise ObjectiveError("metric: expected a metric name such as 'acc'")
+        self.lm = lm
+        self.tasks = tuple(tasks)
+        self.metric = metric
+        self.metadata = dict(metadata or {})
+        self.include_path = None if include_path is None else str(include_path)
+        self.limit = limit
+        self.calls = 0
+        lm.memoize_tokens = True
+        self._task_manager = _task_manager(self.tasks, self.include_path, self.metadata)
+        self._loaded = {name: self._task_manager.load([name]) for name in self.tasks}
+        self.task_dict: TaskDict = _merge(self._loaded.values())
+        for task in self.task_dict["tasks"].values():
+            if task.get_config("num_fewshot") is None:
+                task.set_config(key="num_fewshot", value=0)  # as simple_evaluate does
+
+    @property
+    def shape(self) -> ModelShape:
+        """The model's L×H×G, the shape every mask must have."""
+        return self.lm.head_mask.shape
+
+    def __call__(self, mask: HeadMask) -> float:
+        """Score ``mask``: the same float on every process.
+
+        Raises:
+            MaskError: the mask does not fit the model.
+            ObjectiveError: lm-eval reported no value for the metric (on every process).
+        """
+        from lm_eval.evaluator import evaluate
+
+        self.lm.set_mask(mask)
+        with _global_rng_kept(), _quiet("lm_eval"):
+            for task in self.task_dict["tasks"].values():
+                task.set_fewshot_seed(seed=FEWSHOT_SEED)
+            results = evaluate(
+                lm=self.lm,
+                task_dict=self.task_dict,
+                limit=self.limit,
+                bootstrap_iters=0,
+                log_samples=False,
+            )
+        payload: float | str | None = None
+        if results is not None:  # rank 0 only
+            try:
+                payload = self._score(results["results"])
+            except ObjectiveError as err:
+                payload = str(err)  # every process must raise, not wait for a broadcast
+        payload = self._from_rank_zero(payload)
+        self.calls += 1
+        if isinstance(payload, str):
+            raise ObjectiveError(payload)
+        return payload
+
+    def describe(self) -> dict[str, Any]:
+        """What S(z) is, for the provenance of a search (JSON-serializable)."""
+        from lm_eval.evaluator_utils import get_sample_size
+
+        examples = {}
+        for name, task in self.task_dict["tasks"].items():
+            total = len(task.eval_docs)
+            limit = get_sample_size(task, self.limit)
+            examples[name] = total if limit is None else min(limit, total)
+        return {
+            "tasks": list(self.tasks),
+            "metric": self.metric,
+            "aggregation": "mean over the named tasks; groups: lm-eval's aggregate, else unweighted mean of children",
+            "metadata": {key: _jsonable(value) for key, value in self.metadata.items()},
+            "include_path": self.include_path,
+            "limit": self.limit,
+            "num_examples": examples,
+            "num_fewshot": {name: task.get_config("num_fewshot") for name, task in self.task_dict["tasks"].items()},
+            "evaluate": EVALUATE_PATH,
+            "lm_eval": importlib.metadata.version("lm_eval"),
+            "processes": self.lm.world_size,
+        }
+
+    # -- scores -----------------------------------------------------------------------
+    def _score(self, results: Mapping[str, Mapping[str, Any]]) -> float:
+        values = [self._name_score(name, results, self._loaded[name]) for name in self.tasks]
+        return math.fsum(values) / len(values)
+
+    def _name_score(self, name: str, results: Mapping[str, Mapping[str, Any]], loaded: TaskDict) -> float:
+        value = _metric_value(results.get(name, {}), self.metric)
+        if value is not None:
+            return value
+        groups = loaded.get("groups", {})
+        if name in groups:
+            return self._group_mean(groups[name], results, groups)
+        if name not in loaded["tasks"] and loaded["tasks"]:  # a tag or a YAML path: its tasks
+            return _mean([self._leaf(task, results) for task in loaded["tasks"]])
+        return self._leaf(name, results)
+
+    def _group_mean(self, group: Group, results: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Group]) -> float:
+        values = []
+        for child in group.child_names:
+            value = _metric_value(results.get(child, {}), self.metric)
+            if value is None and child in groups:
+                value = self._group_mean(groups[child], results, groups)
+            values.append(self._leaf(child, results) if value is None else value)
+        return _mean(values)
+
+    def _leaf(self, name: str, results: Mapping[str, Mapping[str, Any]]) -> float:
+        value = _metric_value(results.get(name, {}), self.metric)
+        if value is None:
+            reported = sorted(k for k in results.get(name, {}) if "," in k and "_stderr" not in k)
+            raise ObjectiveError(
+                f"metric: lm-eval reported no {self.metric!r} for {name!r} (it reported {reported or 'nothing'}); "
+                "pass --calib-metric with one of those (name,filter where a task has several filters)"
+            )
+        return value
+
+    def _from_rank_zero(self, payload: float | str | None) -> float | str:
+        if self.lm.world_size <= 1:
+            assert payload is not None  # one process is rank 0
+            return payload
+        from accelerate.utils import broadcast_object_list
+
+        box = [payload]
+        broadcast_object_list(box, from_process=0)
+        return box[0]
+
+
+def build_objective(
+    model: str,
+    *,
+    tasks: Sequence[str] = DEFAULT_TASKS,
+    include_path: str | Path | None = None,
+    calib_examples: int | None = None,
+    calib_len: int | None = None,
+    calib_seed: int = 0,
+    metric: str = "acc",
+    device: str = "cpu",
+    batch_size: int = 1,
+    dtype: str | None = None,
+    attn_backend: str = "auto",
+    window: int | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    limit: int | float | None = None,
+) -> CalibrationObjective:
+    """Load ``model`` once as a ``bosch`` adapter (all heads full) and build its S(z).
+
+    Args:
+        model: a Hugging Face id or local directory; ``toy`` is the bundled model.
+        tasks: calibration task/group names (``bosch_niah_calib`` by default).
+        include_path: an extra lm-eval task directory for ``tasks``.
+        calib_examples: ``bosch_niah_calib`` examples (default 64).
+        calib_len: ``bosch_niah_calib`` length in tokens (default: the model's
+            ``bosch_defaults.json``, else the task's 32768).
+        calib_seed: seed of the ``bosch_niah_calib`` examples.
+        metric: the calibration metric.
+        device: ``cpu`` or ``cuda`` (under ``accelerate launch``: each process's device).
+        batch_size: lm-eval batch size of one call.
+        dtype: model dtype (default: the checkpoint's).
+        attn_backend: hybrid attention backend.
+        window: the SWA window of every scored mask (default: ``bosch_defaults.json``).
+        metadata: more TaskManager metadata for the user's own tasks (wins over ours).
+        limit: lm-eval's ``limit`` per task.
+    """
+    from bosch_eval.model_adapters.bosch import BoschLM
+
+    launch_state(device)
+    path = resolve_model(model)
+    defaults = model_defaults(path)
+    window = window if window is not None else defaults.window
+    lm = BoschLM(
+        pretrained=path,
+        layers="intr",
+        ratio=0.0,  # all full until the first set_mask
+        window=window,
+        device=device,
+        batch_size=batch_size,
+        dtype=dtype if dtype is not None else "auto",
+        attn_backend=attn_backend,
+        memoize_tokens=True,
+    )
+    task_metadata: dict[str, Any] = {"pretrained": path, "tokenizer": path, "calib_seed": calib_seed}
+    calib_len = calib_len if calib_len is not None else defaults.calib_len
+    if calib_len is not None:
+        task_metadata["seq_len"] = calib_len
+    if calib_examples is not None or "bosch_niah_calib" in tasks:
+        task_metadata["num_examples"] = calib_examples if calib_examples is not None else DEFAULT_CALIB_EXAMPLES
+    task_metadata.update(metadata or {})
+    return CalibrationObjective(lm, tasks, include_path=include_path, metadata=task_metadata, metric=metric, limit=limit)
+
+
+def launch_state(device: str = "cpu") -> Any:
+    """accelerate's process state, set up for ``device`` before anything else touches it.
+
+    Under a launcher (``WORLD_SIZE`` > 1) on CPU, accelerate joins the processes over gloo
+    only when its state is first created with ``cpu=True``; a plain ``PartialState()``
+    on a machine without GPUs leaves every process alone, each scoring every document.
+    ``accelerate launch --cpu`` starts a single process unless given an MPI hostfile, so
+    CPU processes are started with ``accelerate launch --multi_gpu --num_processes N``
+    (or ``torchrun --nproc_per_node N``) and ``--device cpu``. Call this before the first
+    ``PartialState()``/``Accelerator()`` of the program; outside a launcher it does nothing
+    and returns the single-process state.
+    """
+    from accelerate import PartialState
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return PartialState(cpu=device.split(":")[0] == "cpu")
+    return PartialState()
+
+
+# -- helpers ------------------------------------------------------------------------------
+def _task_manager(tasks: Sequence[str], include_path: str | None, metadata: Mapping[str, Any]) -> TaskManager:
+    """A TaskManager that knows ``tasks``; lm-eval's own ~11 s index only when needed."""
+    from lm_eval.tasks import TaskManager
+
+    from bosch_eval.tasks import TASKS_DIR
+
+    paths = [str(TASKS_DIR)] + ([include_path] if include_path else [])
+    light = TaskManager(include_path=paths, include_defaults=False, metadata=dict(metadata))
+    if all(name in light.all_tasks or Path(name).is_file() for name in tasks):
+        return light
+    manager = TaskManager(include_path=paths, metadata=dict(metadata))
+    unknown = [name for name in tasks if name not in manager.all_tasks and not Path(name).is_file()]
+    if unknown:
+        where = f" or in {include_path}" if include_path else " (add --include-path for your own)"
+        raise ObjectiveError(f"tasks: {unknown} are not lm-eval tasks, groups or tags{where}")
+    return manager
+
+
+def _merge(loaded: Iterable[TaskDict]) -> TaskDict:
+    tasks: dict[str, Any] = {}
+    groups: dict[str, Any] = {}
+    group_map: dict[str, list[str]] = {}
+    for part in loaded:
+        tasks.update(part["tasks"])
+        groups.update(part.get("groups", {}))
+        group_map.update(part.get("group_map", {}))
+    return {"tasks": tasks, "groups": groups, "group_map": group_map}
+
+
+def _metric_value(row: Mapping[str, Any], metric: str) -> float | None:
+    """``row[metric]`` for ``name,filter``; for a bare name, its only filter's value."""
+    if "," in metric:
+        value = row.get(metric)
+    elif f"{metric},none" in row:
+        value = row[f"{metric},none"]
+    else:
+        keys = [key for key in row if key.split(",")[0] == metric]
+        if len(keys) > 1:
+            raise ObjectiveError(f"metric: {metric!r} is reported under several filters {sorted(keys)}; name one")
+        value = row[keys[0]] if keys else None
+    if value is None or isinstance(value, str):
+        return None
+    return float(value)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return str(value)
+
+
+@contextlib.contextmanager
+def _global_rng_kept() -> Iterator[None]:
+    """Restore Python's, numpy's and torch's global generators afterwards: the search draws
+    from its own generators, and a task that seeds or draws must not change them."""
+    python, numpy_state, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        random.setstate(python)
+        np.random.set_state(numpy_state)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
+@contextlib.contextmanager
+def _quiet(logger_name: str) -> Iterator[None]:
+    """lm-eval logs a few INFO lines per evaluation; thousands of calls would bury the search's log."""
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

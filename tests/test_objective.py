@@ -1,0 +1,208 @@
+"""S(z) (``bosch_eval.search.objective``): lm-eval's own scores, a fresh score per mask,
+tasks and tokens built once, the caller's random state left alone, group aggregation."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from unittest import mock
+
+import lm_eval
+import numpy as np
+import pytest
+import torch
+from lm_eval.api.task import ConfigurableTask
+from lm_eval.tasks import TaskManager
+
+from bosch_eval.masks import HeadMask
+from bosch_eval.model_adapters import bosch as bosch_adapter
+from bosch_eval.model_adapters.bosch import BoschLM
+from bosch_eval.tasks import TASKS_DIR
+from bosch_eval.search.objective import EVALUATE_PATH, CalibrationObjective, ObjectiveError, build_objective
+from tests.objective_worker import CALIB_METADATA, DOT_TASK, PLAIN_GROUP, PPL_TASK, WINDOW, masks, write_tasks
+
+BATCH_SIZE = 2
+
+
+@pytest.fixture(scope="module")
+def task_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tasks(tmp_path_factory.mktemp("objective-tasks"))
+
+
+@pytest.fixture(scope="module")
+def objective(tiny_model_dir: Path, task_dir: Path) -> CalibrationObjective:
+    return build_objective(
+        str(tiny_model_dir),
+        tasks=[PPL_TASK],
+        include_path=task_dir,
+        calib_examples=CALIB_METADATA["num_examples"],
+        calib_len=CALIB_METADATA["seq_len"],
+        metric="perplexity",
+        dtype="float32",
+        batch_size=BATCH_SIZE,
+        window=WINDOW,
+    )
+
+
+def fresh_simple_evaluate(model_dir: Path, task_dir: Path | None, task: str, ratio: float, metadata: dict) -> dict:
+    """The oracle: a new ``bosch`` model from lm-eval's registry, lm-eval's usual entry point."""
+    results = lm_eval.simple_evaluate(
+        model="bosch",
+        model_args={"pretrained": str(model_dir), "layers": "intr", "ratio": ratio, "window": WINDOW, "dtype": "float32"},
+        tasks=[task],
+        task_manager=TaskManager(
+            include_path=str(task_dir or TASKS_DIR),
+            include_defaults=False,
+            metadata={"pretrained": str(model_dir), **metadata},
+        ),
+        device="cpu",
+        batch_size=BATCH_SIZE,
+        bootstrap_iters=0,
+        log_samples=False,
+    )
+    return results["results"][task]
+
+
+class TestScores:
+    @pytest.mark.parametrize("full", [True, False], ids=["all-full", "all-swa"])
+    def test_equal_a_fresh_simple_evaluate_of_that_mask(self, objective, tiny_model_dir, task_dir, full):
+        score = objective(HeadMask.uniform(objective.shape, full=full))
+        expected = fresh_simple_evaluate(tiny_model_dir, task_dir, PPL_TASK, 0.0 if full else 1.0, CALIB_METADATA)
+        assert score == expected["perplexity,none"]
+
+    def test_every_mask_gets_its_own_score(self, objective):
+        full, swa, checker = masks(objective.shape)
+        calls = objective.calls
+        scores = [objective(mask) for mask in (full, swa, checker, full)]
+        assert objective.calls == calls + 4
+        assert len({scores[0], scores[1], scores[2]}) == 3  # nothing stale from the previous mask
+        assert scores[3] == scores[0]
+
+    def test_default_task_is_bosch_niah_calib(self, tiny_model_dir):
+        objective = build_objective(str(tiny_model_dir), calib_examples=4, calib_len=320, window=WINDOW, dtype="float32", batch_size=2)
+        info = objective.describe()
+        assert info["tasks"] == ["bosch_niah_calib"] and info["metric"] == "acc"
+        assert info["num_examples"] == {"bosch_niah_calib": 4}
+        assert info["metadata"] == {
+            "pretrained": str(tiny_model_dir), "tokenizer": str(tiny_model_dir), "calib_seed": 0, "seq_len": 320, "num_examples": 4
+        }
+        assert info["evaluate"] == EVALUATE_PATH and info["lm_eval"] == lm_eval.__version__
+        score = objective(HeadMask.uniform(objective.shape, full=True))
+        oracle = fresh_simple_evaluate(tiny_model_dir, None, "bosch_niah_calib", 0.0, {"seq_len": 320, "num_examples": 4})
+        assert score == oracle["acc,none"]
+
+
+class TestBuiltOnce:
+    def test_tasks_are_not_rebuilt(self, objective, monkeypatch):
+        built = []
+        original = ConfigurableTask.__init__
+
+        def counting(self, *args, **kwargs):
+            built.append(type(self).__name__)
+            original(self, *args, **kwargs)
+
+        monkeypatch.setattr(ConfigurableTask, "__init__", counting)
+        monkeypatch.setattr(TaskManager, "__init__", mock.Mock(side_effect=AssertionError("TaskManager built again")))
+        task = objective.task_dict["tasks"][PPL_TASK]
+        for mask in masks(objective.shape)[:2]:
+            objective(mask)
+        assert built == []
+        assert objective.task_dict["tasks"][PPL_TASK] is task
+
+    def test_requests_are_tokenized_once(self, objective, monkeypatch):
+        lm = objective.lm
+        lm.clear_token_memo()
+        encoded: list[int] = []
+        encode = lm.tokenizer.encode
+        monkeypatch.setattr(lm.tokenizer, "encode", lambda text, **kw: encoded.append(len(text)) or encode(text, **kw))
+        full, swa, _ = masks(objective.shape)
+        objective(full)
+        first = len(encoded)
+        objective(swa)
+        assert first >= CALIB_METADATA["num_examples"]  # context and context + answer of each document
+        assert len(encoded) == first
+
+    def test_memoized_ids_equal_fresh_ones(self, objective):
+        lm = objective.lm
+        doc = objective.task_dict["tasks"][PPL_TASK].eval_docs[0]
+        for text in (doc["input"], doc["input"] + " " + doc["target"], "The quick brown fox"):
+            lm.memoize_tokens = False
+            fresh = lm.tok_encode(text)
+            lm.memoize_tokens = True
+            assert lm.tok_encode(text) == lm.tok_encode(text) == fresh
+
+
+def test_global_random_state_is_left_alone(objective, monkeypatch):
+    """Even when a task seeds and draws from every global generator while it is scored."""
+    task = objective.task_dict["tasks"][PPL_TASK]
+    process_results = task.process_results
+
+    def noisy(doc, results):
+        random.seed(0), np.random.seed(0), torch.manual_seed(0)
+        random.random(), np.random.rand(), torch.rand(1)
+        return process_results(doc, results)
+
+    monkeypatch.setattr(task, "process_results", noisy)
+    random.seed(11), np.random.seed(12), torch.manual_seed(13)
+    before = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    objective(masks(objective.shape)[2])
+    assert random.getstate() == before[0]
+    after_np = np.random.get_state()
+    assert after_np[0] == before[1][0] and np.array_equal(after_np[1], before[1][1]) and after_np[2:] == before[1][2:]
+    assert torch.equal(torch.get_rng_state(), before[2])
+
+
+class TestSeveralTasks:
+    @pytest.fixture(scope="class")
+    @classmethod
+    def per_task(cls, objective, task_dir):
+        mask = masks(objective.shape)[2]
+        kwargs = dict(include_path=task_dir, metadata=objective.metadata, metric="perplexity")
+        scores = {}
+        for tasks in ([PPL_TASK], [DOT_TASK], [PPL_TASK, DOT_TASK], [PLAIN_GROUP]):
+            scores[tuple(tasks)] = CalibrationObjective(objective.lm, tasks, **kwargs)(mask)
+        return scores
+
+    def test_tasks_score_their_unweighted_mean(self, per_task):
+        ppl, dot = per_task[(PPL_TASK,)], per_task[(DOT_TASK,)]
+        assert ppl != dot
+        # Scored together, the two tasks' requests share batches: other padding, other fp32
+        # rounding of each log-likelihood (perplexity = exp(-mean) magnifies it).
+        assert per_task[(PPL_TASK, DOT_TASK)] == pytest.approx((ppl + dot) / 2, rel=1e-5)
+
+    def test_group_without_aggregate_scores_the_mean_of_its_tasks(self, per_task):
+        assert per_task[(PLAIN_GROUP,)] == per_task[(PPL_TASK, DOT_TASK)]  # the same batches
+
+    def test_group_aggregate_wins_when_lm_eval_reports_one(self, objective, task_dir):
+        group = CalibrationObjective(
+            objective.lm, [PLAIN_GROUP], include_path=task_dir, metadata=objective.metadata, metric="perplexity"
+        )
+        children = {PPL_TASK: {"perplexity,none": 1.0}, DOT_TASK: {"perplexity,none": 2.0}}
+        assert group._score({PLAIN_GROUP: {"perplexity,none": 5.0}, **children}) == 5.0
+        assert group._score({PLAIN_GROUP: {"alias": PLAIN_GROUP}, **children}) == 1.5
+
+    def test_a_metric_lm_eval_did_not_report_names_the_ones_it_did(self, objective, task_dir):
+        wrong = CalibrationObjective(objective.lm, [PPL_TASK], include_path=task_dir, metadata=objective.metadata, metric="f1")
+        with pytest.raises(ObjectiveError, match=r"no 'f1' for 'bosch_objective_ppl'.*perplexity,none"):
+            wrong(masks(objective.shape)[0])
+
+
+class TestDataParallelAdapter:
+    """HFLM shards only over several GPUs, with the node-local index; the adapter uses the
+    global process index and world size of any launch (the real run: test_objective_distributed)."""
+
+    def test_rank_is_the_global_process_index(self, tiny_model_dir):
+        state = mock.Mock(num_processes=8, process_index=5, local_process_index=1)  # 2 nodes × 4
+        accelerator = mock.Mock(name="Accelerator()", unwrap_model=lambda model: model)
+        with (
+            mock.patch.object(bosch_adapter, "PartialState", return_value=state),
+            mock.patch.object(bosch_adapter, "Accelerator", return_value=accelerator),
+        ):
+            lm = BoschLM(pretrained=str(tiny_model_dir), device="cpu", layers="intr", ratio=0.0, window=WINDOW)
+        assert (lm.rank, lm.world_size) == (5, 8)
+        assert lm.accelerator is accelerator  # lm-eval's gather and barrier go through it
+        assert lm.device == torch.device("cpu")
+
+    def test_one_process_is_left_as_hflm_has_it(self, tiny_model_dir):
+        lm = BoschLM(pretrained=str(tiny_model_dir), device="cpu", layers="intr", ratio=0.0, window=WINDOW)
+        assert (lm.rank, lm.world_size) == (0, 1) and not hasattr(lm, "accelerator")
