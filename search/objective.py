@@ -24,7 +24,8 @@ task sets none, and the few-shot sampler is reseeded to ``simple_evaluate``'s de
   first mask's scores for every later mask;
 * ``bootstrap_iters=0``, ``log_samples=False``;
 * the global ``random``, ``numpy`` and ``torch`` (CPU and CUDA) generator states are saved
-  and restored around every call, whatever a task does inside;
+  and restored around every call. ``evaluate`` itself draws from none of them (checked on
+  0.4.13 with ``bosch_niah_calib``); a user's task may, and the search must not notice;
 * tokenization is remembered by the adapter (``BoschLM.memoize_tokens``).
 
 Data parallelism: under ``accelerate launch --num_processes N`` every process calls the
@@ -162,7 +163,8 @@ class CalibrationObjective:
         return payload
 
     def describe(self) -> dict[str, Any]:
-        """What S(z) is, for the provenance of a search (JSON-serializable)."""
+        """What S(z) is, for the provenance of a search (JSON-serializable). The same for one
+        process or N, so a journal written by one resumes under the other."""
         from lm_eval.evaluator_utils import get_sample_size
 
         examples = {}
@@ -181,7 +183,6 @@ class CalibrationObjective:
             "num_fewshot": {name: task.get_config("num_fewshot") for name, task in self.task_dict["tasks"].items()},
             "evaluate": EVALUATE_PATH,
             "lm_eval": importlib.metadata.version("lm_eval"),
-            "processes": self.lm.world_size,
         }
 
     # -- scores -----------------------------------------------------------------------
