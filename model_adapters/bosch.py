@@ -23,6 +23,8 @@ then :meth:`BoschLM.set_mask` to swap masks without reloading.
 
 from __future__ import annotations
 
+import os
+import warnings
 from array import array
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,11 @@ from bosch_eval.model_adapters.continuation_logits import logits_at, scored_posi
 
 
 KV_CACHES = ("hybrid", "dynamic")
+
+
+def launched_processes() -> int:
+    """How many processes the launcher started (``WORLD_SIZE``; 1 outside a launcher)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 @register_model("bosch")
@@ -76,8 +83,11 @@ class BoschLM(HFLM):
         self._token_memo: dict[tuple[str, bool | None, int | None], array] = {}
         if isinstance(pretrained, str):
             pretrained = resolve_model(pretrained)  # "toy": the bundled model
+        if launched_processes() > 1 and str(kwargs.get("device", "")).startswith("cpu"):
+            PartialState(cpu=True)  # before HFLM's Accelerator(): CPU processes join over gloo
         super().__init__(pretrained=pretrained, **kwargs)
-        self._shard_over_processes()
+        if kwargs.get("tp_plan") is None:  # tensor parallel: every process runs every request
+            self._shard_over_processes()
         if self.backend != "causal":
             raise MaskError(f"bosch: hybrid attention needs a decoder-only (causal) model, got backend={self.backend!r}")
         model_name = pretrained if isinstance(pretrained, str) else getattr(self.model.config, "_name_or_path", None)
@@ -119,6 +129,15 @@ class BoschLM(HFLM):
         """
         state = PartialState()
         if state.num_processes <= 1:
+            if launched_processes() > 1:
+                warnings.warn(
+                    f"bosch: launched as {launched_processes()} processes, but accelerate's state was created "
+                    "for one (a PartialState()/Accelerator() without cpu=True on a machine without GPUs); "
+                    "every process will score every request. Pass device=cpu to the adapter, or create "
+                    "PartialState(cpu=True) first.",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
             return
         if getattr(self, "accelerator", None) is None:
             self.accelerator = Accelerator()  # shares the launch's process group

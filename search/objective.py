@@ -303,14 +303,27 @@ def launch_state(device: str = "cpu") -> Any:
     ``accelerate launch --cpu`` starts a single process unless given an MPI hostfile, so
     CPU processes are started with ``accelerate launch --multi_gpu --num_processes N``
     (or ``torchrun --nproc_per_node N``) and ``--device cpu``. Call this before the first
-    ``PartialState()``/``Accelerator()`` of the program; outside a launcher it does nothing
-    and returns the single-process state.
+    ``PartialState()``/``Accelerator()`` of the program (:func:`build_objective` does, too
+    late if the caller made one already); outside a launcher it is ``PartialState()``.
+
+    Raises:
+        ObjectiveError: launched as N processes, but accelerate's state already exists for
+            another number (it was created earlier, without ``cpu=True``).
     """
     from accelerate import PartialState
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return PartialState(cpu=device.split(":")[0] == "cpu")
-    return PartialState()
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched <= 1:
+        return PartialState()
+    state = PartialState(cpu=device.split(":")[0] == "cpu")
+    if state.num_processes != launched:
+        raise ObjectiveError(
+            f"launched as {launched} processes, but accelerate's state was created for {state.num_processes}: "
+            "something called PartialState()/Accelerator() before launch_state(device); on a machine "
+            "without GPUs that leaves every process alone (each would score every document and write "
+            "every file). Call bosch_eval.search.objective.launch_state(device) first."
+        )
+    return state
 
 
 # -- helpers ------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from unittest import mock
 
 import lm_eval
 import numpy as np
+from accelerate import PartialState
 import pytest
 import torch
 from lm_eval.api.task import ConfigurableTask
@@ -18,7 +19,7 @@ from bosch_eval.masks import HeadMask
 from bosch_eval.model_adapters import bosch as bosch_adapter
 from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.tasks import TASKS_DIR
-from bosch_eval.search.objective import EVALUATE_PATH, CalibrationObjective, ObjectiveError, build_objective
+from bosch_eval.search.objective import EVALUATE_PATH, CalibrationObjective, ObjectiveError, build_objective, launch_state
 from tests.objective_worker import CALIB_METADATA, DOT_TASK, PLAIN_GROUP, PPL_TASK, WINDOW, masks, write_tasks
 
 BATCH_SIZE = 2
@@ -206,3 +207,14 @@ class TestDataParallelAdapter:
     def test_one_process_is_left_as_hflm_has_it(self, tiny_model_dir):
         lm = BoschLM(pretrained=str(tiny_model_dir), device="cpu", layers="intr", ratio=0.0, window=WINDOW)
         assert (lm.rank, lm.world_size) == (0, 1) and not hasattr(lm, "accelerator")
+
+    def test_a_launch_that_accelerate_saw_as_one_process_is_named(self, tiny_model_dir, monkeypatch):
+        """On a machine without GPUs, a PartialState() made before launch_state(cpu) or the
+        adapter leaves every launched process alone; say so rather than score everything N times."""
+        PartialState()  # the early call (one process here), before WORLD_SIZE says otherwise
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        with pytest.raises(ObjectiveError, match="launched as 2 processes.*launch_state"):
+            launch_state("cpu")
+        with pytest.warns(RuntimeWarning, match="launched as 2 processes"):
+            lm = BoschLM(pretrained=str(tiny_model_dir), device="cpu", layers="intr", ratio=0.0, window=WINDOW)
+        assert (lm.rank, lm.world_size) == (0, 1)
