@@ -23,6 +23,8 @@ then :meth:`BoschLM.set_mask` to swap masks without reloading.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import warnings
 from array import array
@@ -54,6 +56,17 @@ KV_CACHES = ("hybrid", "dynamic")
 def launched_processes() -> int:
     """How many processes the launcher started (``WORLD_SIZE``; 1 outside a launcher)."""
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+@functools.cache
+def destroy_process_group_at_exit() -> None:
+    """Tear the launch's process group down when the interpreter exits (registered once).
+
+    Left to interpreter shutdown, gloo's threads can be destroyed while still joinable and
+    the process aborts ("terminate called without an active exception"), failing the
+    whole launch after every score was written.
+    """
+    atexit.register(PartialState().destroy_process_group)
 
 
 @register_model("bosch")
@@ -139,6 +152,7 @@ class BoschLM(HFLM):
                     stacklevel=3,
                 )
             return
+        destroy_process_group_at_exit()
         if getattr(self, "accelerator", None) is None:
             self.accelerator = Accelerator()  # shares the launch's process group
         self._rank = state.process_index

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.objective_worker import CALIB_METADATA, score_masks, write_tasks
 
@@ -48,7 +49,12 @@ def test_two_processes_split_each_call_and_agree_with_one(tiny_model_dir, tmp_pa
     started = time.perf_counter()
     ranks = launch(tiny_model_dir, task_dir, tmp_path)
     print(f"two-process launch: {time.perf_counter() - started:.1f} s")
-    single = score_masks(str(tiny_model_dir), str(task_dir))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each launched process (OMP_NUM_THREADS=1): same float sums
+    try:
+        single = score_masks(str(tiny_model_dir), str(task_dir))
+    finally:
+        torch.set_num_threads(threads)
 
     documents = list(range(CALIB_METADATA["num_examples"]))
     assert single["world_size"] == 1 and single["docs"] == [documents] * 3
