@@ -18,7 +18,7 @@ def text(pieces):
 
 
 def test_documents_are_deterministic_for_a_seed():
-    mix = {"short_recall": 1, "recall": 1, "ruler": 1, "prose": 1}
+    mix = {"short_recall": 1, "recall": 1, "ruler": 1, "niah_single_1": 1, "calib": 1, "prose": 1}
     first = [text(DocumentMaker(random.Random(3)).document(200, mix)) for _ in range(4)]
     again = [text(DocumentMaker(random.Random(3)).document(200, mix)) for _ in range(4)]
     other = [text(DocumentMaker(random.Random(4)).document(200, mix)) for _ in range(4)]
@@ -50,6 +50,35 @@ def test_two_training_steps_write_a_loadable_checkpoint(tmp_path):
     assert len(AutoTokenizer.from_pretrained(tmp_path)) == 400
     summary = json.loads((tmp_path / "training.json").read_text())
     assert summary["wall_time_s"] > 0 and "ruler_acc@512" in summary["final"]
+
+
+def test_resume_after_an_interruption_ends_with_the_same_weights(tmp_path, monkeypatch):
+    import pytest
+    import torch
+    from safetensors.torch import load_file
+
+    import bosch_eval.toy.train as train
+
+    tiny = ["--steps", "4", "--eval-every", "2", "--hidden", "32", "--layers", "2", "--heads", "4", "--kv-heads", "2",
+            "--vocab", "400", "--start-len", "48", "--max-len", "64", "--batch-tokens", "128", "--curriculum-steps", "3"]  # fmt: skip
+    main(["--out", str(tmp_path / "whole"), *tiny])
+
+    save_state = train.save_state
+
+    def killed_after_first_checkpoint(*args, **kwargs):
+        save_state(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "save_state", killed_after_first_checkpoint)
+    with pytest.raises(KeyboardInterrupt):
+        main(["--out", str(tmp_path / "resumed"), *tiny])
+    monkeypatch.setattr(train, "save_state", save_state)
+    main(["--out", str(tmp_path / "resumed"), *tiny, "--resume"])
+
+    whole, resumed = (load_file(tmp_path / run / "model.safetensors") for run in ("whole", "resumed"))
+    assert all(torch.equal(whole[name], resumed[name]) for name in whole)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "train_log.jsonl").read_text().splitlines()]
+    assert steps == [0, 3]
 
 
 def test_calib_documents_use_the_calibration_template_and_hold_their_answer():

@@ -10,6 +10,7 @@ kinds of documents:
 * ``ruler``: RULER's NIAH formats (``niah_single_*``, ``niah_multikey_*``: repeated
   noise or generated-essay haystacks, word/number/UUID keys and values) ending in the
   question and ``gen_prefix`` exactly as lm-eval's ``ruler`` tasks render them;
+  ``niah_single_1`` is that one variant alone (the one the model card is scored on);
 * ``calib``: documents in the format of ``bosch_niah_calib`` (ship's-ledger haystack,
   one "vault code" needle, the task's query), so the search has a calibration set the
   model can solve with full attention;
@@ -106,9 +107,13 @@ class DocumentMaker:
             pieces += [(f"{k}?", False), (f" {v}", True), ("\n", False)]
         return pieces
 
-    def ruler(self, length: int) -> list[Piece]:
-        """One of RULER's NIAH variants with its question and ``gen_prefix``."""
-        variant = self.rng.choice(["single_1", "single_2", "single_3", "multikey_1", "multikey_2", "multikey_3"])
+    def niah_single_1(self, length: int) -> list[Piece]:
+        """RULER's ``niah_single_1`` (noise haystack, word key, 7-digit value) alone."""
+        return self.ruler(length, variant="single_1")
+
+    def ruler(self, length: int, variant: str | None = None) -> list[Piece]:
+        """One of RULER's NIAH variants (random unless named) with its question and ``gen_prefix``."""
+        variant = variant or self.rng.choice(["single_1", "single_2", "single_3", "multikey_1", "multikey_2", "multikey_3"])
         haystack = "noise" if variant in ("single_1", "multikey_1") else "needles" if variant == "multikey_2" else "essay"
         key_kind = "uuids" if variant == "multikey_3" else "words"
         value_kind = "uuids" if variant in ("single_3", "multikey_3") else "numbers"
