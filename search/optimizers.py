@@ -1,0 +1,292 @@
+"""Black-box binary optimizers for BOSCH's sub-problems (paper §2.2, Appendix B.2).
+
+A sub-problem has ``n`` binary variables (``1`` = convert that variable to SWA) and asks
+for the point with exactly ``k`` ones that minimizes an expensive loss (one LLM
+evaluation per point). Three optimizers, chosen as in Appendix B.2:
+
+- ``exhaustive``: every point with exactly ``k`` ones, when there are at most ``budget``.
+- ``nomad``: MADS (NOMAD 4 through PyNomad) on binary variables, for ``n <= 50``.
+- ``oneplusone``: a (1+1)-EA whose mutations swap ones and zeros, for larger ``n``.
+
+The loss is defined on every 0/1 point of length ``n``, not only on those with ``k``
+ones: the caller adds the paper's penalty α(ρ̄_I(z) − ρ̄)² (Eq. 5), so MADS may step off
+the ``k``-ones slice and pay for it, but the point returned always has exactly ``k`` ones.
+
+Every optimizer is deterministic: the sequence of loss calls depends only on the seed and
+on the values the loss returned. A killed search is resumed by replaying it against the
+journaled values, so nothing here may read the clock, the global random state, or the
+iteration order of a set.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+Point = tuple[int, ...]
+Loss = Callable[[Point], float]
+
+METHODS = ("auto", "exhaustive", "nomad", "oneplusone")
+NOMAD_MAX_VARIABLES = 50  # beyond this, MADS needs too many evaluations per improvement (§2.2, B.2)
+
+# PyNomad parameters besides X0, bounds, MAX_BB_EVAL and SEED. NOMAD's defaults otherwise
+# (MADS with its quadratic-model search, as in the paper), quiet and single-threaded.
+# No *_FILE parameter is set, so NOMAD writes nothing to disk.
+_NOMAD_PARAMS = (
+    "BB_OUTPUT_TYPE OBJ",
+    "BB_INPUT_TYPE * B",
+    "DISPLAY_DEGREE 0",
+    "NB_THREADS_PARALLEL_EVAL 1",
+)
+# MAX_EVAL counts NOMAD's cache hits too. Once its mesh is at its finest, MADS keeps
+# proposing points it has already seen, more than 10 per new point near the end of a
+# run: 100 lets it spend the budget while bounding that circling (on the 2**n points
+# there are, when the budget exceeds them). Setting MAX_EVAL also
+# stops NOMAD from printing the bound it would otherwise pick itself.
+_NOMAD_EVALS_PER_BB_EVAL = 100
+# From this dimension on NOMAD turns its quadratic-model search off itself, and says so on
+# stdout; asking for it off keeps the run quiet and changes nothing else.
+_NOMAD_MODELS_MAX_DIMENSION = 50
+# NOMAD's SEED must lie in [0, INT_MAX], and NOMAD seeds its generator by drawing SEED
+# numbers from it (measured: ~0.25 µs each, so a seed near 2**31 stalls every run for
+# minutes before the first evaluation). 10**5 distinct seeds cost at most ~25 ms.
+_NOMAD_SEED_MODULUS = 100_000
+# The (1+1)-EA stops after this many consecutive offspring that were all evaluated before:
+# what is left unexplored is then practically out of its reach.
+_MAX_REPEATED_OFFSPRING = 1_000
+
+
+@dataclass(frozen=True)
+class SubProblem:
+    """One black-box search: choose exactly ``k`` of ``n`` binary variables.
+
+    Attributes:
+        n: number of binary variables; ``x[i] == 1`` converts variable ``i`` to SWA.
+        k: the returned point has exactly ``k`` ones (``0 <= k <= n``).
+        budget: the most distinct points the optimizer may evaluate (``>= 1``).
+        seed: seeds every random choice of the optimizer.
+        x0: the start point (exactly ``k`` ones); ``None`` draws one from ``seed``.
+    """
+
+    n: int
+    k: int
+    budget: int
+    seed: int
+    x0: Point | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("n", "k", "budget", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"SubProblem.{name}: expected an integer, got {value!r}")
+        if self.n < 1:
+            raise ValueError(f"SubProblem.n: expected at least 1 variable, got {self.n}")
+        if not 0 <= self.k <= self.n:
+            raise ValueError(f"SubProblem.k: expected 0 <= k <= n={self.n}, got {self.k}")
+        if self.budget < 1:
+            raise ValueError(f"SubProblem.budget: expected at least 1 evaluation, got {self.budget}")
+        if self.x0 is not None:
+            x0 = self.x0
+            if not isinstance(x0, tuple) or len(x0) != self.n or any(b not in (0, 1) or isinstance(b, float) for b in x0):
+                raise ValueError(f"SubProblem.x0: expected a tuple of {self.n} entries 0 or 1, got {x0!r}")
+            if sum(x0) != self.k:
+                raise ValueError(f"SubProblem.x0: expected exactly k={self.k} ones, got {sum(x0)}")
+
+    @property
+    def size(self) -> int:
+        """The number of points with exactly ``k`` ones, C(n, k)."""
+        return math.comb(self.n, self.k)
+
+
+@dataclass(frozen=True)
+class OptimizerResult:
+    """The best evaluated point with exactly ``k`` ones, and what finding it cost."""
+
+    best: Point
+    best_loss: float
+    evaluations: int  # distinct points evaluated, i.e. calls to the loss
+    method: str  # "exhaustive" | "nomad" | "oneplusone"
+
+
+def choose_method(problem: SubProblem, method: str = "auto") -> str:
+    """Resolve ``method`` for ``problem`` as in Appendix B.2, or say why it cannot run.
+
+    ``auto`` is ``exhaustive`` when the C(n, k) candidates fit the budget, else ``nomad``
+    up to ``NOMAD_MAX_VARIABLES`` variables, else ``oneplusone``. A problem with a single
+    candidate (``k`` is 0 or ``n``) is ``exhaustive`` whatever was asked: there is nothing
+    to search.
+
+    Raises:
+        ValueError: for an unknown method, ``exhaustive`` when C(n, k) exceeds the budget,
+            or ``nomad`` on more than ``NOMAD_MAX_VARIABLES`` variables.
+    """
+    if method not in METHODS:
+        raise ValueError(f"optimizer method: expected one of {list(METHODS)}, got {method!r}")
+    if problem.size == 1:
+        return "exhaustive"
+    if method == "auto":
+        if problem.size <= problem.budget:
+            return "exhaustive"
+        return "nomad" if problem.n <= NOMAD_MAX_VARIABLES else "oneplusone"
+    if method == "exhaustive" and problem.size > problem.budget:
+        raise ValueError(
+            f"exhaustive search needs C({problem.n}, {problem.k}) = {problem.size} evaluations, "
+            f"more than the budget of {problem.budget}: raise the budget or use 'nomad'/'oneplusone'"
+        )
+    if method == "nomad" and problem.n > NOMAD_MAX_VARIABLES:
+        raise ValueError(
+            f"nomad handles at most {NOMAD_MAX_VARIABLES} variables (B.2), this sub-problem has "
+            f"{problem.n}: use 'oneplusone' or split the sub-problem"
+        )
+    return method
+
+
+def minimize(loss: Loss, problem: SubProblem, method: str = "auto") -> OptimizerResult:
+    """Find the point with exactly ``k`` ones that minimizes ``loss`` within the budget.
+
+    Args:
+        loss: maps any 0/1 tuple of length ``n`` to a finite float; expensive, so it is
+            called at most once per distinct point and at most ``budget`` times.
+        problem: the sub-problem.
+        method: one of ``METHODS`` (see :func:`choose_method`).
+
+    Returns:
+        The best evaluated point with exactly ``k`` ones (the first one found on ties).
+
+    Raises:
+        ValueError: when ``method`` cannot run on ``problem``, or ``loss`` returns
+            something other than a finite number.
+    """
+    method = choose_method(problem, method)
+    memo = _Memo(loss, problem.budget)
+    if method == "exhaustive":
+        for point in _k_subsets(problem.n, problem.k):
+            memo(point)
+    else:
+        rng = random.Random(problem.seed)
+        x0 = problem.x0 if problem.x0 is not None else _random_point(problem.n, problem.k, rng)
+        memo(x0)  # the start point is always evaluated: a point with k ones exists
+        if method == "nomad":
+            _run_nomad(memo, problem, x0)
+        else:
+            _run_oneplusone(memo, problem, x0, rng)
+    # min() keeps the first of equal losses, and memo.values is in evaluation order.
+    best, best_loss = min(
+        ((point, value) for point, value in memo.values.items() if sum(point) == problem.k), key=lambda item: item[1]
+    )
+    return OptimizerResult(best=best, best_loss=best_loss, evaluations=len(memo.values), method=method)
+
+
+class _Memo:
+    """The loss behind a cache: each distinct point costs one call, up to the budget."""
+
+    def __init__(self, loss: Loss, budget: int) -> None:
+        self.loss = loss
+        self.budget = budget
+        self.values: dict[Point, float] = {}  # insertion-ordered: the order of the calls
+
+    @property
+    def spent(self) -> bool:
+        return len(self.values) >= self.budget
+
+    def __call__(self, point: Point) -> float | None:
+        """The loss at ``point``; ``None`` when it is new and the budget is spent."""
+        if point in self.values:
+            return self.values[point]
+        if self.spent:
+            return None
+        value = self.loss(point)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"loss{point}: expected a finite number, got {value!r}")
+        self.values[point] = float(value)
+        return float(value)
+
+
+def _k_subsets(n: int, k: int) -> Iterator[Point]:
+    """Every point with exactly k ones, in lexicographic order of the positions of the ones."""
+    for ones in itertools.combinations(range(n), k):
+        point = [0] * n
+        for i in ones:
+            point[i] = 1
+        yield tuple(point)
+
+
+def _random_point(n: int, k: int, rng: random.Random) -> Point:
+    ones = set(rng.sample(range(n), k))
+    return tuple(int(i in ones) for i in range(n))
+
+
+def _run_nomad(memo: _Memo, problem: SubProblem, x0: Point) -> None:
+    """MADS from ``x0`` with NOMAD's cache in front of ``memo`` (NOMAD's own cache dies with the run)."""
+    import PyNomad  # optional heavy import: only NOMAD runs need it
+
+    n = problem.n
+    failure: list[BaseException] = []
+
+    def blackbox(eval_point) -> int:  # noqa: ANN001 - a PyNomad.PyNomadEvalPoint
+        # PyNomad swallows exceptions raised here: record them and fail every later point.
+        if failure:
+            return 0
+        try:
+            value = memo(tuple(int(round(eval_point.get_coord(i))) for i in range(n)))
+        except BaseException as error:  # noqa: BLE001 - re-raised once optimize returns
+            failure.append(error)
+            return 0
+        if value is None:
+            return 0
+        eval_point.setBBO(repr(value).encode("ascii"))
+        return 1
+
+    params = [
+        *_NOMAD_PARAMS,
+        f"MAX_BB_EVAL {problem.budget}",
+        f"MAX_EVAL {_NOMAD_EVALS_PER_BB_EVAL * min(problem.budget, 2**n)}",
+        f"SEED {problem.seed % _NOMAD_SEED_MODULUS}",
+    ]
+    if n >= _NOMAD_MODELS_MAX_DIMENSION:
+        params.append("QUAD_MODEL_SEARCH no")
+    PyNomad.optimize(blackbox, [float(b) for b in x0], [0.0] * n, [1.0] * n, params)
+    if failure:
+        raise failure[0]
+
+
+def _run_oneplusone(memo: _Memo, problem: SubProblem, x0: Point, rng: random.Random) -> None:
+    """(1+1)-EA with count-preserving mutations: swap ``s`` ones with ``s`` zeros.
+
+    ``s = 1 + Poisson(1)`` (capped at min(k, n - k)), the swap count of Scharnow, Tinnefeld
+    and Wegener (2004) for permutation problems: mostly single swaps, sometimes a jump.
+    The offspring replaces the parent when its loss is lower or equal. Offspring evaluated
+    before cost nothing and are skipped.
+    """
+    n, k = problem.n, problem.k
+    parent, parent_loss = x0, memo.values[x0]
+    repeats = 0
+    while not memo.spent and len(memo.values) < problem.size and repeats < _MAX_REPEATED_OFFSPRING:
+        swaps = min(1 + _poisson_one(rng), k, n - k)
+        ones = [i for i, b in enumerate(parent) if b]
+        zeros = [i for i, b in enumerate(parent) if not b]
+        child = list(parent)
+        for i in rng.sample(ones, swaps):
+            child[i] = 0
+        for i in rng.sample(zeros, swaps):
+            child[i] = 1
+        offspring = tuple(child)
+        if offspring in memo.values:
+            repeats += 1
+            continue
+        repeats = 0
+        value = memo(offspring)
+        if value is not None and value <= parent_loss:
+            parent, parent_loss = offspring, value
+
+
+def _poisson_one(rng: random.Random) -> int:
+    """A Poisson(1) draw (Knuth's product method) from ``rng`` alone."""
+    threshold, product, count = math.exp(-1.0), rng.random(), 0
+    while product > threshold:
+        product *= rng.random()
+        count += 1
+    return count
