@@ -9,6 +9,9 @@ from typing import Any
 
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
 from bosch_eval.search.import_cli import add_import_parser
+from bosch_eval.search.rank_cli import add_rank_parser
+from bosch_eval.search.search_cli import ERRORS as SEARCH_ERRORS
+from bosch_eval.search.search_cli import add_search_parser
 
 FULL, SWA = "█", "·"
 
@@ -108,6 +111,12 @@ def _toy_model(args: argparse.Namespace) -> None:
     print(model_path())
 
 
+def _tasks_dir(args: argparse.Namespace) -> None:
+    from bosch_eval.tasks import TASKS_DIR
+
+    print(TASKS_DIR)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bosch-eval", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -143,6 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
     toy.add_argument("--path", action="store_true", required=True, help="print the directory to pass as pretrained=")
     toy.set_defaults(run=_toy_model)
 
+    tasks = commands.add_parser("tasks", help="the bundled lm-eval tasks (bosch_niah_calib, bosch_niah, bosch_longbench)")
+    tasks.add_argument("--path", action="store_true", required=True, help="print the directory to pass as --include_path")
+    tasks.set_defaults(run=_tasks_dir)
+
+    add_search_parser(commands)
+    add_rank_parser(commands)
     add_import_parser(commands)
     return parser
 
@@ -153,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = argv
     try:
         args.run(args)
-    except MaskError as err:
+    except (MaskError, *SEARCH_ERRORS) as err:
         print(f"bosch-eval: error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -1,0 +1,76 @@
+"""``report.md``: a search's result for people — settings, anchors, per-stage decisions, the mask."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from bosch_eval.search.pipeline import SearchResult
+
+
+def render_report(result: SearchResult, model: str, window: int, calibration: Mapping[str, Any]) -> str:
+    """Markdown summary of ``result`` (the same numbers as the mask's provenance)."""
+    settings, anchors, mask = result.settings, result.anchors, result.mask
+    lines = [
+        f"# BOSCH search: {model}",
+        "",
+        f"Variant `{settings.variant}`, target SWA ratio ρ = {settings.ratio}, window W = {window}, "
+        f"seed {settings.seed}, optimizer `{settings.optimizer}`, κ = {settings.budget_per_layer} evaluations per layer, "
+        f"α = {settings.alpha}, γ = {settings.gamma}.",
+        "",
+        f"Calibration: {_describe(calibration)}.",
+        "",
+        "| quantity | value |",
+        "|---|---|",
+        f"| S(all full) | {anchors.all_full:.4f} |",
+        f"| S(all SWA) = a | {anchors.a:.4f} |",
+        f"| b = (1+γ)·S(all full) | {anchors.b:.4f} |",
+        f"| S(found mask) | {result.score:.4f} |",
+        f"| Ŝ(found mask) | {anchors.normalize(result.score):.4f} |",
+        f"| SWA ratio reached | {mask.swa_ratio:.4f} ({mask.num_swa_groups} of {mask.shape.num_layers * mask.shape.num_kv_heads} KV groups) |",
+        f"| distinct masks evaluated | {result.evaluations} ({result.new_evaluations} in the last run) |",
+        f"| wall time of the last run | {result.wall_s:.1f} s |",
+        "",
+    ]
+    if result.stage1_scores is not None:
+        lines += ["## Stage 1 and Stage 2 (per layer, top first)", ""]
+        header = "| layer | s_best (Stage 1) |"
+        rule = "|---|---|"
+        if result.stage2 is not None:
+            header += " drop d_l | weight w_l | ratio r_l |"
+            rule += "---|---|---|"
+        lines += [header, rule]
+        for layer in range(mask.shape.num_layers - 1, -1, -1):
+            row = f"| {layer} | {result.stage1_scores[layer]:.4f} |"
+            if result.stage2 is not None:
+                stage2 = result.stage2
+                row += f" {stage2.drops[layer]:.4f} | {stage2.weights[layer]:.3f} | {stage2.ratios[layer]:g} |"
+            lines.append(row)
+        if result.stage2 is not None:
+            lines += [
+                "",
+                f"Stage 2 assigned {result.stage2.assigned_groups} SWA groups for a target of {result.stage2.target_groups}.",
+            ]
+        lines.append("")
+    lines += [
+        "## Sub-problems (in search order)",
+        "",
+        "| stage | layers | target ratio | SWA / variables | optimizer | evaluations | S | loss |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for sub in result.subproblems:
+        layers = ",".join(map(str, sub.layers))
+        lines.append(
+            f"| {sub.stage} | {layers} | {sub.target_ratio:g} | {sub.converted}/{sub.variables} | {sub.method} "
+            f"| {sub.evaluations} | {sub.score:.4f} | {sub.loss:.4f} |"
+        )
+    lines += ["", "## Mask (F = full attention, S = sliding window; one column per KV group)", "", "```"]
+    for layer in range(mask.shape.num_layers - 1, -1, -1):
+        cells = "".join("F" if bit else "S" for bit in mask.bits[layer])
+        lines.append(f"layer {layer:>3}  {cells}")
+    lines += ["```", ""]
+    return "\n".join(lines)
+
+
+def _describe(calibration: Mapping[str, Any]) -> str:
+    return ", ".join(f"{key} = {value}" for key, value in calibration.items())

@@ -1,0 +1,208 @@
+"""``bosch-eval search`` / ``python -m bosch_eval.search``: BOSCH on a real model, resumable.
+
+::
+
+    bosch-eval search --model toy --ratio 0.5 --out runs/toy-r0.5
+    accelerate launch --num_processes 4 -m bosch_eval.search --model Qwen/Qwen3-1.7B-Base \\
+        --ratio 0.75 --window 1024 --calib-len 32768 --device cuda --out runs/q3-1.7b-r0.75
+    lm_eval --model bosch --model_args pretrained=toy,mask=runs/toy-r0.5/mask.json --tasks ...
+
+Writes ``mask.json`` (bosch-mask/1 with the search's provenance), ``journal.jsonl`` (every
+evaluation, flushed as it finishes; ``--resume`` continues a killed run with no
+re-evaluation) and ``report.md``. Under ``accelerate launch`` every process runs the same
+search, each objective call is split across processes, and only the main process writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import logging
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from accelerate import PartialState
+from accelerate.utils import broadcast_object_list
+
+from bosch_eval.masks import MaskError
+from bosch_eval.model_defaults import model_defaults
+from bosch_eval.search.journal import Journal, JournalError
+from bosch_eval.search.objective import ObjectiveError, build_objective, launch_state
+from bosch_eval.search.optimizers import METHODS
+from bosch_eval.search.pipeline import VARIANTS, SearchResult, SearchSettings, run_search
+from bosch_eval.search.report import render_report
+from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, SearchError
+from bosch_eval.search.stage2 import DEFAULT_BUCKETS
+from bosch_eval.toy import resolve_model
+
+DEFAULT_CALIB_TASK = "bosch_niah_calib"
+VERSIONED_PACKAGES = ("bosch-eval", "torch", "transformers", "lm_eval", "accelerate", "PyNomadBBO")
+
+
+def search_model(
+    model: str,
+    settings: SearchSettings,
+    out: str | Path,
+    *,
+    window: int | None = None,
+    resume: bool = False,
+    calib_tasks: Sequence[str] = (DEFAULT_CALIB_TASK,),
+    include_path: str | None = None,
+    calib_metric: str = "acc",
+    calib_examples: int | None = None,
+    calib_len: int | None = None,
+    calib_seed: int = 0,
+    device: str = "cpu",
+    batch_size: int = 1,
+    dtype: str | None = None,
+    progress: bool = True,
+) -> SearchResult:
+    """Run BOSCH on ``model`` and write mask.json, journal.jsonl and report.md into ``out``.
+
+    The model is loaded once and the calibration tasks are built once; every process of an
+    ``accelerate launch`` must call this with the same arguments.
+    """
+    state = launch_state(device)  # before any other accelerate state: joins CPU processes over gloo
+    path = resolve_model(model)
+    window = window if window is not None else model_defaults(path).window
+    if window is None:
+        raise SearchError(
+            f"{model}: no --window given and the model ships no bosch_defaults.json; pass --window "
+            "(the paper uses 1024 for a 32k calibration length)"
+        )
+    objective = build_objective(
+        path,
+        tasks=calib_tasks,
+        include_path=include_path,
+        calib_examples=calib_examples,
+        calib_len=calib_len,
+        calib_seed=calib_seed,
+        metric=calib_metric,
+        device=device,
+        batch_size=batch_size,
+        dtype=dtype,
+        window=window,
+    )
+    out = Path(out)
+    calibration = objective.describe()
+    header = {"model": model, "window": window, "calibration": calibration, "settings": settings.to_json()}
+    journal, known = _open_journal(out / "journal.jsonl", header, resume, state)
+    result = run_search(objective, objective.shape, settings, known=known, journal=journal, progress=progress and state.is_main_process)
+    if state.is_main_process:
+        provenance = dict(
+            result.provenance(), calibration=calibration, seed=settings.seed, versions=_versions(), processes=state.num_processes
+        )
+        mask = result.mask.with_meta(window=window, model=model, provenance=provenance)
+        mask.save(out / "mask.json")
+        (out / "report.md").write_text(render_report(result, model, window, calibration))
+    state.wait_for_everyone()
+    return result
+
+
+def _open_journal(
+    path: Path, header: dict[str, Any], resume: bool, state: PartialState
+) -> tuple[Journal | None, dict[str, float]]:
+    """The main process opens the journal; every process gets its scores (one broadcast)."""
+    journal: Journal | None = None
+    payload: list[Any] = [None]
+    if state.is_main_process:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            journal = Journal(path, header, resume=resume)
+            payload = [{record["key"]: record["score"] for record in journal.records}]
+        except JournalError as err:
+            payload = [str(err)]  # every process must raise, not wait for a broadcast that never comes
+    if state.num_processes > 1:
+        broadcast_object_list(payload, from_process=0)
+    if isinstance(payload[0], str):
+        raise JournalError(payload[0])
+    return journal, payload[0]
+
+
+def _versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for package in VERSIONED_PACKAGES:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
+
+
+def add_search_arguments(parser: argparse.ArgumentParser) -> None:
+    """The search's flags (shared by ``bosch-eval search`` and ``python -m bosch_eval.search``)."""
+    parser.add_argument("--model", required=True, help="HF model id or local dir; 'toy' is the bundled model")
+    parser.add_argument("--ratio", type=float, required=True, help="target share ρ of KV groups turned to SWA, in [0, 1]")
+    parser.add_argument("--window", type=int, help="SWA window W (default: the model's bosch_defaults.json)")
+    parser.add_argument("--out", help="output directory (default: bosch_search/<model>-<variant>-r<ratio>-s<seed>)")
+    parser.add_argument("--resume", action="store_true", help="continue the search journaled in --out, re-evaluating nothing")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every optimizer (default 0)")
+    parser.add_argument("--budget-per-layer", type=int, default=100, help="κ: evaluations per layer (default 100, paper B.2)")
+    parser.add_argument("--variant", choices=VARIANTS, default="bosch", help="bosch (stages 1–3) or an ablation of §3.4")
+    parser.add_argument("--optimizer", choices=METHODS, default="auto", help="auto: exhaustive if it fits the budget, else NOMAD up to 50 variables, else (1+1)-EA")
+    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="α, weight of the ratio penalty (Eq. 5)")
+    parser.add_argument("--gamma", type=float, default=DEFAULT_GAMMA, help="γ, headroom of the upper anchor b = (1+γ)·S(full)")
+    parser.add_argument(
+        "--buckets", type=float, nargs="+", default=list(DEFAULT_BUCKETS), help="Stage-2 layer ratios (default 0 0.25 0.5 0.75 1)"
+    )
+    parser.add_argument("--calib-tasks", nargs="+", default=[DEFAULT_CALIB_TASK], help="lm-eval task(s) or group(s) scored as S(z)")
+    parser.add_argument("--include-path", help="extra lm-eval task directory for --calib-tasks")
+    parser.add_argument("--calib-metric", default="acc", help="metric of the calibration tasks (default acc)")
+    parser.add_argument("--calib-examples", type=int, help="bosch_niah_calib examples (default 64)")
+    parser.add_argument("--calib-len", type=int, help="bosch_niah_calib length in tokens (default: the model's, else 32768)")
+    parser.add_argument("--calib-seed", type=int, default=0, help="seed of the calibration examples")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (under accelerate: each process's own GPU)")
+    parser.add_argument("--batch-size", type=int, default=1, help="lm-eval batch size of one objective call")
+    parser.add_argument("--dtype", help="model dtype, e.g. bfloat16 (default: the checkpoint's)")
+
+
+def run_from_args(args: argparse.Namespace) -> None:
+    """Build the settings from parsed flags and run the search."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    settings = SearchSettings(
+        ratio=args.ratio,
+        variant=args.variant,
+        optimizer=args.optimizer,
+        budget_per_layer=args.budget_per_layer,
+        alpha=args.alpha,
+        gamma=args.gamma,
+        seed=args.seed,
+        buckets=tuple(args.buckets),
+    )
+    out = args.out or f"bosch_search/{Path(args.model).name}-{args.variant}-r{args.ratio:g}-s{args.seed}"
+    result = search_model(
+        args.model,
+        settings,
+        out,
+        window=args.window,
+        resume=args.resume,
+        calib_tasks=args.calib_tasks,
+        include_path=args.include_path,
+        calib_metric=args.calib_metric,
+        calib_examples=args.calib_examples,
+        calib_len=args.calib_len,
+        calib_seed=args.calib_seed,
+        device=args.device,
+        batch_size=args.batch_size,
+        dtype=args.dtype,
+    )
+    if PartialState().is_main_process:
+        print(
+            f"{out}/mask.json: S = {result.score:.4f} (full {result.anchors.all_full:.4f}, all-SWA {result.anchors.all_swa:.4f}), "
+            f"SWA ratio {result.mask.swa_ratio:.4f}, {result.evaluations} masks evaluated ({result.new_evaluations} now), "
+            f"{result.wall_s:.1f} s"
+        )
+
+
+def add_search_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``search`` to ``bosch-eval``'s sub-commands."""
+    parser = subparsers.add_parser("search", help="BOSCH: find the head mask for a target SWA ratio (resumable)")
+    add_search_arguments(parser)
+    parser.set_defaults(run=run_from_args)
+    return parser
+
+
+# What the command line reports as a one-line error instead of a traceback.
+ERRORS = (MaskError, SearchError, JournalError, ObjectiveError)

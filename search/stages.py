@@ -1,0 +1,318 @@
+"""BOSCH's sub-problems: Stage 1 (Algorithm 1), Stage 3 (Algorithm 3) and the layer-level ablation.
+
+Each stage is a sequence of sub-problems. A sub-problem fixes the mask outside a set of
+*variables* (one KV group each, or a whole layer for the layer-level ablation), asks an
+optimizer (:mod:`bosch_eval.search.optimizers`) to convert exactly ``k`` of them to SWA
+while minimizing the loss of Eq. 5 on the whole model, and commits the best assignment
+before the next sub-problem starts.
+
+Every S(z) goes through a :class:`ScoreBook`: a mask already scored (in this run or in the
+journal of a killed one) is never evaluated again, and a new score is journaled before the
+next evaluation starts. Replaying a search with the same seed therefore takes exactly the
+same steps and reaches the same mask.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from bosch_eval.masks import HeadMask, ModelShape, ceil_count
+from bosch_eval.search.journal import Journal, mask_key
+from bosch_eval.search.optimizers import SubProblem, choose_method, minimize
+from bosch_eval.search.scoring import Anchors, subproblem_loss, swa_share
+
+log = logging.getLogger("bosch_eval.search")
+
+Bits = tuple[tuple[int, ...], ...]
+Cell = tuple[int, int]  # (layer, KV group)
+
+
+class ScoreBook:
+    """S(z) for every mask the search asks about, each evaluated at most once."""
+
+    def __init__(
+        self,
+        score_fn: Callable[[HeadMask], float],
+        shape: ModelShape,
+        known: dict[str, float] | None = None,
+        journal: Journal | None = None,
+    ) -> None:
+        self.score_fn = score_fn
+        self.shape = shape
+        self.known = dict(known or {})
+        self.journal = journal  # None on non-main processes: only the main process writes
+        self.new_evaluations = 0
+        self.on_score: Callable[[float], None] | None = None  # progress hook
+
+    def score(self, bits: Bits, stage: str) -> float:
+        key = mask_key(bits)
+        score = self.known.get(key)
+        if score is None:
+            started = time.perf_counter()
+            score = float(self.score_fn(HeadMask(bits, self.shape.num_heads)))
+            self.known[key] = score
+            self.new_evaluations += 1
+            if self.journal is not None:
+                self.journal.append(key, score, stage=stage, seconds=round(time.perf_counter() - started, 3))
+        if self.on_score is not None:
+            self.on_score(score)
+        return score
+
+
+@dataclass(frozen=True)
+class SubResult:
+    """What one sub-problem decided (kept for the report and the mask's provenance)."""
+
+    stage: str
+    layers: tuple[int, ...]
+    target_ratio: float
+    variables: int
+    converted: int
+    method: str
+    evaluations: int
+    score: float
+    loss: float
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__, layers=list(self.layers))
+
+
+@dataclass
+class StageOutcome:
+    bits: Bits
+    subproblems: list[SubResult] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StageSettings:
+    """The knobs every stage shares."""
+
+    budget_per_layer: int
+    optimizer: str
+    alpha: float
+    seed: int
+    max_variables: int
+
+
+def subproblem_seed(seed: int, label: str) -> int:
+    """A stable per-sub-problem seed (Python's hash() of a str changes between processes)."""
+    return zlib.crc32(f"{seed}/{label}".encode())
+
+
+def solve(
+    book: ScoreBook,
+    anchors: Anchors,
+    base: Bits,
+    variables: Sequence[Sequence[Cell]],
+    k: int,
+    target_ratio: float,
+    budget: int,
+    settings: StageSettings,
+    stage: str,
+    label: str,
+) -> tuple[Bits, SubResult]:
+    """Convert exactly ``k`` of ``variables`` (each a set of cells switched together) to SWA."""
+
+    def bits_for(selection: tuple[int, ...]) -> Bits:
+        rows = [list(row) for row in base]
+        for chosen, cells in zip(selection, variables, strict=True):
+            for layer, group in cells:
+                rows[layer][group] = 0 if chosen else 1
+        return tuple(tuple(row) for row in rows)
+
+    def loss(selection: tuple[int, ...]) -> float:
+        score = book.score(bits_for(selection), stage)
+        return subproblem_loss(anchors.normalize(score), swa_share(selection), target_ratio, settings.alpha)
+
+    problem = SubProblem(n=len(variables), k=k, budget=budget, seed=subproblem_seed(settings.seed, label))
+    result = minimize(loss, problem, method=settings.optimizer)
+    best = bits_for(result.best)
+    layers = tuple(sorted({layer for cells in variables for layer, _ in cells}, reverse=True))
+    summary = SubResult(
+        stage=stage,
+        layers=layers,
+        target_ratio=target_ratio,
+        variables=len(variables),
+        converted=k,
+        method=result.method,
+        evaluations=result.evaluations,
+        score=book.known[mask_key(best)],
+        loss=result.best_loss,
+    )
+    return best, summary
+
+
+def expected_evaluations(n: int, k: int, budget: int, optimizer: str) -> int:
+    """Upper bound on a sub-problem's evaluations (exhaustive needs C(n, k), the others the budget)."""
+    method = choose_method(SubProblem(n=n, k=k, budget=budget, seed=0), optimizer)
+    return math.comb(n, k) if method == "exhaustive" else budget
+
+
+class StageProgress:
+    """A tqdm bar for one stage plus a log line per sub-problem (best score, evaluations, ETA)."""
+
+    def __init__(self, stage: str, total: int, book: ScoreBook, enabled: bool) -> None:
+        self.stage = stage
+        self.total = total
+        self.done = 0
+        self.best = -math.inf
+        self.started = time.perf_counter()
+        self.bar = tqdm(total=total, desc=f"BOSCH {stage}", unit="eval", disable=not enabled)
+        self.enabled = enabled
+        self.book = book
+
+    def __enter__(self) -> StageProgress:
+        self.book.on_score = self.update
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.book.on_score = None
+        self.bar.close()
+
+    def update(self, score: float) -> None:
+        self.done += 1
+        self.best = max(self.best, score)
+        self.bar.update(1)
+        self.bar.set_postfix(best=f"{self.best:.4f}", refresh=False)
+
+    def report(self, result: SubResult) -> None:
+        if not self.enabled:
+            return
+        elapsed = time.perf_counter() - self.started
+        eta = elapsed / max(self.done, 1) * max(self.total - self.done, 0)
+        log.info(
+            "%s layers %s: S=%.4f with %d/%d SWA (%s, %d evals); best so far %.4f; %d/%d evals; ETA %.0f s",
+            self.stage, list(result.layers), result.score, result.converted, result.variables,
+            result.method, result.evaluations, self.best, self.done, self.total, eta,
+        )  # fmt: skip
+
+
+def _chunks(layers: Sequence[int], max_layers: int) -> list[list[int]]:
+    """Split layers into the fewest nearly equal consecutive parts of at most ``max_layers`` (B.2)."""
+    parts = max(1, math.ceil(len(layers) / max_layers))
+    return [part.tolist() for part in np.array_split(np.asarray(layers, dtype=int), parts) if len(part)]  # ints, for JSON
+
+
+def _cells(shape: ModelShape, layers: Sequence[int]) -> list[list[Cell]]:
+    return [[(layer, group)] for layer in layers for group in range(shape.num_kv_heads)]
+
+
+def stage1(
+    book: ScoreBook,
+    anchors: Anchors,
+    shape: ModelShape,
+    ratio: float,
+    settings: StageSettings,
+    layers_per_problem: int = 1,
+    progress: bool = True,
+) -> tuple[StageOutcome, list[float]]:
+    """Algorithm 1: top layer to bottom, convert exactly ⌈ρG⌉ groups per layer on the updated model.
+
+    ``layers_per_problem > 1`` is the B-multi ablation (each sub-problem covers that many
+    consecutive layers and converts ⌈ρG⌉ groups per layer in total). Returns the stage's
+    mask and s_best per layer (bottom to top; in B-multi, every layer of a sub-problem gets
+    its score).
+    """
+    per_layer = ceil_count(ratio, shape.num_kv_heads)
+    problems = _chunks(list(range(shape.num_layers - 1, -1, -1)), layers_per_problem)
+    budgets = [settings.budget_per_layer * len(layers) for layers in problems]
+    total = sum(
+        expected_evaluations(len(layers) * shape.num_kv_heads, per_layer * len(layers), budget, settings.optimizer)
+        for layers, budget in zip(problems, budgets, strict=True)
+    )
+    bits: Bits = HeadMask.uniform(shape, full=True).bits
+    scores = [0.0] * shape.num_layers
+    outcome = StageOutcome(bits)
+    with StageProgress("stage 1", total, book, progress) as bar:
+        for layers, budget in zip(problems, budgets, strict=True):
+            label = "stage1/" + ",".join(map(str, layers))
+            bits, result = solve(
+                book, anchors, bits, _cells(shape, layers), per_layer * len(layers), ratio, budget, settings, "stage1", label
+            )
+            for layer in layers:
+                scores[layer] = result.score
+            outcome.subproblems.append(result)
+            bar.report(result)
+    outcome.bits = bits
+    return outcome, scores
+
+
+def stage3(
+    book: ScoreBook,
+    anchors: Anchors,
+    shape: ModelShape,
+    layer_ratios: Sequence[float],
+    settings: StageSettings,
+    progress: bool = True,
+) -> StageOutcome:
+    """Algorithm 3: per ratio group, most localizable first, convert ⌈r·G⌉ groups per layer.
+
+    A group's layers are searched jointly (their head choices interact), split into nearly
+    equal parts when they exceed ``max_variables`` (B.2: MADS's quadratic models stop at 50
+    variables). Ratio 0 keeps a layer full and ratio 1 makes it all SWA: nothing to search.
+    """
+    groups = sorted(set(layer_ratios), reverse=True)
+    max_layers = max(1, settings.max_variables // shape.num_kv_heads)
+    problems: list[tuple[float, list[int]]] = []
+    rows = [list(row) for row in HeadMask.uniform(shape, full=True).bits]
+    for ratio in groups:
+        layers = [layer for layer in range(shape.num_layers - 1, -1, -1) if layer_ratios[layer] == ratio]
+        if ratio in (0.0, 1.0):
+            for layer in layers:
+                rows[layer] = [0 if ratio == 1.0 else 1] * shape.num_kv_heads
+            continue
+        problems.extend((ratio, part) for part in _chunks(layers, max_layers))
+    bits: Bits = tuple(tuple(row) for row in rows)
+    outcome = StageOutcome(bits)
+    quota = {ratio: ceil_count(ratio, shape.num_kv_heads) for ratio in groups}
+    total = sum(
+        expected_evaluations(
+            len(layers) * shape.num_kv_heads, quota[ratio] * len(layers), settings.budget_per_layer * len(layers), settings.optimizer
+        )
+        for ratio, layers in problems
+    )
+    with StageProgress("stage 3", total, book, progress) as bar:
+        for ratio, layers in problems:
+            label = f"stage3/{ratio}/" + ",".join(map(str, layers))
+            bits, result = solve(
+                book,
+                anchors,
+                bits,
+                _cells(shape, layers),
+                quota[ratio] * len(layers),
+                ratio,
+                settings.budget_per_layer * len(layers),
+                settings,
+                "stage3",
+                label,
+            )
+            outcome.subproblems.append(result)
+            bar.report(result)
+    outcome.bits = bits
+    return outcome
+
+
+def layer_level(
+    book: ScoreBook, anchors: Anchors, shape: ModelShape, ratio: float, settings: StageSettings, progress: bool = True
+) -> StageOutcome:
+    """B-layer: one sub-problem over whole layers, exactly ⌈ρL⌉ SWA layers, budget κ·L."""
+    layers = list(range(shape.num_layers - 1, -1, -1))
+    variables = [[(layer, group) for group in range(shape.num_kv_heads)] for layer in layers]
+    k = ceil_count(ratio, shape.num_layers)
+    budget = settings.budget_per_layer * shape.num_layers
+    total = expected_evaluations(len(variables), k, budget, settings.optimizer)
+    with StageProgress("layer search", total, book, progress) as bar:
+        bits, result = solve(
+            book, anchors, HeadMask.uniform(shape, full=True).bits, variables, k, ratio, budget, settings, "layer", "layer"
+        )
+        bar.report(result)
+    return StageOutcome(bits, [result])
