@@ -1,0 +1,60 @@
+"""The whole search under a real two-process ``accelerate launch`` on CPU (gloo): the same
+mask and the same journal as one process, and only the main process writes.
+
+Scores are perplexities of a random model (see ``test_search_cli.py``): each process sums
+its own shard, so two processes add the same log-likelihoods in another order and a
+score may differ from the one-process score in its last bits, never enough to change a
+decision.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bosch_eval.cli import main
+from bosch_eval.masks import HeadMask
+from tests.objective_worker import write_tasks
+from tests.test_objective_distributed import PROCESSES, free_port
+from tests.test_search_cli import search_args
+
+
+def journal(out: Path) -> list[tuple[str, float]]:
+    lines = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
+    return [(record["key"], record["score"]) for record in lines if "key" in record]
+
+
+def test_two_processes_find_the_one_process_mask(tiny_model_dir: Path, tmp_path: Path) -> None:
+    task_dir = write_tasks(tmp_path / "tasks")
+    launched = tmp_path / "two"
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--multi_gpu", "--num_processes", str(PROCESSES), "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+        "-m", "bosch_eval.search", *search_args(tiny_model_dir, task_dir, launched)[1:], "--device", "cpu",
+    ]  # fmt: skip
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.count("mask.json: S =") == 1  # only the main process reports
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each launched process: the same float sums per document
+    try:
+        assert main(search_args(tiny_model_dir, task_dir, tmp_path / "one")) == 0
+    finally:
+        torch.set_num_threads(threads)
+
+    assert HeadMask.load(launched / "mask.json").bits == HeadMask.load(tmp_path / "one" / "mask.json").bits
+    two, one = journal(launched), journal(tmp_path / "one")
+    assert [key for key, _ in two] == [key for key, _ in one]
+    assert [score for _, score in two] == pytest.approx([score for _, score in one], rel=1e-9)
+    provenance = json.loads((launched / "mask.json").read_text())["provenance"]
+    assert provenance["processes"] == PROCESSES
+    assert sorted(path.name for path in launched.iterdir()) == ["journal.jsonl", "mask.json", "report.md"]
