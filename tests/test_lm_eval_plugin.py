@@ -8,7 +8,6 @@ most checks run in fresh interpreters. They need the package installed with the 
 from __future__ import annotations
 
 import json
-import re
 import site
 import subprocess
 import sys
@@ -54,17 +53,6 @@ def test_hook_is_active_at_start_and_imports_nothing_heavy(pth_file, tmp_path):
     )
     assert state["hook"], f"{pth_file} did not import bosch_eval.lm_eval_hook at interpreter start"
     assert state["heavy"] == []
-
-
-def test_start_up_cost_under_5ms(pth_file, tmp_path):
-    """``-X importtime`` cumulative time of the hook (including the light ``bosch_eval`` package)."""
-    costs = []
-    for _ in range(5):
-        report = run_python("-X", "importtime", "-c", "pass", cwd=tmp_path).stderr
-        match = re.search(r"^import time:\s+\d+ \|\s+(\d+) \|\s+bosch_eval\.lm_eval_hook$", report, re.MULTILINE)
-        assert match, f"bosch_eval.lm_eval_hook not imported at start:\n{report[-2000:]}"
-        costs.append(int(match.group(1)))
-    assert min(costs) < 5000, f"hook import costs {costs} µs"
 
 
 def test_lingering_pth_without_package_is_silent(pth_file, tmp_path):
