@@ -1,0 +1,137 @@
+"""Measure what the toy model's card promises, with lm-eval, and write it down.
+
+    python -m bosch_eval.toy.evaluate --model bosch_eval/toy/model --out results/toy_model
+
+1. ``bosch_niah_calib`` (64 examples at the card's calibration length, scored by the
+   search's objective): full attention, every KV group SWA, and 20 random masks at
+   ρ = 0.5 and 0.75 (seeds 0–19) — the search needs b > a and masks that differ.
+2. lm-eval's upstream RULER ``niah_single_1`` at 512 and 1024 tokens, the first
+   ``--ruler-samples`` documents of each length (RULER generates 500 per length), with
+   full attention and with every KV group SWA.
+
+Writes ``toy_model_checks.json`` and ``toy_model_checks.md`` (command and versions first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shlex
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import lm_eval
+
+from bosch_eval.masks import HeadMask, ModelShape, ceil_count
+from bosch_eval.model_defaults import model_defaults
+from bosch_eval.search.objective import build_objective
+
+RULER_LENGTHS = (512, 1024)
+RULER_DOCS_PER_LENGTH = 500  # lm-eval's niah_utils generates this many per length
+
+
+def random_masks(shape: ModelShape, ratio: float, seeds: range, window: int) -> list[HeadMask]:
+    """GQA-consistent random masks: ⌈ρ·L·G⌉ KV groups drawn uniformly per seed."""
+    groups = [(layer, group) for layer in range(shape.num_layers) for group in range(shape.num_kv_heads)]
+    count = ceil_count(ratio, len(groups))
+    return [
+        HeadMask.from_swa_groups(shape, set(random.Random(seed).sample(groups, count)), window=window, method=f"random:{seed}")
+        for seed in seeds
+    ]
+
+
+def calibration_scores(model: str, calib_len: int, window: int, ratios: list[float], random_count: int) -> dict[str, Any]:
+    """``acc`` of bosch_niah_calib for full, all-SWA and random masks, scored by the search's
+    own objective (same settings as ``bosch-eval search``, so the numbers compare)."""
+    objective = build_objective(model, window=window, calib_len=calib_len)
+    shape = objective.shape
+    randoms = {str(ratio): [objective(mask) for mask in random_masks(shape, ratio, range(random_count), window)] for ratio in ratios}
+    return {
+        "full": objective(HeadMask.uniform(shape, full=True, window=window)),
+        "all_swa": objective(HeadMask.uniform(shape, full=False, window=window)),
+        "random": randoms,
+        "random_spread": {ratio: max(scores) - min(scores) for ratio, scores in randoms.items()},
+    }
+
+
+def ruler_scores(model: str, window: int, samples_per_length: int) -> dict[str, dict[str, float]]:
+    """Upstream ``niah_single_1`` (lm-eval's own task) with full attention and all-SWA."""
+    indices = [length * RULER_DOCS_PER_LENGTH + i for length in range(len(RULER_LENGTHS)) for i in range(samples_per_length)]
+    scores = {}
+    for name, ratio in (("full", 0.0), ("all_swa", 1.0)):
+        results = lm_eval.simple_evaluate(
+            model="bosch",
+            model_args=f"pretrained={model},layers=intr,ratio={ratio},window={window},dtype=float32",
+            tasks=["niah_single_1"],
+            metadata={"max_seq_lengths": list(RULER_LENGTHS)},
+            samples={"niah_single_1": indices},
+            device="cpu",
+            batch_size=8,
+            log_samples=False,
+            bootstrap_iters=0,
+        )
+        row = results["results"]["niah_single_1"]
+        scores[name] = {str(length): row[f"{length},none"] for length in RULER_LENGTHS}
+    return scores
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="checkpoint directory (the bundled one: bosch-eval toy-model --path)")
+    parser.add_argument("--out", type=Path, required=True, help="directory for toy_model_checks.json/.md")
+    parser.add_argument("--window", type=int, help="SWA window (default: the model's bosch_defaults.json)")
+    parser.add_argument("--calib-len", type=int, help="calibration length in tokens (default: bosch_defaults.json)")
+    parser.add_argument("--random-masks", type=int, default=20, help="random masks per ratio scored on the calibration set")
+    parser.add_argument("--random-ratios", type=float, nargs="+", default=[0.5, 0.75], help="SWA ratios of the random masks")
+    parser.add_argument("--ruler-samples", type=int, default=100, help="upstream niah_single_1 documents per length")
+    args = parser.parse_args(argv)
+    defaults = model_defaults(args.model)
+    window, calib_len = args.window or defaults.window, args.calib_len or defaults.calib_len
+    if window is None or calib_len is None:
+        parser.error(f"{args.model} has no bosch_defaults.json; pass --window and --calib-len")
+
+    started = time.time()
+    report = {
+        "command": shlex.join([sys.executable, "-m", "bosch_eval.toy.evaluate", *(sys.argv[1:] if argv is None else argv)]),
+        "versions": {name: version(name) for name in ("bosch-eval", "lm_eval", "torch", "transformers")},
+        "window": window,
+        "calib_len": calib_len,
+        "bosch_niah_calib": calibration_scores(args.model, calib_len, window, args.random_ratios, args.random_masks),
+        "niah_single_1": ruler_scores(args.model, window, args.ruler_samples),
+    }
+    report["wall_time_s"] = round(time.time() - started, 1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "toy_model_checks.json").write_text(json.dumps(report, indent=1) + "\n")
+    (args.out / "toy_model_checks.md").write_text(render(report))
+    print(render(report))
+
+
+def render(report: dict[str, Any]) -> str:
+    calib, ruler = report["bosch_niah_calib"], report["niah_single_1"]
+    lines = [
+        f"$ {report['command']}",
+        "",
+        f"versions: {json.dumps(report['versions'])}",
+        f"window W={report['window']}, calibration length {report['calib_len']} tokens, wall time {report['wall_time_s']} s",
+        "",
+        "| check | full attention | every KV group SWA |",
+        "|---|---|---|",
+        f"| bosch_niah_calib acc | {calib['full']:.3f} | {calib['all_swa']:.3f} |",
+        *(f"| niah_single_1 @ {n} | {ruler['full'][n]:.3f} | {ruler['all_swa'][n]:.3f} |" for n in ruler["full"]),
+        "",
+    ]
+    for ratio, randoms in calib["random"].items():
+        lines += [
+            f"bosch_niah_calib acc of {len(randoms)} random masks at ρ = {ratio}: min {min(randoms):.3f}, "
+            f"max {max(randoms):.3f}, spread {calib['random_spread'][ratio]:.3f}",
+            f"  {', '.join(f'{score:.3f}' for score in randoms)}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
