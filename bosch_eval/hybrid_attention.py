@@ -52,7 +52,6 @@ class LayerSplit:
     swa_kv: torch.Tensor
     full_q: torch.Tensor  # their query heads
     swa_q: torch.Tensor
-    restore: torch.Tensor  # head order of cat([full, swa]) -> original head order
 
 
 class HybridAttention:
@@ -101,15 +100,10 @@ class HybridAttention:
             def heads(groups: list[int]) -> list[int]:
                 return [g * per_group + i for g in groups for i in range(per_group)]
 
-            order = heads(full_kv) + heads(swa_kv)
-            restore = sorted(range(len(order)), key=order.__getitem__)
-
             def as_index(values: list[int]) -> torch.Tensor:
                 return torch.tensor(values, dtype=torch.long, device=device)
 
-            self._splits[key] = LayerSplit(
-                as_index(full_kv), as_index(swa_kv), as_index(heads(full_kv)), as_index(heads(swa_kv)), as_index(restore)
-            )
+            self._splits[key] = LayerSplit(as_index(full_kv), as_index(swa_kv), as_index(heads(full_kv)), as_index(heads(swa_kv)))
         return self._splits[key]
 
     # -- kernels ------------------------------------------------------------------------
@@ -172,7 +166,7 @@ def hybrid_attention_forward(
     swa = state.swa_attention(
         module, query[:, split.swa_q], key[:, split.swa_kv], value[:, split.swa_kv], attention_mask, **kwargs
     )
-    return torch.cat([full, swa], dim=2)[:, :, split.restore], None  # [B, T, H, D]
+    return _merge_heads(full, swa, split), None
 
 
 def _attend_cached_split(
@@ -198,7 +192,17 @@ def _attend_cached_split(
     if not len(split.full_kv):
         return swa
     full = state.full_attention(module, query[:, split.full_q], key.full, value.full, attention_mask, **kwargs)
-    return torch.cat([full, swa], dim=2)[:, :, split.restore]
+    return _merge_heads(full, swa, split)
+
+
+def _merge_heads(full: torch.Tensor, swa: torch.Tensor, split: LayerSplit) -> torch.Tensor:
+    """``[B, T, H_full, D]`` and ``[B, T, H_swa, D]`` -> ``[B, T, H, D]`` in head order,
+    written once into one tensor (a concatenation and a gather would copy it twice)."""
+    batch, length, _, dim = full.shape
+    out = full.new_empty(batch, length, full.shape[2] + swa.shape[2], dim)
+    out[:, :, split.full_q] = full
+    out[:, :, split.swa_q] = swa
+    return out
 
 
 def register() -> None:
