@@ -1,29 +1,15 @@
 #!/usr/bin/env bash
-# The main job end to end on a local model, until the bundled toy model lands:
-# write a random-weight Qwen3 checkpoint, build an INTR head mask at rho = 0.5,
-# print it, and evaluate it with the stock lm-eval CLI as `--model bosch`.
+# The main job on the bundled toy model (CPU, a few minutes): BOSCH search for a head mask
+# with half of the KV groups on sliding-window attention, then the stock lm-eval CLI
+# scores that mask on the calibration task and on the NIAH suite.
 set -euo pipefail
 out="${1:-quickstart}"
-here="$(cd "$(dirname "$0")/.." && pwd)"
+tasks="$(bosch-eval tasks --path)"
 
-python - "$out" <<'PY'
-import sys
-from pathlib import Path
-
-from transformers import AutoConfig
-
-from bosch_eval.masks import ModelShape
-from bosch_eval.random_model import save_random_checkpoint
-from bosch_eval.search.layer_heuristics import layer_heuristic_mask
-
-out = Path(sys.argv[1])
-model_dir = save_random_checkpoint(out / "model")
-shape = ModelShape.from_config(AutoConfig.from_pretrained(model_dir))
-layer_heuristic_mask("intr", shape, ratio=0.5).with_meta(window=8, model=str(model_dir)).save(out / "mask.json")
-PY
-
-bosch-eval mask show "$out/mask.json"
+bosch-eval search --model toy --ratio 0.5 --out "$out/search"
+bosch-eval mask show "$out/search/mask.json"
 lm_eval --model bosch \
-  --model_args "pretrained=$out/model,mask=$out/mask.json,dtype=float32" \
-  --tasks bosch_test_choice,bosch_test_continuation --include_path "$here/tests/fixtures/tasks" \
-  --device cpu --batch_size 4 --output_path "$out/results"
+  --model_args "pretrained=toy,mask=$out/search/mask.json" \
+  --tasks bosch_niah_calib,bosch_niah --include_path "$tasks" \
+  --metadata '{"seq_len": 1024, "num_examples": 64, "max_seq_lengths": [512, 1024], "num_samples": 20}' \
+  --device cpu --batch_size 8 --output_path "$out/results"
