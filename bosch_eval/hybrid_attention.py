@@ -45,13 +45,49 @@ class HybridStates(NamedTuple):
 
 
 @dataclass(frozen=True)
-class LayerSplit:
-    """Index tensors that split one layer's heads into full and SWA sets."""
+class GroupRun:
+    """Consecutive KV groups ``start … stop − 1`` of one kind (full or SWA); ``offset`` is
+    the first one's index among the layer's groups of that kind (a cache stores each kind
+    apart)."""
 
-    full_kv: torch.Tensor  # KV groups kept at full attention
-    swa_kv: torch.Tensor
-    full_q: torch.Tensor  # their query heads
-    swa_q: torch.Tensor
+    start: int
+    stop: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class LayerSplit:
+    """One layer's KV groups as runs of consecutive full and SWA groups.
+
+    Attention runs once per run on slices of the query, key and value tensors, which are
+    views: no gather of the heads of one kind, and each output written once in place.
+    """
+
+    full: tuple[GroupRun, ...]
+    swa: tuple[GroupRun, ...]
+    group_size: int  # query heads per KV group
+
+    @property
+    def full_groups(self) -> list[int]:
+        return [g for run in self.full for g in range(run.start, run.stop)]
+
+    @property
+    def swa_groups(self) -> list[int]:
+        return [g for run in self.swa for g in range(run.start, run.stop)]
+
+
+def _runs(bits: tuple[int, ...], kind: int) -> tuple[GroupRun, ...]:
+    runs: list[GroupRun] = []
+    offset = 0
+    for group, bit in enumerate(bits):
+        if bit != kind:
+            continue
+        if runs and runs[-1].stop == group:
+            runs[-1] = GroupRun(runs[-1].start, group + 1, runs[-1].offset)
+        else:
+            runs.append(GroupRun(group, group + 1, offset))
+        offset += 1
+    return tuple(runs)
 
 
 class HybridAttention:
@@ -71,7 +107,7 @@ class HybridAttention:
             raise MaskError(f"attn_backend: expected one of {list(BACKENDS)}, got {backend!r}")
         self.backend = backend
         self.config = config
-        self._splits: dict[tuple[int, torch.device], LayerSplit] = {}
+        self._splits: dict[int, LayerSplit] = {}
         self._apply(mask, check_window(window))
 
     def _apply(self, mask: HeadMask, window: int) -> None:
@@ -88,23 +124,12 @@ class HybridAttention:
         mask.check_fits(self.mask.shape, source="set_mask", model=self.mask.model)
         self._apply(mask, self.window if window is None else check_window(window))
 
-    def layer_split(self, layer: int, device: torch.device) -> LayerSplit:
-        """The head partition of ``layer``, built once per mask and device."""
-        key = (layer, device)
-        if key not in self._splits:
+    def layer_split(self, layer: int) -> LayerSplit:
+        """The head partition of ``layer``, built once per mask."""
+        if layer not in self._splits:
             bits = self.mask.bits[layer]
-            per_group = self.mask.shape.group_size
-            full_kv = [g for g, bit in enumerate(bits) if bit]
-            swa_kv = [g for g, bit in enumerate(bits) if not bit]
-
-            def heads(groups: list[int]) -> list[int]:
-                return [g * per_group + i for g in groups for i in range(per_group)]
-
-            def as_index(values: list[int]) -> torch.Tensor:
-                return torch.tensor(values, dtype=torch.long, device=device)
-
-            self._splits[key] = LayerSplit(as_index(full_kv), as_index(swa_kv), as_index(heads(full_kv)), as_index(heads(swa_kv)))
-        return self._splits[key]
+            self._splits[layer] = LayerSplit(full=_runs(bits, 1), swa=_runs(bits, 0), group_size=self.mask.shape.group_size)
+        return self._splits[layer]
 
     # -- kernels ------------------------------------------------------------------------
     def full_attention(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -152,21 +177,18 @@ def hybrid_attention_forward(
             f"{type(module).__name__} runs the bosch attention implementation but carries no mask; "
             "use bosch_eval.hybrid_attention.hybridize(model, mask)"
         )
-    split = state.layer_split(module.layer_idx, query.device)
+    split = state.layer_split(module.layer_idx)
     if isinstance(key, HybridStates):
         return _attend_cached_split(state, split, module, query, key, value, attention_mask, **kwargs), None
-    if not len(split.swa_kv):
+    if not split.swa:
         # Bit-identical to the unpatched model: the very same kernel on the very same tensors.
         return state.full_attention(module, query, key, value, attention_mask, **kwargs), None
-    if not len(split.full_kv):
+    if not split.full:
         return state.swa_attention(module, query, key, value, attention_mask, **kwargs), None
-    full = state.full_attention(
-        module, query[:, split.full_q], key[:, split.full_kv], value[:, split.full_kv], attention_mask, **kwargs
-    )
-    swa = state.swa_attention(
-        module, query[:, split.swa_q], key[:, split.swa_kv], value[:, split.swa_kv], attention_mask, **kwargs
-    )
-    return _merge_heads(full, swa, split), None
+    out = query.new_empty(query.shape[0], query.shape[2], query.shape[1], value.shape[-1])
+    for attend, runs in ((state.full_attention, split.full), (state.swa_attention, split.swa)):
+        _attend_runs(attend, runs, split.group_size, module, query, key, value, attention_mask, out, False, **kwargs)
+    return out, None
 
 
 def _attend_cached_split(
@@ -180,29 +202,50 @@ def _attend_cached_split(
     **kwargs: Any,
 ) -> torch.Tensor:
     """Attention over a hybrid cache layer, whose full and SWA groups hold different spans."""
-    if key.full.shape[1] != len(split.full_kv) or key.swa.shape[1] != len(split.swa_kv):
+    full_groups, swa_groups = len(split.full_groups), len(split.swa_groups)
+    if key.full.shape[1] != full_groups or key.swa.shape[1] != swa_groups:
         raise RuntimeError(
             f"layer {module.layer_idx}: the KV cache was built for another mask "
-            f"({key.full.shape[1]} full / {key.swa.shape[1]} SWA groups, mask has {len(split.full_kv)} / "
-            f"{len(split.swa_kv)}); build a new cache after set_mask"
+            f"({key.full.shape[1]} full / {key.swa.shape[1]} SWA groups, mask has {full_groups} / "
+            f"{swa_groups}); build a new cache after set_mask"
         )
     # The SWA part covers the last positions only: the matching last columns of the mask.
     swa_mask = attention_mask[..., -key.swa.shape[2] :] if attention_mask is not None else None
-    swa = state.swa_attention(module, query[:, split.swa_q], key.swa, value.swa, swa_mask, **kwargs)
-    if not len(split.full_kv):
-        return swa
-    full = state.full_attention(module, query[:, split.full_q], key.full, value.full, attention_mask, **kwargs)
-    return _merge_heads(full, swa, split)
-
-
-def _merge_heads(full: torch.Tensor, swa: torch.Tensor, split: LayerSplit) -> torch.Tensor:
-    """``[B, T, H_full, D]`` and ``[B, T, H_swa, D]`` -> ``[B, T, H, D]`` in head order,
-    written once into one tensor (a concatenation and a gather would copy it twice)."""
-    batch, length, _, dim = full.shape
-    out = full.new_empty(batch, length, full.shape[2] + swa.shape[2], dim)
-    out[:, :, split.full_q] = full
-    out[:, :, split.swa_q] = swa
+    if not split.full:
+        return state.swa_attention(module, query, key.swa, value.swa, swa_mask, **kwargs)
+    out = query.new_empty(query.shape[0], query.shape[2], query.shape[1], value.full.shape[-1])
+    parts = (
+        (state.full_attention, split.full, key.full, value.full, attention_mask),
+        (state.swa_attention, split.swa, key.swa, value.swa, swa_mask),
+    )
+    for attend, runs, keys, values, mask in parts:
+        _attend_runs(attend, runs, split.group_size, module, query, keys, values, mask, out, True, **kwargs)
     return out
+
+
+def _attend_runs(
+    attend: Any,
+    runs: tuple[GroupRun, ...],
+    group_size: int,
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    out: torch.Tensor,
+    kind_only: bool,
+    **kwargs: Any,
+) -> None:
+    """``attend`` on the query heads of each run, written into ``out [B, T, H, D]``.
+
+    ``kind_only``: ``key``/``value`` hold only this kind's groups (a cache layer), so a
+    run's groups sit at its ``offset``; otherwise at its own group indices.
+    """
+    for run in runs:
+        heads = slice(run.start * group_size, run.stop * group_size)
+        first = run.offset if kind_only else run.start
+        groups = slice(first, first + run.stop - run.start)
+        out[:, :, heads] = attend(module, query[:, heads], key[:, groups], value[:, groups], attention_mask, **kwargs)
 
 
 def register() -> None:

@@ -112,8 +112,8 @@ class HybridCache(DynamicCache):
             if all(bits):
                 layers.append(DynamicLayer())
             else:
-                split = state.layer_split(layer, torch.device("cpu"))
-                layers.append(HybridHeadLayer(split.full_kv.tolist(), split.swa_kv.tolist(), state.window))
+                split = state.layer_split(layer)
+                layers.append(HybridHeadLayer(split.full_groups, split.swa_groups, state.window))
         return cls(layers)
 
 

@@ -8,7 +8,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from bosch_eval.hybrid_attention import hybrid_state, hybridize
+from bosch_eval.hybrid_attention import GroupRun, HybridAttention, hybrid_state, hybridize
 from bosch_eval.masks import HeadMask, MaskError, ModelShape
 from bosch_eval.random_model import FAMILIES, random_model
 from tests.conftest import left_padded_batch
@@ -205,3 +205,12 @@ def test_flash_backend_matches_dense_band_reference(family):
         # bf16 activations: compare at bf16 resolution.
         torch.testing.assert_close(got[attention.bool()], expected[attention.bool()], atol=5e-2, rtol=5e-2)
         model.set_attn_implementation("sdpa")
+
+
+def test_layer_split_runs_of_consecutive_groups():
+    # Full groups 0 and 3–4, SWA groups 1–2 and 5; offsets count within each kind.
+    mask = HeadMask.from_rows([[1, 0, 0, 1, 1, 0]], 12)
+    split = HybridAttention(mask, window=4, backend="sdpa").layer_split(0)
+    assert split.full == (GroupRun(0, 1, 0), GroupRun(3, 5, 1))
+    assert split.swa == (GroupRun(1, 3, 0), GroupRun(5, 6, 2))
+    assert (split.full_groups, split.swa_groups, split.group_size) == ([0, 3, 4], [1, 2, 5], 2)
