@@ -187,7 +187,7 @@ def hybrid_attention_forward(
         return state.swa_attention(module, query, key, value, attention_mask, **kwargs), None
     out = query.new_empty(query.shape[0], query.shape[2], query.shape[1], value.shape[-1])
     for attend, runs in ((state.full_attention, split.full), (state.swa_attention, split.swa)):
-        _attend_runs(attend, runs, split.group_size, module, query, key, value, attention_mask, out, False, **kwargs)
+        _attend_runs(attend, runs, split.group_size, module, query, key, value, attention_mask, out, kind_only=False, **kwargs)
     return out, None
 
 
@@ -219,7 +219,7 @@ def _attend_cached_split(
         (state.swa_attention, split.swa, key.swa, value.swa, swa_mask),
     )
     for attend, runs, keys, values, mask in parts:
-        _attend_runs(attend, runs, split.group_size, module, query, keys, values, mask, out, True, **kwargs)
+        _attend_runs(attend, runs, split.group_size, module, query, keys, values, mask, out, kind_only=True, **kwargs)
     return out
 
 
