@@ -38,7 +38,9 @@ def test_band_mask_is_the_transformers_window():
     ],
 )
 @pytest.mark.parametrize("with_padding", [False, True])
-def test_blocked_equals_masked_reference(q_len, kv_len, window, block, with_padding):
+@pytest.mark.parametrize("one_call_limit", [1 << 40, 0], ids=["all-blocks-in-one-call", "block-by-block"])
+def test_blocked_equals_masked_reference(q_len, kv_len, window, block, with_padding, one_call_limit, monkeypatch):
+    monkeypatch.setattr("bosch_eval.swa_kernels._ONE_CALL_MAX_KEY_ELEMENTS", one_call_limit)
     generator = torch.Generator().manual_seed(q_len * 1000 + kv_len + window)
     batch, heads, groups, dim = 2, 6, 3, 8
     query = torch.randn(batch, heads, q_len, dim, generator=generator)
