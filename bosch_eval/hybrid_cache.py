@@ -57,8 +57,11 @@ class HybridHeadLayer(DynamicLayer):
         swa_values = torch.cat([self.swa_values, value_states[:, self._swa_index]], dim=-2)
         # The next query at position t sees t − W < j ≤ t: the last W − 1 cached keys plus itself.
         drop = max(0, swa_keys.shape[2] - (self.window - 1))
-        # A copy, not a view: a view would keep the whole prefill's SWA states alive.
-        self.swa_keys, self.swa_values = swa_keys[:, :, drop:].clone(), swa_values[:, :, drop:].clone()
+        self.swa_keys, self.swa_values = swa_keys[:, :, drop:], swa_values[:, :, drop:]
+        if drop > self.swa_keys.shape[2]:
+            # After a long prefill a view would keep every SWA position alive: copy the window.
+            # (A decode step drops one position; its view is kept, the next cat copies anyway.)
+            self.swa_keys, self.swa_values = self.swa_keys.clone(), self.swa_values.clone()
         return HybridStates(self.full_keys, swa_keys), HybridStates(self.full_values, swa_values)
 
     def get_seq_length(self) -> int:
