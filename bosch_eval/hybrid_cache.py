@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
-from bosch_eval.hybrid_attention import HybridStates, hybrid_state
+from bosch_eval.hybrid_attention import GroupRun, HybridStates, LayerSplit, hybrid_state
 
 
 class HybridHeadLayer(DynamicLayer):
@@ -29,21 +29,14 @@ class HybridHeadLayer(DynamicLayer):
 
     is_croppable = False  # dropped SWA positions cannot be restored
 
-    def __init__(self, full_groups: list[int], swa_groups: list[int], window: int) -> None:
+    def __init__(self, split: LayerSplit, window: int) -> None:
         super().__init__()
-        self.full_groups, self.swa_groups, self.window = full_groups, swa_groups, window
+        self.split, self.window = split, window
         self.cumulative_length = 0
         self.full_keys = self.full_values = self.swa_keys = self.swa_values = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
-        self._full_index = torch.tensor(self.full_groups, dtype=torch.long, device=self.device)
-        self._swa_index = torch.tensor(self.swa_groups, dtype=torch.long, device=self.device)
-        batch, _, _, dim = key_states.shape
-        empty = lambda groups: key_states.new_zeros(batch, len(groups), 0, dim)  # noqa: E731
-        self.full_keys, self.swa_keys = empty(self.full_groups), empty(self.swa_groups)
-        self.full_values = value_states.new_zeros(batch, len(self.full_groups), 0, value_states.shape[-1])
-        self.swa_values = value_states.new_zeros(batch, len(self.swa_groups), 0, value_states.shape[-1])
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[HybridStates, HybridStates]:
@@ -51,18 +44,24 @@ class HybridHeadLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         self.cumulative_length += key_states.shape[-2]
-        self.full_keys = torch.cat([self.full_keys, key_states[:, self._full_index]], dim=-2)
-        self.full_values = torch.cat([self.full_values, value_states[:, self._full_index]], dim=-2)
-        swa_keys = torch.cat([self.swa_keys, key_states[:, self._swa_index]], dim=-2)
-        swa_values = torch.cat([self.swa_values, value_states[:, self._swa_index]], dim=-2)
-        # The next query at position t sees t − W < j ≤ t: the last W − 1 cached keys plus itself.
-        drop = max(0, swa_keys.shape[2] - (self.window - 1))
-        self.swa_keys, self.swa_values = swa_keys[:, :, drop:], swa_values[:, :, drop:]
-        if drop > self.swa_keys.shape[2]:
-            # After a long prefill a view would keep every SWA position alive: copy the window.
-            # (A decode step drops one position; its view is kept, the next cat copies anyway.)
-            self.swa_keys, self.swa_values = self.swa_keys.clone(), self.swa_values.clone()
+        self.full_keys = _append(self.full_keys, _select(key_states, self.split.full))
+        self.full_values = _append(self.full_values, _select(value_states, self.split.full))
+        swa_keys, self.swa_keys = self._window(self.swa_keys, _select(key_states, self.split.swa))
+        swa_values, self.swa_values = self._window(self.swa_values, _select(value_states, self.split.swa))
         return HybridStates(self.full_keys, swa_keys), HybridStates(self.full_values, swa_values)
+
+    def _window(self, stored: torch.Tensor | None, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What this step's SWA queries see, and what is kept for the next step.
+
+        The next query at position t sees t − W < j ≤ t: the last W − 1 stored keys plus
+        itself. The kept part is copied when a view would pin much more than it holds: the
+        model's own states on the first step, every position after a long chunk. (A decode
+        step drops one position; its view is kept, the next step's cat copies anyway.)
+        """
+        seen = new if stored is None else torch.cat([stored, new], dim=-2)
+        drop = max(0, seen.shape[2] - (self.window - 1))
+        kept = seen[:, :, drop:]
+        return seen, kept.clone() if stored is None or drop > kept.shape[2] else kept
 
     def get_seq_length(self) -> int:
         return self.cumulative_length
@@ -115,9 +114,20 @@ class HybridCache(DynamicCache):
             if all(bits):
                 layers.append(DynamicLayer())
             else:
-                split = state.layer_split(layer)
-                layers.append(HybridHeadLayer(split.full_groups, split.swa_groups, state.window))
+                layers.append(HybridHeadLayer(state.layer_split(layer), state.window))
         return cls(layers)
+
+
+def _select(states: torch.Tensor, runs: tuple[GroupRun, ...]) -> torch.Tensor:
+    """The groups of ``runs`` from ``[B, G, q, D]`` states: a view for none or one run, else one copy."""
+    parts = [states[:, run.start : run.stop] for run in runs] or [states[:, :0]]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def _append(stored: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+    """``stored`` followed by ``new`` along positions, in memory of its own (``new`` may be a
+    view of the model's states, which also hold the SWA groups)."""
+    return new.clone() if stored is None else torch.cat([stored, new], dim=-2)
 
 
 def kv_cache_bytes(cache: Cache) -> int:

@@ -188,6 +188,9 @@ def _block_by_block(
     out = query.new_empty(batch, q_len, heads, value.shape[-1])
     # Every block that is whole and starts at least W − 1 keys in has the same band.
     interior = band_mask(block, block + window - 1, window, query.device)[None, None]
+    if attention_mask is None:
+        # SDPA turns a boolean mask into an additive one on every call: convert this one once.
+        interior = torch.zeros(interior.shape, dtype=query.dtype, device=query.device).masked_fill_(~interior, float("-inf"))
     for first in range(0, q_len, block):
         last = min(first + block, q_len)
         lo, hi = max(0, offset + first - window + 1), offset + last

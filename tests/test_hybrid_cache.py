@@ -53,7 +53,7 @@ def test_greedy_generation_with_hybrid_cache_equals_recomputation(mask):
 
 
 @pytest.mark.parametrize("length", [3, WINDOW - 1, WINDOW, 40])
-def test_cache_bytes_equal_the_formula(length):
+def test_cache_bytes_equal_the_formula_and_the_memory_held(length):
     model = hybrid_model(MASKS["mixed"])
     ids, _ = left_padded_batch(model.config.vocab_size, [length, length], seed=3)
     cache = HybridCache.for_model(model)
@@ -65,6 +65,11 @@ def test_cache_bytes_equal_the_formula(length):
         for row in MASKS["mixed"]
     )
     assert kv_cache_bytes(cache) == expected
+    # ... and that is the memory held: no stored tensor is a view that pins the model's states.
+    for layer in cache.layers:
+        if isinstance(layer, HybridHeadLayer):
+            for stored in (layer.full_keys, layer.full_values, layer.swa_keys, layer.swa_values):
+                assert stored.untyped_storage().nbytes() == stored.numel() * stored.element_size()
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "blocked"])
