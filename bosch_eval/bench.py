@@ -4,7 +4,7 @@ For each sequence length T and each configuration (the original model, then one 
 per mask or ratio), measured interleaved in one process: prefill tokens/s (optionally in
 chunks of C tokens), decode tokens/s over N greedy steps after the prefill, KV-cache
 bytes after the prefill, and peak memory (CUDA allocator peak; on CPU the peak resident
-set size above the start, sampled every millisecond). The original runs unpatched
+set size above the start, see :func:`peak_memory`). The original runs unpatched
 (``sdpa``, transformers' dynamic cache); hybrids run the bosch attention on the
 deploy-mode :class:`~bosch_eval.hybrid_cache.HybridCache`.
 """
@@ -12,12 +12,14 @@ deploy-mode :class:`~bosch_eval.hybrid_cache.HybridCache`.
 from __future__ import annotations
 
 import platform
+import re
 import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -50,12 +52,21 @@ def balanced_mask(shape: ModelShape, ratio: float, window: int) -> HeadMask:
 
 @contextmanager
 def peak_memory(device: torch.device) -> Iterator[Callable[[], int]]:
-    """Yields a function returning the peak memory above the start, in bytes."""
+    """Yields a function returning the peak memory above the start, in bytes.
+
+    CUDA: the allocator's peak. CPU on Linux: the kernel's peak resident set size
+    (``VmHWM``), reset at the start; elsewhere the resident set size sampled every
+    millisecond by a thread (which takes CPU time from the run it measures).
+    """
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         start = torch.cuda.memory_allocated(device)
         yield lambda: torch.cuda.max_memory_allocated(device) - start
+        return
+    if _reset_peak_rss():
+        start = _proc_status_bytes("VmRSS")
+        yield lambda: _proc_status_bytes("VmHWM") - start
         return
     import psutil
 
@@ -74,6 +85,22 @@ def peak_memory(device: torch.device) -> Iterator[Callable[[], int]]:
     finally:
         done.set()
         sampler.join()
+
+
+def _reset_peak_rss() -> bool:
+    """Linux (≥ 4.0) resets a process's peak resident set size when 5 is written to clear_refs."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def _proc_status_bytes(field: str) -> int:
+    match = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
+    if match is None:
+        raise RuntimeError(f"/proc/self/status: no field {field!r}")
+    return int(match.group(1)) * 1024
 
 
 def _sync(device: torch.device) -> None:

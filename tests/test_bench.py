@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
 
-from bosch_eval.bench import balanced_mask, ratio_table, run_bench
+import pytest
+import torch
+
+import bosch_eval.bench as bench
+from bosch_eval.bench import balanced_mask, peak_memory, ratio_table, run_bench
 from bosch_eval.cli import main
 from bosch_eval.masks import ModelShape
 from bosch_eval.random_model import random_model
@@ -34,3 +39,18 @@ def test_cli_writes_table_json_and_plots(tmp_path, capsys):
     assert [row["window"] for row in report["window_sweep"]] == [None, 4, 8]
     assert (tmp_path / "bench.png").stat().st_size > 0 and (tmp_path / "bench_windows.png").stat().st_size > 0
     assert "prefill time ratio" in capsys.readouterr().out
+
+
+
+@pytest.mark.parametrize("reset_works", [True, False], ids=["linux-peak-rss", "sampled-rss"])
+def test_peak_memory_sees_a_transient_allocation(monkeypatch, reset_works):
+    if not reset_works:
+        monkeypatch.setattr(bench, "_reset_peak_rss", lambda: False)
+    elif not bench._reset_peak_rss():
+        pytest.skip("no /proc/self/clear_refs here")
+    size = 256 * 2**20
+    with peak_memory(torch.device("cpu")) as peak:
+        buffer = torch.ones(size // 4)  # written, so every page is resident
+        time.sleep(0.02)  # the sampler looks every millisecond
+        del buffer
+    assert 0.95 * size <= peak() <= size + 64 * 2**20
