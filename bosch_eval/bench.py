@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from bosch_eval.hybrid_attention import hybridize
 from bosch_eval.hybrid_cache import HybridCache, kv_cache_bytes
@@ -40,6 +41,7 @@ class BenchRow:
     decode_tokens_per_s: float
     kv_cache_bytes: int
     peak_memory_bytes: int
+    attention_share: float  # of the prefill time, spent in the attention function
 
 
 def balanced_mask(shape: ModelShape, ratio: float, window: int) -> HeadMask:
@@ -108,6 +110,13 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _prefill(model: Any, ids: torch.Tensor, chunk: int | None, cache: DynamicCache) -> torch.Tensor:
+    """Logits of the last position after prefilling ``ids`` (in chunks of ``chunk`` tokens)."""
+    for piece in ids.split(chunk or ids.shape[1], dim=1):
+        logits = model(input_ids=piece, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+    return logits
+
+
 @torch.no_grad()
 def measure(model: Any, ids: torch.Tensor, decode_tokens: int, chunk: int | None, cache: DynamicCache) -> tuple[float, float, int, int]:
     """Prefill seconds, decode seconds per token, KV bytes after prefill, peak memory bytes."""
@@ -115,8 +124,7 @@ def measure(model: Any, ids: torch.Tensor, decode_tokens: int, chunk: int | None
     with peak_memory(device) as peak:
         _sync(device)
         start = time.perf_counter()
-        for piece in ids.split(chunk or ids.shape[1], dim=1):
-            logits = model(input_ids=piece, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+        logits = _prefill(model, ids, chunk, cache)
         _sync(device)
         prefill = time.perf_counter() - start
         kv_bytes = kv_cache_bytes(cache)
@@ -127,6 +135,53 @@ def measure(model: Any, ids: torch.Tensor, decode_tokens: int, chunk: int | None
         _sync(device)
         decode = (time.perf_counter() - start) / max(1, decode_tokens)
         return prefill, decode, kv_bytes, peak()
+
+
+@contextmanager
+def attention_seconds(model: Any) -> Iterator[Callable[[], float]]:
+    """Yields a function returning the seconds spent so far in the model's attention function.
+
+    Wraps the function that transformers' attention registry holds for the model's
+    implementation, so only attention itself counts (not the projections, norms or
+    rotary embeddings around it). Each call is synchronized: a separate, untimed run.
+    """
+    name, device = model.config._attn_implementation, model.device
+    function, seconds = ALL_ATTENTION_FUNCTIONS[name], [0.0]
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        _sync(device)
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _sync(device)
+            seconds[0] += time.perf_counter() - start
+
+    ALL_ATTENTION_FUNCTIONS[name] = timed  # an instance-local override; del restores the registered one
+    try:
+        yield lambda: seconds[0]
+    finally:
+        del ALL_ATTENTION_FUNCTIONS[name]
+
+
+@torch.no_grad()
+def attention_share(model: Any, ids: torch.Tensor, chunk: int | None, cache: DynamicCache) -> float:
+    """Share of one prefill's time spent in attention: with share a, no change to attention
+    alone can bring the prefill time below 1 − a of what it is."""
+    with attention_seconds(model) as seconds:
+        start = time.perf_counter()
+        _prefill(model, ids, chunk, cache)
+        _sync(ids.device)
+        return seconds() / (time.perf_counter() - start)
+
+
+def _set_up(model: Any, mask: HeadMask | None, window: int) -> DynamicCache:
+    """Put ``model`` in one configuration (``None``: the original) and return a fresh cache for it."""
+    if mask is None:
+        model.set_attn_implementation("sdpa")
+        return DynamicCache()
+    hybridize(model, mask, window=mask.window or window, backend="auto")
+    return HybridCache.for_model(model)
 
 
 def run_bench(
@@ -143,6 +198,8 @@ def run_bench(
     Args:
         configs: ``(label, ratio or mask)``; a ratio gets :func:`balanced_mask`.
         window: W for ratio configs; default ``T // 32`` (the paper's T/W) per length.
+        repeats: timed runs per configuration (medians are reported), plus one run that
+            measures the attention share.
     """
     shape = ModelShape.from_config(model.config)
     device = model.device
@@ -151,13 +208,13 @@ def run_bench(
         w = window or max(1, length // 32)
         masks = [(label, c if isinstance(c, HeadMask) else balanced_mask(shape, c, w)) for label, c in configs]
         ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length)).to(device)
+        configurations: list[tuple[str, HeadMask | None]] = [("original", None), *masks]
         timings: dict[str, list[tuple[float, float, int, int]]] = {}
         for _ in range(repeats):  # interleaved, so drifting machine load hits every configuration alike
-            model.set_attn_implementation("sdpa")
-            timings.setdefault("original", []).append(measure(model, ids, decode_tokens, chunk, DynamicCache()))
-            for label, mask in masks:
-                hybridize(model, mask, window=mask.window or w, backend="auto")
-                timings.setdefault(label, []).append(measure(model, ids, decode_tokens, chunk, HybridCache.for_model(model)))
+            for label, mask in configurations:
+                timings.setdefault(label, []).append(measure(model, ids, decode_tokens, chunk, _set_up(model, mask, w)))
+        # Separate runs: timing every attention call perturbs the timing.
+        shares = {label: attention_share(model, ids, chunk, _set_up(model, mask, w)) for label, mask in configurations}
         for label, runs in timings.items():
             mask = dict(masks).get(label)
             rows.append(
@@ -170,6 +227,7 @@ def run_bench(
                     decode_tokens_per_s=1.0 / statistics.median(r[1] for r in runs),
                     kv_cache_bytes=runs[0][2],
                     peak_memory_bytes=int(statistics.median(r[3] for r in runs)),
+                    attention_share=shares[label],
                 )
             )
     return rows
@@ -179,14 +237,14 @@ def ratio_table(rows: list[BenchRow]) -> str:
     """Markdown table with each hybrid's ratios to the original at the same length."""
     original = {row.length: row for row in rows if row.label == "original"}
     lines = [
-        "| config | ρ | W | T | prefill tok/s | decode tok/s | KV bytes | peak MB | prefill time ratio | decode time ratio | KV ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| config | ρ | W | T | prefill tok/s | decode tok/s | KV bytes | peak MB | attention share | prefill time ratio | decode time ratio | KV ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         base = original[row.length]
         lines.append(
             f"| {row.label} | {row.swa_ratio:.3g} | {row.window or '-'} | {row.length} | {row.prefill_tokens_per_s:.1f} | "
-            f"{row.decode_tokens_per_s:.2f} | {row.kv_cache_bytes} | {row.peak_memory_bytes / 2**20:.1f} | "
+            f"{row.decode_tokens_per_s:.2f} | {row.kv_cache_bytes} | {row.peak_memory_bytes / 2**20:.1f} | {row.attention_share:.2f} | "
             f"{base.prefill_tokens_per_s / row.prefill_tokens_per_s:.3f} | {base.decode_tokens_per_s / row.decode_tokens_per_s:.3f} | "
             f"{row.kv_cache_bytes / base.kv_cache_bytes:.4f} |"
         )

@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import bosch_eval.bench as bench
 from bosch_eval.bench import balanced_mask, peak_memory, ratio_table, run_bench
@@ -29,6 +30,18 @@ def test_rows_and_kv_bytes_match_the_formula():
     assert original.kv_cache_bytes == 4 * 4 * 64 * per_token
     assert hybrid.kv_cache_bytes == 4 * (1 * 64 + 3 * min(64, 2 - 1)) * per_token
     assert "| r | 0.75 | 2 | 64 |" in ratio_table(rows)
+    assert 0 < hybrid.attention_share < 1 and 0 < original.attention_share < 1
+
+
+def test_attention_timer_restores_the_registry():
+    model = random_model("qwen3", num_layers=2)
+    registered = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    with bench.attention_seconds(model) as seconds:
+        assert ALL_ATTENTION_FUNCTIONS["sdpa"] is not registered
+        with torch.no_grad():
+            model(input_ids=torch.arange(16)[None])
+        assert seconds() > 0
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is registered
 
 
 def test_cli_writes_table_json_and_plots(tmp_path, capsys):
