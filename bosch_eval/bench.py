@@ -267,11 +267,14 @@ def plot(rows: list[BenchRow], path: str, x: str = "length") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def series(row: BenchRow) -> str:  # one line per configuration; in a window sweep, per ratio
+        return row.label if x == "length" or row.window is None else f"ρ={row.swa_ratio:g}"
+
     metrics = [("prefill_tokens_per_s", "prefill tokens/s"), ("decode_tokens_per_s", "decode tokens/s"), ("kv_cache_bytes", "KV-cache bytes")]
     figure, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for axis, (field, title) in zip(axes, metrics, strict=True):
-        for label in dict.fromkeys(row.label for row in rows):
-            points = [(getattr(r, x), getattr(r, field)) for r in rows if r.label == label]
+        for label in dict.fromkeys(map(series, rows)):
+            points = [(getattr(r, x), getattr(r, field)) for r in rows if series(r) == label]
             if points[0][0] is None:  # the original has no window: a reference line in the sweep
                 axis.axhline(points[0][1], color="black", linestyle="--", label=label)
             else:
