@@ -13,6 +13,8 @@ model_args (besides everything HFLM accepts):
   (``hybrid``, default) or every position (``dynamic``, transformers' default cache);
 * ``memoize_tokens=True``: remember every string's token ids (the search scores the same
   requests thousands of times; off by default, since a plain evaluation sees each once).
+* ``progress_bars=False``: no per-call request bars (the search turns them off: its own
+  bar counts objective calls).
 
 Under ``accelerate launch --num_processes N`` (GPUs or ``--cpu``, one node or many) each
 process scores its 1/N of the requests; see :meth:`BoschLM._shard_over_processes`.
@@ -34,6 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator, PartialState
+from lm_eval.api.instance import Instance
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import Collator
@@ -85,14 +88,17 @@ class BoschLM(HFLM):
         attn_backend: str = "auto",
         kv_cache: str = "hybrid",
         memoize_tokens: bool = False,
+        progress_bars: bool = True,
         **kwargs: Any,
     ) -> None:
         if kv_cache not in KV_CACHES:
             raise MaskError(f"kv_cache: expected one of {list(KV_CACHES)}, got {kv_cache!r}")
-        if not isinstance(memoize_tokens, bool):
-            raise MaskError(f"memoize_tokens: expected True or False, got {memoize_tokens!r}")
+        for name, flag in (("memoize_tokens", memoize_tokens), ("progress_bars", progress_bars)):
+            if not isinstance(flag, bool):
+                raise MaskError(f"{name}: expected True or False, got {flag!r}")
         self.kv_cache = kv_cache
         self.memoize_tokens = memoize_tokens
+        self.progress_bars = progress_bars
         self._token_memo: dict[tuple[str, bool | None, int | None], array] = {}
         if isinstance(pretrained, str):
             pretrained = resolve_model(pretrained)  # "toy": the bundled model
@@ -188,6 +194,16 @@ class BoschLM(HFLM):
         at construction still overrides the mask's own window."""
         window = self._window_override if self._window_override is not None else mask.window
         self.hybrid.set_mask(mask, window)
+
+    # lm-eval's request types, with the progress bars off when ``progress_bars`` is.
+    def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm or not self.progress_bars)
+
+    def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
+        return super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm or not self.progress_bars)
+
+    def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
+        return super().generate_until(requests, disable_tqdm=disable_tqdm or not self.progress_bars)
 
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any) -> torch.Tensor:
         """HFLM's generation, on a deploy-mode cache unless ``kv_cache=dynamic``."""

@@ -118,6 +118,7 @@ class CalibrationObjective:
         self.limit = limit
         self.calls = 0
         lm.memoize_tokens = True
+        lm.progress_bars = False  # the search's own bar counts calls; lm-eval's would print per call
         self._task_manager = _task_manager(self.tasks, self.include_path, self.metadata)
         self._loaded = {name: self._task_manager.load([name]) for name in self.tasks}
         self.task_dict: TaskDict = _merge(self._loaded.values())

@@ -218,3 +218,17 @@ class TestDataParallelAdapter:
         with pytest.warns(RuntimeWarning, match="launched as 2 processes"):
             lm = BoschLM(pretrained=str(tiny_model_dir), device="cpu", layers="intr", ratio=0.0, window=WINDOW)
         assert (lm.rank, lm.world_size) == (0, 1)
+
+
+def test_objective_calls_print_no_request_progress_bars(objective, capfd):
+    mask = masks(objective.shape)[2]
+    capfd.readouterr()
+    objective(mask)
+    quiet = capfd.readouterr().err
+    objective.lm.progress_bars = True
+    try:
+        objective(mask)
+    finally:
+        objective.lm.progress_bars = False
+    assert "Running loglikelihood requests" in capfd.readouterr().err
+    assert "Running loglikelihood requests" not in quiet and "Tokenizing inputs" not in quiet
