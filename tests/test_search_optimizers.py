@@ -175,14 +175,15 @@ class TestPlantedOptimum:
     N, K = 16, 4
 
     @pytest.fixture(scope="class")
-    def planted(self) -> tuple[Callable[[Point], float], float, float]:
+    @classmethod
+    def planted(cls) -> tuple[Callable[[Point], float], float, float]:
         """The loss, its optimum over all C(16, 4) candidates, and the static ranking's loss."""
-        objective, alone = planted_objective(self.N, self.K, seed=1)
-        loss = penalized(objective, self.N, self.K)
-        values = sorted(loss(x) for x in points_with_ones(self.N, self.K))
+        objective, alone = planted_objective(cls.N, cls.K, seed=1)
+        loss = penalized(objective, cls.N, cls.K)
+        values = sorted(loss(x) for x in points_with_ones(cls.N, cls.K))
         assert values[1] - values[0] > 0.01  # the optimum is unique
-        static = sorted(range(self.N), key=alone.__getitem__)[: self.K]
-        static_loss = loss(tuple(int(i in static) for i in range(self.N)))
+        static = sorted(range(cls.N), key=alone.__getitem__)[: cls.K]
+        static_loss = loss(tuple(int(i in static) for i in range(cls.N)))
         assert static_loss > values[0] + 1.0  # the per-variable ranking picks a bad set
         return loss, values[0], static_loss
 
