@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from bosch_eval.hybrid_attention import hybridize
 from bosch_eval.hybrid_cache import HybridCache, HybridHeadLayer, kv_cache_bytes
 from bosch_eval.masks import HeadMask, ModelShape
 from bosch_eval.random_model import random_model
+from bosch_eval.toy import model_path
 from tests.conftest import left_padded_batch
 
 WINDOW = 8
@@ -20,8 +22,9 @@ MASKS = {
 }
 
 
-def hybrid_model(rows, backend="blocked"):
-    model = random_model("qwen3", num_layers=4, seed=5)
+def hybrid_model(rows, backend="blocked", source="random"):
+    """A 4-layer, 8-head, 4-KV-group model: random weights, or the bundled toy model (same shape)."""
+    model = random_model("qwen3", num_layers=4, seed=5) if source == "random" else AutoModelForCausalLM.from_pretrained(model_path())
     hybridize(model, HeadMask.from_rows(rows, 8, window=WINDOW), backend=backend)
     return model
 
@@ -37,9 +40,10 @@ def greedy_by_recomputation(model, ids, attention, new_tokens):
     return ids
 
 
+@pytest.mark.parametrize("source", ["random", "toy"])
 @pytest.mark.parametrize("mask", sorted(MASKS))
-def test_greedy_generation_with_hybrid_cache_equals_recomputation(mask):
-    model = hybrid_model(MASKS[mask])
+def test_greedy_generation_with_hybrid_cache_equals_recomputation(mask, source):
+    model = hybrid_model(MASKS[mask], source=source)
     ids, attention = left_padded_batch(model.config.vocab_size, [11, 5, 17], seed=2)
     cache = HybridCache.for_model(model)
     generated = model.generate(
