@@ -71,17 +71,19 @@ class TestEnumerateScores:
     def test_resume_evaluates_only_missing_masks(self, tmp_path: Path) -> None:
         path = tmp_path / "journal.jsonl"
         calls: list[str] = []
+        kill_at = [6]  # the first run is killed during its sixth evaluation
 
         def counted(mask: HeadMask) -> float:
             calls.append(mask_key(mask.bits))
-            if len(calls) == 6:
-                raise Killed  # killed during the sixth evaluation
+            if len(calls) == kill_at[0]:
+                raise Killed
             return planted_score(mask)
 
         with pytest.raises(Killed):
             enumerate_scores(counted, SHAPE, 2, Journal(path, HEADER, resume=False), progress=False)
         assert len(Journal(path, HEADER, resume=True)) == 5
         calls.clear()
+        kill_at[0] = 0
         scores = enumerate_scores(counted, SHAPE, 2, Journal(path, HEADER, resume=True), progress=False)
         assert len(calls) == 10 and len(set(calls)) == 10
         assert scores == {mask_key(bits): planted_score(HeadMask(bits, 4)) for bits in masks_with_swa_count(SHAPE, 2)}
