@@ -43,6 +43,9 @@ DEFAULT_MAX_MASKS = 5000
 
 log = logging.getLogger("bosch_eval.search")
 
+# Rows of the score-distribution table: (label, share of masks scoring at least that much).
+QUANTILES = (("best", 0.0), ("top 1%", 0.01), ("top 5%", 0.05), ("top 10%", 0.10), ("top 25%", 0.25), ("median", 0.5), ("worst", 1.0))
+
 
 def masks_with_swa_count(shape: ModelShape, swa_groups: int) -> Iterator[tuple[tuple[int, ...], ...]]:
     """Every L×G 0/1 grid with exactly ``swa_groups`` zeros, in lexicographic order of the SWA cells."""
@@ -132,9 +135,9 @@ def render_optimum(scores: Mapping[str, float], placements: Sequence[Placement],
         "| quantile of all masks | S |",
         "|---|---|",
     ]
-    for share in (0.0, 0.01, 0.05, 0.10, 0.25, 0.50, 0.75, 1.0):
-        index = min(len(values) - 1, int(round(share * (len(values) - 1))))
-        lines.append(f"| top {share:.0%} | {values[index]:.4f} |")
+    for label, share in QUANTILES:
+        index = int(round(share * (len(values) - 1)))
+        lines.append(f"| {label} | {values[index]:.4f} |")
     if placements:
         lines += [
             "",
