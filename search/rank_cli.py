@@ -88,13 +88,10 @@ def method_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def resolve_model(name: str) -> str:
-    """``toy`` → the bundled checkpoint's directory; anything else as given."""
+    """``toy`` → the bundled checkpoint's directory; anything else after checking it exists."""
     from bosch_eval.toy import resolve_model as resolve
 
-    try:
-        return resolve(name)
-    except FileNotFoundError as err:
-        raise MaskError(f"--model {name}: {err}") from None
+    return resolve(name)
 
 
 def rank_main(args: argparse.Namespace) -> None:

@@ -38,7 +38,7 @@ def model_tokenizer(metadata: dict[str, Any], task: str) -> PreTrainedTokenizerB
             "`--model_args pretrained=<name or path>` (or tokenizer=...), or in Python "
             "`TaskManager(metadata={'tokenizer': <name or path>})`."
         )
-    return get_tokenizer(resolve_model(name))
+    return get_tokenizer(resolve_model(name, check=False))  # a tokenizer-only directory has no config.json
 
 
 def int_setting(metadata: dict[str, Any], key: str, default: int, task: str, minimum: int = 1) -> int:
