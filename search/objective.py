@@ -248,6 +248,7 @@ def build_objective(
     window: int | None = None,
     metadata: Mapping[str, Any] | None = None,
     limit: int | float | None = None,
+    max_length: int | None = None,
 ) -> CalibrationObjective:
     """Load ``model`` once as a ``bosch`` adapter (all heads full) and build its S(z).
 
@@ -267,6 +268,8 @@ def build_objective(
         window: the SWA window of every scored mask (default: ``bosch_defaults.json``).
         metadata: more TaskManager metadata for the user's own tasks (wins over ours).
         limit: lm-eval's ``limit`` per task.
+        max_length: HFLM's ``max_length`` (default: the config's; inputs are left-truncated
+            to it), for configs that understate the model's context.
     """
     from bosch_eval.model_adapters.bosch import BoschLM
 
@@ -284,6 +287,7 @@ def build_objective(
         dtype=dtype if dtype is not None else "auto",
         attn_backend=attn_backend,
         memoize_tokens=True,
+        **({"max_length": max_length} if max_length is not None else {}),
     )
     task_metadata: dict[str, Any] = {"pretrained": path, "tokenizer": path, "calib_seed": calib_seed}
     calib_len = calib_len if calib_len is not None else defaults.calib_len

@@ -58,6 +58,24 @@ class SearchSettings:
         return dict(asdict(self), buckets=list(self.buckets))
 
 
+def validate_for_shape(settings: SearchSettings, shape: ModelShape) -> None:
+    """Every check of ``settings`` that needs the model's shape, run before the first
+    evaluation (the search CLI calls it with the shape read from the config, before any
+    weight loads), so that no evaluation is spent on a search that would fail later.
+
+    Raises:
+        SearchError: naming the setting, e.g. Stage-2 buckets that are not whole numbers of
+            KV groups per layer.
+    """
+    if settings.variant == "bosch":  # only B-full runs Stage 2
+        from bosch_eval.search.stage2 import _bucket_counts
+
+        try:
+            _bucket_counts(settings.buckets, shape.num_kv_heads)
+        except ValueError as err:
+            raise SearchError(f"--{err}") from None
+
+
 @dataclass
 class SearchResult:
     """The mask a search found and how it got there."""
