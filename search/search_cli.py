@@ -41,8 +41,9 @@ from bosch_eval.search.optimizers import METHODS
 from bosch_eval.search.outdir_lock import OutputLock
 from bosch_eval.search.pipeline import VARIANTS, SearchResult, SearchSettings, run_search, validate_for_shape
 from bosch_eval.search.report import render_report
-from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, SearchError
+from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, SearchError
 from bosch_eval.search.stage2 import DEFAULT_BUCKETS
+from bosch_eval.search.stages import ScoreBook
 from bosch_eval.tasks.niah.haystack import TemplateTooLong
 from bosch_eval.toy import resolve_model
 
@@ -126,7 +127,10 @@ def search_model(
         header = {"model": model, "window": window, "calibration": calibration, "settings": settings.to_json()}
         journal, known = _open_journal(out / "journal.jsonl", header, resume, state)
         score_fn = _AnchorLog(objective) if progress and state.is_main_process else objective
-        result = run_search(score_fn, objective.shape, settings, known=known, journal=journal, progress=progress and state.is_main_process)
+        if settings.ratio in (0.0, 1.0):
+            result = _only_mask(score_fn, objective.shape, settings, known, journal)
+        else:
+            result = run_search(score_fn, objective.shape, settings, known=known, journal=journal, progress=progress and state.is_main_process)
         if state.is_main_process:
             result.wall_s += journal.prior_wall_s if journal is not None else 0.0  # earlier runs of a resumed search
             provenance = dict(
@@ -140,6 +144,33 @@ def search_model(
         if lock is not None:
             lock.release()
     return result
+
+
+def _only_mask(
+    score_fn: Callable[[HeadMask], float],
+    shape: ModelShape,
+    settings: SearchSettings,
+    known: dict[str, float],
+    journal: Journal | None,
+) -> SearchResult:
+    """Ratio 0 or 1 allows one mask (all full or all SWA): the two anchors are the whole
+    search (the stages would spend evaluations on partial masks that cannot be the answer).
+    Both anchors are kept because every result reports S(full) and the normalized score."""
+    started = time.perf_counter()
+    book = ScoreBook(score_fn, shape, known, journal)
+    swa, full = HeadMask.uniform(shape, full=False), HeadMask.uniform(shape, full=True)
+    anchors = Anchors(all_swa=book.score(swa.bits, "anchor"), all_full=book.score(full.bits, "anchor"), gamma=settings.gamma)
+    only = swa if settings.ratio == 1.0 else full
+    method = "bosch" if settings.variant == "bosch" else f"bosch-{settings.variant}"
+    return SearchResult(
+        mask=HeadMask(only.bits, shape.num_heads, method=method),
+        score=anchors.all_swa if settings.ratio == 1.0 else anchors.all_full,
+        anchors=anchors,
+        settings=settings,
+        evaluations=len(book.known),
+        new_evaluations=book.new_evaluations,
+        wall_s=time.perf_counter() - started,
+    )
 
 
 class _AnchorLog:

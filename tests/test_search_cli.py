@@ -140,3 +140,17 @@ def test_a_model_without_defaults_needs_a_window(finished: tuple[Path, Path, Pat
     args = [arg for arg in search_args(model_dir, task_dir, tmp_path / "run") if arg not in ("--window", "256")]
     assert main(args) == 2
     assert "--window" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("ratio", "swa_groups"), [("1", 12), ("0", 0)])
+def test_a_ratio_that_allows_one_mask_spends_only_the_anchors(
+    finished: tuple[Path, Path, Path], tmp_path: Path, ratio: str, swa_groups: int
+) -> None:
+    model_dir, task_dir, _ = finished
+    args = search_args(model_dir, task_dir, tmp_path / "run")
+    args[args.index("--ratio") + 1] = ratio
+    assert main(args) == 0
+    provenance = json.loads((tmp_path / "run" / "mask.json").read_text())["provenance"]
+    assert provenance["evaluations"] == 2  # S(all SWA) and S(full); one of them is the answer
+    assert HeadMask.load(tmp_path / "run" / "mask.json").num_swa_groups == swa_groups
+    assert provenance["score"] == provenance["anchors"]["all_swa" if ratio == "1" else "all_full"]
