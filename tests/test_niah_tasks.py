@@ -311,3 +311,16 @@ class TestLengthsTheModelCanHold:
         manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata={"pretrained": "toy", "seq_len": 4096})
         with pytest.raises(ModelError, match="4096"):
             manager.load(["bosch_niah_calib"])
+
+
+def test_lm_evals_metadata_hint_is_not_repeated_for_our_tasks(caplog):
+    """lm-eval logs it once per custom-dataset task, even with --metadata given; ours drop it."""
+    with caplog.at_level("WARNING", logger="lm_eval.api.task"):
+        TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata={"pretrained": "toy", "num_samples": 1}).load(
+            ["bosch_niah_single_1", "bosch_niah_calib"]
+        )
+    assert "Custom kwargs can be passed" not in caplog.text
+    import logging
+
+    record = logging.LogRecord("lm_eval.api.task", logging.WARNING, "", 0, "other_task: Custom kwargs can be passed to `--metadata` ...", (), None)
+    assert all(f.filter(record) for f in logging.getLogger("lm_eval.api.task").filters)  # other tasks keep it

@@ -34,6 +34,28 @@ from bosch_eval.toy import resolve_model
 
 log = logging.getLogger("bosch_eval")
 
+METADATA_HINT = "Custom kwargs can be passed to `--metadata`"
+
+
+class _OwnTasksMetadataHint(logging.Filter):
+    """Drops lm-eval's "Custom kwargs can be passed to `--metadata`" warning for bosch tasks.
+
+    lm-eval 0.4.13 (``ConfigurableTask.download``) logs it for every task with a
+    ``custom_dataset``, unconditionally, so ``bosch_niah`` printed it seven times even
+    when ``--metadata`` was given. Our tasks' settings are documented (README, module
+    docstrings) and a bad one is an error, so the hint says nothing; other tasks keep it.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("bosch_") and METADATA_HINT in message)
+
+
+# Installed when lm-eval imports our dataset functions, which is before it downloads (builds) the task.
+_task_logger = logging.getLogger("lm_eval.api.task")
+if not any(isinstance(f, _OwnTasksMetadataHint) for f in _task_logger.filters):
+    _task_logger.addFilter(_OwnTasksMetadataHint())
+
 
 def model_tokenizer(metadata: dict[str, Any], task: str) -> PreTrainedTokenizerBase:
     """The tokenizer named in ``metadata`` (loaded once per name and process)."""
