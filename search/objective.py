@@ -46,6 +46,7 @@ unweighted mean over its children (recursively), and for a tag, over its tasks.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import logging
 import math
@@ -141,7 +142,7 @@ class CalibrationObjective:
         from lm_eval.evaluator import evaluate
 
         self.lm.set_mask(mask)
-        with _global_rng_kept(), _quiet("lm_eval"):
+        with _global_rng_kept(), _quiet("lm_eval"), _no_context_bars():
             for task in self.task_dict["tasks"].values():
                 task.set_fewshot_seed(seed=FEWSHOT_SEED)
             results = evaluate(
@@ -405,6 +406,22 @@ def _global_rng_kept() -> Iterator[None]:
         torch.set_rng_state(cpu)
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
+
+
+@contextlib.contextmanager
+def _no_context_bars() -> Iterator[None]:
+    """No "building contexts" bar per task and call: lm-eval 0.4.13 draws one in
+    ``Task.build_all_requests`` with no switch to turn it off, and thousands of them would
+    tangle with the search's stage bar. The module's ``tqdm`` is swapped for a disabled
+    one during the call and restored after it."""
+    import lm_eval.api.task as task_module
+
+    bar = task_module.tqdm
+    task_module.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        task_module.tqdm = bar
 
 
 @contextlib.contextmanager
