@@ -321,8 +321,9 @@ def hybridize(
     modules = attention_modules(model)
     if sorted(modules) != list(range(shape.num_layers)):
         raise MaskError(
-            f"{type(model).__name__}: expected attention modules with layer_idx 0..{shape.num_layers - 1} "
-            f"that dispatch through transformers' AttentionInterface, found {sorted(modules)}"
+            f"{type(model).__name__}: expected one self-attention module per layer carrying layer_idx "
+            f"0..{shape.num_layers - 1} and num_key_value_groups or is_causal (transformers' attention modules "
+            f"do), found layer indices {sorted(modules)}; this model's attention cannot take a head mask"
         )
     backend = resolve_backend(backend, model.device)
     register()
