@@ -130,7 +130,8 @@ class Journal:
     @property
     def prior_wall_s(self) -> float:
         """Search time spent on this journal by earlier runs (the largest ``wall_s`` read back)."""
-        return max((float(r["wall_s"]) for r in self._records[: self._loaded] if isinstance(r.get("wall_s"), (int, float))), default=0.0)
+        times = [r.get("wall_s") for r in self._records[: self._loaded]]
+        return max((float(t) for t in times if isinstance(t, (int, float)) and not isinstance(t, bool)), default=0.0)
 
     def lookup(self, key: str) -> float | None:
         """The journaled score of ``key``, or None if that mask was never evaluated."""
@@ -199,7 +200,8 @@ class Journal:
                 if float(record["score"]) == self._scores[record["key"]]:
                     copies += 1  # the same evaluation written twice: nothing is lost or contradicted
                     continue
-                problem = f"mask {record['key']} appears twice with different scores ({self._scores[record['key']]!r} and {record['score']!r})"
+                first = self._scores[record["key"]]
+                problem = f"mask {record['key']} appears twice with different scores ({first!r} and {record['score']!r})"
             if problem is not None:
                 raise JournalError(f"{self.path}: line {number}: {problem}; the journal is damaged")
             self._add(record)
@@ -263,7 +265,8 @@ def _differences(old: Any, new: Any, path: str = "") -> list[tuple[str, str, str
         for name in [*new, *(name for name in old if name not in new)]:
             where = f"{path}.{name}" if path else str(name)
             if name not in old or name not in new:
-                found.append((where, _short(old[name]) if name in old else "(absent)", _short(new[name]) if name in new else "(absent)"))
+                was = _short(old[name]) if name in old else "(absent)"
+                found.append((where, was, _short(new[name]) if name in new else "(absent)"))
             else:
                 found.extend(_differences(old[name], new[name], where))
         return found

@@ -130,7 +130,9 @@ def search_model(
         if settings.ratio in (0.0, 1.0):
             result = _only_mask(score_fn, objective.shape, settings, known, journal)
         else:
-            result = run_search(score_fn, objective.shape, settings, known=known, journal=journal, progress=progress and state.is_main_process)
+            result = run_search(
+                score_fn, objective.shape, settings, known=known, journal=journal, progress=progress and state.is_main_process
+            )
         if state.is_main_process:
             result.wall_s += journal.prior_wall_s if journal is not None else 0.0  # earlier runs of a resumed search
             provenance = dict(
