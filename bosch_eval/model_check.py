@@ -65,13 +65,17 @@ def check_model_exists(name: str) -> str:
 
 
 @functools.cache
-def model_config(name: str) -> Any:
-    """The transformers config of an existing model (no weights), cached per name."""
+def model_config(name: str, trust_remote_code: bool = False) -> Any:
+    """The transformers config of an existing model (no weights), cached per name.
+
+    ``trust_remote_code``: as for ``from_pretrained`` (a model whose config class ships
+    with the checkpoint).
+    """
     from transformers import AutoConfig
 
     check_model_exists(name)
     try:
-        return AutoConfig.from_pretrained(name)
+        return AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as err:
         raise ModelError(f"model {name!r}: cannot read its config ({err})") from None
 

@@ -126,7 +126,8 @@ class BoschLM(HFLM):
         if isinstance(pretrained, str):
             pretrained = resolve_model(pretrained)  # "toy": the bundled model; a missing model fails here
             # Mask, ranking and window errors from the config alone, before minutes of weight loading.
-            head_mask, source = _head_mask(model_config(pretrained), pretrained, **sources)
+            config = model_config(pretrained, trust_remote_code=kwargs.get("trust_remote_code") is True)
+            head_mask, source = _head_mask(config, pretrained, **sources)
         if launched_processes() > 1 and str(kwargs.get("device", "")).startswith("cpu"):
             PartialState(cpu=True)  # before HFLM's Accelerator(): CPU processes join over gloo
         super().__init__(pretrained=pretrained, **kwargs)
