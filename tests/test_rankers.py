@@ -436,6 +436,8 @@ class TestRankCommand:
             rank(["--method", "dcam", "--model", str(model_with_defaults), "--proxy-gamma", "0.5", "--out", out])
         with pytest.raises(MaskError, match="--calib-len 100: .*raise the sequence length"):
             rank(["--method", "dcam", "--model", str(model_with_defaults), "--calib-len", "100", "--out", out])
+        with pytest.raises(MaskError, match=r"--calib-len 1024: longer than model .* \(max_position_embeddings = 512\)"):
+            rank(["--method", "dcam", "--model", str(model_with_defaults), "--calib-len", "1024", "--out", out])
 
     def test_toy_resolves_to_the_bundled_checkpoint(self, tmp_path: Path) -> None:
         with mock.patch("bosch_eval.toy.MODEL_DIR", tmp_path), pytest.raises(MaskError, match="model 'toy': .*missing"):
