@@ -115,6 +115,7 @@ def test_a_resumed_finished_search_keeps_its_wall_time(finished: tuple[Path, Pat
     ("extra", "message"),
     [
         (["--buckets", "0", "0.3", "1"], r"--buckets: 0\.3 × 4 KV groups per layer = 1\.2 is not a whole number"),
+        (["--ratio", "0.75", "--buckets", "0.25", "0.5"], r"--buckets: ratio 0\.75 asks for 9 SWA groups, but buckets \[0\.25, 0\.5\] give 3 to 6"),
         (["--calib-len", "1024"], r"--calib-len 1024: longer than model .* \(max_position_embeddings = 512\).*--ignore-max-positions"),
     ],
 )
