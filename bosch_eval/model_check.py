@@ -30,7 +30,7 @@ class ModelError(MaskError):
 
 def _looks_like_a_path(name: str) -> bool:
     # Hub ids are "name" or "org/name"; anything else can only be a (missing) local path.
-    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or (os.sep != "/" and os.sep in name)
 
 
 @functools.cache
