@@ -8,10 +8,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
+from bosch_eval.model_check import model_config
 from bosch_eval.search.import_cli import add_import_parser
 from bosch_eval.search.rank_cli import add_rank_parser
 from bosch_eval.search.search_cli import ERRORS as SEARCH_ERRORS
 from bosch_eval.search.search_cli import add_search_parser
+from bosch_eval.toy import resolve_model
 
 FULL, SWA = "█", "·"
 
@@ -72,7 +74,7 @@ def _bench_model(args: argparse.Namespace) -> Any:
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     else:
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(resolve_model(args.model), dtype=dtype, attn_implementation="sdpa")
     return model.to(args.device).eval()
 
 
@@ -82,9 +84,13 @@ def _bench(args: argparse.Namespace) -> None:
 
     from bosch_eval.bench import balanced_mask, environment, plot, ratio_table, rows_as_json, run_bench
 
+    if args.mask:
+        mask = HeadMask.load(args.mask)
+        if not args.model.startswith("random:"):  # a mask for another model fails before the weights load
+            mask.check_fits(ModelShape.from_config(model_config(resolve_model(args.model))), args.mask, args.model)
     model = _bench_model(args)
     if args.mask:
-        configs = [(Path(args.mask).stem, HeadMask.load(args.mask))]
+        configs = [(Path(args.mask).stem, mask)]
     else:
         configs = [(f"ρ={ratio:g}", ratio) for ratio in args.ratios]
     out = Path(args.out)

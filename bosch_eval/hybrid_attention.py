@@ -279,15 +279,19 @@ def resolve_backend(backend: str, device: torch.device) -> str:
 
 
 def attention_modules(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
-    """The attention modules of a decoder, by layer index.
+    """The self-attention modules of a decoder, by layer index.
 
-    Transformers' attention modules (Llama, Qwen2/3, Mistral, Gemma, ...) carry
-    ``layer_idx`` and ``num_key_value_groups``; that is what the hybrid function reads.
+    Transformers' attention modules carry ``layer_idx`` (what the hybrid function reads).
+    GQA families (Llama, Qwen2/3, Mistral, Gemma, ...) also carry ``num_key_value_groups``;
+    multi-head families without it (GPT-2: G = H, one query head per KV group) are told
+    from their decoder blocks by ``is_causal``, and cross-attention modules are left out.
     """
     return {
         module.layer_idx: module
         for module in model.modules()
-        if hasattr(module, "layer_idx") and hasattr(module, "num_key_value_groups")
+        if getattr(module, "layer_idx", None) is not None
+        and (hasattr(module, "num_key_value_groups") or getattr(module, "is_causal", False) is True)
+        and not getattr(module, "is_cross_attention", False)
     }
 
 
@@ -317,8 +321,9 @@ def hybridize(
     modules = attention_modules(model)
     if sorted(modules) != list(range(shape.num_layers)):
         raise MaskError(
-            f"{type(model).__name__}: expected attention modules with layer_idx 0..{shape.num_layers - 1} "
-            f"that dispatch through transformers' AttentionInterface, found {sorted(modules)}"
+            f"{type(model).__name__}: expected one self-attention module per layer carrying layer_idx "
+            f"0..{shape.num_layers - 1} and num_key_value_groups or is_causal (transformers' attention modules "
+            f"do), found layer indices {sorted(modules)}; this model's attention cannot take a head mask"
         )
     backend = resolve_backend(backend, model.device)
     register()

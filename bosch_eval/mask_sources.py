@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape, check_ratio, check_window
 from bosch_eval.search.layer_heuristics import layer_heuristic_mask
+
+log = logging.getLogger("bosch_eval")
 
 
 def resolve_mask(
@@ -65,6 +68,11 @@ def resolve_mask(
     result.check_fits(shape, source=source, model=model_name)
     effective_window = next((w for w in (window, result.window, default_window) if w is not None), None)
     if effective_window is None:
-        raise MaskError(f"{source}: field 'window' is missing; pass window=W (keys seen per SWA query)")
+        raise MaskError(
+            f"{source}: field 'window' is missing and the model ships no bosch_defaults.json with one; "
+            "pass window=W (keys seen per SWA query)"
+        )
+    if window is None and result.window is None:
+        log.info("%s: window=%d from %s's bosch_defaults.json (pass window=W to choose)", source, effective_window, model_name)
     return result.with_meta(window=effective_window), source
 

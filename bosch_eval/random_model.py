@@ -14,11 +14,14 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
-# Decoder families that dispatch through AttentionInterface, with GQA H = 2G and 4G.
+# Decoder families that dispatch through AttentionInterface: GQA with H = 2G and 4G, and
+# multi-head attention (GPT-2 has no num_key_value_heads: G = H; Mistral with G = H).
 FAMILIES: dict[str, dict[str, Any]] = {
     "qwen3": dict(model_type="qwen3", num_attention_heads=8, num_key_value_heads=4, head_dim=16),
     "llama": dict(model_type="llama", num_attention_heads=8, num_key_value_heads=2, head_dim=16),
     "qwen2": dict(model_type="qwen2", num_attention_heads=4, num_key_value_heads=2),
+    "mistral": dict(model_type="mistral", num_attention_heads=4, num_key_value_heads=4, head_dim=16),
+    "gpt2": dict(model_type="gpt2", num_attention_heads=4),
 }
 
 _TOKENIZER_TEXT = [

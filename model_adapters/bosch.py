@@ -48,12 +48,34 @@ from bosch_eval.hybrid_attention import HybridAttention, hybridize
 from bosch_eval.hybrid_cache import HybridCache
 from bosch_eval.mask_sources import resolve_mask
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
+from bosch_eval.model_check import model_config
 from bosch_eval.model_defaults import model_defaults
 from bosch_eval.toy import resolve_model
 from bosch_eval.model_adapters.continuation_logits import logits_at, scored_positions
 
 
 KV_CACHES = ("hybrid", "dynamic")
+
+
+def _head_mask(config: Any, model_name: str | None, *, window: int | None, **sources: Any) -> tuple[HeadMask, str]:
+    """The mask asked for, checked against ``config`` (a hybrid checkpoint restores its own)."""
+    checkpoint_mask = saved_mask(config, f"{model_name}/config.json")
+    if checkpoint_mask is not None and (sources["mask"], sources["ranking"], sources["layers"]) == (None, None, None):
+        sources["mask"] = checkpoint_mask
+    head_mask, source = resolve_mask(
+        ModelShape.from_config(config),
+        window=window,
+        default_window=model_defaults(model_name).window if model_name else None,
+        model_name=model_name,
+        **sources,
+    )
+    if checkpoint_mask is not None and (head_mask.bits, head_mask.window) != (checkpoint_mask.bits, checkpoint_mask.window):
+        raise MaskError(
+            f"{source}: differs from the mask saved in {model_name}/config.json "
+            f"(SWA ratio {head_mask.swa_ratio:.4g}, window {head_mask.window} vs saved "
+            f"{checkpoint_mask.swa_ratio:.4g}, window {checkpoint_mask.window}); drop the explicit mask to use the saved one"
+        )
+    return head_mask, source
 
 
 def launched_processes() -> int:
@@ -100,8 +122,12 @@ class BoschLM(HFLM):
         self.memoize_tokens = memoize_tokens
         self.progress_bars = progress_bars
         self._token_memo: dict[tuple[str, bool | None, int | None], array] = {}
+        sources = dict(mask=mask, ranking=ranking, layers=layers, ratio=ratio, seed=seed, window=window)
         if isinstance(pretrained, str):
-            pretrained = resolve_model(pretrained)  # "toy": the bundled model
+            pretrained = resolve_model(pretrained)  # "toy": the bundled model; a missing model fails here
+            # Mask, ranking and window errors from the config alone, before minutes of weight loading.
+            config = model_config(pretrained, trust_remote_code=kwargs.get("trust_remote_code") is True)
+            head_mask, source = _head_mask(config, pretrained, **sources)
         if launched_processes() > 1 and str(kwargs.get("device", "")).startswith("cpu"):
             PartialState(cpu=True)  # before HFLM's Accelerator(): CPU processes join over gloo
         super().__init__(pretrained=pretrained, **kwargs)
@@ -109,28 +135,9 @@ class BoschLM(HFLM):
             self._shard_over_processes()
         if self.backend != "causal":
             raise MaskError(f"bosch: hybrid attention needs a decoder-only (causal) model, got backend={self.backend!r}")
-        model_name = pretrained if isinstance(pretrained, str) else getattr(self.model.config, "_name_or_path", None)
         self._window_override = window
-        checkpoint_mask = saved_mask(self.model.config, f"{model_name}/config.json")
-        if checkpoint_mask is not None and (mask, ranking, layers) == (None, None, None):
-            mask = checkpoint_mask  # a hybrid checkpoint restores its own mask
-        head_mask, source = resolve_mask(
-            ModelShape.from_config(self.model.config),
-            mask=mask,
-            ranking=ranking,
-            layers=layers,
-            ratio=ratio,
-            seed=seed,
-            window=window,
-            default_window=model_defaults(pretrained).window if isinstance(pretrained, str) else None,
-            model_name=model_name,
-        )
-        if checkpoint_mask is not None and (head_mask.bits, head_mask.window) != (checkpoint_mask.bits, checkpoint_mask.window):
-            raise MaskError(
-                f"{source}: differs from the mask saved in {model_name}/config.json "
-                f"(SWA ratio {head_mask.swa_ratio:.4g}, window {head_mask.window} vs saved "
-                f"{checkpoint_mask.swa_ratio:.4g}, window {checkpoint_mask.window}); drop the explicit mask to use the saved one"
-            )
+        if not isinstance(pretrained, str):  # a preloaded model: its own config
+            head_mask, source = _head_mask(self.model.config, getattr(self.model.config, "_name_or_path", None), **sources)
         self.hybrid: HybridAttention = hybridize(self.model, head_mask, backend=attn_backend, source=source)
 
     def _shard_over_processes(self) -> None:

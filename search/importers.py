@@ -322,14 +322,12 @@ def import_pattern(
 
 
 def model_shape(model: str) -> ModelShape:
-    """L, H, G of a Hugging Face model id or local path, from its config only (no weights)."""
-    from transformers import AutoConfig
+    """L, H, G of a Hugging Face model id or local path (``toy``: the bundled model), from
+    its config only (no weights)."""
+    from bosch_eval.model_check import model_config
+    from bosch_eval.toy import resolve_model
 
-    try:
-        config = AutoConfig.from_pretrained(model)
-    except (OSError, ValueError) as err:
-        raise MaskError(f"--model: cannot read a model config from {model!r} ({err})") from None
-    return ModelShape.from_config(config)
+    return ModelShape.from_config(model_config(resolve_model(model)))
 
 
 __all__: Sequence[str] = (

@@ -11,8 +11,15 @@ On disk (``bosch-journal/1``), JSON lines::
     {"key": "1011/0110/...", "score": 0.8125, "stage": "stage1", "seconds": 4.2}
     ...
 
-The header holds the settings that determine the results; resuming under other settings
-would mix scores of different problems, so it is refused.
+The header holds what determines a mask's score (model, window, calibration): resuming
+under another one would mix scores of different problems, so it is refused, naming the
+field. The search's own settings (ratio, seed, buckets, ...) decide which masks are asked
+for, not what they score: a resume under other settings reuses every journaled score and
+the header takes the new settings (the log names each changed field).
+
+Two processes appending to one journal (see ``outdir_lock``) could write one mask twice;
+the same key with the same score is recovered from (the copy is ignored), with two
+different scores it is damage.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -71,14 +79,31 @@ class Journal:
 
     ``writable=False`` (non-main processes) reads the file under the same rules but never
     creates, truncates or writes it; appended records live in memory only.
+
+    ``reusable``: header fields whose change does not change any journaled score (the
+    search settings); a resume under other values reuses the records and rewrites the
+    header. ``wall_time=True``: every record gets ``wall_s``, the search time spent on
+    this journal so far (earlier runs included), so a resumed run reports the whole cost.
     """
 
-    def __init__(self, path: str | Path, header: Mapping[str, Any], resume: bool, writable: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        header: Mapping[str, Any],
+        resume: bool,
+        writable: bool = True,
+        reusable: Sequence[str] = (),
+        wall_time: bool = False,
+    ) -> None:
         self.path = Path(path)
         self.writable = writable
+        self.reusable = tuple(reusable)
+        self.wall_time = wall_time
         self._header = _normalized_header(header)
         self._records: list[dict[str, Any]] = []
         self._scores: dict[str, float] = {}
+        self._loaded = 0  # records read from the file (the rest were appended by this run)
+        self._opened = time.perf_counter()
         if self.path.exists() and self._load(resume):
             return
         if writable:
@@ -102,6 +127,12 @@ class Journal:
     def __len__(self) -> int:
         return len(self._records)
 
+    @property
+    def prior_wall_s(self) -> float:
+        """Search time spent on this journal by earlier runs (the largest ``wall_s`` read back)."""
+        times = [r.get("wall_s") for r in self._records[: self._loaded]]
+        return max((float(t) for t in times if isinstance(t, (int, float)) and not isinstance(t, bool)), default=0.0)
+
     def lookup(self, key: str) -> float | None:
         """The journaled score of ``key``, or None if that mask was never evaluated."""
         return self._scores.get(key)
@@ -120,6 +151,8 @@ class Journal:
         if isinstance(score, bool) or not isinstance(score, (int, float)):
             raise JournalError(f"{self.path}: the score of mask {key} must be a number, got {score!r}")
         record = {"key": key, "score": float(score), **fields}
+        if self.wall_time:
+            record["wall_s"] = round(self.prior_wall_s + time.perf_counter() - self._opened, 3)
         try:
             line = json.dumps(record) + "\n"
         except (TypeError, ValueError) as err:
@@ -158,36 +191,57 @@ class Journal:
                     "search, or choose another --out (finished work is never overwritten)"
                 )
             return False
-        self._check_header(json.loads(lines[0])["header"])
+        changed = self._check_header(json.loads(lines[0])["header"])
+        copies = 0
         for number, line in enumerate(lines[1:], start=2):
             problem = _line_problem(line, number)
             record = json.loads(line) if problem is None else None
             if record is not None and record["key"] in self._scores:
-                problem = f"mask {record['key']} appears twice"
+                if float(record["score"]) == self._scores[record["key"]]:
+                    copies += 1  # the same evaluation written twice: nothing is lost or contradicted
+                    continue
+                first = self._scores[record["key"]]
+                problem = f"mask {record['key']} appears twice with different scores ({first!r} and {record['score']!r})"
             if problem is not None:
                 raise JournalError(f"{self.path}: line {number}: {problem}; the journal is damaged")
             self._add(record)
+        self._loaded = len(self._records)
+        if copies:
+            log.warning("%s: ignored %d repeated record(s) of masks journaled twice with equal scores", self.path, copies)
+        if changed:
+            log.warning(
+                "%s: resuming under other settings (%s); its %d journaled scores are reused, since a mask's score "
+                "does not depend on them",
+                self.path,
+                "; ".join(changed),
+                len(self._records),
+            )
         if dropped:
             log.warning("%s: dropped a last line cut short by an interrupted write (%d bytes)", self.path, len(dropped))
-            if self.writable:
-                with self.path.open("r+b") as handle:
-                    handle.truncate(len(data) - len(dropped) - (1 if terminated else 0))
-                    handle.flush()
-                    os.fsync(handle.fileno())
+        if self.writable and (dropped or changed):
+            # Rewritten whole and renamed over the old file: a kill leaves the old or the new one.
+            header = json.dumps({"journal": JOURNAL_FORMAT, "header": self._header}).encode() if changed else lines[0]
+            temporary = self.path.with_suffix(".jsonl.tmp")
+            with temporary.open("wb") as handle:
+                handle.write(b"\n".join([header, *lines[1:]]) + b"\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, self.path)
         return True
 
-    def _check_header(self, stored: dict[str, Any]) -> None:
-        """Raise a JournalError naming the first setting that differs from the file's."""
-        for name in [*self._header, *(name for name in stored if name not in self._header)]:
-            mine, theirs = self._header.get(name), stored.get(name)
-            if name in self._header and name in stored and type(mine) is type(theirs) and mine == theirs:
+    def _check_header(self, stored: dict[str, Any]) -> list[str]:
+        """The changes in reusable fields ('settings.seed: 0 → 1'); a JournalError naming
+        the first differing field that decides scores."""
+        changed = []
+        for path, theirs, mine in _differences(stored, self._header):
+            if path.split(".")[0] in self.reusable:
+                changed.append(f"{path}: {theirs} → {mine}")
                 continue
-            was = json.dumps(theirs) if name in stored else "(absent)"
-            now = json.dumps(mine) if name in self._header else "(absent)"
             raise JournalError(
-                f"{self.path}: header field '{name}' is {was} in the journal but {now} in this search; "
-                "resume with the same settings, or choose another --out"
+                f"{self.path}: header field '{path}' is {theirs} in the journal but {mine} in this search; "
+                "its scores belong to another problem: resume with the same value, or choose another --out"
             )
+        return changed
 
     def _add(self, record: dict[str, Any]) -> None:
         self._records.append(record)
@@ -202,6 +256,28 @@ def _normalized_header(header: Mapping[str, Any]) -> dict[str, Any]:
         return json.loads(json.dumps(dict(header)))
     except (TypeError, ValueError) as err:
         raise JournalError(f"journal header: not JSON-serializable: {err}") from None
+
+
+def _differences(old: Any, new: Any, path: str = "") -> list[tuple[str, str, str]]:
+    """(dotted field, old value, new value) of every leaf where two JSON values differ."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        found = []
+        for name in [*new, *(name for name in old if name not in new)]:
+            where = f"{path}.{name}" if path else str(name)
+            if name not in old or name not in new:
+                was = _short(old[name]) if name in old else "(absent)"
+                found.append((where, was, _short(new[name]) if name in new else "(absent)"))
+            else:
+                found.extend(_differences(old[name], new[name], where))
+        return found
+    if type(old) is type(new) and old == new:
+        return []
+    return [(path, _short(old), _short(new))]
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _line_problem(line: bytes, number: int) -> str | None:

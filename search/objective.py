@@ -46,6 +46,7 @@ unweighted mean over its children (recursively), and for a tag, over its tasks.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import logging
 import math
@@ -141,7 +142,7 @@ class CalibrationObjective:
         from lm_eval.evaluator import evaluate
 
         self.lm.set_mask(mask)
-        with _global_rng_kept(), _quiet("lm_eval"):
+        with _global_rng_kept(), _quiet("lm_eval"), _no_context_bars():
             for task in self.task_dict["tasks"].values():
                 task.set_fewshot_seed(seed=FEWSHOT_SEED)
             results = evaluate(
@@ -248,6 +249,7 @@ def build_objective(
     window: int | None = None,
     metadata: Mapping[str, Any] | None = None,
     limit: int | float | None = None,
+    max_length: int | None = None,
 ) -> CalibrationObjective:
     """Load ``model`` once as a ``bosch`` adapter (all heads full) and build its S(z).
 
@@ -267,6 +269,8 @@ def build_objective(
         window: the SWA window of every scored mask (default: ``bosch_defaults.json``).
         metadata: more TaskManager metadata for the user's own tasks (wins over ours).
         limit: lm-eval's ``limit`` per task.
+        max_length: HFLM's ``max_length`` (default: the config's; inputs are left-truncated
+            to it), for configs that understate the model's context.
     """
     from bosch_eval.model_adapters.bosch import BoschLM
 
@@ -284,6 +288,7 @@ def build_objective(
         dtype=dtype if dtype is not None else "auto",
         attn_backend=attn_backend,
         memoize_tokens=True,
+        **({"max_length": max_length} if max_length is not None else {}),
     )
     task_metadata: dict[str, Any] = {"pretrained": path, "tokenizer": path, "calib_seed": calib_seed}
     calib_len = calib_len if calib_len is not None else defaults.calib_len
@@ -401,6 +406,22 @@ def _global_rng_kept() -> Iterator[None]:
         torch.set_rng_state(cpu)
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
+
+
+@contextlib.contextmanager
+def _no_context_bars() -> Iterator[None]:
+    """No "building contexts" bar per task and call: lm-eval 0.4.13 draws one in
+    ``Task.build_all_requests`` with no switch to turn it off, and thousands of them would
+    tangle with the search's stage bar. The module's ``tqdm`` is swapped for a disabled
+    one during the call and restored after it."""
+    import lm_eval.api.task as task_module
+
+    bar = task_module.tqdm
+    task_module.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        task_module.tqdm = bar
 
 
 @contextlib.contextmanager

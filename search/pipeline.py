@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bosch_eval.masks import HeadMask, ModelShape, check_ratio
+from bosch_eval.masks import HeadMask, ModelShape, ceil_count, check_ratio
 from bosch_eval.search.journal import Journal
 from bosch_eval.search.optimizers import METHODS, NOMAD_MAX_VARIABLES
 from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, SearchError
@@ -56,6 +56,33 @@ class SearchSettings:
 
     def to_json(self) -> dict[str, Any]:
         return dict(asdict(self), buckets=list(self.buckets))
+
+
+def validate_for_shape(settings: SearchSettings, shape: ModelShape) -> None:
+    """Every check of ``settings`` that needs the model's shape, run before the first
+    evaluation (the search CLI calls it with the shape read from the config, before any
+    weight loads), so that no evaluation is spent on a search that would fail later.
+
+    Raises:
+        SearchError: naming the setting, e.g. Stage-2 buckets that are not whole numbers of
+            KV groups per layer.
+    """
+    if settings.variant == "bosch":  # only B-full runs Stage 2
+        from bosch_eval.search.stage2 import _bucket_counts
+
+        try:
+            counts = _bucket_counts(settings.buckets, shape.num_kv_heads)
+        except ValueError as err:
+            raise SearchError(f"--{err}") from None
+        # Stage 2 gives every layer one bucket: totals outside L·[min, max] cannot be reached.
+        target = ceil_count(settings.ratio, shape.num_layers * shape.num_kv_heads)
+        low, high = shape.num_layers * counts[0], shape.num_layers * counts[-1]
+        if not low <= target <= high:
+            raise SearchError(
+                f"--buckets: ratio {settings.ratio:g} asks for {target} SWA groups, but buckets "
+                f"{list(settings.buckets)} give {low} to {high} over {shape.num_layers} layers × "
+                f"{shape.num_kv_heads} groups; include a bucket of {'0' if target < low else '1'}"
+            )
 
 
 @dataclass

@@ -51,6 +51,11 @@ def add_rank_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--calib-len", type=int, help="tokens per calibration example (default: the model's bosch_defaults.json)"
     )
+    parser.add_argument(
+        "--ignore-max-positions",
+        action="store_true",
+        help="allow a --calib-len past the config's max_position_embeddings (a config that understates the context)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="calibration seed (Razor: probe seed); default 0")
     parser.add_argument("--block-size", type=int, default=64, help="query rows per streamed attention block")
     parser.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda when available)")
@@ -88,13 +93,10 @@ def method_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def resolve_model(name: str) -> str:
-    """``toy`` → the bundled checkpoint's directory; anything else as given."""
+    """``toy`` → the bundled checkpoint's directory; anything else after checking it exists."""
     from bosch_eval.toy import resolve_model as resolve
 
-    try:
-        return resolve(name)
-    except FileNotFoundError as err:
-        raise MaskError(f"--model {name}: {err}") from None
+    return resolve(name)
 
 
 def rank_main(args: argparse.Namespace) -> None:
@@ -102,6 +104,7 @@ def rank_main(args: argparse.Namespace) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from bosch_eval.model_check import check_length, model_config
     from bosch_eval.model_defaults import model_defaults
     from bosch_eval.search.rankers.driver import compute_ranking
     from bosch_eval.tasks.niah.haystack import TemplateTooLong
@@ -117,6 +120,8 @@ def rank_main(args: argparse.Namespace) -> None:
         raise MaskError(
             f"{args.model}: no --calib-len given and no bosch_defaults.json with 'calib_len'; pass --calib-len T"
         )
+    if not args.ignore_max_positions:  # before the weights load: past it, every score would be ~0
+        check_length(calib_len, args.model, model_config(path), "--calib-len", "--ignore-max-positions")
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype), attn_implementation="sdpa")

@@ -11,6 +11,11 @@ Writes ``mask.json`` (bosch-mask/1 with the search's provenance), ``journal.json
 evaluation, flushed as it finishes; ``--resume`` continues a killed run with no
 re-evaluation) and ``report.md``. Under ``accelerate launch`` every process runs the same
 search, each objective call is split across processes, and only the main process writes.
+
+Everything that can be checked from the model's name and config is checked before the
+weights load and before the first evaluation: that the model exists, the settings that
+need its shape (``validate_for_shape``), the window, and a calibration length the model
+can hold. The main process then locks ``--out`` for the whole run (``outdir_lock``).
 """
 
 from __future__ import annotations
@@ -19,25 +24,32 @@ import argparse
 import importlib.metadata
 import logging
 import platform
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from accelerate import PartialState
 from accelerate.utils import broadcast_object_list
 
-from bosch_eval.masks import MaskError
+from bosch_eval.masks import HeadMask, MaskError, ModelShape
+from bosch_eval.model_check import IGNORE_FLAG, IGNORE_METADATA, check_length, model_config
 from bosch_eval.model_defaults import model_defaults
 from bosch_eval.search.journal import Journal, JournalError
-from bosch_eval.search.objective import ObjectiveError, build_objective, launch_state
+from bosch_eval.search.objective import CalibrationObjective, ObjectiveError, build_objective, launch_state
 from bosch_eval.search.optimizers import METHODS
-from bosch_eval.search.pipeline import VARIANTS, SearchResult, SearchSettings, run_search
+from bosch_eval.search.outdir_lock import OutputLock
+from bosch_eval.search.pipeline import VARIANTS, SearchResult, SearchSettings, run_search, validate_for_shape
 from bosch_eval.search.report import render_report
-from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, SearchError
+from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, SearchError
 from bosch_eval.search.stage2 import DEFAULT_BUCKETS
+from bosch_eval.search.stages import ScoreBook
+from bosch_eval.tasks.niah.haystack import TemplateTooLong
 from bosch_eval.toy import resolve_model
 
 DEFAULT_CALIB_TASK = "bosch_niah_calib"
+DEFAULT_CALIB_LEN = 32768  # bosch_niah_calib's own default (tasks/niah/calibration.py)
+log = logging.getLogger("bosch_eval.search")
 VERSIONED_PACKAGES = ("bosch-eval", "torch", "transformers", "lm_eval", "accelerate", "PyNomadBBO")
 
 
@@ -58,47 +70,140 @@ def search_model(
     batch_size: int = 1,
     dtype: str | None = None,
     progress: bool = True,
+    ignore_max_positions: bool = False,
 ) -> SearchResult:
     """Run BOSCH on ``model`` and write mask.json, journal.jsonl and report.md into ``out``.
 
     The model is loaded once and the calibration tasks are built once; every process of an
-    ``accelerate launch`` must call this with the same arguments.
+    ``accelerate launch`` must call this with the same arguments. ``ignore_max_positions``:
+    allow a calibration length past the config's ``max_position_embeddings``.
+
+    Raises:
+        MaskError: the model does not exist, or a length or window does not fit it.
+        SearchError: a setting does not fit the model (checked before any weight loads).
+        JournalError: another search holds ``out``, or its journal cannot be resumed.
     """
     state = launch_state(device)  # before any other accelerate state: joins CPU processes over gloo
     path = resolve_model(model)
-    window = window if window is not None else model_defaults(path).window
+    config = model_config(path)
+    validate_for_shape(settings, ModelShape.from_config(config))
+    defaults = model_defaults(path)
     if window is None:
-        raise SearchError(
-            f"{model}: no --window given and the model ships no bosch_defaults.json; pass --window "
-            "(the paper uses 1024 for a 32k calibration length)"
-        )
-    objective = build_objective(
-        path,
-        tasks=calib_tasks,
-        include_path=include_path,
-        calib_examples=calib_examples,
-        calib_len=calib_len,
-        calib_seed=calib_seed,
-        metric=calib_metric,
-        device=device,
-        batch_size=batch_size,
-        dtype=dtype,
-        window=window,
-    )
+        window = defaults.window
+        if window is None:
+            raise SearchError(
+                f"{model}: no --window given and the model ships no bosch_defaults.json; pass --window "
+                "(the paper uses 1024 for a 32k calibration length)"
+            )
+        log.info("--window %d from %s/bosch_defaults.json", window, path)
+    length = calib_len if calib_len is not None else defaults.calib_len
+    if length is None and DEFAULT_CALIB_TASK in calib_tasks:
+        length = DEFAULT_CALIB_LEN
+    if length is not None and not ignore_max_positions:
+        check_length(length, model, config, "--calib-len", IGNORE_FLAG)
     out = Path(out)
-    calibration = objective.describe()
-    header = {"model": model, "window": window, "calibration": calibration, "settings": settings.to_json()}
-    journal, known = _open_journal(out / "journal.jsonl", header, resume, state)
-    result = run_search(objective, objective.shape, settings, known=known, journal=journal, progress=progress and state.is_main_process)
-    if state.is_main_process:
-        provenance = dict(
-            result.provenance(), calibration=calibration, seed=settings.seed, versions=_versions(), processes=state.num_processes
+    lock = OutputLock(out) if state.is_main_process else None  # only the main process writes
+    _on_main_then_everywhere(state, lock.acquire if lock is not None else None)
+    try:
+        log.info("loading %s and building the calibration task(s) %s", model, ", ".join(calib_tasks))
+        started = time.perf_counter()
+        objective = build_objective(
+            path,
+            tasks=calib_tasks,
+            include_path=include_path,
+            calib_examples=calib_examples,
+            calib_len=calib_len,
+            calib_seed=calib_seed,
+            metric=calib_metric,
+            device=device,
+            batch_size=batch_size,
+            dtype=dtype,
+            window=window,
+            metadata={IGNORE_METADATA: True} if ignore_max_positions else None,
+            max_length=length if ignore_max_positions else None,
         )
-        mask = result.mask.with_meta(window=window, model=model, provenance=provenance)
-        mask.save(out / "mask.json")
-        (out / "report.md").write_text(render_report(result, model, window, calibration))
-    state.wait_for_everyone()
+        log.info("ready in %.1f s; evaluating the anchors S(all SWA) and S(all full)", time.perf_counter() - started)
+        calibration = objective.describe()
+        header = {"model": model, "window": window, "calibration": calibration, "settings": settings.to_json()}
+        journal, known = _open_journal(out / "journal.jsonl", header, resume, state)
+        score_fn = _AnchorLog(objective) if progress and state.is_main_process else objective
+        if settings.ratio in (0.0, 1.0):
+            result = _only_mask(score_fn, objective.shape, settings, known, journal)
+        else:
+            result = run_search(
+                score_fn, objective.shape, settings, known=known, journal=journal, progress=progress and state.is_main_process
+            )
+        if state.is_main_process:
+            result.wall_s += journal.prior_wall_s if journal is not None else 0.0  # earlier runs of a resumed search
+            provenance = dict(
+                result.provenance(), calibration=calibration, seed=settings.seed, versions=_versions(), processes=state.num_processes
+            )
+            mask = result.mask.with_meta(window=window, model=model, provenance=provenance)
+            mask.save(out / "mask.json")
+            (out / "report.md").write_text(render_report(result, model, window, calibration))
+        state.wait_for_everyone()
+    finally:
+        if lock is not None:
+            lock.release()
     return result
+
+
+def _only_mask(
+    score_fn: Callable[[HeadMask], float],
+    shape: ModelShape,
+    settings: SearchSettings,
+    known: dict[str, float],
+    journal: Journal | None,
+) -> SearchResult:
+    """Ratio 0 or 1 allows one mask (all full or all SWA): the two anchors are the whole
+    search (the stages would spend evaluations on partial masks that cannot be the answer).
+    Both anchors are kept because every result reports S(full) and the normalized score."""
+    started = time.perf_counter()
+    book = ScoreBook(score_fn, shape, known, journal)
+    swa, full = HeadMask.uniform(shape, full=False), HeadMask.uniform(shape, full=True)
+    anchors = Anchors(all_swa=book.score(swa.bits, "anchor"), all_full=book.score(full.bits, "anchor"), gamma=settings.gamma)
+    only = swa if settings.ratio == 1.0 else full
+    method = "bosch" if settings.variant == "bosch" else f"bosch-{settings.variant}"
+    return SearchResult(
+        mask=HeadMask(only.bits, shape.num_heads, method=method),
+        score=anchors.all_swa if settings.ratio == 1.0 else anchors.all_full,
+        anchors=anchors,
+        settings=settings,
+        evaluations=len(book.known),
+        new_evaluations=book.new_evaluations,
+        wall_s=time.perf_counter() - started,
+    )
+
+
+class _AnchorLog:
+    """The objective, logging the two anchor evaluations (the stage bars start only after
+    them; on a long calibration they take minutes)."""
+
+    def __init__(self, objective: CalibrationObjective) -> None:
+        self.objective = objective
+
+    def __call__(self, mask: HeadMask) -> float:
+        started = time.perf_counter()
+        score = self.objective(mask)
+        kind = {mask.shape.num_layers * mask.shape.num_kv_heads: "all SWA", 0: "all full"}.get(mask.num_swa_groups)
+        if kind is not None:
+            log.info("S(%s) = %.4f (%.1f s)", kind, score, time.perf_counter() - started)
+        return score
+
+
+def _on_main_then_everywhere(state: PartialState, action: Callable[[], None] | None) -> None:
+    """Run ``action`` on the main process; if it fails, every process raises its error
+    (instead of the others waiting for a collective that never comes)."""
+    payload: list[Any] = [None]
+    if action is not None:
+        try:
+            action()
+        except JournalError as err:
+            payload = [str(err)]
+    if state.num_processes > 1:
+        broadcast_object_list(payload, from_process=0)
+    if payload[0] is not None:
+        raise JournalError(payload[0])
 
 
 def _open_journal(
@@ -110,7 +215,7 @@ def _open_journal(
     if state.is_main_process:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            journal = Journal(path, header, resume=resume)
+            journal = Journal(path, header, resume=resume, reusable=("settings",), wall_time=True)
             payload = [{record["key"]: record["score"] for record in journal.records}]
         except JournalError as err:
             payload = [str(err)]  # every process must raise, not wait for a broadcast that never comes
@@ -151,7 +256,15 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--include-path", help="extra lm-eval task directory for --calib-tasks")
     parser.add_argument("--calib-metric", default="acc", help="metric of the calibration tasks (default acc)")
     parser.add_argument("--calib-examples", type=int, help="bosch_niah_calib examples (default 64)")
-    parser.add_argument("--calib-len", type=int, help="bosch_niah_calib length in tokens (default: the model's, else 32768)")
+    parser.add_argument(
+        "--calib-len", type=int, help="bosch_niah_calib length in tokens (default: the model's bosch_defaults.json, else 32768)"
+    )
+    parser.add_argument(
+        IGNORE_FLAG,
+        action="store_true",
+        help="allow a --calib-len past the config's max_position_embeddings (a config that understates "
+        "the context, e.g. with rope scaling); inputs are then not truncated to it",
+    )
     parser.add_argument("--calib-seed", type=int, default=0, help="seed of the calibration examples")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (under accelerate: each process's own GPU)")
     parser.add_argument("--batch-size", type=int, default=1, help="lm-eval batch size of one objective call")
@@ -187,12 +300,13 @@ def run_from_args(args: argparse.Namespace) -> None:
         device=args.device,
         batch_size=args.batch_size,
         dtype=args.dtype,
+        ignore_max_positions=args.ignore_max_positions,
     )
     if PartialState().is_main_process:
         print(
             f"{out}/mask.json: S = {result.score:.4f} (full {result.anchors.all_full:.4f}, all-SWA {result.anchors.all_swa:.4f}), "
             f"SWA ratio {result.mask.swa_ratio:.4f}, {result.evaluations} masks evaluated ({result.new_evaluations} now), "
-            f"{result.wall_s:.1f} s"
+            f"{result.wall_s:.1f} s of search"
         )
 
 
@@ -205,4 +319,4 @@ def add_search_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 # What the command line reports as a one-line error instead of a traceback.
-ERRORS = (MaskError, SearchError, JournalError, ObjectiveError)
+ERRORS = (MaskError, SearchError, JournalError, ObjectiveError, TemplateTooLong)

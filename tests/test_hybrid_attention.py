@@ -8,7 +8,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from bosch_eval.hybrid_attention import GroupRun, HybridAttention, hybrid_state, hybridize
+from bosch_eval.hybrid_attention import GroupRun, HybridAttention, attention_modules, hybrid_state, hybridize
 from bosch_eval.masks import HeadMask, MaskError, ModelShape
 from bosch_eval.random_model import FAMILIES, random_model
 from tests.conftest import left_padded_batch
@@ -32,7 +32,7 @@ def random_mask(model, seed: int) -> HeadMask:
 def dense_band_reference(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
     """Eager attention over every head with an explicit [T, S] band for the SWA heads."""
     mask: HeadMask = module.reference_mask
-    heads_per_group = module.num_key_value_groups
+    heads_per_group = getattr(module, "num_key_value_groups", 1)  # GPT-2 (MHA) has none
     key = key.repeat_interleave(heads_per_group, dim=1)
     value = value.repeat_interleave(heads_per_group, dim=1)
     q_len, kv_len = query.shape[2], key.shape[2]
@@ -54,9 +54,8 @@ def reference_logits(model, mask: HeadMask, ids, attention, grad: bool = False) 
     # sdpa_mask without its causal-skip shortcut: the reference always gets an explicit mask.
     AttentionMaskInterface.register(REFERENCE, lambda *a, **k: sdpa_mask(*a, **{**k, "allow_is_causal_skip": False}))
     original = model.config._attn_implementation
-    for module in model.modules():
-        if hasattr(module, "num_key_value_groups"):
-            module.reference_mask = mask
+    for module in attention_modules(model).values():
+        module.reference_mask = mask
     model.set_attn_implementation(REFERENCE)
     try:
         with torch.set_grad_enabled(grad):
@@ -214,3 +213,23 @@ def test_layer_split_runs_of_consecutive_groups():
     assert split.full == (GroupRun(0, 1, 0), GroupRun(3, 5, 1))
     assert split.swa == (GroupRun(1, 3, 0), GroupRun(5, 6, 2))
     assert (split.full_groups, split.swa_groups, split.group_size) == ([0, 3, 4], [1, 2, 5], 2)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "mistral"])
+def test_multi_head_families_decode_on_the_hybrid_cache_as_by_recomputation(family):
+    """G = H models (GPT-2 has no num_key_value_groups at all): the deploy-mode cache
+    keeps W − 1 positions per SWA head and greedy decoding equals recomputation."""
+    from bosch_eval.hybrid_cache import HybridCache
+
+    model = random_model(family)
+    assert ModelShape.from_config(model.config).group_size == 1
+    hybridize(model, random_mask(model, 0), backend="blocked")
+    ids, _ = left_padded_batch(model.config.vocab_size, [12])
+    generated = model.generate(
+        ids, past_key_values=HybridCache.for_model(model), max_new_tokens=8, do_sample=False, min_new_tokens=8
+    )
+    recomputed = ids
+    for _ in range(8):
+        next_token = logits(model, recomputed)[:, -1].argmax(-1, keepdim=True)
+        recomputed = torch.cat([recomputed, next_token], dim=1)
+    assert torch.equal(generated, recomputed)

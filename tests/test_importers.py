@@ -298,5 +298,9 @@ class TestCli:
             self.run(argv)
 
     def test_unreadable_model(self, tmp_path):
-        with pytest.raises(MaskError, match=r"--model: cannot read a model config"):
+        with pytest.raises(MaskError, match=r"no-model-here': no such directory"):
             model_shape(str(tmp_path / "no-model-here"))
+        (tmp_path / "broken").mkdir()
+        (tmp_path / "broken" / "config.json").write_text("{not json")
+        with pytest.raises(MaskError, match=r"broken': cannot read its config"):
+            model_shape(str(tmp_path / "broken"))

@@ -17,6 +17,7 @@ import lm_eval
 import pytest
 from lm_eval.tasks import TaskManager
 
+from bosch_eval.model_check import ModelError
 from bosch_eval.random_model import save_random_checkpoint, train_tokenizer
 from bosch_eval.tasks import TASKS_DIR
 from bosch_eval.tasks.niah import calibration, eval_suite, words
@@ -276,3 +277,50 @@ class TestLmEval:
             capture_output=True, text=True, timeout=300, check=False,
         )  # fmt: skip
         assert result.returncode == 0 and "All tasks found and valid" in result.stdout, result.stdout + result.stderr
+
+
+class TestLengthsTheModelCanHold:
+    """The toy model holds 2048 positions and ships bosch_defaults.json (calib_len 1024)."""
+
+    def test_defaults_come_from_bosch_defaults_json(self):
+        assert set(calibration.dataset(pretrained="toy", num_examples=1)["test"]["seq_len"]) == {1024}
+        split = eval_suite.dataset("bosch_niah_single_1", {"pretrained": "toy", "num_samples": 1})["test"]
+        assert {len(doc["input"]) > 0 for doc in split} == {True} and split.num_rows == 1
+
+    @pytest.mark.parametrize(
+        ("build", "message"),
+        [
+            (lambda: calibration.dataset(pretrained="toy", seq_len=4096, num_examples=1), "'seq_len' = 4096"),
+            (
+                lambda: eval_suite.dataset("bosch_niah_single_1", {"pretrained": "toy", "max_seq_lengths": [1024, 32768]}),
+                "'max_seq_lengths' = 32768",
+            ),
+        ],
+    )
+    def test_a_length_past_the_model_is_an_error(self, build, message):
+        with pytest.raises(ModelError, match=rf"{message}: longer than model 'toy' can hold \(max_position_embeddings = 2048\)"):
+            build()
+
+    def test_the_override_builds_it(self):
+        split = calibration.dataset(pretrained="toy", seq_len=2560, num_examples=1, ignore_max_positions="true")["test"]
+        assert split["seq_len"] == [2560]
+
+    def test_lm_eval_refuses_before_evaluating(self):
+        from lm_eval.tasks import TaskManager
+
+        manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata={"pretrained": "toy", "seq_len": 4096})
+        with pytest.raises(ModelError, match="4096"):
+            manager.load(["bosch_niah_calib"])
+
+
+def test_lm_evals_metadata_hint_is_not_repeated_for_our_tasks(caplog):
+    """lm-eval logs it once per custom-dataset task, even with --metadata given; ours drop it."""
+    with caplog.at_level("WARNING", logger="lm_eval.api.task"):
+        TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata={"pretrained": "toy", "num_samples": 1}).load(
+            ["bosch_niah_single_1", "bosch_niah_calib"]
+        )
+    assert "Custom kwargs can be passed" not in caplog.text
+    import logging
+
+    record = logging.LogRecord("lm_eval.api.task", logging.WARNING, "", 0, "other_task: Custom kwargs can be passed to `--metadata` ...", (), None)
+    assert all(f.filter(record) for f in logging.getLogger("lm_eval.api.task").filters)  # other tasks keep it

@@ -232,3 +232,12 @@ def test_objective_calls_print_no_request_progress_bars(objective, capfd):
         objective.lm.progress_bars = False
     assert "Running loglikelihood requests" in capfd.readouterr().err
     assert "Running loglikelihood requests" not in quiet and "Tokenizing inputs" not in quiet
+    assert "it/s" not in quiet  # nor lm-eval's per-task "building contexts" bar
+
+
+def test_lm_evals_context_bar_is_restored_after_a_call(objective):
+    import lm_eval.api.task as task_module
+
+    bar = task_module.tqdm
+    objective(masks(objective.shape)[1])
+    assert task_module.tqdm is bar

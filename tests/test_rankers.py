@@ -436,14 +436,17 @@ class TestRankCommand:
             rank(["--method", "dcam", "--model", str(model_with_defaults), "--proxy-gamma", "0.5", "--out", out])
         with pytest.raises(MaskError, match="--calib-len 100: .*raise the sequence length"):
             rank(["--method", "dcam", "--model", str(model_with_defaults), "--calib-len", "100", "--out", out])
+        with pytest.raises(MaskError, match=r"--calib-len 1024: longer than model .* \(max_position_embeddings = 512\)"):
+            rank(["--method", "dcam", "--model", str(model_with_defaults), "--calib-len", "1024", "--out", out])
 
     def test_toy_resolves_to_the_bundled_checkpoint(self, tmp_path: Path) -> None:
-        with mock.patch("bosch_eval.toy.MODEL_DIR", tmp_path), pytest.raises(MaskError, match="--model toy: .*missing"):
+        with mock.patch("bosch_eval.toy.MODEL_DIR", tmp_path), pytest.raises(MaskError, match="model 'toy': .*missing"):
             resolve_model("toy")
         (tmp_path / "model.safetensors").write_bytes(b"")
         with mock.patch("bosch_eval.toy.MODEL_DIR", tmp_path):
             assert resolve_model("toy") == str(tmp_path)
-        assert resolve_model("Qwen/Qwen3-1.7B-Base") == "Qwen/Qwen3-1.7B-Base"
+        (tmp_path / "config.json").write_text("{}")
+        assert resolve_model(str(tmp_path)) == str(tmp_path)  # an existing checkpoint directory, as given
 
     def test_parser_import_is_cheap(self) -> None:
         code = "import sys, bosch_eval.search.rank_cli; print('torch' in sys.modules)"

@@ -10,7 +10,9 @@ masks is tested on planted objectives (``test_search_pipeline.py``).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -76,10 +78,56 @@ def test_resume_of_a_finished_search_evaluates_nothing(finished: tuple[Path, Pat
     assert HeadMask.load(out / "mask.json").bits == first
 
 
-def test_a_journal_of_other_settings_is_refused(finished: tuple[Path, Path, Path], capsys) -> None:
+def test_a_journal_of_another_window_is_refused_naming_the_field(finished: tuple[Path, Path, Path], capsys) -> None:
     model_dir, task_dir, out = finished
-    assert main(search_args(model_dir, task_dir, out, "--resume", "--seed", "1")) == 2
-    assert "seed" in capsys.readouterr().err
+    args = search_args(model_dir, task_dir, out, "--resume")
+    args[args.index("--window") + 1] = "128"
+    assert main(args) == 2
+    assert "header field 'window' is 256 in the journal but 128 in this search" in capsys.readouterr().err
+
+
+def test_a_resume_under_other_search_settings_reuses_the_scores(finished: tuple[Path, Path, Path], tmp_path: Path, caplog) -> None:
+    """A mask's score does not depend on the seed or the Stage-2 buckets: nothing journaled is redone."""
+    model_dir, task_dir, out = finished
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "journal.jsonl").write_text((out / "journal.jsonl").read_text())
+    journaled = {record["key"]: record["score"] for record in journal_lines(copy) if "key" in record}
+    with caplog.at_level("WARNING"):
+        assert main(search_args(model_dir, task_dir, copy, "--resume", "--seed", "1", "--buckets", "0", "0.5", "1")) == 0
+    assert "settings.seed: 0 → 1" in caplog.text and "settings.buckets" in caplog.text
+    lines = journal_lines(copy)
+    assert lines[0]["header"]["settings"]["seed"] == 1
+    records = [record for record in lines[1:]]
+    assert {r["key"]: r["score"] for r in records[: len(journaled)]} == journaled  # kept, none re-scored
+    assert len({r["key"] for r in records}) == len(records)
+
+
+def test_a_resumed_finished_search_keeps_its_wall_time(finished: tuple[Path, Path, Path]) -> None:
+    model_dir, task_dir, out = finished
+    wall_s = json.loads((out / "mask.json").read_text())["provenance"]["wall_s"]
+    assert main(search_args(model_dir, task_dir, out, "--resume")) == 0
+    again = json.loads((out / "mask.json").read_text())["provenance"]["wall_s"]
+    assert wall_s > 0 and again >= 0.9 * wall_s
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--buckets", "0", "0.3", "1"], r"--buckets: 0\.3 × 4 KV groups per layer = 1\.2 is not a whole number"),
+        (["--ratio", "0.75", "--buckets", "0.25", "0.5"], r"--buckets: ratio 0\.75 asks for 9 SWA groups, but buckets \[0\.25, 0\.5\] give 3 to 6"),
+        (["--calib-len", "1024"], r"--calib-len 1024: longer than model .* \(max_position_embeddings = 512\).*--ignore-max-positions"),
+    ],
+)
+def test_settings_the_config_refutes_fail_before_the_weights_load(
+    finished: tuple[Path, Path, Path], tmp_path: Path, capsys, extra: list[str], message: str
+) -> None:
+    model_dir, task_dir, _ = finished
+    args = search_args(model_dir, task_dir, tmp_path / "run") + extra
+    with mock.patch("bosch_eval.search.search_cli.build_objective", side_effect=AssertionError("loaded the model")):
+        assert main(args) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "run" / "journal.jsonl").exists()
 
 
 def test_an_existing_journal_needs_resume(finished: tuple[Path, Path, Path], capsys) -> None:
@@ -93,3 +141,17 @@ def test_a_model_without_defaults_needs_a_window(finished: tuple[Path, Path, Pat
     args = [arg for arg in search_args(model_dir, task_dir, tmp_path / "run") if arg not in ("--window", "256")]
     assert main(args) == 2
     assert "--window" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("ratio", "swa_groups"), [("1", 12), ("0", 0)])
+def test_a_ratio_that_allows_one_mask_spends_only_the_anchors(
+    finished: tuple[Path, Path, Path], tmp_path: Path, ratio: str, swa_groups: int
+) -> None:
+    model_dir, task_dir, _ = finished
+    args = search_args(model_dir, task_dir, tmp_path / "run")
+    args[args.index("--ratio") + 1] = ratio
+    assert main(args) == 0
+    provenance = json.loads((tmp_path / "run" / "mask.json").read_text())["provenance"]
+    assert provenance["evaluations"] == 2  # S(all SWA) and S(full); one of them is the answer
+    assert HeadMask.load(tmp_path / "run" / "mask.json").num_swa_groups == swa_groups
+    assert provenance["score"] == provenance["anchors"]["all_swa" if ratio == "1" else "all_full"]

@@ -57,4 +57,6 @@ def test_two_processes_find_the_one_process_mask(tiny_model_dir: Path, tmp_path:
     assert [score for _, score in two] == pytest.approx([score for _, score in one], rel=1e-9)
     provenance = json.loads((launched / "mask.json").read_text())["provenance"]
     assert provenance["processes"] == PROCESSES
-    assert sorted(path.name for path in launched.iterdir()) == ["journal.jsonl", "mask.json", "report.md"]
+    # The main process alone locked --out (the lock file is emptied on release, never deleted).
+    assert sorted(path.name for path in launched.iterdir()) == [".bosch-search.lock", "journal.jsonl", "mask.json", "report.md"]
+    assert (launched / ".bosch-search.lock").read_text() == ""

@@ -135,12 +135,21 @@ class TestResumeAfterAKill:
             Journal(path, HEADER, resume=True)
         assert path.read_bytes() == before
 
-    def test_duplicate_record_in_file_is_damage(self, tmp_path: Path) -> None:
+    def test_duplicate_record_with_another_score_is_damage(self, tmp_path: Path) -> None:
         path = tmp_path / "j.jsonl"
         good = self.journal_with(path, 2)
-        path.write_bytes(good + b'{"key": "k0", "score": 0.0}\n{"key": "k9", "score": 0.0}\n')
-        with pytest.raises(JournalError, match="line 4: mask k0 appears twice"):
+        path.write_bytes(good + b'{"key": "k0", "score": 0.5}\n{"key": "k9", "score": 0.0}\n')
+        with pytest.raises(JournalError, match=r"line 4: mask k0 appears twice with different scores \(0\.0 and 0\.5\)"):
             Journal(path, HEADER, resume=True)
+
+    def test_duplicate_record_with_an_equal_score_is_recovered(self, tmp_path: Path, caplog) -> None:
+        """Two processes that both appended one mask (the lock prevents it now) lost nothing."""
+        path = tmp_path / "j.jsonl"
+        good = self.journal_with(path, 2)
+        path.write_bytes(good + b'{"key": "k0", "score": 0.0, "stage": "stage1"}\n{"key": "k9", "score": 0.25}\n')
+        journal = Journal(path, HEADER, resume=True)
+        assert [(r["key"], r["score"]) for r in journal.records] == [("k0", 0.0), ("k1", 0.125), ("k9", 0.25)]
+        assert "ignored 1 repeated record" in caplog.text
 
     def test_sigkill_loses_nothing_that_was_acknowledged(self, tmp_path: Path) -> None:
         """A child appends in a loop and prints each key once append returned; we kill -9 it, twice."""
@@ -219,6 +228,37 @@ class TestRefusals:
         Journal(path, HEADER, resume=False).append("1", 0.5)
         with pytest.raises(JournalError, match=message):
             Journal(path, dict(HEADER, **changed), resume=True)
+
+    def test_nested_fields_are_named_by_their_path(self, tmp_path: Path) -> None:
+        path = tmp_path / "j.jsonl"
+        header = dict(HEADER, calibration={"tasks": ["t"], "metadata": {"seq_len": 1024, "num_examples": 64}})
+        Journal(path, header, resume=False).append("1", 0.5)
+        changed = dict(header, calibration={"tasks": ["t"], "metadata": {"seq_len": 2048, "num_examples": 64}})
+        with pytest.raises(JournalError, match=r"'calibration\.metadata\.seq_len' is 1024 in the journal but 2048"):
+            Journal(path, changed, resume=True)
+
+    def test_reusable_fields_may_change_and_the_header_follows(self, tmp_path: Path, caplog) -> None:
+        path = tmp_path / "j.jsonl"
+        header = {"model": "toy", "settings": {"seed": 0, "buckets": [0, 0.5, 1]}}
+        Journal(path, header, resume=False).append("1", 0.5)
+        changed = {"model": "toy", "settings": {"seed": 1, "buckets": [0, 0.25, 0.5, 0.75, 1]}}
+        journal = Journal(path, changed, resume=True, reusable=("settings",))
+        assert journal.lookup("1") == 0.5
+        assert "settings.seed: 0 → 1" in caplog.text and "settings.buckets: [0, 0.5, 1] → [0, 0.25" in caplog.text
+        assert lines_of(path) == [{"journal": "bosch-journal/1", "header": changed}, {"key": "1", "score": 0.5}]
+        with pytest.raises(JournalError, match="header field 'model'"):
+            Journal(path, dict(changed, model="other"), resume=True, reusable=("settings",))
+
+    def test_wall_time_adds_up_over_resumes(self, tmp_path: Path) -> None:
+        path = tmp_path / "j.jsonl"
+        with mock.patch("bosch_eval.search.journal.time.perf_counter", side_effect=[100.0, 102.5]):
+            Journal(path, HEADER, resume=False, wall_time=True).append("a", 0.5)
+        with mock.patch("bosch_eval.search.journal.time.perf_counter", side_effect=[500.0, 501.0]):
+            journal = Journal(path, HEADER, resume=True, wall_time=True)
+            assert journal.prior_wall_s == 2.5
+            journal.append("b", 0.5)
+        assert [line.get("wall_s") for line in lines_of(path)] == [None, 2.5, 3.5]
+        assert Journal(path, HEADER, resume=True).prior_wall_s == 3.5
 
     def test_field_missing_from_this_search(self, tmp_path: Path) -> None:
         path = tmp_path / "j.jsonl"

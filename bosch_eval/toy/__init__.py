@@ -22,7 +22,20 @@ def model_path() -> Path:
 ALIAS = "toy"
 
 
-def resolve_model(name: str) -> str:
-    """``"toy"`` (short for ``pretrained=$(bosch-eval toy-model --path)``) → the bundled
-    model's directory; any other model id or path is returned unchanged."""
-    return str(model_path()) if name == ALIAS else name
+def resolve_model(name: str, check: bool = True) -> str:
+    """The one model resolver of every command: ``"toy"`` (short for
+    ``pretrained=$(bosch-eval toy-model --path)``) → the bundled model's directory; any
+    other id or path is returned unchanged, after checking (``check``) that it is a
+    checkpoint directory or a hub id that resolves.
+
+    Raises:
+        bosch_eval.model_check.ModelError: the model does not exist (or the bundled weights are missing).
+    """
+    from bosch_eval.model_check import ModelError, check_model_exists
+
+    if name == ALIAS:
+        try:
+            return str(model_path())
+        except FileNotFoundError as err:
+            raise ModelError(f"model 'toy': {err}") from None
+    return check_model_exists(name) if check else name

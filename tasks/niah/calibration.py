@@ -9,8 +9,10 @@ the value, with the space a model writes before it.
 
 Metadata (``--metadata`` JSON, or ``TaskManager(metadata=...)``):
 
-* ``seq_len`` (default 32768): prompt + answer tokens in the model's tokenizer; each
-  example lands within one haystack word below it, never above;
+* ``seq_len`` (default: the model's ``bosch_defaults.json`` ``calib_len``, else 32768):
+  prompt + answer tokens in the model's tokenizer; each example lands within one haystack
+  word below it, never above. A length past the model's ``max_position_embeddings`` is an
+  error unless ``ignore_max_positions`` is true;
 * ``num_examples`` (default 64, as in the paper);
 * ``calib_seed`` (default 0): the examples are a function of it, the length and the
   tokenizer.
@@ -31,7 +33,7 @@ from transformers import PreTrainedTokenizerBase
 
 from bosch_eval.tasks.niah import words
 from bosch_eval.tasks.niah.haystack import Haystack, fit
-from bosch_eval.tasks.niah.metadata import int_setting, model_tokenizer
+from bosch_eval.tasks.niah.metadata import check_lengths, default_lengths, int_setting, model_tokenizer
 
 TASK = "bosch_niah_calib"
 DEFAULT_SEQ_LEN = 32768
@@ -60,9 +62,11 @@ _LEDGER = (
 def dataset(**metadata: Any) -> dict[str, datasets.Dataset]:
     """lm-eval ``custom_dataset``: the calibration examples as the ``test`` split."""
     tokenizer = model_tokenizer(metadata, TASK)
+    seq_len = int_setting(metadata, "seq_len", default_lengths(metadata, "seq_len", (DEFAULT_SEQ_LEN,), TASK)[0], TASK)
+    check_lengths(metadata, (seq_len,), TASK, "seq_len")
     docs = examples(
         tokenizer,
-        seq_len=int_setting(metadata, "seq_len", DEFAULT_SEQ_LEN, TASK),
+        seq_len=seq_len,
         num_examples=int_setting(metadata, "num_examples", DEFAULT_NUM_EXAMPLES, TASK),
         seed=int_setting(metadata, "calib_seed", DEFAULT_SEED, TASK, minimum=0),
     )

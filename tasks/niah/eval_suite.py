@@ -17,7 +17,8 @@ Scores: per length (metric ``"<length>"``) and ``score``, the mean over lengths 
 per-length means (the paper's per-task number); the groups ``bosch_niah_single`` /
 ``bosch_niah_multikey`` / ``bosch_niah`` average tasks with equal weights.
 
-Metadata: ``max_seq_lengths`` (default 4096...32768; prompt + 128 generated tokens),
+Metadata: ``max_seq_lengths`` (default: the model's ``bosch_defaults.json`` ``calib_len``,
+else 4096...32768; prompt + 128 generated tokens; none past the model's maximum),
 ``num_samples`` (default 500 per length, RULER's), ``eval_seed`` (default 0).
 """
 
@@ -37,7 +38,7 @@ from transformers import PreTrainedTokenizerBase
 
 from bosch_eval.tasks.niah import words
 from bosch_eval.tasks.niah.haystack import Haystack, fit
-from bosch_eval.tasks.niah.metadata import int_list_setting, int_setting, model_tokenizer
+from bosch_eval.tasks.niah.metadata import check_lengths, default_lengths, int_list_setting, int_setting, model_tokenizer
 
 DEFAULT_LENGTHS = (4096, 8192, 16384, 32768)
 DEFAULT_NUM_SAMPLES = 500
@@ -113,7 +114,9 @@ def multikey_3(**metadata: Any) -> dict[str, datasets.Dataset]:
 def dataset(task: str, metadata: dict[str, Any]) -> dict[str, datasets.Dataset]:
     """lm-eval ``custom_dataset`` of ``task``: every length's examples as the ``test`` split."""
     tokenizer = model_tokenizer(metadata, task)
-    lengths = int_list_setting(metadata, "max_seq_lengths", DEFAULT_LENGTHS, task)
+    default = default_lengths(metadata, "max_seq_lengths", DEFAULT_LENGTHS, task)
+    lengths = int_list_setting(metadata, "max_seq_lengths", default, task)
+    check_lengths(metadata, lengths, task, "max_seq_lengths")
     num_samples = int_setting(metadata, "num_samples", DEFAULT_NUM_SAMPLES, task)
     seed = int_setting(metadata, "eval_seed", DEFAULT_SEED, task, minimum=0)
     docs = [example(task, tokenizer, length, index, seed) for index in range(num_samples) for length in lengths]

@@ -21,12 +21,40 @@ model arg (for ``layers=rand``) must not change the data.
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any
 
 from lm_eval.tasks.ruler.common_utils import get_tokenizer, resolve_tokenizer_name
 from transformers import PreTrainedTokenizerBase
 
+from bosch_eval.model_check import IGNORE_METADATA, check_length, model_config, truthy
+from bosch_eval.model_defaults import model_defaults
 from bosch_eval.toy import resolve_model
+
+log = logging.getLogger("bosch_eval")
+
+METADATA_HINT = "Custom kwargs can be passed to `--metadata`"
+
+
+class _OwnTasksMetadataHint(logging.Filter):
+    """Drops lm-eval's "Custom kwargs can be passed to `--metadata`" warning for bosch tasks.
+
+    lm-eval 0.4.13 (``ConfigurableTask.download``) logs it for every task with a
+    ``custom_dataset``, unconditionally, so ``bosch_niah`` printed it seven times even
+    when ``--metadata`` was given. Our tasks' settings are documented (README, module
+    docstrings) and a bad one is an error, so the hint says nothing; other tasks keep it.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("bosch_") and METADATA_HINT in message)
+
+
+# Installed when lm-eval imports our dataset functions, which is before it downloads (builds) the task.
+_task_logger = logging.getLogger("lm_eval.api.task")
+if not any(isinstance(f, _OwnTasksMetadataHint) for f in _task_logger.filters):
+    _task_logger.addFilter(_OwnTasksMetadataHint())
 
 
 def model_tokenizer(metadata: dict[str, Any], task: str) -> PreTrainedTokenizerBase:
@@ -38,7 +66,7 @@ def model_tokenizer(metadata: dict[str, Any], task: str) -> PreTrainedTokenizerB
             "`--model_args pretrained=<name or path>` (or tokenizer=...), or in Python "
             "`TaskManager(metadata={'tokenizer': <name or path>})`."
         )
-    return get_tokenizer(resolve_model(name))
+    return get_tokenizer(resolve_model(name, check=False))  # a tokenizer-only directory has no config.json
 
 
 def int_setting(metadata: dict[str, Any], key: str, default: int, task: str, minimum: int = 1) -> int:
@@ -60,3 +88,42 @@ def int_list_setting(metadata: dict[str, Any], key: str, default: tuple[int, ...
     if not items:
         raise ValueError(f"{task}: metadata {key!r} must list at least one length, got {value!r}")
     return tuple(int_setting({key: item}, key, 0, task) for item in items)
+
+
+def named_model(metadata: dict[str, Any]) -> str | None:
+    """The model directory or id in ``metadata`` (``pretrained``, else ``tokenizer``) whose
+    config can tell defaults and the longest sequence; None when there is none (a
+    tokenizer-only directory, or a model object passed from Python)."""
+    for key in ("pretrained", "tokenizer"):
+        name = metadata.get(key)
+        if isinstance(name, str) and name:
+            path = resolve_model(name, check=False)
+            if Path(path).is_dir() and not (Path(path) / "config.json").is_file():
+                continue  # a tokenizer alone: no config to read
+            return path
+    return None
+
+
+def default_lengths(metadata: dict[str, Any], key: str, fallback: tuple[int, ...], task: str) -> tuple[int, ...]:
+    """The default of length setting ``key`` when the metadata has none: the model's
+    ``bosch_defaults.json`` ``calib_len`` (logged), else ``fallback``."""
+    model = named_model(metadata) if key not in metadata else None
+    calib_len = model_defaults(model).calib_len if model is not None else None
+    if calib_len is None:
+        return fallback
+    log.info("%s: %s = %d tokens from %s/bosch_defaults.json (pass --metadata to choose)", task, key, calib_len, model)
+    return (calib_len,)
+
+
+def check_lengths(metadata: dict[str, Any], lengths: tuple[int, ...], task: str, key: str) -> None:
+    """Refuse lengths the named model cannot hold (its ``max_position_embeddings``): past it
+    a prompt is left-truncated or runs on untrained positions, and silently scores ~0.
+    ``ignore_max_positions: true`` in the metadata skips this (a config that understates
+    the context, e.g. rope scaling; give the adapter ``max_length=`` too)."""
+    model = named_model(metadata)
+    if model is None or truthy(metadata.get(IGNORE_METADATA, False), f"{task}: metadata {IGNORE_METADATA!r}"):
+        return
+    config = model_config(model)
+    for length in lengths:
+        check_length(length, metadata.get("pretrained") or model, config, f"{task}: metadata {key!r} =",
+                     f'--metadata \'{{"{IGNORE_METADATA}": true}}\'')  # fmt: skip

@@ -1,0 +1,116 @@
+"""Checks on the model a user names, done from its name and config before any weight loads.
+
+* :func:`check_model_exists`: a local checkpoint directory, or a Hugging Face hub id that
+  resolves (offline mode respected: with ``HF_HUB_OFFLINE=1`` only the local cache is
+  searched). Without it a typo surfaced as a missing ``--window`` or a transformers
+  traceback about repo ids.
+* :func:`max_positions` / :func:`check_length`: a prompt longer than the model's
+  ``max_position_embeddings`` is scored after left truncation or past the positions the
+  model was trained on, and silently scores ~0. Such a length is an error naming the
+  length, the model and its maximum, unless the user says the config understates the
+  context (rope scaling): ``--ignore-max-positions`` / ``ignore_max_positions``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+from bosch_eval.masks import MaskError
+
+IGNORE_FLAG = "--ignore-max-positions"
+IGNORE_METADATA = "ignore_max_positions"
+
+
+class ModelError(MaskError):
+    """A model that does not exist, or a length it cannot hold."""
+
+
+def _looks_like_a_path(name: str) -> bool:
+    # Hub ids are "name" or "org/name"; anything else can only be a (missing) local path.
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or (os.sep != "/" and os.sep in name)
+
+
+@functools.cache
+def check_model_exists(name: str) -> str:
+    """``name`` if it is a checkpoint directory or a reachable hub id (cached per name).
+
+    Raises:
+        ModelError: naming the model and what was looked for.
+    """
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"model {name!r}: the directory has no config.json; expected a Hugging Face checkpoint directory")
+        return name
+    if path.exists():
+        raise ModelError(f"model {name!r}: is a file; expected a checkpoint directory or a Hugging Face hub id")
+    if _looks_like_a_path(name):
+        raise ModelError(f"model {name!r}: no such directory (and not a Hugging Face hub id)")
+    from huggingface_hub import constants
+    from transformers.utils import cached_file
+
+    offline = constants.HF_HUB_OFFLINE
+    try:
+        cached_file(name, "config.json", local_files_only=offline)
+    except (OSError, ValueError) as err:
+        where = "the local Hugging Face cache (HF_HUB_OFFLINE=1)" if offline else "the Hugging Face hub"
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelError(
+            f"model {name!r}: not a local directory, and no config.json for it in {where} ({first_line})"
+        ) from None
+    return name
+
+
+@functools.cache
+def model_config(name: str, trust_remote_code: bool = False) -> Any:
+    """The transformers config of an existing model (no weights), cached per name.
+
+    ``trust_remote_code``: as for ``from_pretrained`` (a model whose config class ships
+    with the checkpoint).
+    """
+    from transformers import AutoConfig
+
+    check_model_exists(name)
+    try:
+        return AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError) as err:
+        raise ModelError(f"model {name!r}: cannot read its config ({err})") from None
+
+
+def max_positions(config: Any) -> int | None:
+    """The longest sequence the config declares (``max_position_embeddings``; GPT-2's
+    ``n_positions`` maps onto it), or None when it declares none."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    value = getattr(text, "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def check_length(length: int, model: str, config: Any, what: str, how_to_override: str) -> None:
+    """Raise a ModelError if ``length`` tokens exceed what ``model`` declares it can hold.
+
+    Args:
+        length: the sequence length asked for.
+        model: the model's name as the user gave it (for the message).
+        config: its transformers config.
+        what: what asked for the length (e.g. ``--calib-len``).
+        how_to_override: the flag or key that skips this check, named in the message.
+    """
+    limit = max_positions(config)
+    if limit is not None and length > limit:
+        raise ModelError(
+            f"{what} {length}: longer than model {model!r} can hold (max_position_embeddings = {limit}); "
+            f"use a length <= {limit}, or pass {how_to_override} if its config understates its context "
+            "(e.g. rope scaling)"
+        )
+
+
+def truthy(value: Any, name: str) -> bool:
+    """A boolean setting that may arrive as a bool or as a string ('true'/'false')."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ModelError(f"{name}: expected true or false, got {value!r}")
