@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -35,6 +36,7 @@ from bosch_eval.masks import HeadMask, MaskError, ModelShape, ceil_count, check_
 from bosch_eval.model_defaults import model_defaults
 from bosch_eval.search.journal import Journal, JournalError, mask_key
 from bosch_eval.search.objective import ObjectiveError, build_objective
+from bosch_eval.search.outdir_lock import OutputLock
 from bosch_eval.search.scoring import SearchError
 from bosch_eval.toy import resolve_model
 
@@ -221,13 +223,23 @@ def run(args: argparse.Namespace) -> None:
         "enumeration": {"ratio": args.ratio, "swa_groups": swa_groups},
     }
     out = Path(args.out)
-    journal = Journal(out / "journal.jsonl", header, resume=args.resume)
-    log.info("%s: %d masks with %d of %d KV groups SWA (%d journaled)", args.model, total, swa_groups, cells, len(journal))
-    scores = enumerate_scores(objective, shape, swa_groups, journal)
+    with OutputLock(out):  # one process writes an output directory at a time
+        journal = Journal(out / "journal.jsonl", header, resume=args.resume)
+        log.info("%s: %d masks with %d of %d KV groups SWA (%d journaled)", args.model, total, swa_groups, cells, len(journal))
+        scores = enumerate_scores(objective, shape, swa_groups, journal)
+        _write_summary(out, header, cells, scores, places)
+
+
+def _write_summary(
+    out: Path, header: Mapping[str, Any], cells: int, scores: Mapping[str, float], places: Sequence[tuple[str, str]]
+) -> None:
+    """``optimum.md`` and ``optimum.json``: the optimum and where each named mask stands."""
+    ratio, swa_groups = header["enumeration"]["ratio"], header["enumeration"]["swa_groups"]
+    total = len(scores)
     placements = [place(name, key, scores) for name, key in places]
     heading = (
-        f"# Every mask of {args.model} at ρ = {args.ratio} ({swa_groups} of {cells} KV groups SWA, W = {window})\n\n"
-        f"S(z) on the calibration task ({', '.join(objective.describe()['tasks'])}); every score is in-sample for a "
+        f"# Every mask of {header['model']} at ρ = {ratio} ({swa_groups} of {cells} KV groups SWA, W = {header['window']})\n\n"
+        f"S(z) on the calibration task ({', '.join(header['calibration']['tasks'])}); every score is in-sample for a "
         "mask searched on it."
     )
     (out / "optimum.md").write_text(render_optimum(scores, placements, heading))
