@@ -54,14 +54,15 @@ class ToySource:
 
     def texts(self) -> Iterator[str]:
         while True:
-            length = self.maker.rng.randint(max(32, self.seq_len // 4), self.seq_len)
+            length = self.maker.rng.randint(min(self.seq_len, max(32, self.seq_len // 4)), self.seq_len)
             yield "".join(text for text, _ in self.maker.document(length, TOY_MIX))
 
     def state_dict(self) -> dict[str, Any]:
         return {"rng": self.maker.rng.getstate()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.maker.rng.setstate(state["rng"])
+        version, internal, gauss = state["rng"]  # tuples, also when the state went through JSON
+        self.maker.rng.setstate((version, tuple(internal), gauss))
 
 
 class DatasetSource:
