@@ -120,6 +120,26 @@ class TestResume:
         a, b = weights(whole), weights(resumed)
         assert all(torch.equal(a[name], b[name]) for name in a)
 
+    def test_resume_on_the_toy_model_with_tied_embeddings(self, tmp_path, monkeypatch):
+        """The toy ties lm_head to the embeddings; Accelerate's state drops the shared copy."""
+        settings = replace(settings_for(Path("."), steps=3, seq_len=64, batch_size=2, micro_batch_size=1),
+                           model="toy", mask_source="layers=intr,ratio=0.5")  # fmt: skip
+        whole = train(settings, tmp_path / "whole", progress_bar=False)
+        save_state = trainer._save_state
+
+        def killed(accelerator, out, step, keep):
+            save_state(accelerator, out, step, keep)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(trainer, "_save_state", killed)
+        with pytest.raises(KeyboardInterrupt):
+            train(settings, tmp_path / "resumed", save_every=1, progress_bar=False)
+        monkeypatch.setattr(trainer, "_save_state", save_state)
+        resumed = train(settings, tmp_path / "resumed", resume=True, save_every=1, progress_bar=False)
+        a, b = weights(whole), weights(resumed)
+        assert all(torch.equal(a[name], b[name]) for name in a)
+        assert json.loads((resumed / "config.json").read_text())["bosch_mask"]["window"] == 32  # the toy's default W
+
     def test_an_interrupted_save_is_not_resumed_from(self, tmp_path):
         (tmp_path / "state" / "step-00000002").mkdir(parents=True)
         (tmp_path / "state" / "step-00000004.tmp").mkdir()
