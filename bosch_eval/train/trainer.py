@@ -162,7 +162,7 @@ def train(settings: TrainSettings, out: Path, *, resume: bool = False, save_ever
     accumulation = settings.accumulation_steps(accelerator.num_processes)
     accelerator.gradient_accumulation_steps = accumulation
     set_seed(settings.seed)
-    model, tokenizer, mask = load_model(settings, accelerator.device)  # bad mask sources fail before out is touched
+    model, tokenizer, _ = load_model(settings, accelerator.device)  # bad mask sources fail before out is touched
     _check_run_dir(out, settings, resume, accelerator.is_main_process)
     accelerator.wait_for_everyone()
     model.train()

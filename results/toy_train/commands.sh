@@ -18,7 +18,8 @@ STEPS="${STEPS:-200}"
 EXPORT="${EXPORT:-50}"
 OUT="${OUT:-runs/toy_train}"
 TASKS_DIR="$(bosch-eval tasks --path)"
-COMMON=(--model toy --data toy --seq-len 1024 --batch-size 8 --micro-batch-size 1 --lr 3e-4 --warmup-ratio 0.1
+LR="${LR:-3e-4}"  # the toy was pretrained at 3e-3 decaying to 3e-4; 20 steps at 3e-4 keep its calibration score (README)
+COMMON=(--model toy --data toy --seq-len 1024 --batch-size 8 --micro-batch-size 1 --lr "$LR" --warmup-ratio 0.1
         --save-every 10 --no-progress-bar)
 YARN=(--rope-scaling yarn --rope-factor 2 --rope-original-max-positions 1024)
 
@@ -29,12 +30,21 @@ evaluate() {  # evaluate MODEL_ARGS LENGTHS OUTPUT  (held-out: upstream niah_sin
     --metadata "{\"max_seq_lengths\": [$2], \"num_samples\": 20}" --output_path "$3"
 }
 
+calib() {  # calib MODEL_ARGS OUTPUT: in-sample bosch_niah_calib at the search's setting (64 x 1024 tokens)
+  lm_eval --model bosch --model_args "$1" --tasks bosch_niah_calib --include_path "$TASKS_DIR" --device cpu \
+    --batch_size 8 --metadata '{"seq_len": 1024}' --output_path "$2"
+}
+
 resume_flag() { [ -f "$1/train_settings.json" ] && echo --resume || true; }
 
 case "${1:-}" in
-  smoke)
-    bosch-eval train "${COMMON[@]}" --mask-source mask=results/toy_search/bosch-r0.75/mask.json --steps 20 \
-      --out results/toy_train/smoke-bosch-r0.75
+  smoke)  # the two committed 20-step runs, lr 3e-4 and 3e-5, then the in-sample calibration score of each
+    for lr in 3e-4 3e-5; do
+      bosch-eval train "${COMMON[@]}" --lr "$lr" --mask-source mask=results/toy_search/bosch-r0.75/mask.json --steps 20 \
+        --out "results/toy_train/smoke-bosch-r0.75-lr$lr"
+      calib "pretrained=results/toy_train/smoke-bosch-r0.75-lr$lr" "results/toy_train/smoke-bosch-r0.75-lr$lr/lm_eval"
+    done
+    calib "pretrained=toy,mask=results/toy_search/bosch-r0.75/mask.json" results/toy_train/untrained-bosch-r0.75/lm_eval
     ;;
   recovery)
     for ratio in 0.875 0.75; do
