@@ -90,6 +90,8 @@ class TestResume:
             train(settings, tmp_path / "resumed", save_every=2, progress_bar=False)
         monkeypatch.setattr(trainer, "_save_state", save_state)
         assert latest_state(tmp_path / "resumed").name == "step-00000004"
+        with (tmp_path / "resumed" / "train_log.jsonl").open("a") as log:
+            log.write('{"step": 5, "loss": 9.9}\n')  # as logged by a run killed after the state at step 4
         assert not (tmp_path / "resumed" / "model.safetensors").exists()
         resumed = train(settings, tmp_path / "resumed", resume=True, save_every=2, progress_bar=False)
 

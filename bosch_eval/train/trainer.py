@@ -184,7 +184,12 @@ def train(settings: TrainSettings, out: Path, *, resume: bool = False, save_ever
 
     rows = settings.micro_batch_size
     bar = tqdm(total=settings.steps, initial=progress.step, desc="train", disable=not (progress_bar and accelerator.is_main_process))
-    log = (out / "train_log.jsonl").open("a") if accelerator.is_main_process else None
+    log = None
+    if accelerator.is_main_process:
+        # Rewritten from the restored history: a kill after the last state left later steps in the file.
+        log = (out / "train_log.jsonl").open("w")
+        log.writelines(json.dumps(record) + "\n" for record in progress.history)
+        log.flush()
     started = time.perf_counter() - progress.elapsed_s
     while progress.step < settings.steps:
         step_started = time.perf_counter()
