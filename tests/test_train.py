@@ -73,6 +73,23 @@ class TestTrainingLoop:
         assert summary["settings"]["mask_source"] == MASK_SOURCE and summary["versions"]["accelerate"]
 
 
+    @pytest.mark.parametrize("backend", ["blocked", "sdpa"])
+    def test_bf16_autocast_trains_fp32_weights(self, tiny_model_dir, tmp_path, backend):
+        """Accelerate's mixed precision (bf16 autocast, as on GPU) through the hybrid kernels."""
+        from accelerate.state import AcceleratorState
+
+        runs = {}
+        for precision in ("no", "bf16"):
+            # Accelerate keeps one state per process; its own tests reset it to change precision.
+            AcceleratorState._reset_state()
+            runs[precision] = train(settings_for(tiny_model_dir, steps=2, mixed_precision=precision, attn_backend=backend),
+                                    tmp_path / precision, progress_bar=False)  # fmt: skip
+        AcceleratorState._reset_state()
+        losses = {p: [r["loss"] for r in json.loads((out / "training.json").read_text())["history"]] for p, out in runs.items()}
+        assert losses["bf16"] != losses["no"] and losses["bf16"] == pytest.approx(losses["no"], abs=2e-2)
+        assert all(t.dtype == torch.float32 for t in weights(runs["bf16"]).values())
+
+
 class TestResume:
     def test_kill_after_a_state_then_resume_ends_with_the_same_weights(self, tiny_model_dir, tmp_path, monkeypatch):
         settings = settings_for(tiny_model_dir, steps=5)
