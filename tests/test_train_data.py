@@ -80,3 +80,19 @@ def test_state_dict_resumes_at_the_same_token(tokenizer, tmp_path, spec):
     resumed.load_state_dict(state)
     got += [resumed.next_batch(3) for _ in range(2)]
     assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
+def test_an_unreachable_hub_dataset_is_an_error_naming_data():
+    """No hub here: the offline switch makes the failure immediate and deterministic."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from bosch_eval.train.data import open_source\n"
+        "from bosch_eval.masks import MaskError\n"
+        "try:\n    open_source('hf:nobody/no-such-dataset', 16, 0)\nexcept MaskError as err:\n    print(err)\n"
+    )
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True)
+    assert "--data hf:nobody/no-such-dataset: could not load Hugging Face dataset 'nobody/no-such-dataset' split 'train'" in result.stdout
