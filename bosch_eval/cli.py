@@ -14,6 +14,7 @@ from bosch_eval.search.rank_cli import add_rank_parser
 from bosch_eval.search.search_cli import ERRORS as SEARCH_ERRORS
 from bosch_eval.search.search_cli import add_search_parser
 from bosch_eval.toy import resolve_model
+from bosch_eval.train.cli import add_train_parser
 
 FULL, SWA = "█", "·"
 
@@ -166,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_search_parser(commands)
     add_rank_parser(commands)
     add_import_parser(commands)
+    add_train_parser(commands)
     return parser
 
 

@@ -15,6 +15,8 @@ model_args (besides everything HFLM accepts):
   requests thousands of times; off by default, since a plain evaluation sees each once).
 * ``progress_bars=False``: no per-call request bars (the search turns them off: its own
   bar counts objective calls).
+* ``rope_scaling=yarn,rope_factor=F[,rope_original_max_positions=N]``: YaRN context
+  extension set on the config before the model is built (``bosch_eval.rope_scaling``).
 
 Under ``accelerate launch --num_processes N`` (GPUs or ``--cpu``, one node or many) each
 process scores its 1/N of the requests; see :meth:`BoschLM._shard_over_processes`.
@@ -111,6 +113,9 @@ class BoschLM(HFLM):
         kv_cache: str = "hybrid",
         memoize_tokens: bool = False,
         progress_bars: bool = True,
+        rope_scaling: str | None = None,
+        rope_factor: float | None = None,
+        rope_original_max_positions: int | None = None,
         **kwargs: Any,
     ) -> None:
         if kv_cache not in KV_CACHES:
@@ -128,6 +133,7 @@ class BoschLM(HFLM):
             # Mask, ranking and window errors from the config alone, before minutes of weight loading.
             config = model_config(pretrained, trust_remote_code=kwargs.get("trust_remote_code") is True)
             head_mask, source = _head_mask(config, pretrained, **sources)
+        self._apply_rope_scaling(pretrained, rope_scaling, rope_factor, rope_original_max_positions, kwargs)
         if launched_processes() > 1 and str(kwargs.get("device", "")).startswith("cpu"):
             PartialState(cpu=True)  # before HFLM's Accelerator(): CPU processes join over gloo
         super().__init__(pretrained=pretrained, **kwargs)
@@ -139,6 +145,26 @@ class BoschLM(HFLM):
         if not isinstance(pretrained, str):  # a preloaded model: its own config
             head_mask, source = _head_mask(self.model.config, getattr(self.model.config, "_name_or_path", None), **sources)
         self.hybrid: HybridAttention = hybridize(self.model, head_mask, backend=attn_backend, source=source)
+
+    @staticmethod
+    def _apply_rope_scaling(
+        pretrained: str | torch.nn.Module, scaling: str | None, factor: Any, original: Any, kwargs: dict[str, Any]
+    ) -> None:
+        """Put a YaRN-scaled config into HFLM's ``from_pretrained`` kwargs: the rotary
+        embedding is built from the config when the model is constructed."""
+        from bosch_eval.rope_scaling import check_rope_args, scaled_config
+
+        names = ("rope_scaling", "rope_factor", "rope_original_max_positions")
+        scaling, factor, original = check_rope_args(scaling, factor, original, names)
+        if scaling is None:
+            return
+        if not isinstance(pretrained, str):
+            raise MaskError("rope_scaling: needs pretrained= as a name or path (a loaded model's rotary embedding is already built)")
+        if "config" in kwargs:
+            raise MaskError("rope_scaling: cannot be combined with an explicit config=")
+        kwargs["config"] = scaled_config(
+            pretrained, factor, original, revision=kwargs.get("revision", "main"), trust_remote_code=bool(kwargs.get("trust_remote_code", False))
+        )
 
     def _shard_over_processes(self) -> None:
         """Under ``accelerate launch`` with N > 1 processes, make lm-eval give each process

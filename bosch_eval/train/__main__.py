@@ -1,0 +1,24 @@
+"""``python -m bosch_eval.train ...`` — the form ``accelerate launch -m`` needs; same flags as ``bosch-eval train``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bosch_eval.masks import MaskError
+from bosch_eval.train.cli import add_train_arguments, run_from_args
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bosch_eval.train", description=__doc__)
+    add_train_arguments(parser)
+    try:
+        run_from_args(parser.parse_args())
+    except MaskError as err:
+        print(f"bosch_eval.train: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
