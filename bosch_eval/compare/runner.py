@@ -59,6 +59,27 @@ def check_out_dir(spec: CompareSpec, out: Path, resume: bool) -> set[str]:
     return finished
 
 
+def validate_entries(spec: CompareSpec) -> None:
+    """Resolve every run's mask against the model's shape before anything is loaded or written.
+
+    Raises:
+        EntryError: naming the entry and the field (a missing file, a mask for another model,
+            a ratio outside [0, 1], ...).
+    """
+    from transformers import AutoConfig
+
+    from bosch_eval.model_defaults import model_defaults
+    from bosch_eval.toy import resolve_model
+
+    path = resolve_model(spec.model)
+    shape = ModelShape.from_config(AutoConfig.from_pretrained(path))
+    for entry, _, args in planned_runs(spec):
+        try:
+            resolve_entry_mask(args, shape, model_defaults(path).window, spec.model)
+        except (MaskError, OSError) as err:
+            raise EntryError(f"entry {entry.name!r}: {err}") from None
+
+
 def _load_model(spec: CompareSpec, load_args: dict[str, str]) -> tuple[Any, ModelShape, int | None]:
     from lm_eval.utils import simple_parse_args_string
     from transformers import AutoConfig
@@ -121,6 +142,7 @@ def run_compare(spec: CompareSpec, out: str | Path, resume: bool = False, progre
     from tqdm import tqdm
 
     out = Path(out)
+    validate_entries(spec)
     finished = check_out_dir(spec, out, resume)
     todo = [(e, r, a) for e, r, a in planned_runs(spec) if r not in finished]
     groups: dict[tuple[tuple[str, str], ...], list[tuple[Entry, str, dict[str, str]]]] = {}
