@@ -77,6 +77,16 @@ def test_cli_leaderboard(tmp_path, capsys):
     assert rows[1]["cells"]["bosch_niah_calib"]["ci"] is not None
     assert (out / "pareto.png").stat().st_size > 0 and (out / "leaderboard.csv").is_file()
 
+    # A finished lm-eval output directory joins as an entry, nothing is re-run (--resume).
+    import shutil
+
+    shutil.copytree(out / "runs" / "bosch", tmp_path / "elsewhere")
+    assert main([*args, "--resume", "--from-results", str(tmp_path / "elsewhere")]) == 0
+    rows = {r["entry"]: r for r in json.loads((out / "leaderboard.json").read_text())["rows"]}
+    assert rows["elsewhere"]["swa_ratio"] == 0.75
+    assert rows["elsewhere"]["cells"]["bosch_niah_calib"]["in_sample"]  # from the mask file in its model_args
+    assert rows["elsewhere"]["cells"]["bosch_niah_calib"]["mean"] == rows["bosch"]["cells"]["bosch_niah_calib"]["mean"]
+
 
 @pytest.mark.parametrize(
     ("entry", "message"),

@@ -85,7 +85,13 @@ def from_results_dir(directory: str | Path) -> EntryRuns:
     bits = run.config.get("bosch_mask")
     mask = None
     if bits is not None:
-        mask = HeadMask.from_rows(bits, int(run.config.get("bosch_num_heads", len(bits[0]))), window=run.config.get("bosch_window"))
+        # H is not recorded; SWA ratio and relative KV bytes depend on the groups only.
+        args = run.config.get("model_args")
+        source = dict(item.split("=", 1) for item in args.split(",") if "=" in item) if isinstance(args, str) else {}
+        provenance = {}
+        if "mask" in source and Path(source["mask"]).is_file():
+            provenance = HeadMask.load(source["mask"]).provenance  # its calibration task: in-sample flag
+        mask = HeadMask.from_rows(bits, len(bits[0]), window=run.config.get("bosch_window"), provenance=provenance)
     return EntryRuns(directory.name, [run], {}, mask)
 
 

@@ -80,7 +80,7 @@ def validate_entries(spec: CompareSpec) -> None:
             raise EntryError(f"entry {entry.name!r}: {err}") from None
 
 
-def _load_model(spec: CompareSpec, load_args: dict[str, str]) -> tuple[Any, ModelShape, int | None]:
+def _load_model(spec: CompareSpec, load_args: dict[str, str]) -> tuple[Any, ModelShape, int | None, str]:
     from lm_eval.utils import simple_parse_args_string
     from transformers import AutoConfig
 
@@ -94,7 +94,7 @@ def _load_model(spec: CompareSpec, load_args: dict[str, str]) -> tuple[Any, Mode
     full = HeadMask.uniform(shape, full=True, window=default_window or 1, method="original")
     kwargs = simple_parse_args_string(",".join(f"{k}={v}" for k, v in {**spec.model_args, **load_args}.items()))
     lm = BoschLM(pretrained=path, mask=full, **kwargs)
-    return lm, shape, default_window
+    return lm, shape, default_window, path
 
 
 def resolve_entry_mask(args: dict[str, str], shape: ModelShape, default_window: int | None, model: str) -> HeadMask:
@@ -115,12 +115,12 @@ def resolve_entry_mask(args: dict[str, str], shape: ModelShape, default_window: 
     return mask
 
 
-def _build_tasks(spec: CompareSpec, lm: Any) -> tuple[Any, dict[str, list[Any]], dict[str, dict[str, Any]]]:
+def _build_tasks(spec: CompareSpec, path: str) -> tuple[Any, dict[str, list[Any]], dict[str, dict[str, Any]]]:
     """The TaskManager, each task name's objects and its leaf Tasks (built once)."""
     from bosch_eval.search.objective import ObjectiveError, _task_manager
 
-    metadata = {"pretrained": lm.pretrained if isinstance(getattr(lm, "pretrained", None), str) else None}
-    metadata = {k: v for k, v in metadata.items() if v} | dict(spec.metadata)
+    # Synthetic tasks (RULER, bosch_niah*) size their documents with the model's tokenizer.
+    metadata = {"pretrained": path, "tokenizer": path} | dict(spec.metadata)
     try:
         manager = _task_manager(spec.tasks, spec.include_path, metadata)
     except ObjectiveError as err:
@@ -151,9 +151,8 @@ def run_compare(spec: CompareSpec, out: str | Path, resume: bool = False, progre
     bar = tqdm(total=len(todo) * len(spec.tasks), disable=not progress, desc="compare", unit="task")
     done: list[str] = []
     for load_key, items in groups.items():
-        lm, shape, default_window = _load_model(spec, dict(load_key))
-        lm.pretrained = str(lm.model.config._name_or_path)
-        manager, objects, leaves = _build_tasks(spec, lm)
+        lm, shape, default_window, path = _load_model(spec, dict(load_key))
+        manager, objects, leaves = _build_tasks(spec, path)
         samples = {name: samples_for_limit(tasks, spec.limit) for name, tasks in leaves.items()}
         for entry, run, args in items:
             try:
