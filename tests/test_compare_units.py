@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bosch_eval.compare.doc_selection import limited_indices
-from bosch_eval.compare.entries import EntryError, make_entry, parse_entry
+from bosch_eval.compare.entries import EntryError, parse_entry
 from bosch_eval.compare.kv_bytes import entry_kv_bytes, hybrid_kv_bytes, relative_kv_bytes
 from bosch_eval.compare.leaderboard import EntryRuns, build_rows
 from bosch_eval.compare.paired_ci import paired_bootstrap_ci

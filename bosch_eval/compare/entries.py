@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 SOURCE_KEYS = ("mask", "ranking", "layers", "ratio", "seed", "window")
@@ -148,7 +147,3 @@ def default_seeds(entries: list[Entry], seeds: tuple[int, ...]) -> list[Entry]:
         for e in entries
     ]
 
-
-def mask_file(entry_args: dict[str, str]) -> Path | None:
-    """The mask file an entry names, if any."""
-    return Path(entry_args["mask"]) if "mask" in entry_args else None
