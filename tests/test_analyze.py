@@ -63,3 +63,20 @@ def test_cli_overlap_and_turnover(tmp_path, capsys):
     assert (tmp_path / "o" / "jaccard.png").stat().st_size > 0
     assert main(["analyze", "turnover", *paths, "--out", str(tmp_path / "t.md")]) == 0
     assert "| 0.25 → 0.5 | 50.0% | 100.0% | 50.0% |" in (tmp_path / "t.md").read_text()
+
+
+def test_cli_replace_and_windows_write_compare_entries(tmp_path):
+    from bosch_eval.compare.spec import load_spec
+
+    m = tmp_path / "m.json"
+    mask([[0, 1, 1, 1], [1, 1, 1, 0]]).save(m)
+    r = tmp_path / "r.json"
+    HeadRanking(((0.5, 0.1, 0.2, 0.3), (0.0, 0.05, 0.8, 0.9)), "higher", "fisher", 4, window=4).save(r)
+    assert main(["analyze", "replace", "--mask", str(m), "--ranking", str(r), "--k", "1", "--out", str(tmp_path / "rep")]) == 0
+    assert HeadMask.load(tmp_path / "rep" / "mask+1fisher.json").bits == ((1, 1, 1, 1), (1, 1, 0, 0))
+    assert main(["analyze", "windows", "--mask", str(m), "--windows", "8", "16", "--out", str(tmp_path / "w.yaml")]) == 0
+    for entries in ("rep/entries.yaml", "w.yaml"):  # both are valid leaderboard entries
+        lb = tmp_path / f"lb-{entries.replace('/', '-')}"
+        lb.write_text("model: toy\ntasks: [t]\n" + (tmp_path / entries).read_text())
+        assert len(load_spec(lb).entries) == 2
+    assert load_spec(tmp_path / "lb-w.yaml").entries[1].model_args == {"mask": str(m), "window": "16"}
