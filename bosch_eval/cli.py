@@ -7,6 +7,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from bosch_eval.analyze.cli import add_analyze_parser
+from bosch_eval.compare.cli import add_compare_parser
+from bosch_eval.compare.entries import EntryError
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
 from bosch_eval.model_check import model_config
 from bosch_eval.search.import_cli import add_import_parser
@@ -168,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_rank_parser(commands)
     add_import_parser(commands)
     add_train_parser(commands)
+    add_compare_parser(commands)
+    add_analyze_parser(commands)
     return parser
 
 
@@ -177,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = argv
     try:
         args.run(args)
-    except (MaskError, *SEARCH_ERRORS) as err:
+    except (MaskError, EntryError, *SEARCH_ERRORS) as err:
         print(f"bosch-eval: error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -1,0 +1,1 @@
+"""``bosch-eval compare``: leaderboard runs of masks, rankings and heuristics through lm-eval."""

@@ -1,0 +1,75 @@
+"""``bosch-eval compare``: entries × lm-eval tasks, then the leaderboard.
+
+    bosch-eval compare --model toy --tasks niah_single_1 --limit 10 \\
+        --metadata '{"max_seq_lengths": [512, 1024]}' \\
+        --entry original= --entry bosch=mask=mask.json --entry intr=layers=intr,ratio=0.75 --out cmp
+    bosch-eval compare --config leaderboard.yaml --out cmp [--resume] [--from-results DIR ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+from pathlib import Path
+from typing import Any
+
+from bosch_eval.compare.entries import EntryError, parse_entry
+
+
+def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("compare", help="leaderboard: entries (masks, rankings, heuristics) × lm-eval tasks")
+    parser.add_argument("--config", help="leaderboard YAML (model, tasks, metadata, limit, entries, ...)")
+    parser.add_argument("--model", help="HF id or path; toy = the bundled model (overrides the YAML)")
+    parser.add_argument("--model-args", help="k=v,... passed to every entry's adapter (device, batch_size, dtype)")
+    parser.add_argument("--entry", action="append", default=[], help="NAME=ARGS (--model bosch model_args; empty: the original); repeatable")
+    parser.add_argument("--tasks", nargs="+", help="lm-eval task or group names")
+    parser.add_argument("--metadata", help="JSON passed to the tasks (e.g. max_seq_lengths)")
+    parser.add_argument("--limit", type=float, help="documents per task (per length for RULER-style tasks)")
+    parser.add_argument("--gen-kwargs", help="lm-eval gen_kwargs (k=v,...)")
+    parser.add_argument("--include-path", help="an extra lm-eval task directory")
+    parser.add_argument("--reference", help="entry the CIs are differences to (default: original)")
+    parser.add_argument("--kv-length", type=int, help="T of the KV-bytes column (default: the longest task length)")
+    parser.add_argument("--from-results", nargs="+", default=[], help="finished lm-eval output directories to add as entries")
+    parser.add_argument("--resume", action="store_true", help="skip runs already finished under --out")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.set_defaults(run=compare_main)
+    return parser
+
+
+def _versions() -> dict[str, str]:
+    names = ("bosch-eval", "lm_eval", "torch", "transformers")
+    return {name: importlib.metadata.version(name) for name in names}
+
+
+def compare_main(args: argparse.Namespace) -> None:
+    from bosch_eval.compare.leaderboard import build_rows, from_compare_dir, from_results_dir, write_leaderboard
+    from bosch_eval.compare.runner import run_compare
+    from bosch_eval.compare.spec import build_spec, load_spec
+
+    limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 and args.limit.is_integer() else args.limit)
+    try:
+        metadata = json.loads(args.metadata) if args.metadata else None
+    except json.JSONDecodeError as err:
+        raise EntryError(f"--metadata: not valid JSON ({err})") from None
+    fields = {"model": args.model, "model_args": args.model_args, "tasks": args.tasks, "metadata": metadata, "limit": limit,
+              "gen_kwargs": args.gen_kwargs, "include_path": args.include_path, "reference": args.reference,
+              "kv_length": args.kv_length}  # fmt: skip
+    if args.config:
+        spec = load_spec(args.config, fields, args.entry)
+    else:
+        spec = build_spec({k: v for k, v in fields.items() if v is not None}, [parse_entry(e) for e in args.entry], "command line")
+    out = Path(args.out)
+    extra = [from_results_dir(d) for d in args.from_results]
+    names = [e.name for e in spec.entries]
+    clash = [e.name for e in extra if e.name in names]
+    if clash:
+        raise EntryError(f"--from-results: {clash} has the name of an entry; rename the directory")
+    run_compare(spec, out, resume=args.resume)
+    entries = from_compare_dir(out, names) + extra
+    order = list(dict.fromkeys(name for e in entries for run in e.runs for name in run.results))
+    rows = build_rows(entries, spec.reference, spec.default_kv_length())
+    header = {"command": " ".join(["bosch-eval", *args.argv]), "versions": _versions(), "reference": spec.reference,
+              "kv_length": spec.default_kv_length(), "settings": spec.settings()}  # fmt: skip
+    write_leaderboard(rows, order, out, header)
+    print((out / "leaderboard.md").read_text())

@@ -1,0 +1,208 @@
+"""The leaderboard: per entry, score per task and group, SWA ratio, KV bytes, mean ± sd over
+seeds, paired 95% CI of the difference to the reference, and in-sample flags; written as
+md/csv/json plus a Pareto plot (headline score vs KV bytes)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bosch_eval.compare.kv_bytes import entry_kv_bytes
+from bosch_eval.compare.paired_ci import paired_bootstrap_ci
+from bosch_eval.compare.results import RunResults, doc_values, main_score, read_run
+from bosch_eval.masks import HeadMask
+
+CI_METHOD = "paired percentile bootstrap over the same documents (stratified by length), 10000 resamples, seed 0"
+
+
+@dataclass
+class Cell:
+    """One entry's score on one task or group."""
+
+    metric: str
+    mean: float
+    sd: float | None = None  # over seeds
+    ci: tuple[float, float, float] | None = None  # (difference, low, high) vs the reference
+    n_docs: int | None = None
+    in_sample: bool = False
+
+
+@dataclass
+class Row:
+    entry: str
+    runs: int
+    swa_ratio: float | None
+    kv_bytes: float | None
+    cells: dict[str, Cell] = field(default_factory=dict)
+
+
+@dataclass
+class EntryRuns:
+    """What the leaderboard needs of one entry: its runs' results, model_args and mask."""
+
+    name: str
+    runs: list[RunResults]
+    model_args: dict[str, str]
+    mask: HeadMask | None
+
+
+def calibration_tasks(mask: HeadMask | None) -> set[str]:
+    """Tasks a mask was searched on, from its provenance (``calibration.tasks``)."""
+    if mask is None:
+        return set()
+    calib = mask.provenance.get("calibration") if isinstance(mask.provenance, dict) else None
+    return set(calib.get("tasks", [])) if isinstance(calib, dict) else set()
+
+
+def _members(name: str, groups: dict[str, list[str]]) -> set[str]:
+    found = {name}
+    for child in groups.get(name, []):
+        found |= _members(child, groups)
+    return found
+
+
+def from_compare_dir(out: Path, entries_order: list[str]) -> list[EntryRuns]:
+    """The finished runs under ``out/runs``, grouped by entry (in ``entries_order``)."""
+    by_entry: dict[str, EntryRuns] = {}
+    for run_dir in sorted((out / "runs").iterdir()):
+        record = json.loads((run_dir / "run.json").read_text())
+        mask = HeadMask.from_json(record["mask"], str(run_dir / "run.json"))
+        args = {k: v for k, v in record["model_args"].items() if k != "seed"}
+        item = by_entry.setdefault(record["entry"], EntryRuns(record["entry"], [], args, mask))
+        item.runs.append(read_run(run_dir))
+    return [by_entry[name] for name in entries_order if name in by_entry]
+
+
+def from_results_dir(directory: str | Path) -> EntryRuns:
+    """A finished lm-eval output directory (any model) as an entry named after the directory."""
+    directory = Path(directory)
+    run = read_run(directory)
+    bits = run.config.get("bosch_mask")
+    mask = None
+    if bits is not None:
+        # H is not recorded; SWA ratio and relative KV bytes depend on the groups only.
+        args = run.config.get("model_args")
+        source = dict(item.split("=", 1) for item in args.split(",") if "=" in item) if isinstance(args, str) else {}
+        provenance = {}
+        if "mask" in source and Path(source["mask"]).is_file():
+            provenance = HeadMask.load(source["mask"]).provenance  # its calibration task: in-sample flag
+        mask = HeadMask.from_rows(bits, len(bits[0]), window=run.config.get("bosch_window"), provenance=provenance)
+    return EntryRuns(directory.name, [run], {}, mask)
+
+
+def build_rows(entries: list[EntryRuns], reference: str, kv_length: int | None) -> list[Row]:
+    """One row per entry; the CIs pair each entry's documents with the reference's."""
+    ref = next((e for e in entries if e.name == reference), None)
+    rows = []
+    for entry in entries:
+        mask = entry.mask
+        kv = None
+        if kv_length is not None:
+            kv = 1.0 if mask is None else entry_kv_bytes(entry.model_args, mask, mask.window or 1, kv_length)
+        row = Row(entry.name, len(entry.runs), 0.0 if mask is None else mask.swa_ratio, kv)
+        calib = calibration_tasks(mask)
+        groups = {k: v for run in entry.runs for k, v in run.group_subtasks.items()}
+        for name in entry.runs[0].results:
+            scores = [main_score(run.results.get(name, {})) for run in entry.runs]
+            if any(s is None for s in scores):
+                continue
+            values = [s[1] for s in scores]
+            cell = Cell(scores[0][0], statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None)
+            cell.in_sample = bool(_members(name, groups) & calib)
+            if ref is not None and entry is not ref and all(name in run.samples for run in entry.runs + ref.runs):
+                cell.ci, cell.n_docs = _ci(entry, ref, name, cell.metric)
+            row.cells[name] = cell
+        rows.append(row)
+    return rows
+
+
+def _mean_docs(runs: list[RunResults], task: str, metric: str) -> dict[Any, float]:
+    per_run = [doc_values(run.samples[task], metric) for run in runs]
+    return {key: math.fsum(v[key] for v in per_run) / len(per_run) for key in per_run[0]}
+
+
+def _ci(entry: EntryRuns, ref: EntryRuns, task: str, metric: str) -> tuple[tuple[float, float, float] | None, int | None]:
+    ref_metric = main_score(ref.runs[0].results.get(task, {}))
+    if ref_metric is None or ref_metric[0] != metric:
+        return None, None
+    diff, low, high, n = paired_bootstrap_ci(_mean_docs(entry.runs, task, metric), _mean_docs(ref.runs, task, metric))
+    return (diff, low, high), n
+
+
+def headline(row: Row, names: list[str]) -> float | None:
+    """Unweighted mean over ``names`` (the held-out columns)."""
+    values = [row.cells[n].mean for n in names if n in row.cells]
+    return statistics.fmean(values) if values and len(values) == len(names) else None
+
+
+def held_out_columns(rows: list[Row], order: list[str]) -> list[str]:
+    """Columns no entry scored in-sample."""
+    return [n for n in order if not any(r.cells.get(n) and r.cells[n].in_sample for r in rows)]
+
+
+def _fmt(cell: Cell | None) -> str:
+    if cell is None:
+        return "–"
+    text = f"{cell.mean:.3f}" + (f" ± {cell.sd:.3f}" if cell.sd is not None else "")
+    if cell.ci is not None:
+        text += f" ({cell.ci[0]:+.3f} [{cell.ci[1]:+.3f}, {cell.ci[2]:+.3f}])"
+    return text + (" *in-sample*" if cell.in_sample else "")
+
+
+def write_leaderboard(rows: list[Row], order: list[str], out: Path, header: dict[str, Any]) -> None:
+    """``leaderboard.md``, ``.csv``, ``.json`` and ``pareto.png`` under ``out``."""
+    held = held_out_columns(rows, order)
+    kv_t = header.get("kv_length")
+    lines = [f"$ {header['command']}", "", f"versions: {json.dumps(header['versions'])}", "",
+             f"Cells: score ± sd over seeds (difference to `{header['reference']}` [95% CI], {CI_METHOD}). "
+             f"*in-sample*: the entry's mask was searched on this task. KV bytes: relative to the original at T = {kv_t}. "
+             f"Headline: mean over {held}.", "",
+             "| entry | SWA ratio | KV bytes | headline | " + " | ".join(order) + " |",
+             "|---" * (4 + len(order)) + "|"]  # fmt: skip
+    for row in rows:
+        score = headline(row, held)
+        lines.append(
+            f"| {row.entry} | {row.swa_ratio:.3f} | {'–' if row.kv_bytes is None else f'{row.kv_bytes:.4f}'} | "
+            f"{'–' if score is None else f'{score:.3f}'} | " + " | ".join(_fmt(row.cells.get(n)) for n in order) + " |"
+        )
+    (out / "leaderboard.md").write_text("\n".join(lines) + "\n")
+    with open(out / "leaderboard.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["entry", "swa_ratio", "kv_bytes", "task", "metric", "mean", "sd", "diff", "ci_low", "ci_high", "n_docs", "in_sample"])
+        for row in rows:
+            for name in order:
+                c = row.cells.get(name)
+                if c is not None:
+                    ci = c.ci or (None, None, None)
+                    writer.writerow([row.entry, row.swa_ratio, row.kv_bytes, name, c.metric, c.mean, c.sd, *ci, c.n_docs, c.in_sample])
+    payload = {**header, "ci_method": CI_METHOD, "headline_columns": held, "rows": [asdict(r) for r in rows]}
+    (out / "leaderboard.json").write_text(json.dumps(payload, indent=1) + "\n")
+    plot_pareto(rows, held, out / "pareto.png", kv_t)
+
+
+def plot_pareto(rows: list[Row], held: list[str], path: Path, kv_length: int | None) -> None:
+    """Headline score vs KV bytes; the Pareto front (no entry both smaller and better) joined."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [(r.kv_bytes, headline(r, held), r.entry) for r in rows if r.kv_bytes is not None and headline(r, held) is not None]
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for x, y, name in points:
+        ax.scatter(x, y, color="tab:blue")
+        ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    front = sorted(p for p in points if not any(q[0] <= p[0] and q[1] >= p[1] and q[:2] != p[:2] for q in points))
+    if front:
+        ax.plot([p[0] for p in front], [p[1] for p in front], color="tab:red", lw=1, label="Pareto front")
+        ax.legend()
+    ax.set_xlabel(f"KV-cache bytes relative to the original (T = {kv_length})")
+    ax.set_ylabel("headline score (held-out tasks)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

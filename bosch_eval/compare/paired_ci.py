@@ -1,0 +1,59 @@
+"""Paired bootstrap confidence interval of a score difference over the same documents.
+
+Method: paired percentile bootstrap with a fixed seed. Documents are matched by
+``(stratum, doc_id)`` between an entry and the reference; each replicate resamples the
+documents of every stratum (with replacement, within the stratum) and recomputes the
+score difference as the task computes its score: the unweighted mean over strata of the
+per-stratum mean differences (a stratum is a context length for RULER-style tasks, whose
+score is the mean over lengths; a single stratum otherwise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+
+import numpy as np
+
+DEFAULT_ITERS = 10_000
+DEFAULT_SEED = 0
+
+
+def paired_bootstrap_ci(
+    entry: Mapping[tuple[Hashable, int], float],
+    reference: Mapping[tuple[Hashable, int], float],
+    *,
+    iters: int = DEFAULT_ITERS,
+    seed: int = DEFAULT_SEED,
+    level: float = 0.95,
+) -> tuple[float, float, float, int]:
+    """Difference ``entry − reference`` and its ``level`` interval.
+
+    Args:
+        entry: per-document values keyed by ``(stratum, doc_id)``.
+        reference: the same for the reference entry.
+
+    Returns:
+        ``(difference, low, high, n)`` with ``n`` the number of paired documents.
+
+    Raises:
+        ValueError: the two do not hold the same documents (a pairing would be wrong).
+    """
+    if set(entry) != set(reference):
+        only = sorted(set(entry) ^ set(reference), key=str)[:5]
+        raise ValueError(f"paired CI: the entry and the reference scored different documents, e.g. {only}")
+    if not entry:
+        raise ValueError("paired CI: no documents")
+    strata: dict[Hashable, list[float]] = {}
+    for key in sorted(entry, key=str):
+        strata.setdefault(key[0], []).append(entry[key] - reference[key])
+    rng = np.random.default_rng(seed)
+    point = float(np.mean([np.mean(d) for d in strata.values()]))
+    replicates = np.zeros(iters)
+    for diffs in strata.values():
+        values = np.asarray(diffs)
+        picks = rng.integers(0, len(values), size=(iters, len(values)))
+        replicates += values[picks].mean(axis=1)
+    replicates /= len(strata)
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(replicates, [tail, 100 - tail])
+    return point, float(low), float(high), len(entry)

@@ -1,0 +1,93 @@
+"""Read lm-eval output directories back: scores per task/group and per-document values.
+
+Main metric of a task: ``score`` where the task reports it (``bosch_niah``: mean over
+lengths), the mean over its per-length metrics (upstream RULER reports only ``"512"``,
+``"1024"``, ...; ``-1`` marks a length with no documents), else ``acc``, else its first
+metric. Per-document values carry a stratum (the document's length for length-wise
+tasks), matching how the score averages them (see :mod:`bosch_eval.compare.paired_ci`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class RunResults:
+    """One run's merged lm-eval results (every results_*.json under its directory)."""
+
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    group_subtasks: dict[str, list[str]] = field(default_factory=dict)
+    samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def read_run(directory: str | Path) -> RunResults:
+    """Merge every lm-eval results and samples file below ``directory``.
+
+    Raises:
+        FileNotFoundError: no ``results_*.json`` below it.
+    """
+    directory = Path(directory)
+    files = sorted(directory.rglob("results_*.json"))
+    if not files:
+        raise FileNotFoundError(f"{directory}: no lm-eval results_*.json below it")
+    run = RunResults()
+    for path in files:
+        data = json.loads(path.read_text())
+        run.results.update(data.get("results", {}))
+        run.group_subtasks.update(data.get("group_subtasks", {}))
+        run.config = run.config or data.get("config", {})
+    for path in sorted(directory.rglob("samples_*.jsonl")):
+        task = path.name[len("samples_") :].rsplit("_", 1)[0]
+        run.samples[task] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return run
+
+
+def _metrics(row: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for key, value in row.items():
+        name = key.split(",")[0]
+        if "," in key and not name.endswith("_stderr") and isinstance(value, (int, float)):
+            out.setdefault(name, float(value))
+    return out
+
+
+def main_score(row: dict[str, Any]) -> tuple[str, float] | None:
+    """``(metric, value)`` of a results row, by the rule in the module docstring."""
+    metrics = _metrics(row)
+    if not metrics:
+        return None
+    if "score" in metrics:
+        return "score", metrics["score"]
+    lengths = {k: v for k, v in metrics.items() if k.isdigit() and v != -1}
+    if lengths and all(k.isdigit() for k in metrics):
+        return "mean over lengths", math.fsum(lengths.values()) / len(lengths)
+    if "acc" in metrics:
+        return "acc", metrics["acc"]
+    name = next(iter(metrics))
+    return name, metrics[name]
+
+
+def length_scores(row: dict[str, Any]) -> dict[int, float]:
+    """Per-length metrics of a results row (RULER-style tasks), without the -1 placeholders."""
+    return {int(k): v for k, v in _metrics(row).items() if k.isdigit() and v != -1}
+
+
+def doc_values(samples: list[dict[str, Any]], metric: str) -> dict[tuple[Any, int], float]:
+    """``(stratum, doc_id) → value`` of ``metric`` (as :func:`main_score` names it)."""
+    values = {}
+    for sample in samples:
+        if metric == "score" and isinstance(sample.get("score"), list):
+            stratum, value = sample["score"]
+        elif metric == "mean over lengths":
+            stratum = int(sample["doc"]["max_length"])
+            value = sample[str(stratum)]
+        else:
+            stratum, value = None, sample[metric]
+        values[(stratum, int(sample["doc_id"]))] = float(value)
+    return values

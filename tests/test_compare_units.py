@@ -1,0 +1,163 @@
+"""bosch-eval compare, without a model run: entries, YAML, KV bytes, paired CI, per-length
+limit, the in-sample flag and the leaderboard rows."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from bosch_eval.compare.doc_selection import limited_indices
+from bosch_eval.compare.entries import EntryError, parse_entry
+from bosch_eval.compare.kv_bytes import entry_kv_bytes, hybrid_kv_bytes, relative_kv_bytes
+from bosch_eval.compare.leaderboard import EntryRuns, build_rows
+from bosch_eval.compare.paired_ci import paired_bootstrap_ci
+from bosch_eval.compare.results import RunResults, main_score
+from bosch_eval.compare.spec import load_spec
+from bosch_eval.hybrid_attention import hybridize
+from bosch_eval.hybrid_cache import HybridCache, kv_cache_bytes
+from bosch_eval.masks import HeadMask
+from bosch_eval.random_model import random_model
+
+
+class TestEntries:
+    def test_parse(self):
+        entry = parse_entry("bosch=mask=m.json,window=16,kv_quant=logquant2")
+        assert entry.name == "bosch"
+        assert entry.source_args == {"mask": "m.json", "window": "16"}
+        assert entry.load_args == {"kv_quant": "logquant2"}  # passed through to the adapter
+        assert parse_entry("original=").is_original
+
+    def test_seeds_expand_into_runs(self):
+        entry = parse_entry("rand=layers=rand,ratio=0.5,seeds=0/1/2")
+        assert [run for run, _ in entry.runs()] == ["rand@seed=0", "rand@seed=1", "rand@seed=2"]
+        assert entry.runs()[2][1] == {"layers": "rand", "ratio": "0.5", "seed": "2"}
+
+    @pytest.mark.parametrize(
+        ("text", "message"),
+        [
+            ("bosch", "expected NAME=ARGS"),
+            ("bad name=mask=m.json", "field 'name'"),
+            ("x=mask", "model_arg 'mask' is not key=value"),
+            ("x=mask=a,mask=b", "given twice"),
+            ("x=mask=a,ranking=b", "one mask source"),
+            ("x=ratio=0.5", "needs ranking= or layers="),
+            ("x=layers=intr,ratio=0.5,seeds=0/1", "layers=rand only"),
+            ("x=layers=rand,ratio=0.5,seeds=0/a", "integers"),
+        ],
+    )
+    def test_bad_entries_name_the_entry_and_field(self, text, message):
+        with pytest.raises(EntryError, match=message):
+            parse_entry(text)
+
+    def test_yaml(self, tmp_path):
+        path = tmp_path / "lb.yaml"
+        path.write_text(
+            "model: toy\ntasks: [bosch_niah]\nmetadata: {max_seq_lengths: [512, 1024]}\nlimit: 5\nseeds: [0, 1]\n"
+            "entries:\n  - original=\n  - {name: rand, args: 'layers=rand,ratio=0.75'}\n  - bosch=mask=m.json\n"
+        )
+        spec = load_spec(path)
+        assert [e.name for e in spec.entries] == ["original", "rand", "bosch"]
+        assert spec.entries[1].seeds == (0, 1)  # the leaderboard's seeds for a rand entry
+        assert spec.default_kv_length() == 1024
+
+    def test_yaml_duplicate_names_and_unknown_fields(self, tmp_path):
+        path = tmp_path / "lb.yaml"
+        path.write_text("model: toy\ntasks: [t]\nentries: [a=, a=mask=m.json]\n")
+        with pytest.raises(EntryError, match="two entries are named 'a'"):
+            load_spec(path)
+        path.write_text("model: toy\ntasks: [t]\nentrys: [a=]\n")
+        with pytest.raises(EntryError, match="unknown fields \\['entrys'\\]"):
+            load_spec(path)
+
+
+class TestKVBytes:
+    @pytest.mark.parametrize("length", [5, 7, 40])
+    def test_closed_form_equals_the_hybrid_cache(self, length):
+        rows, window = [[1, 0, 0, 1], [0, 0, 0, 0], [1, 1, 1, 1]], 8
+        model = random_model("qwen3", num_layers=3, seed=1)
+        mask = HeadMask.from_rows(rows, model.config.num_attention_heads, window=window)
+        hybridize(model, mask)
+        cache = HybridCache.for_model(model)
+        with torch.no_grad():
+            model(input_ids=torch.randint(0, 300, (2, length)), past_key_values=cache, use_cache=True)
+        assert kv_cache_bytes(cache) == hybrid_kv_bytes(mask, window, length, model.config.head_dim, 4, batch=2)
+        original = 2 * 3 * 4 * length * model.config.head_dim * 4 * 2
+        assert relative_kv_bytes(mask, window, length) == pytest.approx(kv_cache_bytes(cache) / original)
+
+    def test_entry_bytes(self):
+        mask = HeadMask.from_rows([[0, 1]], 2, window=4)
+        assert entry_kv_bytes({}, mask, 4, 100) == pytest.approx((100 + 3) / 200)
+        assert entry_kv_bytes({"kv_cache": "dynamic"}, mask, 4, 100) == 1.0
+        with pytest.raises(ValueError, match="kv_quant"):
+            entry_kv_bytes({"kv_quant": "2"}, mask, 4, 100)
+
+
+class TestPairedCI:
+    def test_constant_difference_has_a_zero_width_interval(self):
+        # Per-document scores vary a lot, the difference does not: paired, the CI is a point
+        # (an unpaired interval would be wide).
+        rng = np.random.default_rng(1)
+        ref = {(None, i): float(v) for i, v in enumerate(rng.random(50))}
+        entry = {k: v + 0.1 for k, v in ref.items()}
+        diff, low, high, n = paired_bootstrap_ci(entry, ref)
+        assert (n, diff) == (50, pytest.approx(0.1))
+        assert low == pytest.approx(0.1) and high == pytest.approx(0.1)
+
+    def test_interval_matches_the_normal_approximation(self):
+        # 400 documents, the entry loses 100 of them (diff -1), keeps the rest: mean -0.25,
+        # sd sqrt(0.25·0.75), so the 95% interval is -0.25 ± 1.96·0.433/20 ≈ ±0.042.
+        ref = {(None, i): 1.0 for i in range(400)}
+        entry = {(None, i): 0.0 if i < 100 else 1.0 for i in range(400)}
+        diff, low, high, _ = paired_bootstrap_ci(entry, ref)
+        half = 1.96 * math.sqrt(0.25 * 0.75) / 20
+        assert diff == -0.25
+        assert low == pytest.approx(-0.25 - half, abs=0.006) and high == pytest.approx(-0.25 + half, abs=0.006)
+
+    def test_strata_are_averaged_as_the_score_is(self):
+        # length 512: 2 docs, diff -1 each; length 1024: 8 docs, diff 0: score diff = mean of
+        # the per-length means = -0.5 (not the document mean -0.2).
+        ref = {(512, i): 1.0 for i in range(2)} | {(1024, i): 1.0 for i in range(2, 10)}
+        entry = {(512, i): 0.0 for i in range(2)} | {(1024, i): 1.0 for i in range(2, 10)}
+        diff, low, high, _ = paired_bootstrap_ci(entry, ref)
+        assert (diff, low, high) == (-0.5, -0.5, -0.5)
+
+    def test_other_documents_are_an_error(self):
+        with pytest.raises(ValueError, match="different documents"):
+            paired_bootstrap_ci({(None, 0): 1.0}, {(None, 1): 1.0})
+
+
+def test_limit_applies_per_length():
+    docs = [{"max_length": 512}] * 4 + [{"max_length": 1024}] * 4
+    assert limited_indices(docs, 2) == [0, 1, 4, 5]  # lm-eval's limit would keep [0, 1]
+    assert limited_indices(docs, 0.5) == [0, 1, 4, 5]
+    assert limited_indices([{"q": 1}] * 5, 2) == [0, 1]
+
+
+def _run(scores, docs=None):
+    samples = {"t": [{"doc_id": i, "acc": v} for i, v in enumerate(docs)]} if docs is not None else {}
+    return RunResults(results={"t": {"acc,none": scores}}, samples=samples)
+
+
+def test_leaderboard_rows_flag_in_sample_and_average_seeds():
+    calib = {"calibration": {"tasks": ["t"]}}
+    searched = HeadMask.from_rows([[0, 1]], 2, window=4, provenance=calib)
+    heuristic = HeadMask.from_rows([[1, 0]], 2, window=4)
+    entries = [
+        EntryRuns("original", [_run(1.0, [1, 1])], {}, HeadMask.from_rows([[1, 1]], 2, window=4)),
+        EntryRuns("bosch", [_run(0.5, [1, 0])], {}, searched),
+        EntryRuns("rand", [_run(0.5, [1, 0]), _run(1.0, [1, 1])], {}, heuristic),
+    ]
+    rows = {r.entry: r for r in build_rows(entries, "original", 4)}
+    assert rows["bosch"].cells["t"].in_sample and not rows["rand"].cells["t"].in_sample
+    assert rows["rand"].cells["t"].mean == 0.75 and rows["rand"].cells["t"].sd == pytest.approx(math.sqrt(0.125))
+    assert rows["bosch"].cells["t"].ci[0] == -0.5
+    assert rows["rand"].cells["t"].ci[0] == -0.25  # seed-averaged documents
+    assert rows["bosch"].kv_bytes == pytest.approx((4 + 3) / 8)
+
+
+def test_main_score_of_ruler_lengths_ignores_missing_lengths():
+    assert main_score({"512,none": 0.5, "1024,none": 1.0, "4096,none": -1}) == ("mean over lengths", 0.75)
+    assert main_score({"score,none": 0.3, "512,none": 0.2}) == ("score", 0.3)
