@@ -62,6 +62,7 @@ def assign_layer_ratios(
     groups_per_layer: int,
     buckets: Sequence[float] = DEFAULT_BUCKETS,
     percentiles: tuple[float, float] = DEFAULT_PERCENTILES,
+    higher_is_better: bool = True,
 ) -> Stage2Result:
     """Assign every layer an SWA ratio from ``buckets`` so that the total meets ρ (Algorithm 2).
 
@@ -97,6 +98,7 @@ def assign_layer_ratios(
         groups_per_layer: G, KV groups per layer.
         buckets: the coarse ratios b_0 < … < b_{B−1} in [0, 1].
         percentiles: (p_lo, p_hi) for clipping the drops, 0 ≤ p_lo < p_hi ≤ 100.
+        higher_is_better: the direction of the scores (lm-eval's ``higher_is_better``).
 
     Raises:
         ValueError: naming the argument that cannot be used as given.
@@ -116,6 +118,8 @@ def assign_layer_ratios(
     low, high = _check_percentiles(percentiles)
 
     drops = _layer_drops(scores, float(original_score))
+    if not higher_is_better:
+        drops = [-drop for drop in drops]
     weights = _weights(drops, low, high)
     hardest_first = sorted(range(len(scores)), key=lambda layer: (-weights[layer], layer))
     rank = [0] * len(scores)

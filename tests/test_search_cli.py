@@ -2,9 +2,11 @@
 with zero re-evaluation, and the errors it names.
 
 A random model solves no needle (``acc`` is 0 for every mask), so these runs score the
-calibration documents by perplexity, which every mask changes a little. That exercises
-the plumbing (objective, stages, journal, provenance); whether the search finds good
-masks is tested on planted objectives (``test_search_pipeline.py``).
+calibration documents by perplexity, which every mask changes a little. Perplexity is
+lower-is-better (the test task's ``metric_list`` says so), and the run must carry that
+direction from lm-eval into the anchors and the search. That exercises the plumbing
+(objective, stages, journal, provenance); whether the search finds good masks is tested on
+planted objectives (``test_search_pipeline.py``).
 """
 
 from __future__ import annotations
@@ -48,7 +50,12 @@ def test_writes_the_mask_with_its_provenance(finished: tuple[Path, Path, Path]) 
     assert mask.num_swa_groups == 6  # ⌈0.5 · 3 layers · 4 groups⌉
     assert mask.window == 256
     provenance = json.loads((out / "mask.json").read_text())["provenance"]
-    assert provenance["anchors"]["b"] > provenance["anchors"]["a"]
+    anchors = provenance["anchors"]
+    # Perplexity: lower is better, so b lies below the original model, which lies below all-SWA.
+    assert provenance["calibration"]["higher_is_better"] is False and anchors["higher_is_better"] is False
+    assert anchors["b"] == pytest.approx(0.8 * anchors["all_full"])
+    assert anchors["b"] < anchors["all_full"] < anchors["a"]
+    assert provenance["score"] < anchors["a"] and provenance["normalized_score"] > 0
     assert len(provenance["stage1_scores"]) == 3 and len(provenance["stage2"]["ratios"]) == 3
     assert provenance["seed"] == 0 and provenance["processes"] == 1
     assert {"torch", "transformers", "lm_eval", "accelerate", "PyNomadBBO"} <= set(provenance["versions"])
