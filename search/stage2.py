@@ -90,6 +90,13 @@ def assign_layer_ratios(
       total never crosses the target. The printed loop spins forever when no single move
       fits (e.g. G = 2, buckets (0, 1) and an odd target); we stop after a pass with no move
       and report ``assigned_groups != target_groups``.
+    * **Layers at r = 0.** One raising pass visits every layer (lines 19–25 break only when
+      Δ = 0), so a layer stays fully global only if the gap closes before the pass reaches
+      it. At L = 8, ρ = 0.5 (Fig. 1, whose "-" rows are layers left all full or all SWA)
+      the hardest layers stay at 0; at ρ = 0.75 on 32 layers × 8 groups with quarter
+      buckets the gap after bucketing is 70 groups and the first pass lifts even the
+      hardest layers to 0.25. The paper states no bucket values (Fig. 1 uses 0.25 and
+      r ≥ 0.5) and no rule that protects a layer at 0, so this follows the printed loop.
 
     Args:
         stage1_scores: s_best per layer, bottom (layer 0) to top, as Algorithm 1 records them.
