@@ -73,8 +73,9 @@ class SearchSettings:
             raise SearchError(f"alpha: expected a value > 0, got {self.alpha}")
         if self.max_variables < 1:
             raise SearchError(f"max_variables: expected an integer >= 1, got {self.max_variables}")
-        if self.chunk_layers is not None and (isinstance(self.chunk_layers, bool) or not isinstance(self.chunk_layers, int) or self.chunk_layers < 1):
-            raise SearchError(f"chunk_layers: expected an integer >= 1 (layers per Stage-3 sub-problem), got {self.chunk_layers!r}")
+        chunk = self.chunk_layers
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+            raise SearchError(f"chunk_layers: expected an integer >= 1 (layers per Stage-3 sub-problem), got {chunk!r}")
         if self.quota not in QUOTAS:
             raise SearchError(f"quota: expected one of {list(QUOTAS)}, got {self.quota!r}")
         if isinstance(self.refine, bool) or not isinstance(self.refine, int) or self.refine < 0:
@@ -239,16 +240,17 @@ def validate_for_shape(settings: SearchSettings, shape: ModelShape) -> None:
                 f"buckets: entry {index} is {bucket!r}, and {bucket!r} × {groups} KV groups per layer = {count:g} is not "
                 f"a whole number of groups (Stage 3 converts r·G groups in each layer); use multiples of 1/{groups}"
             )
-    chunk = settings.chunk_layers_for(shape)
-    if settings.optimizer == "nomad" and settings.quota == "layer" and settings.variant in ("bosch", "multi") and min(chunk, shape.num_layers) > 1:
+    chunk = min(settings.chunk_layers_for(shape), shape.num_layers)
+    searches_chunks = settings.optimizer == "nomad" and settings.variant in ("bosch", "multi")
+    if searches_chunks and settings.quota == "layer" and chunk > 1:
         raise SearchError(
-            f"optimizer: nomad cannot keep a quota in each of the {min(chunk, shape.num_layers)} layers of a sub-problem "
+            f"optimizer: nomad cannot keep a quota in each of the {chunk} layers of a sub-problem "
             "(see bosch_eval.search.optimizers); pass --chunk-layers 1 (one layer per sub-problem), --quota chunk, "
             "or --optimizer auto (the (1+1)-EA takes those sub-problems)"
         )
-    if settings.optimizer == "nomad" and settings.variant in ("bosch", "multi") and min(chunk, shape.num_layers) * groups > NOMAD_MAX_VARIABLES:
+    if searches_chunks and chunk * groups > NOMAD_MAX_VARIABLES:
         raise SearchError(
-            f"chunk_layers: {chunk} layers × {groups} KV groups = {min(chunk, shape.num_layers) * groups} variables, more than "
+            f"chunk_layers: {chunk} layers × {groups} KV groups = {chunk * groups} variables, more than "
             f"the {NOMAD_MAX_VARIABLES} NOMAD handles (B.2); lower --chunk-layers to {max(1, NOMAD_MAX_VARIABLES // groups)} "
             "or use --optimizer auto/oneplusone"
         )

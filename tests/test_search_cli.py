@@ -100,3 +100,22 @@ def test_a_model_without_defaults_needs_a_window(finished: tuple[Path, Path, Pat
     args = [arg for arg in search_args(model_dir, task_dir, tmp_path / "run") if arg not in ("--window", "256")]
     assert main(args) == 2
     assert "--window" in capsys.readouterr().err
+
+
+def test_new_search_options_reach_the_search(finished: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    model_dir, task_dir, _ = finished
+    out = tmp_path / "run"
+    assert main(search_args(model_dir, task_dir, out, "--chunk-layers", "2", "--quota", "chunk", "--refine", "1")) == 0
+    provenance = json.loads((out / "mask.json").read_text())["provenance"]
+    assert {key: provenance["search"][key] for key in ("chunk_layers", "quota", "refine")} == {
+        "chunk_layers": 2, "quota": "chunk", "refine": 1
+    }  # fmt: skip
+    assert provenance["refine"]["stage3_evaluations"] <= provenance["evaluations"]
+    assert any(sub["stage"] == "refine" for sub in provenance["subproblems"])
+
+
+def test_settings_that_do_not_fit_the_model_are_named_before_loading_scores(finished, tmp_path: Path, capsys) -> None:
+    model_dir, task_dir, _ = finished
+    assert main(search_args(model_dir, task_dir, tmp_path / "run", "--buckets", "0", "0.3", "1")) == 2
+    assert "buckets: entry 1 is 0.3" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "journal.jsonl").exists() or len((tmp_path / "run" / "journal.jsonl").read_text().splitlines()) <= 1

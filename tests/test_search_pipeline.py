@@ -265,10 +265,10 @@ class TestChunkLayers:
     @pytest.mark.parametrize(("chunk", "sizes"), [(None, [4, 4, 4]), (6, [6, 6]), (5, [4, 4, 4]), (12, [12])])
     def test_a_ratio_group_is_split_into_equal_parts(self, chunk: int | None, sizes: list[int]) -> None:
         shape = ModelShape(num_layers=12, num_heads=8, num_kv_heads=8)
-        settings = SearchSettings(ratio=0.5, chunk_layers=chunk)
-        weights = [[0.005] * 8 for _ in range(12)]
-        _, book, anchors = stage3_alone(additive(weights), shape, [0.25] * 12, chunk_layers=settings.chunk_layers_for(shape), budget_per_layer=2)
-        stage_settings = StageSettings(budget_per_layer=2, optimizer="auto", alpha=100.0, seed=0, chunk_layers=settings.chunk_layers_for(shape))
+        layers = SearchSettings(ratio=0.5, chunk_layers=chunk).chunk_layers_for(shape)
+        book = ScoreBook(additive([[0.005] * 8 for _ in range(12)]), shape)
+        anchors = Anchors(all_swa=0.52, all_full=1.0)
+        stage_settings = StageSettings(budget_per_layer=2, optimizer="auto", alpha=100.0, seed=0, chunk_layers=layers)
         outcome = stage3(book, anchors, shape, [0.25] * 12, stage_settings, progress=False)
         assert [len(sub.layers) for sub in outcome.subproblems] == sizes
 
