@@ -370,7 +370,13 @@ def _metric_direction(tasks: Mapping[str, Any], metric: str) -> bool:
     name = metric.split(",")[0]
     directions: dict[str, bool] = {}
     for task_name, task in tasks.items():
-        direction = (task.higher_is_better() or {}).get(name)
+        declared = task.higher_is_better() or {}
+        if name not in declared:
+            raise ObjectiveError(
+                f"metric: task {task_name!r} computes no {name!r} (its metrics: {sorted(declared)}); "
+                "pass --calib-metric with one of those"
+            )
+        direction = declared[name]
         if not isinstance(direction, bool):
             raise ObjectiveError(
                 f"metric: {name!r} of task {task_name!r} declares no higher_is_better (got {direction!r}), so the search "

@@ -182,8 +182,13 @@ class TestSeveralTasks:
         assert group._score({PLAIN_GROUP: {"perplexity,none": 5.0}, **children}) == 5.0
         assert group._score({PLAIN_GROUP: {"alias": PLAIN_GROUP}, **children}) == 1.5
 
+    def test_a_metric_the_task_does_not_compute_is_named_with_the_ones_it_does(self, objective, task_dir):
+        with pytest.raises(ObjectiveError, match=r"'bosch_objective_ppl' computes no 'f1' \(its metrics: \['acc', 'perplexity'\]\)"):
+            CalibrationObjective(objective.lm, [PPL_TASK], include_path=task_dir, metadata=objective.metadata, metric="f1")
+
     def test_a_metric_lm_eval_did_not_report_names_the_ones_it_did(self, objective, task_dir):
-        wrong = CalibrationObjective(objective.lm, [PPL_TASK], include_path=task_dir, metadata=objective.metadata, metric="f1")
+        wrong = CalibrationObjective(objective.lm, [PPL_TASK], include_path=task_dir, metadata=objective.metadata, metric="acc")
+        wrong.metric = "f1"  # past the construction-time check: lm-eval reports no such value
         with pytest.raises(ObjectiveError, match=r"no 'f1' for 'bosch_objective_ppl'.*perplexity,none"):
             wrong(masks(objective.shape)[0])
 
