@@ -93,6 +93,8 @@ class CalibrationObjective:
 
     Attributes:
         calls: evaluations done so far.
+        higher_is_better: the metric's direction, from lm-eval's ``higher_is_better`` of
+            every calibration task (its ``metric_list`` entry, else lm-eval's metric registry).
     """
 
     def __init__(
@@ -126,6 +128,7 @@ class CalibrationObjective:
         for task in self.task_dict["tasks"].values():
             if task.get_config("num_fewshot") is None:
                 task.set_config(key="num_fewshot", value=0)  # as simple_evaluate does
+        self.higher_is_better = _metric_direction(self.task_dict["tasks"], metric)
 
     @property
     def shape(self) -> ModelShape:
@@ -177,6 +180,7 @@ class CalibrationObjective:
         return {
             "tasks": list(self.tasks),
             "metric": self.metric,
+            "higher_is_better": self.higher_is_better,
             "aggregation": "mean over the named tasks; groups: lm-eval's aggregate, else unweighted mean of children",
             "metadata": {key: _jsonable(value) for key, value in self.metadata.items()},
             "include_path": self.include_path,
@@ -360,6 +364,33 @@ def _merge(loaded: Iterable[TaskDict]) -> TaskDict:
         groups.update(part.get("groups", {}))
         group_map.update(part.get("group_map", {}))
     return {"tasks": tasks, "groups": groups, "group_map": group_map}
+
+
+def _metric_direction(tasks: Mapping[str, Any], metric: str) -> bool:
+    """lm-eval's ``higher_is_better`` of ``metric`` (``name`` or ``name,filter``), the same in every task.
+
+    A task's ``higher_is_better()`` holds its ``metric_list`` entry's value, or lm-eval's
+    registry default for a metric it knows; a metric with neither cannot be optimized.
+    """
+    name = metric.split(",")[0]
+    directions: dict[str, bool] = {}
+    for task_name, task in tasks.items():
+        declared = task.higher_is_better() or {}
+        if name not in declared:
+            raise ObjectiveError(
+                f"metric: task {task_name!r} computes no {name!r} (its metrics: {sorted(declared)}); "
+                "pass --calib-metric with one of those"
+            )
+        direction = declared[name]
+        if not isinstance(direction, bool):
+            raise ObjectiveError(
+                f"metric: {name!r} of task {task_name!r} declares no higher_is_better (got {direction!r}), so the search "
+                "cannot tell whether to raise or lower it; set 'higher_is_better' in the task's metric_list entry"
+            )
+        directions[task_name] = direction
+    if len(set(directions.values())) > 1:
+        raise ObjectiveError(f"metric: {name!r} is higher-is-better in some calibration tasks and not in others: {directions}")
+    return next(iter(directions.values()))
 
 
 def _metric_value(row: Mapping[str, Any], metric: str) -> float | None:

@@ -2,15 +2,27 @@
 
 A sub-problem has ``n`` binary variables (``1`` = convert that variable to SWA) and asks
 for the point with exactly ``k`` ones that minimizes an expensive loss (one LLM
-evaluation per point). Three optimizers, chosen as in Appendix B.2:
+evaluation per point). The variables may be split into consecutive *blocks* with a quota
+each (one block per layer: Algorithm 3 converts ⌈r_ℓ·G⌉ groups *in each layer*); the
+point must then have exactly its quota of ones in every block. Three optimizers, chosen
+as in Appendix B.2:
 
-- ``exhaustive``: every point with exactly ``k`` ones, when there are at most ``budget``.
-- ``nomad``: MADS (NOMAD 4 through PyNomad) on binary variables, for ``n <= 50``.
-- ``oneplusone``: a (1+1)-EA whose mutations swap ones and zeros, for larger ``n``.
+- ``exhaustive``: every feasible point (the product of the blocks' combinations), when
+  there are at most ``budget``.
+- ``nomad``: MADS (NOMAD 4 through PyNomad) on binary variables, for ``n <= 50`` and
+  one block. Not for several blocks: binary MADS with a per-block penalty almost never
+  proposes a point that meets every quota (measured, 4 blocks of 8 variables with 2 ones
+  each: 2 feasible points among 100 evaluated, each evaluation an LLM call), and an
+  integer encoding of each block's choices crashes PyNomad 4.6.0 (``BB_INPUT_TYPE I``:
+  "ArrayOfDouble: Array is not defined", then a segfault, even on a 2-variable quadratic).
+  ``auto`` gives such problems to the (1+1)-EA.
+- ``oneplusone``: a (1+1)-EA whose mutations swap a one and a zero *within a block*, for
+  larger ``n``.
 
-The loss is defined on every 0/1 point of length ``n``, not only on those with ``k``
-ones: the caller adds the paper's penalty α(ρ̄_I(z) − ρ̄)² (Eq. 5), so MADS may step off
-the ``k``-ones slice and pay for it, but the point returned always has exactly ``k`` ones.
+The loss is defined on every 0/1 point of length ``n``, not only on feasible ones: the
+caller adds the paper's penalty α(ρ̄_I(z) − ρ̄)² (Eq. 5; per block when there are
+several), so MADS may step off the feasible set and pay for it, but the point returned
+is always feasible.
 
 Every optimizer is deterministic: the sequence of loss calls depends only on the seed and
 on the values the loss returned. A killed search is resumed by replaying it against the
@@ -68,7 +80,10 @@ class SubProblem:
         k: the returned point has exactly ``k`` ones (``0 <= k <= n``).
         budget: the most distinct points the optimizer may evaluate (``>= 1``).
         seed: seeds every random choice of the optimizer.
-        x0: the start point (exactly ``k`` ones); ``None`` draws one from ``seed``.
+        x0: the start point (feasible); ``None`` draws one from ``seed``.
+        blocks: ``((size, ones), ...)``: consecutive blocks of the variables, each with
+            exactly ``ones`` ones in the returned point (sizes sum to ``n``, quotas to
+            ``k``). ``None`` is one block ``((n, k),)``.
     """
 
     n: int
@@ -76,6 +91,7 @@ class SubProblem:
     budget: int
     seed: int
     x0: Point | None = None
+    blocks: tuple[tuple[int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("n", "k", "budget", "seed"):
@@ -88,17 +104,46 @@ class SubProblem:
             raise ValueError(f"SubProblem.k: expected 0 <= k <= n={self.n}, got {self.k}")
         if self.budget < 1:
             raise ValueError(f"SubProblem.budget: expected at least 1 evaluation, got {self.budget}")
+        if self.blocks is not None:
+            blocks = self.blocks
+            if (
+                not isinstance(blocks, tuple)
+                or not blocks
+                or any(not isinstance(b, tuple) or len(b) != 2 or not all(type(v) is int for v in b) for b in blocks)
+                or any(not (size >= 1 and 0 <= ones <= size) for size, ones in blocks)
+            ):
+                raise ValueError(f"SubProblem.blocks: expected a tuple of (size >= 1, 0 <= ones <= size) pairs, got {blocks!r}")
+            if sum(size for size, _ in blocks) != self.n or sum(ones for _, ones in blocks) != self.k:
+                raise ValueError(
+                    f"SubProblem.blocks: sizes must sum to n={self.n} and quotas to k={self.k}, got {blocks!r}"
+                )
         if self.x0 is not None:
             x0 = self.x0
             if not isinstance(x0, tuple) or len(x0) != self.n or any(b not in (0, 1) or isinstance(b, float) for b in x0):
                 raise ValueError(f"SubProblem.x0: expected a tuple of {self.n} entries 0 or 1, got {x0!r}")
             if sum(x0) != self.k:
                 raise ValueError(f"SubProblem.x0: expected exactly k={self.k} ones, got {sum(x0)}")
+            if not self.feasible(x0):
+                raise ValueError(f"SubProblem.x0: expected exactly the quota of ones in every block {self.parts}, got {x0!r}")
+
+    @property
+    def parts(self) -> tuple[tuple[int, int], ...]:
+        """The blocks as ``((size, ones), ...)``; one block ``((n, k),)`` when none were given."""
+        return self.blocks if self.blocks is not None else ((self.n, self.k),)
 
     @property
     def size(self) -> int:
-        """The number of points with exactly ``k`` ones, C(n, k)."""
-        return math.comb(self.n, self.k)
+        """The number of feasible points: C(n, k), or the product of the blocks' C(size, ones)."""
+        return math.prod(math.comb(size, ones) for size, ones in self.parts)
+
+    def feasible(self, point: Point) -> bool:
+        """Whether ``point`` has exactly its quota of ones in every block."""
+        start = 0
+        for size, ones in self.parts:
+            if sum(point[start : start + size]) != ones:
+                return False
+            start += size
+        return True
 
 
 @dataclass(frozen=True)
@@ -114,14 +159,15 @@ class OptimizerResult:
 def choose_method(problem: SubProblem, method: str = "auto") -> str:
     """Resolve ``method`` for ``problem`` as in Appendix B.2, or say why it cannot run.
 
-    ``auto`` is ``exhaustive`` when the C(n, k) candidates fit the budget, else ``nomad``
-    up to ``NOMAD_MAX_VARIABLES`` variables, else ``oneplusone``. A problem with a single
+    ``auto`` is ``exhaustive`` when the feasible points fit the budget, else ``nomad``
+    up to ``NOMAD_MAX_VARIABLES`` variables in one block, else ``oneplusone``. A problem with a single
     candidate (``k`` is 0 or ``n``) is ``exhaustive`` whatever was asked: there is nothing
     to search.
 
     Raises:
-        ValueError: for an unknown method, ``exhaustive`` when C(n, k) exceeds the budget,
-            or ``nomad`` on more than ``NOMAD_MAX_VARIABLES`` variables.
+        ValueError: for an unknown method, ``exhaustive`` when the feasible points exceed
+            the budget, or ``nomad`` on more than ``NOMAD_MAX_VARIABLES`` variables or on
+            several blocks.
     """
     if method not in METHODS:
         raise ValueError(f"optimizer method: expected one of {list(METHODS)}, got {method!r}")
@@ -130,11 +176,17 @@ def choose_method(problem: SubProblem, method: str = "auto") -> str:
     if method == "auto":
         if problem.size <= problem.budget:
             return "exhaustive"
-        return "nomad" if problem.n <= NOMAD_MAX_VARIABLES else "oneplusone"
+        return "nomad" if problem.n <= NOMAD_MAX_VARIABLES and len(problem.parts) == 1 else "oneplusone"
     if method == "exhaustive" and problem.size > problem.budget:
         raise ValueError(
             f"exhaustive search needs C({problem.n}, {problem.k}) = {problem.size} evaluations, "
             f"more than the budget of {problem.budget}: raise the budget or use 'nomad'/'oneplusone'"
+        )
+    if method == "nomad" and len(problem.parts) > 1:
+        raise ValueError(
+            f"nomad cannot keep a quota in each of {len(problem.parts)} blocks (layers) of one sub-problem: binary MADS "
+            "almost never proposes a point that meets them all, and PyNomad's integer variables crash; search one layer "
+            "per sub-problem (--chunk-layers 1), use --quota chunk, or 'oneplusone'/'auto'"
         )
     if method == "nomad" and problem.n > NOMAD_MAX_VARIABLES:
         raise ValueError(
@@ -154,7 +206,7 @@ def minimize(loss: Loss, problem: SubProblem, method: str = "auto") -> Optimizer
         method: one of ``METHODS`` (see :func:`choose_method`).
 
     Returns:
-        The best evaluated point with exactly ``k`` ones (the first one found on ties).
+        The best evaluated feasible point (the first one found on ties).
 
     Raises:
         ValueError: when ``method`` cannot run on ``problem``, or ``loss`` returns
@@ -163,11 +215,11 @@ def minimize(loss: Loss, problem: SubProblem, method: str = "auto") -> Optimizer
     method = choose_method(problem, method)
     memo = _Memo(loss, problem.budget)
     if method == "exhaustive":
-        for point in _k_subsets(problem.n, problem.k):
+        for point in _feasible_points(problem):
             memo(point)
     else:
         rng = random.Random(problem.seed)
-        x0 = problem.x0 if problem.x0 is not None else _random_point(problem.n, problem.k, rng)
+        x0 = problem.x0 if problem.x0 is not None else _random_point(problem, rng)
         memo(x0)  # the start point is always evaluated: a point with k ones exists
         if method == "nomad":
             _run_nomad(memo, problem, x0)
@@ -175,7 +227,7 @@ def minimize(loss: Loss, problem: SubProblem, method: str = "auto") -> Optimizer
             _run_oneplusone(memo, problem, x0, rng)
     # min() keeps the first of equal losses, and memo.values is in evaluation order.
     best, best_loss = min(
-        ((point, value) for point, value in memo.values.items() if sum(point) == problem.k), key=lambda item: item[1]
+        ((point, value) for point, value in memo.values.items() if problem.feasible(point)), key=lambda item: item[1]
     )
     return OptimizerResult(best=best, best_loss=best_loss, evaluations=len(memo.values), method=method)
 
@@ -214,9 +266,19 @@ def _k_subsets(n: int, k: int) -> Iterator[Point]:
         yield tuple(point)
 
 
-def _random_point(n: int, k: int, rng: random.Random) -> Point:
-    ones = set(rng.sample(range(n), k))
-    return tuple(int(i in ones) for i in range(n))
+def _feasible_points(problem: SubProblem) -> Iterator[Point]:
+    """Every feasible point: the product of the blocks' k-subsets, each in lexicographic order."""
+    per_block = [list(_k_subsets(size, ones)) for size, ones in problem.parts]
+    for parts in itertools.product(*per_block):
+        yield tuple(itertools.chain.from_iterable(parts))
+
+
+def _random_point(problem: SubProblem, rng: random.Random) -> Point:
+    point: list[int] = []
+    for size, k in problem.parts:
+        ones = set(rng.sample(range(size), k))
+        point.extend(int(i in ones) for i in range(size))
+    return tuple(point)
 
 
 def _run_nomad(memo: _Memo, problem: SubProblem, x0: Point) -> None:
@@ -254,25 +316,29 @@ def _run_nomad(memo: _Memo, problem: SubProblem, x0: Point) -> None:
 
 
 def _run_oneplusone(memo: _Memo, problem: SubProblem, x0: Point, rng: random.Random) -> None:
-    """(1+1)-EA with count-preserving mutations: swap ``s`` ones with ``s`` zeros.
+    """(1+1)-EA with quota-preserving mutations: swap ``s`` ones with ``s`` zeros of the same block.
 
-    ``s = 1 + Poisson(1)`` (capped at min(k, n - k)), the swap count of Scharnow, Tinnefeld
-    and Wegener (2004) for permutation problems: mostly single swaps, sometimes a jump.
-    The offspring replaces the parent when its loss is lower or equal. Offspring evaluated
+    ``s = 1 + Poisson(1)`` (capped at the swaps the blocks allow), the swap count of
+    Scharnow, Tinnefeld and Wegener (2004) for permutation problems: mostly single swaps,
+    sometimes a jump. Each swap picks a block uniformly among those with a one and a zero
+    not yet swapped, then one of each inside it, so every block keeps its quota. The
+    offspring replaces the parent when its loss is lower or equal. Offspring evaluated
     before cost nothing and are skipped.
     """
-    n, k = problem.n, problem.k
+    starts = list(itertools.accumulate((size for size, _ in problem.parts), initial=0))
+    capacity = sum(min(ones, size - ones) for size, ones in problem.parts)
     parent, parent_loss = x0, memo.values[x0]
     repeats = 0
     while not memo.spent and len(memo.values) < problem.size and repeats < _MAX_REPEATED_OFFSPRING:
-        swaps = min(1 + _poisson_one(rng), k, n - k)
-        ones = [i for i, b in enumerate(parent) if b]
-        zeros = [i for i, b in enumerate(parent) if not b]
+        swaps = min(1 + _poisson_one(rng), capacity)
+        ones = [[i for i in range(starts[b], starts[b + 1]) if parent[i]] for b in range(len(problem.parts))]
+        zeros = [[i for i in range(starts[b], starts[b + 1]) if not parent[i]] for b in range(len(problem.parts))]
         child = list(parent)
-        for i in rng.sample(ones, swaps):
-            child[i] = 0
-        for i in rng.sample(zeros, swaps):
-            child[i] = 1
+        for _ in range(swaps):
+            block = rng.choice([b for b in range(len(ones)) if ones[b] and zeros[b]])
+            one = ones[block].pop(rng.randrange(len(ones[block])))
+            zero = zeros[block].pop(rng.randrange(len(zeros[block])))
+            child[one], child[zero] = 0, 1
         offspring = tuple(child)
         if offspring in memo.values:
             repeats += 1

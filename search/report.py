@@ -16,7 +16,8 @@ def render_report(result: SearchResult, model: str, window: int, calibration: Ma
         "",
         f"Variant `{settings.variant}`, target SWA ratio ρ = {settings.ratio}, window W = {window}, "
         f"seed {settings.seed}, optimizer `{settings.optimizer}`, κ = {settings.budget_per_layer} evaluations per layer, "
-        f"α = {settings.alpha}, γ = {settings.gamma}.",
+        f"α = {settings.alpha}, γ = {settings.gamma}, quota per `{settings.quota}`, "
+        f"chunk layers {settings.chunk_layers if settings.chunk_layers is not None else 'paper default'}, refine passes {settings.refine}.",
         "",
         f"Calibration: {_describe(calibration)}.",
         "",
@@ -24,11 +25,17 @@ def render_report(result: SearchResult, model: str, window: int, calibration: Ma
         "|---|---|",
         f"| S(all full) | {anchors.all_full:.4f} |",
         f"| S(all SWA) = a | {anchors.a:.4f} |",
-        f"| b = (1+γ)·S(all full) | {anchors.b:.4f} |",
+        f"| b = S(all full) {'+' if anchors.higher_is_better else '−'} γ·abs(S(all full)) | {anchors.b:.4f} |",
+        f"| metric direction | {'higher' if anchors.higher_is_better else 'lower'} is better (lm-eval's higher_is_better) |",
         f"| S(found mask) | {result.score:.4f} |",
         f"| Ŝ(found mask) | {anchors.normalize(result.score):.4f} |",
         f"| SWA ratio reached | {mask.swa_ratio:.4f} ({mask.num_swa_groups} of {mask.shape.num_layers * mask.shape.num_kv_heads} KV groups) |",
         f"| distinct masks evaluated | {result.evaluations} ({result.new_evaluations} in the last run) |",
+        *(
+            [f"| S after Stage 3, before refinement | {result.stage3_score:.4f} ({result.stage3_evaluations} masks evaluated by then) |"]
+            if result.stage3_score is not None
+            else []
+        ),
         f"| wall time of the last run | {result.wall_s:.1f} s |",
         "",
     ]

@@ -43,7 +43,7 @@ from bosch_eval.search.pipeline import VARIANTS, SearchResult, SearchSettings, r
 from bosch_eval.search.report import render_report
 from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, SearchError
 from bosch_eval.search.stage2 import DEFAULT_BUCKETS
-from bosch_eval.search.stages import ScoreBook
+from bosch_eval.search.stages import QUOTAS, ScoreBook
 from bosch_eval.tasks.niah.haystack import TemplateTooLong
 from bosch_eval.toy import resolve_model
 
@@ -131,7 +131,13 @@ def search_model(
             result = _only_mask(score_fn, objective.shape, settings, known, journal)
         else:
             result = run_search(
-                score_fn, objective.shape, settings, known=known, journal=journal, progress=progress and state.is_main_process
+                score_fn,
+                objective.shape,
+                settings,
+                known=known,
+                journal=journal,
+                progress=progress and state.is_main_process,
+                higher_is_better=objective.higher_is_better,
             )
         if state.is_main_process:
             result.wall_s += journal.prior_wall_s if journal is not None else 0.0  # earlier runs of a resumed search
@@ -252,6 +258,26 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--buckets", type=float, nargs="+", default=list(DEFAULT_BUCKETS), help="Stage-2 layer ratios (default 0 0.25 0.5 0.75 1)"
     )
+    parser.add_argument(
+        "--chunk-layers",
+        type=int,
+        help="most layers one Stage-3 (and B-multi) sub-problem searches jointly (default: the largest power of two p "
+        "with p·G <= 50, the paper's B.2 example: 4 for 8 KV groups)",
+    )
+    parser.add_argument(
+        "--quota",
+        choices=QUOTAS,
+        default="layer",
+        help="layer (default, Algorithm 3): ⌈r·G⌉ SWA groups in every layer of a sub-problem; chunk: that many "
+        "times the layers anywhere in the sub-problem (a deviation from the paper)",
+    )
+    parser.add_argument(
+        "--refine",
+        type=int,
+        default=0,
+        help="coordinate-descent passes after Stage 3, each re-solving every layer with the others fixed (beyond the "
+        "paper; default 0 = plain BOSCH)",
+    )
     parser.add_argument("--calib-tasks", nargs="+", default=[DEFAULT_CALIB_TASK], help="lm-eval task(s) or group(s) scored as S(z)")
     parser.add_argument("--include-path", help="extra lm-eval task directory for --calib-tasks")
     parser.add_argument("--calib-metric", default="acc", help="metric of the calibration tasks (default acc)")
@@ -283,6 +309,9 @@ def run_from_args(args: argparse.Namespace) -> None:
         gamma=args.gamma,
         seed=args.seed,
         buckets=tuple(args.buckets),
+        chunk_layers=args.chunk_layers,
+        quota=args.quota,
+        refine=args.refine,
     )
     out = args.out or f"bosch_search/{Path(args.model).name}-{args.variant}-r{args.ratio:g}-s{args.seed}"
     result = search_model(

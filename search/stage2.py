@@ -62,6 +62,7 @@ def assign_layer_ratios(
     groups_per_layer: int,
     buckets: Sequence[float] = DEFAULT_BUCKETS,
     percentiles: tuple[float, float] = DEFAULT_PERCENTILES,
+    higher_is_better: bool = True,
 ) -> Stage2Result:
     """Assign every layer an SWA ratio from ``buckets`` so that the total meets ρ (Algorithm 2).
 
@@ -89,6 +90,13 @@ def assign_layer_ratios(
       total never crosses the target. The printed loop spins forever when no single move
       fits (e.g. G = 2, buckets (0, 1) and an odd target); we stop after a pass with no move
       and report ``assigned_groups != target_groups``.
+    * **Layers at r = 0.** One raising pass visits every layer (lines 19–25 break only when
+      Δ = 0), so a layer stays fully global only if the gap closes before the pass reaches
+      it. At L = 8, ρ = 0.5 (Fig. 1, whose "-" rows are layers left all full or all SWA)
+      the hardest layers stay at 0; at ρ = 0.75 on 32 layers × 8 groups with quarter
+      buckets the gap after bucketing is 70 groups and the first pass lifts even the
+      hardest layers to 0.25. The paper states no bucket values (Fig. 1 uses 0.25 and
+      r ≥ 0.5) and no rule that protects a layer at 0, so this follows the printed loop.
 
     Args:
         stage1_scores: s_best per layer, bottom (layer 0) to top, as Algorithm 1 records them.
@@ -97,6 +105,7 @@ def assign_layer_ratios(
         groups_per_layer: G, KV groups per layer.
         buckets: the coarse ratios b_0 < … < b_{B−1} in [0, 1].
         percentiles: (p_lo, p_hi) for clipping the drops, 0 ≤ p_lo < p_hi ≤ 100.
+        higher_is_better: the direction of the scores (lm-eval's ``higher_is_better``).
 
     Raises:
         ValueError: naming the argument that cannot be used as given.
@@ -116,6 +125,8 @@ def assign_layer_ratios(
     low, high = _check_percentiles(percentiles)
 
     drops = _layer_drops(scores, float(original_score))
+    if not higher_is_better:
+        drops = [-drop for drop in drops]
     weights = _weights(drops, low, high)
     hardest_first = sorted(range(len(scores)), key=lambda layer: (-weights[layer], layer))
     rank = [0] * len(scores)

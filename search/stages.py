@@ -6,6 +6,14 @@ optimizer (:mod:`bosch_eval.search.optimizers`) to convert exactly ``k`` of them
 while minimizing the loss of Eq. 5 on the whole model, and commits the best assignment
 before the next sub-problem starts.
 
+Quotas. A sub-problem over several layers (a Stage-3 ratio group, a B-multi chunk)
+converts exactly ⌈r·G⌉ groups *in each of its layers* (``quota="layer"``, the default):
+§2.2.2 says the ratios "serve as quotas for the within-layer head selection in Stage 3",
+and Algorithm 3 line 5 sets M_ℓ ← ⌈r_ℓH⌉ per layer. ``quota="chunk"`` asks only for
+⌈r·G⌉·|chunk| groups anywhere in the chunk (what Algorithm 3's single index set I_g and
+its Eq. 5 penalty would allow if read alone): four layers at r = 0.5 may then end with
+0, 1, 7 and 8 SWA groups of 8. It is kept as a named deviation.
+
 Every S(z) goes through a :class:`ScoreBook`: a mask already scored (in this run or in the
 journal of a killed one) is never evaluated again, and a new score is journaled before the
 next evaluation starts. Replaying a search with the same seed therefore takes exactly the
@@ -14,6 +22,7 @@ same steps and reaches the same mask.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
@@ -92,15 +101,27 @@ class StageOutcome:
     subproblems: list[SubResult] = field(default_factory=list)
 
 
+QUOTAS = ("layer", "chunk")
+
+
 @dataclass(frozen=True)
 class StageSettings:
-    """The knobs every stage shares."""
+    """The knobs every stage shares.
+
+    Attributes:
+        chunk_layers: the most layers one sub-problem searches jointly (B.2's max |G_g|).
+        quota: ``layer`` (⌈r·G⌉ SWA groups in every layer) or ``chunk`` (in the chunk as a whole).
+        higher_is_better: the calibration metric's direction (for progress lines only;
+            the loss gets it from the anchors).
+    """
 
     budget_per_layer: int
     optimizer: str
     alpha: float
     seed: int
-    max_variables: int
+    chunk_layers: int
+    quota: str = "layer"
+    higher_is_better: bool = True
 
 
 def subproblem_seed(seed: int, label: str) -> int:
@@ -113,14 +134,23 @@ def solve(
     anchors: Anchors,
     base: Bits,
     variables: Sequence[Sequence[Cell]],
-    k: int,
+    blocks: Sequence[tuple[int, int]],
     target_ratio: float,
     budget: int,
     settings: StageSettings,
     stage: str,
     label: str,
+    start: Bits | None = None,
 ) -> tuple[Bits, SubResult]:
-    """Convert exactly ``k`` of ``variables`` (each a set of cells switched together) to SWA."""
+    """Convert exactly ``ones`` of each block of ``variables`` to SWA (each variable a set of
+    cells switched together; ``blocks`` = ``((size, ones), ...)`` over consecutive variables).
+
+    The loss is Eq. 5 with the penalty α(ρ̄ − r)² averaged over the blocks (one block: Eq. 5
+    as printed), so every feasible point pays the same penalty and off-quota points more.
+    ``start`` (a mask) seeds the optimizer's start point instead of a random one.
+    """
+    blocks = tuple((int(size), int(ones)) for size, ones in blocks)
+    starts = list(itertools.accumulate((size for size, _ in blocks), initial=0))
 
     def bits_for(selection: tuple[int, ...]) -> Bits:
         rows = [list(row) for row in base]
@@ -131,9 +161,20 @@ def solve(
 
     def loss(selection: tuple[int, ...]) -> float:
         score = book.score(bits_for(selection), stage)
-        return subproblem_loss(anchors.normalize(score), swa_share(selection), target_ratio, settings.alpha)
+        shares = [swa_share(selection[starts[b] : starts[b + 1]]) for b in range(len(blocks))]
+        return subproblem_loss(anchors.normalize(score), shares, target_ratio, settings.alpha)
 
-    problem = SubProblem(n=len(variables), k=k, budget=budget, seed=subproblem_seed(settings.seed, label))
+    x0 = None
+    if start is not None:
+        x0 = tuple(int(start[cells[0][0]][cells[0][1]] == 0) for cells in variables)
+    problem = SubProblem(
+        n=len(variables),
+        k=sum(ones for _, ones in blocks),
+        budget=budget,
+        seed=subproblem_seed(settings.seed, label),
+        x0=x0,
+        blocks=blocks if len(blocks) > 1 else None,
+    )
     result = minimize(loss, problem, method=settings.optimizer)
     best = bits_for(result.best)
     layers = tuple(sorted({layer for cells in variables for layer, _ in cells}, reverse=True))
@@ -142,7 +183,7 @@ def solve(
         layers=layers,
         target_ratio=target_ratio,
         variables=len(variables),
-        converted=k,
+        converted=problem.k,
         method=result.method,
         evaluations=result.evaluations,
         score=book.known[mask_key(best)],
@@ -151,19 +192,37 @@ def solve(
     return best, summary
 
 
-def expected_evaluations(n: int, k: int, budget: int, optimizer: str) -> int:
-    """Upper bound on a sub-problem's evaluations (exhaustive needs C(n, k), the others the budget)."""
-    method = choose_method(SubProblem(n=n, k=k, budget=budget, seed=0), optimizer)
-    return math.comb(n, k) if method == "exhaustive" else budget
+def expected_evaluations(blocks: Sequence[tuple[int, int]], budget: int, optimizer: str) -> int:
+    """Upper bound on a sub-problem's evaluations (exhaustive needs every feasible point, the others the budget)."""
+    blocks = tuple(blocks)
+    problem = SubProblem(
+        n=sum(size for size, _ in blocks),
+        k=sum(ones for _, ones in blocks),
+        budget=budget,
+        seed=0,
+        blocks=blocks if len(blocks) > 1 else None,
+    )
+    return problem.size if choose_method(problem, optimizer) == "exhaustive" else budget
+
+
+def quota_blocks(groups: int, ones_per_layer: int, layers: int, quota: str) -> tuple[tuple[int, int], ...]:
+    """The blocks of a sub-problem over ``layers`` layers of ``groups`` KV groups each:
+    one per layer (``quota="layer"``) or one for all of them (``quota="chunk"``)."""
+    if quota == "layer":
+        return ((groups, ones_per_layer),) * layers
+    if quota == "chunk":
+        return ((groups * layers, ones_per_layer * layers),)
+    raise ValueError(f"quota: expected one of {list(QUOTAS)}, got {quota!r}")
 
 
 class StageProgress:
     """A tqdm bar for one stage plus a log line per sub-problem (best score, evaluations, ETA)."""
 
-    def __init__(self, stage: str, total: int, book: ScoreBook, enabled: bool) -> None:
+    def __init__(self, stage: str, total: int, book: ScoreBook, enabled: bool, higher_is_better: bool = True) -> None:
         self.stage = stage
         self.total = total
         self.done = 0
+        self.sign = 1.0 if higher_is_better else -1.0  # best = the highest sign·S
         self.best = -math.inf
         self.started = time.perf_counter()
         self.bar = tqdm(total=total, desc=f"BOSCH {stage}", unit="eval", disable=not enabled)
@@ -180,7 +239,7 @@ class StageProgress:
 
     def update(self, score: float) -> None:
         self.done += 1
-        self.best = max(self.best, score)
+        self.best = score if self.best == -math.inf or self.sign * score > self.sign * self.best else self.best
         self.bar.update(1)
         self.bar.set_postfix(best=f"{self.best:.4f}", refresh=False)
 
@@ -197,7 +256,12 @@ class StageProgress:
 
 
 def _chunks(layers: Sequence[int], max_layers: int) -> list[list[int]]:
-    """Split layers into the fewest nearly equal consecutive parts of at most ``max_layers`` (B.2)."""
+    """Split layers into the fewest nearly equal consecutive parts of at most ``max_layers``.
+
+    B.2: "If the number of layers [exceeds] that number, G_g of Algorithm 3 is partitioned
+    into smaller equally size subsets." Sizes are equal where the count divides, else
+    differ by one (the first parts one larger), as ``numpy.array_split`` splits.
+    """
     parts = max(1, math.ceil(len(layers) / max_layers))
     return [part.tolist() for part in np.array_split(np.asarray(layers, dtype=int), parts) if len(part)]  # ints, for JSON
 
@@ -218,25 +282,23 @@ def stage1(
     """Algorithm 1: top layer to bottom, convert exactly ⌈ρG⌉ groups per layer on the updated model.
 
     ``layers_per_problem > 1`` is the B-multi ablation (each sub-problem covers that many
-    consecutive layers and converts ⌈ρG⌉ groups per layer in total). Returns the stage's
-    mask and s_best per layer (bottom to top; in B-multi, every layer of a sub-problem gets
-    its score).
+    consecutive layers and converts ⌈ρG⌉ groups in each of them, or in total with
+    ``settings.quota == "chunk"``). Returns the stage's mask and s_best per layer (bottom
+    to top; in B-multi, every layer of a sub-problem gets its score).
     """
     per_layer = ceil_count(ratio, shape.num_kv_heads)
     problems = _chunks(list(range(shape.num_layers - 1, -1, -1)), layers_per_problem)
+    blocks = [quota_blocks(shape.num_kv_heads, per_layer, len(layers), settings.quota) for layers in problems]
     budgets = [settings.budget_per_layer * len(layers) for layers in problems]
-    total = sum(
-        expected_evaluations(len(layers) * shape.num_kv_heads, per_layer * len(layers), budget, settings.optimizer)
-        for layers, budget in zip(problems, budgets, strict=True)
-    )
+    total = sum(expected_evaluations(b, budget, settings.optimizer) for b, budget in zip(blocks, budgets, strict=True))
     bits: Bits = HeadMask.uniform(shape, full=True).bits
     scores = [0.0] * shape.num_layers
     outcome = StageOutcome(bits)
-    with StageProgress("stage 1", total, book, progress) as bar:
-        for layers, budget in zip(problems, budgets, strict=True):
+    with StageProgress("stage 1", total, book, progress, settings.higher_is_better) as bar:
+        for layers, layer_blocks, budget in zip(problems, blocks, budgets, strict=True):
             label = "stage1/" + ",".join(map(str, layers))
             bits, result = solve(
-                book, anchors, bits, _cells(shape, layers), per_layer * len(layers), ratio, budget, settings, "stage1", label
+                book, anchors, bits, _cells(shape, layers), layer_blocks, ratio, budget, settings, "stage1", label
             )
             for layer in layers:
                 scores[layer] = result.score
@@ -257,11 +319,12 @@ def stage3(
     """Algorithm 3: per ratio group, most localizable first, convert ⌈r·G⌉ groups per layer.
 
     A group's layers are searched jointly (their head choices interact), split into nearly
-    equal parts when they exceed ``max_variables`` (B.2: MADS's quadratic models stop at 50
-    variables). Ratio 0 keeps a layer full and ratio 1 makes it all SWA: nothing to search.
+    equal parts of at most ``settings.chunk_layers`` layers (B.2). Every layer keeps its
+    quota of ⌈r·G⌉ SWA groups unless ``settings.quota == "chunk"``. Ratio 0 keeps a layer
+    full and ratio 1 makes it all SWA: nothing to search.
     """
     groups = sorted(set(layer_ratios), reverse=True)
-    max_layers = max(1, settings.max_variables // shape.num_kv_heads)
+    max_layers = settings.chunk_layers
     problems: list[tuple[float, list[int]]] = []
     rows = [list(row) for row in HeadMask.uniform(shape, full=True).bits]
     for ratio in groups:
@@ -274,21 +337,20 @@ def stage3(
     bits: Bits = tuple(tuple(row) for row in rows)
     outcome = StageOutcome(bits)
     quota = {ratio: ceil_count(ratio, shape.num_kv_heads) for ratio in groups}
+    blocks = [quota_blocks(shape.num_kv_heads, quota[ratio], len(layers), settings.quota) for ratio, layers in problems]
     total = sum(
-        expected_evaluations(
-            len(layers) * shape.num_kv_heads, quota[ratio] * len(layers), settings.budget_per_layer * len(layers), settings.optimizer
-        )
-        for ratio, layers in problems
+        expected_evaluations(b, settings.budget_per_layer * len(layers), settings.optimizer)
+        for b, (_, layers) in zip(blocks, problems, strict=True)
     )
-    with StageProgress("stage 3", total, book, progress) as bar:
-        for ratio, layers in problems:
+    with StageProgress("stage 3", total, book, progress, settings.higher_is_better) as bar:
+        for (ratio, layers), layer_blocks in zip(problems, blocks, strict=True):
             label = f"stage3/{ratio}/" + ",".join(map(str, layers))
             bits, result = solve(
                 book,
                 anchors,
                 bits,
                 _cells(shape, layers),
-                quota[ratio] * len(layers),
+                layer_blocks,
                 ratio,
                 settings.budget_per_layer * len(layers),
                 settings,
@@ -309,10 +371,57 @@ def layer_level(
     variables = [[(layer, group) for group in range(shape.num_kv_heads)] for layer in layers]
     k = ceil_count(ratio, shape.num_layers)
     budget = settings.budget_per_layer * shape.num_layers
-    total = expected_evaluations(len(variables), k, budget, settings.optimizer)
-    with StageProgress("layer search", total, book, progress) as bar:
+    total = expected_evaluations(((len(variables), k),), budget, settings.optimizer)
+    with StageProgress("layer search", total, book, progress, settings.higher_is_better) as bar:
         bits, result = solve(
-            book, anchors, HeadMask.uniform(shape, full=True).bits, variables, k, ratio, budget, settings, "layer", "layer"
+            book, anchors, HeadMask.uniform(shape, full=True).bits, variables, ((len(variables), k),), ratio, budget, settings, "layer", "layer"
         )
         bar.report(result)
     return StageOutcome(bits, [result])
+
+
+def refine(
+    book: ScoreBook,
+    anchors: Anchors,
+    shape: ModelShape,
+    bits: Bits,
+    layer_ratios: Sequence[float],
+    settings: StageSettings,
+    passes: int,
+    progress: bool = True,
+) -> StageOutcome:
+    """Coordinate descent after Stage 3 (beyond the paper): up to ``passes`` passes that each
+    re-solve every layer's sub-problem with all other layers fixed.
+
+    A layer keeps its number of SWA groups (its Stage-3 quota) and is searched with budget κ
+    from its current groups, in Stage 3's order (largest ratio first, top layer first);
+    layers with no choice (all full, all SWA) are skipped. A layer's new groups replace the
+    old only when they score strictly better, so ties never move the mask and the descent
+    ends. Stops after the first pass without an improvement.
+    """
+    order = sorted(
+        (layer for layer in range(shape.num_layers) if 0 < bits[layer].count(0) < shape.num_kv_heads),
+        key=lambda layer: (-layer_ratios[layer], -layer),
+    )
+    outcome = StageOutcome(bits)
+    total = passes * sum(
+        expected_evaluations(((shape.num_kv_heads, bits[layer].count(0)),), settings.budget_per_layer, settings.optimizer)
+        for layer in order
+    )
+    with StageProgress("refine", total, book, progress, settings.higher_is_better) as bar:
+        for number in range(1, passes + 1):
+            improved = False
+            for layer in order:
+                current = anchors.normalize(book.score(bits, "refine"))
+                candidate, result = solve(
+                    book, anchors, bits, _cells(shape, [layer]), ((shape.num_kv_heads, bits[layer].count(0)),),
+                    layer_ratios[layer], settings.budget_per_layer, settings, "refine", f"refine{number}/{layer}", start=bits,
+                )  # fmt: skip
+                if anchors.normalize(result.score) > current:
+                    bits, improved = candidate, True
+                outcome.subproblems.append(result)
+                bar.report(result)
+            if not improved:
+                break
+    outcome.bits = bits
+    return outcome

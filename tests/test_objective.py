@@ -182,8 +182,13 @@ class TestSeveralTasks:
         assert group._score({PLAIN_GROUP: {"perplexity,none": 5.0}, **children}) == 5.0
         assert group._score({PLAIN_GROUP: {"alias": PLAIN_GROUP}, **children}) == 1.5
 
+    def test_a_metric_the_task_does_not_compute_is_named_with_the_ones_it_does(self, objective, task_dir):
+        with pytest.raises(ObjectiveError, match=r"'bosch_objective_ppl' computes no 'f1' \(its metrics: \['acc', 'perplexity'\]\)"):
+            CalibrationObjective(objective.lm, [PPL_TASK], include_path=task_dir, metadata=objective.metadata, metric="f1")
+
     def test_a_metric_lm_eval_did_not_report_names_the_ones_it_did(self, objective, task_dir):
-        wrong = CalibrationObjective(objective.lm, [PPL_TASK], include_path=task_dir, metadata=objective.metadata, metric="f1")
+        wrong = CalibrationObjective(objective.lm, [PPL_TASK], include_path=task_dir, metadata=objective.metadata, metric="acc")
+        wrong.metric = "f1"  # past the construction-time check: lm-eval reports no such value
         with pytest.raises(ObjectiveError, match=r"no 'f1' for 'bosch_objective_ppl'.*perplexity,none"):
             wrong(masks(objective.shape)[0])
 
@@ -241,3 +246,54 @@ def test_lm_evals_context_bar_is_restored_after_a_call(objective):
     bar = task_module.tqdm
     objective(masks(objective.shape)[1])
     assert task_module.tqdm is bar
+
+
+class TestMetricDirection:
+    def test_read_from_each_tasks_metric_list(self, objective, task_dir):
+        assert objective.higher_is_better is False  # perplexity: the test task says higher_is_better: false
+        assert objective.describe()["higher_is_better"] is False
+        acc = CalibrationObjective(objective.lm, [PPL_TASK], include_path=task_dir, metadata=objective.metadata, metric="acc")
+        assert acc.higher_is_better is True
+
+    def test_a_metric_without_a_direction_is_named(self, objective, task_dir, monkeypatch):
+        monkeypatch.setattr(ConfigurableTask, "higher_is_better", lambda self: {"perplexity": None})
+        with pytest.raises(ObjectiveError, match=r"'perplexity' of task 'bosch_objective_ppl' declares no higher_is_better"):
+            CalibrationObjective(objective.lm, [PPL_TASK], include_path=task_dir, metadata=objective.metadata, metric="perplexity")
+
+    def test_tasks_that_disagree_are_refused(self, objective, task_dir, monkeypatch):
+        monkeypatch.setattr(ConfigurableTask, "higher_is_better", lambda self: {"perplexity": self.config.task == PPL_TASK})
+        with pytest.raises(ObjectiveError, match="higher-is-better in some calibration tasks and not in others"):
+            CalibrationObjective(
+                objective.lm, [PPL_TASK, DOT_TASK], include_path=task_dir, metadata=objective.metadata, metric="perplexity"
+            )
+
+
+class TestOnTheTrainedToyModel:
+    """The random model solves no needle (acc 0 for every mask); the bundled toy model does,
+    so there masks score differently on the default calibration task and its acc."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def toy(cls) -> CalibrationObjective:
+        return build_objective("toy", calib_examples=16, batch_size=4)
+
+    def test_masks_score_differently_and_as_a_fresh_simple_evaluate(self, toy):
+        from bosch_eval.toy import resolve_model
+
+        assert toy.higher_is_better is True and toy.metric == "acc"
+        shape = toy.shape
+        full, swa, checker = masks(shape)
+        scores = [toy(mask) for mask in (full, swa, checker)]
+        assert scores[0] > scores[2] > scores[1] == 0.0  # full solves most needles, all-SWA none
+        metadata = {"seq_len": 1024, "num_examples": 16, "calib_seed": 0, "tokenizer": resolve_model("toy")}
+        results = lm_eval.simple_evaluate(
+            model="bosch",
+            model_args={"pretrained": resolve_model("toy"), "layers": "intr", "ratio": 0.0, "window": 32},
+            tasks=["bosch_niah_calib"],
+            task_manager=TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata={"pretrained": resolve_model("toy"), **metadata}),
+            device="cpu",
+            batch_size=4,
+            bootstrap_iters=0,
+            log_samples=False,
+        )
+        assert scores[0] == results["results"]["bosch_niah_calib"]["acc,none"]

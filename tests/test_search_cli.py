@@ -2,9 +2,11 @@
 with zero re-evaluation, and the errors it names.
 
 A random model solves no needle (``acc`` is 0 for every mask), so these runs score the
-calibration documents by perplexity, which every mask changes a little. That exercises
-the plumbing (objective, stages, journal, provenance); whether the search finds good
-masks is tested on planted objectives (``test_search_pipeline.py``).
+calibration documents by perplexity, which every mask changes a little. Perplexity is
+lower-is-better (the test task's ``metric_list`` says so), and the run must carry that
+direction from lm-eval into the anchors and the search. That exercises the plumbing
+(objective, stages, journal, provenance); whether the search finds good masks is tested on
+planted objectives (``test_search_pipeline.py``).
 """
 
 from __future__ import annotations
@@ -50,7 +52,12 @@ def test_writes_the_mask_with_its_provenance(finished: tuple[Path, Path, Path]) 
     assert mask.num_swa_groups == 6  # ⌈0.5 · 3 layers · 4 groups⌉
     assert mask.window == 256
     provenance = json.loads((out / "mask.json").read_text())["provenance"]
-    assert provenance["anchors"]["b"] > provenance["anchors"]["a"]
+    anchors = provenance["anchors"]
+    # Perplexity: lower is better, so b lies below the original model, which lies below all-SWA.
+    assert provenance["calibration"]["higher_is_better"] is False and anchors["higher_is_better"] is False
+    assert anchors["b"] == pytest.approx(0.8 * anchors["all_full"])
+    assert anchors["b"] < anchors["all_full"] < anchors["a"]
+    assert provenance["score"] < anchors["a"] and provenance["normalized_score"] > 0
     assert len(provenance["stage1_scores"]) == 3 and len(provenance["stage2"]["ratios"]) == 3
     assert provenance["seed"] == 0 and provenance["processes"] == 1
     assert {"torch", "transformers", "lm_eval", "accelerate", "PyNomadBBO"} <= set(provenance["versions"])
@@ -155,3 +162,20 @@ def test_a_ratio_that_allows_one_mask_spends_only_the_anchors(
     assert provenance["evaluations"] == 2  # S(all SWA) and S(full); one of them is the answer
     assert HeadMask.load(tmp_path / "run" / "mask.json").num_swa_groups == swa_groups
     assert provenance["score"] == provenance["anchors"]["all_swa" if ratio == "1" else "all_full"]
+def test_new_search_options_reach_the_search(finished: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    model_dir, task_dir, _ = finished
+    out = tmp_path / "run"
+    assert main(search_args(model_dir, task_dir, out, "--chunk-layers", "2", "--quota", "chunk", "--refine", "1")) == 0
+    provenance = json.loads((out / "mask.json").read_text())["provenance"]
+    assert {key: provenance["search"][key] for key in ("chunk_layers", "quota", "refine")} == {
+        "chunk_layers": 2, "quota": "chunk", "refine": 1
+    }  # fmt: skip
+    assert provenance["refine"]["stage3_evaluations"] <= provenance["evaluations"]
+    assert any(sub["stage"] == "refine" for sub in provenance["subproblems"])
+
+
+def test_settings_that_do_not_fit_the_model_are_named_before_loading_scores(finished, tmp_path: Path, capsys) -> None:
+    model_dir, task_dir, _ = finished
+    assert main(search_args(model_dir, task_dir, tmp_path / "run", "--buckets", "0", "0.3", "1")) == 2
+    assert "buckets: entry 1 is 0.3" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "journal.jsonl").exists() or len((tmp_path / "run" / "journal.jsonl").read_text().splitlines()) <= 1

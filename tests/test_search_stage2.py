@@ -229,3 +229,29 @@ class TestInputErrors:
     def test_result_lengths_must_agree(self) -> None:
         with pytest.raises(ValueError, match="one entry per layer"):
             Stage2Result(ratios=(0.0,), weights=(0.0, 1.0), drops=(0.0, 0.1), target_groups=0, assigned_groups=0)
+
+
+class TestDirectionAndZeroRatios:
+    def test_lower_is_better_scores_give_the_same_ratios_as_their_mirror(self) -> None:
+        """A perplexity that rises where a higher-is-better score falls ranks layers the same."""
+        scores = [0.2, 0.5, 0.45, 0.9, 0.8, 0.85, 0.95, 0.97]
+        higher = assign_layer_ratios(scores, 1.0, 0.5, 4)
+        lower = assign_layer_ratios([2.0 - s for s in scores], 1.0, 0.5, 4, higher_is_better=False)
+        assert lower.ratios == higher.ratios and lower.weights == pytest.approx(higher.weights)
+        wrong = assign_layer_ratios([2.0 - s for s in scores], 1.0, 0.5, 4)  # direction ignored: hardest = easiest
+        assert wrong.ratios != higher.ratios
+
+    def test_quarter_buckets_lift_every_layer_off_zero_at_075_on_32_by_8(self) -> None:
+        """Algorithm 2 as printed: one raising pass visits *every* layer (lines 19-25) and the
+        gap after bucketing (70 groups) outlasts the pass, so the 7 hardest layers go 0 → 0.25."""
+        scores = [1.0 - 0.01 * layer for layer in range(32)][::-1]  # distinct drops
+        result = assign_layer_ratios(scores, 1.0, 0.75, 8)
+        assert result.assigned_groups == result.target_groups == 192
+        assert min(result.ratios) == 0.25
+
+    def test_a_layer_stays_full_when_the_gap_closes_first(self) -> None:
+        """L = 8, ρ = 0.5 (the paper's Fig. 1 setting): the gap of 6 closes before the pass
+        reaches the hardest layers, which stay at 0 (Fig. 1's "-" rows)."""
+        scores = [0.2, 0.5, 0.45, 0.9, 0.8, 0.85, 0.95, 0.97]
+        result = assign_layer_ratios(scores, 1.0, 0.5, 8)
+        assert result.assigned_groups == 32 and result.ratios.count(0.0) == 2
