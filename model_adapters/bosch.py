@@ -15,6 +15,11 @@ model_args (besides everything HFLM accepts):
   requests thousands of times; off by default, since a plain evaluation sees each once).
 * ``progress_bars=False``: no per-call request bars (the search turns them off: its own
   bar counts objective calls).
+* ``mask=full``: no head mask (every group full attention), e.g. for a KV-quantized original;
+* ``kv_quant=logquant|kivi|none,kv_bits=2|4,kv_window=W_lq[,kv_group_size=G]``: quantize the
+  full-attention groups' KV cache (:mod:`bosch_eval.kv_quant`). Loglikelihood requests are
+  then scored as served: prefill(context) at full precision → compress → the continuation
+  through the compressed cache (``compressed_scoring``); generation uses the same cache.
 
 Under ``accelerate launch --num_processes N`` (GPUs or ``--cpu``, one node or many) each
 process scores its 1/N of the requests; see :meth:`BoschLM._shard_over_processes`.
@@ -43,13 +48,15 @@ from lm_eval.models.utils import Collator
 from lm_eval.models.utils_hf import pad_and_concat
 from tqdm import tqdm
 
-from bosch_eval.checkpoint import saved_mask
+from bosch_eval.checkpoint import saved_kv_quant, saved_mask, set_saved_kv_quant
 from bosch_eval.hybrid_attention import HybridAttention, hybridize
 from bosch_eval.hybrid_cache import HybridCache
+from bosch_eval.kv_quant.config import KVQuantConfig, parse_kv_quant
 from bosch_eval.mask_sources import resolve_mask
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
 from bosch_eval.model_defaults import model_defaults
 from bosch_eval.toy import resolve_model
+from bosch_eval.model_adapters.compressed_scoring import continuation_logits_through_cache
 from bosch_eval.model_adapters.continuation_logits import logits_at, scored_positions
 
 
@@ -89,6 +96,10 @@ class BoschLM(HFLM):
         kv_cache: str = "hybrid",
         memoize_tokens: bool = False,
         progress_bars: bool = True,
+        kv_quant: str | None = None,
+        kv_bits: int | None = None,
+        kv_window: int | None = None,
+        kv_group_size: int | None = None,
         **kwargs: Any,
     ) -> None:
         if kv_cache not in KV_CACHES:
@@ -111,6 +122,11 @@ class BoschLM(HFLM):
             raise MaskError(f"bosch: hybrid attention needs a decoder-only (causal) model, got backend={self.backend!r}")
         model_name = pretrained if isinstance(pretrained, str) else getattr(self.model.config, "_name_or_path", None)
         self._window_override = window
+        if mask == "full":  # no head mask: the original attention in every group
+            mask = HeadMask.uniform(ModelShape.from_config(self.model.config), full=True, window=window or 1, method="full")
+        self.kv_quant: KVQuantConfig | None = self._kv_quant_settings(kv_quant, kv_bits, kv_window, kv_group_size, model_name)
+        if self.kv_quant is not None and kv_cache != "hybrid":
+            raise MaskError(f"kv_cache: kv_quant={self.kv_quant.method} stores its KV in the hybrid cache; got kv_cache={kv_cache!r}")
         checkpoint_mask = saved_mask(self.model.config, f"{model_name}/config.json")
         if checkpoint_mask is not None and (mask, ranking, layers) == (None, None, None):
             mask = checkpoint_mask  # a hybrid checkpoint restores its own mask
@@ -132,6 +148,15 @@ class BoschLM(HFLM):
                 f"{checkpoint_mask.swa_ratio:.4g}, window {checkpoint_mask.window}); drop the explicit mask to use the saved one"
             )
         self.hybrid: HybridAttention = hybridize(self.model, head_mask, backend=attn_backend, source=source)
+        set_saved_kv_quant(self.model.config, self.kv_quant)  # save_pretrained keeps the settings
+
+    def _kv_quant_settings(self, kv_quant: Any, kv_bits: Any, kv_window: Any, kv_group_size: Any, model_name: Any) -> KVQuantConfig | None:
+        """The KV quantization asked for; a hybrid checkpoint's saved settings when none is given."""
+        config = self.model.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        if kv_quant is None and (kv_bits, kv_window, kv_group_size) == (None, None, None):
+            return saved_kv_quant(config, f"{model_name}/config.json")
+        return parse_kv_quant(kv_quant, kv_bits, kv_window, kv_group_size, head_dim=head_dim)
 
     def _shard_over_processes(self) -> None:
         """Under ``accelerate launch`` with N > 1 processes, make lm-eval give each process
@@ -208,7 +233,7 @@ class BoschLM(HFLM):
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any) -> torch.Tensor:
         """HFLM's generation, on a deploy-mode cache unless ``kv_cache=dynamic``."""
         if self.kv_cache == "hybrid":
-            generation_kwargs.setdefault("past_key_values", HybridCache.for_model(self.model))
+            generation_kwargs.setdefault("past_key_values", HybridCache.for_model(self.model, self.kv_quant))
         return super()._model_generate(context, max_length, stop, **generation_kwargs)
 
     def get_model_info(self) -> dict[str, Any]:
@@ -220,6 +245,7 @@ class BoschLM(HFLM):
             bosch_method=mask.method,
             bosch_attn_backend=self.hybrid.backend,
             bosch_kv_cache=self.kv_cache,
+            bosch_kv_quant=self.kv_quant.to_json() if self.kv_quant is not None else None,
             bosch_mask=[list(row) for row in mask.bits],
         )
         return info
@@ -265,7 +291,11 @@ class BoschLM(HFLM):
                     enabled=self.mixed_precision_dtype is not None,
                 ),
             ):
-                log_probs = F.log_softmax(logits_at(self.model, input_ids, positions), dim=-1, dtype=self.softmax_dtype)
+                if self.kv_quant is None:
+                    logits = logits_at(self.model, input_ids, positions)
+                else:
+                    logits = self._logits_through_compressed_cache(inputs, continuations)
+                log_probs = F.log_softmax(logits, dim=-1, dtype=self.softmax_dtype)
             for (request, context, _), row_log_probs, continuation in zip(batch, log_probs, continuations, strict=True):
                 row_log_probs = row_log_probs[: len(continuation)].unsqueeze(0)  # [1, k, V]
                 greedy = row_log_probs.argmax(dim=-1)
@@ -283,3 +313,18 @@ class BoschLM(HFLM):
                     progress.update(1)
         progress.close()
         return collator.get_original(results)
+
+    def _logits_through_compressed_cache(self, inputs: list[list[int]], continuations: list[list[int]]) -> torch.Tensor:
+        """``[B, k_max, V]`` logits, each row prefilled, compressed, then its continuation
+        forwarded through its own quantized cache (rows with shorter continuations are
+        padded with zeros, dropped by the caller)."""
+        rows = [
+            continuation_logits_through_cache(
+                self.model, lambda: HybridCache.for_model(self.model, self.kv_quant), row, len(continuation), self.device
+            )
+            for row, continuation in zip(inputs, continuations, strict=True)
+        ]
+        out = rows[0].new_zeros(len(rows), max(r.shape[0] for r in rows), rows[0].shape[-1])
+        for i, row in enumerate(rows):
+            out[i, : row.shape[0]] = row
+        return out

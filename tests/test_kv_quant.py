@@ -161,12 +161,13 @@ class TestCache:
                     assert sorted(store.quantized_positions.tolist()) == sorted(set(range(t + 1)) - set(expected))
                     assert store.fp_keys.shape[2] == len(expected)
 
-    def test_quantized_positions_hold_dequantized_states_in_place(self):
+    @pytest.mark.parametrize("method", ["logquant", "kivi"])
+    def test_quantized_positions_hold_dequantized_states_in_place(self, method):
         """What attention sees = the unquantized states at full-precision positions and
         within half a step of them elsewhere; positions (RoPE) unchanged."""
         model = quantized_model(ALL_FULL)
         ids = torch.randint(3, model.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(6))
-        plain, quant = HybridCache.for_model(model), HybridCache.for_model(model, KVQuantConfig("logquant", 4, 4, 8))
+        plain, quant = HybridCache.for_model(model), HybridCache.for_model(model, KVQuantConfig(method, 4, 4, 8))
         with torch.no_grad():
             model(input_ids=ids, past_key_values=plain, use_cache=True)
             model(input_ids=ids, past_key_values=quant, use_cache=True)
@@ -212,3 +213,19 @@ class TestCache:
         out = model.generate(input_ids=ids, attention_mask=attention, past_key_values=cache, max_new_tokens=20, do_sample=False, pad_token_id=0)
         assert out.shape[1] == 17 + 20
         assert cache.layers[0].store.key_codes is not None and cache.layers[0].store.key_codes.dtype == torch.uint8
+
+
+def test_bench_measures_quantized_configs_and_matches_the_formula():
+    from bosch_eval.bench import max_batch, ratio_table, run_bench
+
+    model = random_model("qwen3", num_layers=4)
+    kv = KVQuantConfig("logquant", 2, 4, 8)
+    rows = run_bench(model, [("r", 0.75), ("lq", None, kv), ("r+lq", 0.75, kv)], lengths=[64], decode_tokens=2, repeats=1)
+    assert [r.label for r in rows] == ["original", "r", "lq", "r+lq"]
+    assert all(r.kv_cache_bytes == r.kv_bytes_formula for r in rows)
+    original, hybrid, lq, both = rows
+    assert both.kv_cache_bytes < lq.kv_cache_bytes < original.kv_cache_bytes and both.kv_cache_bytes < hybrid.kv_cache_bytes
+    assert lq.kv_quant == "logquant-2bit-W4" and lq.swa_ratio == 0.0
+    table = ratio_table(rows, budget_bytes=10**6, weight_bytes=0)
+    assert f"| logquant-2bit-W4 | {lq.kv_bytes_formula} | {max_batch(10**6, 0, lq.kv_bytes_formula)} |" in table
+    assert max_batch(1000, 100, 300) == 3

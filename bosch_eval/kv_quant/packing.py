@@ -76,11 +76,11 @@ def quantize_values(values: torch.Tensor, bits: int, group_size: int) -> Quantiz
 
 def dequantize_keys(q: Quantized, bits: int, dtype: torch.dtype) -> torch.Tensor:
     """``[..., n, D]`` keys back from per-channel codes (scale/zero ``[..., 1, D]``)."""
-    return unpack(q.codes, bits).to(dtype) * q.scale.to(dtype) + q.zero.to(dtype)
+    return torch.addcmul(q.zero.to(dtype), unpack(q.codes, bits).to(dtype), q.scale.to(dtype))
 
 
 def dequantize_values(q: Quantized, bits: int, dtype: torch.dtype) -> torch.Tensor:
     """``[..., n, D]`` values back from per-token group codes (scale/zero ``[..., n, D/g]``)."""
     codes = unpack(q.codes, bits).to(dtype)
     grouped = codes.unflatten(-1, (q.scale.shape[-1], -1))  # [..., n, D/g, g]
-    return (grouped * q.scale[..., None].to(dtype) + q.zero[..., None].to(dtype)).flatten(-2)
+    return torch.addcmul(q.zero[..., None].to(dtype), grouped, q.scale[..., None].to(dtype)).flatten(-2)

@@ -54,30 +54,43 @@ class QuantizedKVStore:
 
     def update(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``[B, G, q, D]`` new states; return what this step attends to, then compress."""
-        past_keys, past_values = self.past()
-        seen_keys = keys if past_keys is None else torch.cat([past_keys, keys], dim=-2)
-        seen_values = values if past_values is None else torch.cat([past_values, values], dim=-2)
+        if self.fp_keys is None:
+            seen_keys, seen_values = keys, values
+        elif self.key_codes is None:  # nothing quantized yet: exactly the unquantized cache's tensors
+            seen_keys, seen_values = torch.cat([self.fp_keys, keys], dim=-2), torch.cat([self.fp_values, values], dim=-2)
+        else:
+            seen_keys, seen_values = self._expand(extra=keys.shape[-2])
+            seen_keys[:, :, self.seen :], seen_values[:, :, self.seen :] = keys, values
         self._append(keys, values)
         return seen_keys, seen_values
 
     def past(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Every stored position in order, quantized ones dequantized (``None`` when empty)."""
-        if self.fp_keys is None:
-            return None, None
-        if self.key_codes is None:  # nothing quantized yet: the stored states as they are
+        if self.fp_keys is None or self.key_codes is None:
             return self.fp_keys, self.fp_values
+        return self._expand(extra=0)
+
+    def _expand(self, extra: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[B, G, seen + extra, D]`` keys and values, positions ``< seen`` filled (dequantized
+        where quantized), the last ``extra`` left for the caller."""
         b, g, _, d = self.fp_keys.shape
         dtype, bits = self.fp_keys.dtype, self.config.bits
         events = self.key_scale.shape[2]
         key_codes = self.key_codes.unflatten(2, (events, -1))  # [B, G, E, W, D·bits/8]
         keys = dequantize_keys(Quantized(key_codes, self.key_scale, self.key_zero), bits, dtype).flatten(2, 3)
         values = dequantize_values(Quantized(self.value_codes, self.value_scale, self.value_zero), bits, dtype)
-        out_keys = self.fp_keys.new_empty(b, g, self.seen, d)
-        out_values = self.fp_values.new_empty(b, g, self.seen, d)
+        out_keys = self.fp_keys.new_empty(b, g, self.seen + extra, d)
+        out_values = self.fp_values.new_empty(b, g, self.seen + extra, d)
         device = out_keys.device
         fp_index, q_index = self.fp_positions.to(device), self.quantized_positions.to(device)
-        out_keys.index_copy_(2, fp_index, self.fp_keys).index_copy_(2, q_index, keys)
-        out_values.index_copy_(2, fp_index, self.fp_values).index_copy_(2, q_index, values)
+        out_keys.index_copy_(2, fp_index, self.fp_keys)
+        out_values.index_copy_(2, fp_index, self.fp_values)
+        n_q = q_index.shape[0]
+        if self.selector.method == "kivi":  # KiVi quantizes the oldest positions, in order: one slice
+            out_keys[:, :, :n_q], out_values[:, :, :n_q] = keys, values
+        else:
+            out_keys.index_copy_(2, q_index, keys)
+            out_values.index_copy_(2, q_index, values)
         return out_keys, out_values
 
     def _append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
