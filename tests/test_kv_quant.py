@@ -142,7 +142,7 @@ class TestCache:
         assert all(layer.store.key_codes is None for layer in cache.layers if isinstance(layer, QuantizedFullLayer))
 
     @pytest.mark.parametrize("method", ["logquant", "kivi"])
-    @pytest.mark.parametrize("window, prefill", [(2, 5), (3, 9), (4, 1), (4, 17)])
+    @pytest.mark.parametrize("window, prefill", [(2, 5), (3, 9), (4, 1), (4, 8), (4, 11), (4, 12), (4, 13), (4, 17)])  # 2W, 3W − 1, 3W, 3W + 1
     def test_stored_index_sets_follow_the_rule_after_prefill_and_decode(self, method, window, prefill):
         model = quantized_model(MIXED)
         length = 13 * window + 1
