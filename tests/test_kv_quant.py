@@ -178,7 +178,9 @@ class TestCache:
         assert not torch.equal(keys, plain.layers[1].keys)
         step = (plain.layers[1].keys.amax() - plain.layers[1].keys.amin()) / 15
         assert (keys - plain.layers[1].keys).abs().max() <= step / 2 + 1e-5
-        assert values.shape == plain.layers[1].values.shape
+        plain_values = plain.layers[1].values
+        assert torch.equal(values[:, :, fp], plain_values[:, :, fp])
+        assert (values - plain_values).abs().max() <= (plain_values.amax() - plain_values.amin()) / 15 / 2 + 1e-5
 
     @pytest.mark.parametrize("rows", [ALL_FULL, MIXED], ids=["full", "mixed"])
     @pytest.mark.parametrize("method, bits, window, length", [("logquant", 2, 4, 3), ("logquant", 2, 4, 12), ("logquant", 4, 4, 45), ("kivi", 2, 3, 41)])

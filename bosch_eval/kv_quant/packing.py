@@ -74,13 +74,16 @@ def quantize_values(values: torch.Tensor, bits: int, group_size: int) -> Quantiz
     return Quantized(pack(codes.flatten(-2), bits), scale[..., 0].to(values.dtype), lo[..., 0].to(values.dtype))
 
 
-def dequantize_keys(q: Quantized, bits: int, dtype: torch.dtype) -> torch.Tensor:
-    """``[..., n, D]`` keys back from per-channel codes (scale/zero ``[..., 1, D]``)."""
-    return torch.addcmul(q.zero.to(dtype), unpack(q.codes, bits).to(dtype), q.scale.to(dtype))
+def dequantize_keys(q: Quantized, bits: int, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``[..., n, D]`` keys back from per-channel codes (scale/zero ``[..., 1, D]``), written
+    into ``out`` when given (a view of the cache's output: one full-size pass less)."""
+    return torch.addcmul(q.zero.to(dtype), unpack(q.codes, bits).to(dtype), q.scale.to(dtype), out=out)
 
 
-def dequantize_values(q: Quantized, bits: int, dtype: torch.dtype) -> torch.Tensor:
-    """``[..., n, D]`` values back from per-token group codes (scale/zero ``[..., n, D/g]``)."""
+def dequantize_values(q: Quantized, bits: int, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``[..., n, D]`` values back from per-token group codes (scale/zero ``[..., n, D/g]``),
+    written into ``out`` when given."""
     codes = unpack(q.codes, bits).to(dtype)
     grouped = codes.unflatten(-1, (q.scale.shape[-1], -1))  # [..., n, D/g, g]
-    return torch.addcmul(q.zero[..., None].to(dtype), grouped, q.scale[..., None].to(dtype)).flatten(-2)
+    target = None if out is None else out.unflatten(-1, grouped.shape[-2:])
+    return torch.addcmul(q.zero[..., None].to(dtype), grouped, q.scale[..., None].to(dtype), out=target).flatten(-2)

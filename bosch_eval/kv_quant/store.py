@@ -77,8 +77,8 @@ class QuantizedKVStore:
         dtype, bits = self.fp_keys.dtype, self.config.bits
         events = self.key_scale.shape[2]
         key_codes = self.key_codes.unflatten(2, (events, -1))  # [B, G, E, W, D·bits/8]
-        keys = dequantize_keys(Quantized(key_codes, self.key_scale, self.key_zero), bits, dtype).flatten(2, 3)
-        values = dequantize_values(Quantized(self.value_codes, self.value_scale, self.value_zero), bits, dtype)
+        keys_q = Quantized(key_codes, self.key_scale, self.key_zero)
+        values_q = Quantized(self.value_codes, self.value_scale, self.value_zero)
         out_keys = self.fp_keys.new_empty(b, g, self.seen + extra, d)
         out_values = self.fp_values.new_empty(b, g, self.seen + extra, d)
         device = out_keys.device
@@ -86,11 +86,12 @@ class QuantizedKVStore:
         out_keys.index_copy_(2, fp_index, self.fp_keys)
         out_values.index_copy_(2, fp_index, self.fp_values)
         n_q = q_index.shape[0]
-        if self.selector.method == "kivi":  # KiVi quantizes the oldest positions, in order: one slice
-            out_keys[:, :, :n_q], out_values[:, :, :n_q] = keys, values
+        if self.selector.method == "kivi":  # KiVi quantizes the oldest positions, in order: straight into place
+            dequantize_keys(keys_q, bits, dtype, out=out_keys[:, :, :n_q].unflatten(2, (events, -1)))
+            dequantize_values(values_q, bits, dtype, out=out_values[:, :, :n_q])
         else:
-            out_keys.index_copy_(2, q_index, keys)
-            out_values.index_copy_(2, q_index, values)
+            out_keys.index_copy_(2, q_index, dequantize_keys(keys_q, bits, dtype).flatten(2, 3))
+            out_values.index_copy_(2, q_index, dequantize_values(values_q, bits, dtype))
         return out_keys, out_values
 
     def _append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
