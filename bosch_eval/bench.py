@@ -7,6 +7,11 @@ bytes after the prefill, and peak memory (CUDA allocator peak; on CPU the peak r
 set size above the start, see :func:`peak_memory`). The original runs unpatched
 (``sdpa``, transformers' dynamic cache); hybrids run the bosch attention on the
 deploy-mode :class:`~bosch_eval.hybrid_cache.HybridCache`.
+
+A configuration may add KV quantization (LogQuant/KiVi, ``bosch_eval.kv_quant``) to its
+full-attention groups; without a mask it runs on the all-full mask (the original
+attention). Each row has the bytes measured from the stored tensors next to the
+closed-form :func:`~bosch_eval.kv_quant.formula.kv_cache_bytes_formula`.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from bosch_eval.hybrid_attention import hybridize
 from bosch_eval.hybrid_cache import HybridCache, kv_cache_bytes
+from bosch_eval.kv_quant.config import KVQuantConfig
+from bosch_eval.kv_quant.formula import kv_cache_bytes_formula
 from bosch_eval.masks import HeadMask, ModelShape, ceil_count, check_ratio
 
 
@@ -42,6 +49,8 @@ class BenchRow:
     kv_cache_bytes: int
     peak_memory_bytes: int
     attention_share: float  # of the prefill time, spent in the attention function
+    kv_quant: str | None = None  # e.g. "logquant-2bit-W128"
+    kv_bytes_formula: int = 0  # the closed form at this length, to check kv_cache_bytes against
 
 
 def balanced_mask(shape: ModelShape, ratio: float, window: int) -> HeadMask:
@@ -175,18 +184,29 @@ def attention_share(model: Any, ids: torch.Tensor, chunk: int | None, cache: Dyn
         return seconds() / (time.perf_counter() - start)
 
 
-def _set_up(model: Any, mask: HeadMask | None, window: int) -> DynamicCache:
+def _set_up(model: Any, mask: HeadMask | None, window: int, kv_quant: KVQuantConfig | None = None) -> DynamicCache:
     """Put ``model`` in one configuration (``None``: the original) and return a fresh cache for it."""
-    if mask is None:
+    if mask is None and kv_quant is None:
         model.set_attn_implementation("sdpa")
         return DynamicCache()
+    if mask is None:  # quantization alone: the original attention in every group
+        mask = HeadMask.uniform(ModelShape.from_config(model.config), full=True, window=window, method="full")
     hybridize(model, mask, window=mask.window or window, backend="auto")
-    return HybridCache.for_model(model)
+    return HybridCache.for_model(model, kv_quant)
+
+
+def kv_quant_label(kv_quant: KVQuantConfig) -> str:
+    return f"{kv_quant.method}-{kv_quant.bits}bit-W{kv_quant.window}"
+
+
+def max_batch(budget_bytes: int, weight_bytes: int, kv_bytes_per_sequence: int) -> int:
+    """Largest batch whose KV cache (closed form, per sequence) fits next to the weights."""
+    return max(0, (budget_bytes - weight_bytes) // max(1, kv_bytes_per_sequence))
 
 
 def run_bench(
     model: Any,
-    configs: list[tuple[str, float | HeadMask]],
+    configs: list[tuple[str, float | HeadMask | None] | tuple[str, float | HeadMask | None, KVQuantConfig | None]],
     lengths: list[int],
     decode_tokens: int,
     window: int | None = None,
@@ -196,25 +216,29 @@ def run_bench(
     """Measure the original model and each hybrid configuration at each length.
 
     Args:
-        configs: ``(label, ratio or mask)``; a ratio gets :func:`balanced_mask`.
+        configs: ``(label, ratio or mask[, kv_quant])``; a ratio gets :func:`balanced_mask`;
+            ``None`` with a ``kv_quant``: quantization alone on the original attention.
         window: W for ratio configs; default ``T // 32`` (the paper's T/W) per length.
         repeats: timed runs per configuration (medians are reported), plus one run that
             measures the attention share.
     """
     shape = ModelShape.from_config(model.config)
     device = model.device
+    quant = {c[0]: c[2] for c in configs if len(c) > 2}
+    head_dim = getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
+    dtype_bytes = next(model.parameters()).element_size()
     rows = []
     for length in lengths:
         w = window or max(1, length // 32)
-        masks = [(label, c if isinstance(c, HeadMask) else balanced_mask(shape, c, w)) for label, c in configs]
+        masks = [(c[0], c[1] if isinstance(c[1], HeadMask) or c[1] is None else balanced_mask(shape, c[1], w)) for c in configs]
         ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length)).to(device)
         configurations: list[tuple[str, HeadMask | None]] = [("original", None), *masks]
         timings: dict[str, list[tuple[float, float, int, int]]] = {}
         for _ in range(repeats):  # interleaved, so drifting machine load hits every configuration alike
             for label, mask in configurations:
-                timings.setdefault(label, []).append(measure(model, ids, decode_tokens, chunk, _set_up(model, mask, w)))
+                timings.setdefault(label, []).append(measure(model, ids, decode_tokens, chunk, _set_up(model, mask, w, quant.get(label))))
         # Separate runs: timing every attention call perturbs the timing.
-        shares = {label: attention_share(model, ids, chunk, _set_up(model, mask, w)) for label, mask in configurations}
+        shares = {label: attention_share(model, ids, chunk, _set_up(model, mask, w, quant.get(label))) for label, mask in configurations}
         for label, runs in timings.items():
             mask = dict(masks).get(label)
             rows.append(
@@ -228,17 +252,25 @@ def run_bench(
                     kv_cache_bytes=runs[0][2],
                     peak_memory_bytes=int(statistics.median(r[3] for r in runs)),
                     attention_share=shares[label],
+                    kv_quant=kv_quant_label(quant[label]) if quant.get(label) else None,
+                    kv_bytes_formula=kv_cache_bytes_formula(
+                        mask.bits if mask else None, shape.num_layers, shape.num_kv_heads, head_dim, length,
+                        window=(mask.window or w) if mask else None, kv_quant=quant.get(label), dtype_bytes=dtype_bytes,
+                    ),  # fmt: skip
                 )
             )
     return rows
 
 
-def ratio_table(rows: list[BenchRow]) -> str:
-    """Markdown table with each hybrid's ratios to the original at the same length."""
+def ratio_table(rows: list[BenchRow], budget_bytes: int | None = None, weight_bytes: int = 0) -> str:
+    """Markdown table with each hybrid's ratios to the original at the same length; with a
+    memory budget, KV columns (formula, quantization) and the largest batch that fits."""
     original = {row.length: row for row in rows if row.label == "original"}
+    kv_columns = budget_bytes is not None
     lines = [
-        "| config | ρ | W | T | prefill tok/s | decode tok/s | KV bytes | peak MB | attention share | prefill time ratio | decode time ratio | KV ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| config | ρ | W | T | prefill tok/s | decode tok/s | KV bytes | peak MB | attention share | prefill time ratio | decode time ratio | KV ratio |"
+        + (" kv_quant | KV bytes (formula) | max batch |" if kv_columns else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if kv_columns else ""),
     ]
     for row in rows:
         base = original[row.length]
@@ -247,6 +279,7 @@ def ratio_table(rows: list[BenchRow]) -> str:
             f"{row.decode_tokens_per_s:.2f} | {row.kv_cache_bytes} | {row.peak_memory_bytes / 2**20:.1f} | {row.attention_share:.2f} | "
             f"{base.prefill_tokens_per_s / row.prefill_tokens_per_s:.3f} | {base.decode_tokens_per_s / row.decode_tokens_per_s:.3f} | "
             f"{row.kv_cache_bytes / base.kv_cache_bytes:.4f} |"
+            + (f" {row.kv_quant or '-'} | {row.kv_bytes_formula} | {max_batch(budget_bytes, weight_bytes, row.kv_bytes_formula)} |" if kv_columns else "")
         )
     return "\n".join(lines)
 

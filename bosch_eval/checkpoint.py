@@ -1,4 +1,5 @@
-"""Hybrid checkpoints: the head mask travels inside ``config.json`` (field ``bosch_mask``).
+"""Hybrid checkpoints: the head mask travels inside ``config.json`` (field ``bosch_mask``),
+and so do KV-quantization settings (field ``bosch_kv_quant``) when the model had them.
 
 ``hybridize`` keeps the current mask (with its window) in ``model.config.bosch_mask``, so
 ``model.save_pretrained(dir)`` writes it with no extra step, and :func:`load_hybrid_model`
@@ -13,6 +14,8 @@ from typing import Any
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from bosch_eval.hybrid_attention import hybridize
+from bosch_eval.kv_quant.config import CONFIG_FIELD as KV_QUANT_FIELD
+from bosch_eval.kv_quant.config import KVQuantConfig
 from bosch_eval.masks import HeadMask, MaskError
 
 CONFIG_FIELD = "bosch_mask"
@@ -24,6 +27,21 @@ def saved_mask(config: Any, source: str = "config.json") -> HeadMask | None:
     if data is None:
         return None
     return HeadMask.from_json(data, f"{source}: field '{CONFIG_FIELD}'")
+
+
+def saved_kv_quant(config: Any, source: str = "config.json") -> KVQuantConfig | None:
+    """The KV quantization settings stored in a model config (field ``bosch_kv_quant``), or
+    None. Pass them to ``HybridCache.for_model(model, kv_quant)``."""
+    data = getattr(config, KV_QUANT_FIELD, None)
+    return None if data is None else KVQuantConfig.from_json(data, f"{source}: field '{KV_QUANT_FIELD}'")
+
+
+def set_saved_kv_quant(config: Any, kv_quant: KVQuantConfig | None) -> None:
+    """Keep ``kv_quant`` in the config so ``save_pretrained`` writes it (None removes it)."""
+    if kv_quant is not None:
+        setattr(config, KV_QUANT_FIELD, kv_quant.to_json())
+    elif hasattr(config, KV_QUANT_FIELD):
+        delattr(config, KV_QUANT_FIELD)
 
 
 def load_hybrid_model(path: str | Path, attn_backend: str = "auto", **from_pretrained: Any) -> PreTrainedModel:

@@ -94,14 +94,20 @@ def _bench(args: argparse.Namespace) -> None:
             mask.check_fits(ModelShape.from_config(model_config(resolve_model(args.model))), args.mask, args.model)
     model = _bench_model(args)
     if args.mask:
-        configs = [(Path(args.mask).stem, mask)]
+        configs: list = [(Path(args.mask).stem, mask)]
     else:
         configs = [(f"ρ={ratio:g}", ratio) for ratio in args.ratios]
+    configs += _kv_quant_configs(args, model, configs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = run_bench(model, configs, args.lengths, args.decode_tokens, args.window, args.chunk, args.repeats)
     report = {"command": " ".join(["bosch-eval", *args.argv]), "environment": environment(), "rows": rows_as_json(rows)}
-    table = ratio_table(rows)
+    budget = int(args.memory_budget_gb * 2**30) if args.memory_budget_gb else None
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    table = ratio_table(rows, budget, weights) if args.kv_quant else ratio_table(rows)
+    if budget is not None:
+        table += f"\n\nmax batch: (budget {args.memory_budget_gb:g} GiB − weights {weights} B) // KV bytes (formula) per sequence at T"
+        report["memory_budget_bytes"], report["weight_bytes"] = budget, weights
     plot(rows, str(out / "bench.png"))
     if args.windows:
         ratio = args.ratios[-1]
@@ -114,6 +120,24 @@ def _bench(args: argparse.Namespace) -> None:
     (out / "bench.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "bench.md").write_text(f"$ {report['command']}\n\n{json.dumps(report['environment'])}\n\n{table}\n")
     print(table)
+
+
+def _kv_quant_configs(args: argparse.Namespace, model: Any, configs: list) -> list:
+    """``--kv-quant m1,m2``: each method alone, then on each mask configuration."""
+    if not args.kv_quant:
+        return []
+    from bosch_eval.bench import kv_quant_label
+    from bosch_eval.kv_quant.config import parse_kv_quant
+
+    head_dim = getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
+    extra = []
+    for method in args.kv_quant.split(","):
+        kv = parse_kv_quant(method, args.kv_bits, args.kv_window, args.kv_group_size, head_dim=head_dim)
+        if kv is None:
+            continue
+        extra.append((kv_quant_label(kv), None, kv))
+        extra += [(f"{label} + {kv_quant_label(kv)}", source, kv) for label, source in configs]
+    return extra
 
 
 def _toy_model(args: argparse.Namespace) -> None:
@@ -156,6 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
     bench.add_argument("--device", default="cpu", help="cpu or cuda")
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype")
+    bench.add_argument("--kv-quant", help="also benchmark KV quantization: comma-separated logquant,kivi (alone and on each mask)")
+    bench.add_argument("--kv-bits", type=int, default=2, help="bits per quantized element with --kv-quant (2 or 4)")
+    bench.add_argument("--kv-window", type=int, default=128, help="W_lq with --kv-quant (full precision keeps 2W..3W tokens)")
+    bench.add_argument("--kv-group-size", type=int, help="channels per value scale with --kv-quant (default 64, or the head dim)")
+    bench.add_argument("--memory-budget-gb", type=float, help="with --kv-quant: report the largest batch whose KV fits beside the weights")
     bench.add_argument("--out", default="bench", help="directory for bench.json, bench.md and the PNGs")
     bench.set_defaults(run=_bench)
 

@@ -12,6 +12,11 @@ Bytes held = Σ_layers (G_full·T + G_swa·min(T, W − 1)) × 2 (K and V) × he
 A hybrid layer hands :class:`HybridStates` (full part, SWA part) to the attention
 function instead of one ``[B, G, S, D]`` tensor, because the two parts have different
 lengths; only the bosch attention function consumes them.
+
+With a :class:`~bosch_eval.kv_quant.config.KVQuantConfig` (LogQuant or KiVi), the
+full-attention groups of every layer are stored quantized outside their full-precision
+set (:mod:`bosch_eval.kv_quant`); SWA groups keep their full-precision window as above.
+One selector per cache decides the full-precision positions for all layers.
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from bosch_eval.hybrid_attention import GroupRun, HybridStates, LayerSplit, hybrid_state
+from bosch_eval.kv_quant.config import KVQuantConfig
+from bosch_eval.kv_quant.layer import QuantizedFullLayer
+from bosch_eval.kv_quant.selection import Selector
+from bosch_eval.kv_quant.store import QuantizedKVStore
 
 
 class HybridHeadLayer(DynamicLayer):
@@ -29,11 +38,13 @@ class HybridHeadLayer(DynamicLayer):
 
     is_croppable = False  # dropped SWA positions cannot be restored
 
-    def __init__(self, split: LayerSplit, window: int) -> None:
+    def __init__(self, split: LayerSplit, window: int, kv_quant: KVQuantConfig | None = None, selector: Selector | None = None) -> None:
         super().__init__()
         self.split, self.window = split, window
         self.cumulative_length = 0
         self.full_keys = self.full_values = self.swa_keys = self.swa_values = None
+        # Full groups quantized outside the selector's full-precision set (none: no full group).
+        self.quantized = QuantizedKVStore(kv_quant, selector) if kv_quant is not None and split.full and selector is not None else None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -44,11 +55,14 @@ class HybridHeadLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         self.cumulative_length += key_states.shape[-2]
-        self.full_keys = _append(self.full_keys, _select(key_states, self.split.full))
-        self.full_values = _append(self.full_values, _select(value_states, self.split.full))
+        if self.quantized is not None:
+            full_keys, full_values = self.quantized.update(_select(key_states, self.split.full), _select(value_states, self.split.full))
+        else:
+            full_keys = self.full_keys = _append(self.full_keys, _select(key_states, self.split.full))
+            full_values = self.full_values = _append(self.full_values, _select(value_states, self.split.full))
         swa_keys, self.swa_keys = self._window(self.swa_keys, _select(key_states, self.split.swa))
         swa_values, self.swa_values = self._window(self.swa_values, _select(value_states, self.split.swa))
-        return HybridStates(self.full_keys, swa_keys), HybridStates(self.full_values, swa_values)
+        return HybridStates(full_keys, swa_keys), HybridStates(full_values, swa_values)
 
     def _window(self, stored: torch.Tensor | None, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """What this step's SWA queries see, and what is kept for the next step.
@@ -73,17 +87,24 @@ class HybridHeadLayer(DynamicLayer):
     def stored_bytes(self) -> int:
         if not self.is_initialized:
             return 0
-        tensors = (self.full_keys, self.full_values, self.swa_keys, self.swa_values)
+        tensors = [t for t in (self.full_keys, self.full_values, self.swa_keys, self.swa_values) if t is not None]
+        if self.quantized is not None:
+            tensors += self.quantized.tensors()
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def reset(self) -> None:
         self.full_keys = self.full_values = self.swa_keys = self.swa_values = None
+        if self.quantized is not None:
+            self.quantized.reset()
         self.cumulative_length = 0
         self.is_initialized = False
 
     def _map(self, fn: Any) -> None:
         if self.is_initialized:
-            self.full_keys, self.full_values = fn(self.full_keys), fn(self.full_values)
+            if self.quantized is not None:
+                self.quantized.map_batch(fn)
+            else:
+                self.full_keys, self.full_values = fn(self.full_keys), fn(self.full_values)
             self.swa_keys, self.swa_values = fn(self.swa_keys), fn(self.swa_values)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
@@ -106,15 +127,23 @@ class HybridCache(DynamicCache):
         Cache.__init__(self, layers=layers)  # DynamicCache.__init__ would build its own layers
 
     @classmethod
-    def for_model(cls, model: Any) -> HybridCache:
-        """The cache of a hybridized ``model``; its mask is read once (deploy mode keeps it fixed)."""
+    def for_model(cls, model: Any, kv_quant: KVQuantConfig | None = None) -> HybridCache:
+        """The cache of a hybridized ``model``; its mask is read once (deploy mode keeps it fixed).
+
+        Args:
+            kv_quant: quantize the full-attention groups (LogQuant or KiVi); ``None``: keep
+                them at full precision.
+        """
         state = hybrid_state(model)
+        selector = Selector(kv_quant.method, kv_quant.window) if kv_quant is not None else None
         layers: list[DynamicLayer] = []
         for layer, bits in enumerate(state.mask.bits):
-            if all(bits):
-                layers.append(DynamicLayer())
+            if not all(bits):
+                layers.append(HybridHeadLayer(state.layer_split(layer), state.window, kv_quant, selector))
+            elif kv_quant is not None:
+                layers.append(QuantizedFullLayer(kv_quant, selector))
             else:
-                layers.append(HybridHeadLayer(state.layer_split(layer), state.window))
+                layers.append(DynamicLayer())
         return cls(layers)
 
 
@@ -134,7 +163,7 @@ def kv_cache_bytes(cache: Cache) -> int:
     """Bytes of keys and values the cache holds right now."""
     total = 0
     for layer in cache.layers:
-        if isinstance(layer, HybridHeadLayer):
+        if isinstance(layer, (HybridHeadLayer, QuantizedFullLayer)):
             total += layer.stored_bytes()
         elif layer.is_initialized:
             total += layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()

@@ -17,6 +17,11 @@ model_args (besides everything HFLM accepts):
   bar counts objective calls).
 * ``rope_scaling=yarn,rope_factor=F[,rope_original_max_positions=N]``: YaRN context
   extension set on the config before the model is built (``bosch_eval.rope_scaling``).
+* ``mask=full``: no head mask (every group full attention), e.g. for a KV-quantized original;
+* ``kv_quant=logquant|kivi|none,kv_bits=2|4,kv_window=W_lq[,kv_group_size=G]``: quantize the
+  full-attention groups' KV cache (:mod:`bosch_eval.kv_quant`). Loglikelihood requests are
+  then scored as served: prefill(context) at full precision → compress → the continuation
+  through the compressed cache (``compressed_scoring``); generation uses the same cache.
 
 Under ``accelerate launch --num_processes N`` (GPUs or ``--cpu``, one node or many) each
 process scores its 1/N of the requests; see :meth:`BoschLM._shard_over_processes`.
@@ -45,15 +50,17 @@ from lm_eval.models.utils import Collator
 from lm_eval.models.utils_hf import pad_and_concat
 from tqdm import tqdm
 
-from bosch_eval.checkpoint import saved_mask
+from bosch_eval.checkpoint import saved_kv_quant, saved_mask, set_saved_kv_quant
 from bosch_eval.hybrid_attention import HybridAttention, hybridize
 from bosch_eval.hybrid_cache import HybridCache
+from bosch_eval.kv_quant.config import KVQuantConfig, parse_kv_quant
 from bosch_eval.mask_sources import resolve_mask
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
 from bosch_eval.model_check import model_config
 from bosch_eval.model_defaults import model_defaults
-from bosch_eval.toy import resolve_model
+from bosch_eval.model_adapters.compressed_scoring import continuation_logits_through_cache
 from bosch_eval.model_adapters.continuation_logits import logits_at, scored_positions
+from bosch_eval.toy import resolve_model
 
 
 KV_CACHES = ("hybrid", "dynamic")
@@ -61,6 +68,8 @@ KV_CACHES = ("hybrid", "dynamic")
 
 def _head_mask(config: Any, model_name: str | None, *, window: int | None, **sources: Any) -> tuple[HeadMask, str]:
     """The mask asked for, checked against ``config`` (a hybrid checkpoint restores its own)."""
+    if isinstance(sources["mask"], str) and sources["mask"] == "full":  # no head mask: the original attention everywhere
+        sources["mask"] = HeadMask.uniform(ModelShape.from_config(config), full=True, window=window or 1, method="full")
     checkpoint_mask = saved_mask(config, f"{model_name}/config.json")
     if checkpoint_mask is not None and (sources["mask"], sources["ranking"], sources["layers"]) == (None, None, None):
         sources["mask"] = checkpoint_mask
@@ -78,6 +87,21 @@ def _head_mask(config: Any, model_name: str | None, *, window: int | None, **sou
             f"{checkpoint_mask.swa_ratio:.4g}, window {checkpoint_mask.window}); drop the explicit mask to use the saved one"
         )
     return head_mask, source
+
+
+def _kv_quant_settings(
+    config: Any, model_name: str | None, kv_cache: str, *, kv_quant: Any, kv_bits: Any, kv_window: Any, kv_group_size: Any
+) -> KVQuantConfig | None:
+    """The KV quantization asked for, checked against ``config``; a hybrid checkpoint's saved
+    settings when none is given."""
+    if kv_quant is None and (kv_bits, kv_window, kv_group_size) == (None, None, None):
+        settings = saved_kv_quant(config, f"{model_name}/config.json")
+    else:
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        settings = parse_kv_quant(kv_quant, kv_bits, kv_window, kv_group_size, head_dim=head_dim)
+    if settings is not None and kv_cache != "hybrid":
+        raise MaskError(f"kv_cache: kv_quant={settings.method} stores its KV in the hybrid cache; got kv_cache={kv_cache!r}")
+    return settings
 
 
 def launched_processes() -> int:
@@ -116,6 +140,10 @@ class BoschLM(HFLM):
         rope_scaling: str | None = None,
         rope_factor: float | None = None,
         rope_original_max_positions: int | None = None,
+        kv_quant: str | None = None,
+        kv_bits: int | None = None,
+        kv_window: int | None = None,
+        kv_group_size: int | None = None,
         **kwargs: Any,
     ) -> None:
         if kv_cache not in KV_CACHES:
@@ -128,11 +156,13 @@ class BoschLM(HFLM):
         self.progress_bars = progress_bars
         self._token_memo: dict[tuple[str, bool | None, int | None], array] = {}
         sources = dict(mask=mask, ranking=ranking, layers=layers, ratio=ratio, seed=seed, window=window)
+        quant_args = dict(kv_quant=kv_quant, kv_bits=kv_bits, kv_window=kv_window, kv_group_size=kv_group_size)
         if isinstance(pretrained, str):
             pretrained = resolve_model(pretrained)  # "toy": the bundled model; a missing model fails here
-            # Mask, ranking and window errors from the config alone, before minutes of weight loading.
+            # Mask, ranking, window and kv_quant errors from the config alone, before minutes of weight loading.
             config = model_config(pretrained, trust_remote_code=kwargs.get("trust_remote_code") is True)
             head_mask, source = _head_mask(config, pretrained, **sources)
+            self.kv_quant: KVQuantConfig | None = _kv_quant_settings(config, pretrained, kv_cache, **quant_args)
         self._apply_rope_scaling(pretrained, rope_scaling, rope_factor, rope_original_max_positions, kwargs)
         if launched_processes() > 1 and str(kwargs.get("device", "")).startswith("cpu"):
             PartialState(cpu=True)  # before HFLM's Accelerator(): CPU processes join over gloo
@@ -143,8 +173,11 @@ class BoschLM(HFLM):
             raise MaskError(f"bosch: hybrid attention needs a decoder-only (causal) model, got backend={self.backend!r}")
         self._window_override = window
         if not isinstance(pretrained, str):  # a preloaded model: its own config
-            head_mask, source = _head_mask(self.model.config, getattr(self.model.config, "_name_or_path", None), **sources)
+            config, name = self.model.config, getattr(self.model.config, "_name_or_path", None)
+            head_mask, source = _head_mask(config, name, **sources)
+            self.kv_quant = _kv_quant_settings(config, name, kv_cache, **quant_args)
         self.hybrid: HybridAttention = hybridize(self.model, head_mask, backend=attn_backend, source=source)
+        set_saved_kv_quant(self.model.config, self.kv_quant)  # save_pretrained keeps the settings
 
     @staticmethod
     def _apply_rope_scaling(
@@ -241,7 +274,7 @@ class BoschLM(HFLM):
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any) -> torch.Tensor:
         """HFLM's generation, on a deploy-mode cache unless ``kv_cache=dynamic``."""
         if self.kv_cache == "hybrid":
-            generation_kwargs.setdefault("past_key_values", HybridCache.for_model(self.model))
+            generation_kwargs.setdefault("past_key_values", HybridCache.for_model(self.model, self.kv_quant))
         return super()._model_generate(context, max_length, stop, **generation_kwargs)
 
     def get_model_info(self) -> dict[str, Any]:
@@ -253,6 +286,7 @@ class BoschLM(HFLM):
             bosch_method=mask.method,
             bosch_attn_backend=self.hybrid.backend,
             bosch_kv_cache=self.kv_cache,
+            bosch_kv_quant=self.kv_quant.to_json() if self.kv_quant is not None else None,
             bosch_mask=[list(row) for row in mask.bits],
         )
         return info
@@ -298,7 +332,11 @@ class BoschLM(HFLM):
                     enabled=self.mixed_precision_dtype is not None,
                 ),
             ):
-                log_probs = F.log_softmax(logits_at(self.model, input_ids, positions), dim=-1, dtype=self.softmax_dtype)
+                if self.kv_quant is None:
+                    logits = logits_at(self.model, input_ids, positions)
+                else:
+                    logits = self._logits_through_compressed_cache(inputs, continuations)
+                log_probs = F.log_softmax(logits, dim=-1, dtype=self.softmax_dtype)
             for (request, context, _), row_log_probs, continuation in zip(batch, log_probs, continuations, strict=True):
                 row_log_probs = row_log_probs[: len(continuation)].unsqueeze(0)  # [1, k, V]
                 greedy = row_log_probs.argmax(dim=-1)
@@ -316,3 +354,18 @@ class BoschLM(HFLM):
                     progress.update(1)
         progress.close()
         return collator.get_original(results)
+
+    def _logits_through_compressed_cache(self, inputs: list[list[int]], continuations: list[list[int]]) -> torch.Tensor:
+        """``[B, k_max, V]`` logits, each row prefilled, compressed, then its continuation
+        forwarded through its own quantized cache (rows with shorter continuations are
+        padded with zeros, dropped by the caller)."""
+        rows = [
+            continuation_logits_through_cache(
+                self.model, lambda: HybridCache.for_model(self.model, self.kv_quant), row, len(continuation), self.device
+            )
+            for row, continuation in zip(inputs, continuations, strict=True)
+        ]
+        out = rows[0].new_zeros(len(rows), max(r.shape[0] for r in rows), rows[0].shape[-1])
+        for i, row in enumerate(rows):
+            out[i, : row.shape[0]] = row
+        return out

@@ -1,0 +1,6 @@
+"""KV-cache quantization for full-attention KV groups: LogQuant (arXiv 2503.19950) and KiVi.
+
+``config`` (settings and validation), ``selection`` (which positions stay at full
+precision), ``packing`` (2/4-bit quantization), ``store`` (append-only storage of one
+layer's groups), ``layer`` (a transformers cache layer), ``formula`` (closed-form bytes).
+"""
