@@ -11,7 +11,9 @@ import torch
 
 from bosch_eval.compare.doc_selection import limited_indices
 from bosch_eval.compare.entries import EntryError, parse_entry
-from bosch_eval.compare.kv_bytes import entry_kv_bytes, hybrid_kv_bytes, relative_kv_bytes
+from bosch_eval.compare.kv_bytes import entry_kv_bytes, relative_kv_bytes
+from bosch_eval.kv_quant.config import parse_kv_quant
+from bosch_eval.kv_quant.formula import kv_cache_bytes_formula
 from bosch_eval.compare.leaderboard import EntryRuns, build_rows
 from bosch_eval.compare.paired_ci import paired_bootstrap_ci
 from bosch_eval.compare.results import RunResults, main_score
@@ -83,7 +85,8 @@ class TestKVBytes:
         cache = HybridCache.for_model(model)
         with torch.no_grad():
             model(input_ids=torch.randint(0, 300, (2, length)), past_key_values=cache, use_cache=True)
-        assert kv_cache_bytes(cache) == hybrid_kv_bytes(mask, window, length, model.config.head_dim, 4, batch=2)
+        expected = kv_cache_bytes_formula(mask.bits, 3, 4, model.config.head_dim, length, window=window, dtype_bytes=4, batch=2)
+        assert kv_cache_bytes(cache) == expected
         original = 2 * 3 * 4 * length * model.config.head_dim * 4 * 2
         assert relative_kv_bytes(mask, window, length) == pytest.approx(kv_cache_bytes(cache) / original)
 
@@ -91,8 +94,17 @@ class TestKVBytes:
         mask = HeadMask.from_rows([[0, 1]], 2, window=4)
         assert entry_kv_bytes({}, mask, 4, 100) == pytest.approx((100 + 3) / 200)
         assert entry_kv_bytes({"kv_cache": "dynamic"}, mask, 4, 100) == 1.0
-        with pytest.raises(ValueError, match="kv_quant"):
-            entry_kv_bytes({"kv_quant": "2"}, mask, 4, 100)
+        with pytest.raises(ValueError, match="head_dim"):
+            entry_kv_bytes({"kv_quant": "logquant", "kv_window": "8"}, mask, 4, 100)
+
+    def test_kv_quant_entry_bytes_are_the_formula_over_the_16_bit_original(self):
+        mask = HeadMask.from_rows([[0, 1]], 2, window=4)
+        args = {"kv_quant": "logquant", "kv_bits": "2", "kv_window": "8", "kv_group_size": "16"}
+        quant = parse_kv_quant("logquant", "2", "8", "16", head_dim=32)
+        expected = kv_cache_bytes_formula([[0, 1]], 1, 2, 32, 100, window=4, kv_quant=quant) / kv_cache_bytes_formula(None, 1, 2, 32, 100)
+        assert entry_kv_bytes(args, mask, 4, 100, head_dim=32) == pytest.approx(expected)
+        assert entry_kv_bytes(args, mask, 4, 100, head_dim=32) < entry_kv_bytes({}, mask, 4, 100)
+        assert entry_kv_bytes({"kv_quant": "none"}, mask, 4, 100) == entry_kv_bytes({}, mask, 4, 100)
 
 
 class TestPairedCI:

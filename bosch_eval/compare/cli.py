@@ -42,6 +42,14 @@ def _versions() -> dict[str, str]:
     return {name: importlib.metadata.version(name) for name in names}
 
 
+def _head_dim(model: str) -> int:
+    from bosch_eval.model_check import model_config
+    from bosch_eval.toy import resolve_model
+
+    config = model_config(resolve_model(model))
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def compare_main(args: argparse.Namespace) -> None:
     from bosch_eval.compare.leaderboard import build_rows, from_compare_dir, from_results_dir, write_leaderboard
     from bosch_eval.compare.runner import run_compare
@@ -65,10 +73,11 @@ def compare_main(args: argparse.Namespace) -> None:
     clash = [e.name for e in extra if e.name in names]
     if clash:
         raise EntryError(f"--from-results: {clash} has the name of an entry; rename the directory")
+    head_dim = _head_dim(spec.model)  # the packed size of kv_quant entries depends on it
     run_compare(spec, out, resume=args.resume)
     entries = from_compare_dir(out, names) + extra
     order = list(dict.fromkeys(name for e in entries for run in e.runs for name in run.results))
-    rows = build_rows(entries, spec.reference, spec.default_kv_length())
+    rows = build_rows(entries, spec.reference, spec.default_kv_length(), head_dim=head_dim)
     header = {"command": " ".join(["bosch-eval", *args.argv]), "versions": _versions(), "reference": spec.reference,
               "kv_length": spec.default_kv_length(), "settings": spec.settings()}  # fmt: skip
     write_leaderboard(rows, order, out, header)

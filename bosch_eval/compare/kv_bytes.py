@@ -1,44 +1,55 @@
 """KV-cache bytes of an entry relative to the original model, in closed form.
 
-The hybrid cache (:mod:`bosch_eval.hybrid_cache`) keeps every position for full KV groups
-and the last ``W − 1`` for SWA groups, so at length ``T``
-
-    bytes = Σ_layers (G_full·T + G_swa·min(T, W − 1)) × 2 × head_dim × dtype size × batch,
-
-and relative to the original (every group full) the head_dim, dtype and batch cancel.
-:func:`entry_kv_bytes` is the one place the leaderboard computes bytes: a KV quantization
-setting (``kv_quant``) composes here once it exists.
+The one formula is :func:`bosch_eval.kv_quant.formula.kv_cache_bytes_formula` (what the
+bench checks against the stored tensors): full KV groups keep every position (LogQuant or
+KiVi packs most of them when ``kv_quant`` is set), SWA groups the last ``W − 1``. The
+leaderboard divides it by the original's 16-bit cache at the same length, so without
+``kv_quant`` the head dim, dtype and batch cancel; with it, the packed codes and scales
+depend on the head dim, which the entry's model config gives.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from bosch_eval.kv_quant.config import parse_kv_quant
+from bosch_eval.kv_quant.formula import kv_cache_bytes_formula
 from bosch_eval.masks import HeadMask
 
-
-def hybrid_kv_bytes(mask: HeadMask, window: int, length: int, head_dim: int, dtype_bytes: int, batch: int = 1) -> int:
-    """Bytes the hybrid cache holds after ``length`` positions (keys and values)."""
-    swa_len = min(length, window - 1)
-    positions = sum(row.count(1) * length + row.count(0) * swa_len for row in mask.bits)
-    return positions * 2 * head_dim * dtype_bytes * batch
+REFERENCE_DTYPE_BYTES = 2  # the original model's cache in fp16/bf16
 
 
-def relative_kv_bytes(mask: HeadMask, window: int, length: int) -> float:
-    """Hybrid cache bytes over the original's at ``length`` (1.0 = no saving)."""
+def relative_kv_bytes(mask: HeadMask, window: int, length: int, head_dim: int = 1, kv_quant_args: Mapping[str, str] | None = None) -> float:
+    """Cache bytes of ``mask`` (and its KV quantization, if any) over the original's at ``length``."""
     shape = mask.shape
-    return hybrid_kv_bytes(mask, window, length, 1, 1) / (2 * shape.num_layers * shape.num_kv_heads * length)
+    kv_quant = None
+    if kv_quant_args:
+        kv_quant = parse_kv_quant(
+            kv_quant_args.get("kv_quant"),
+            kv_quant_args.get("kv_bits"),
+            kv_quant_args.get("kv_window"),
+            kv_quant_args.get("kv_group_size"),
+            head_dim=head_dim,
+        )
+    hybrid = kv_cache_bytes_formula(
+        mask.bits, shape.num_layers, shape.num_kv_heads, head_dim, length, window=window, kv_quant=kv_quant, dtype_bytes=REFERENCE_DTYPE_BYTES
+    )
+    original = kv_cache_bytes_formula(None, shape.num_layers, shape.num_kv_heads, head_dim, length, dtype_bytes=REFERENCE_DTYPE_BYTES)
+    return hybrid / original
 
 
-def entry_kv_bytes(model_args: Mapping[str, str], mask: HeadMask, window: int, length: int) -> float:
+def entry_kv_bytes(model_args: Mapping[str, str], mask: HeadMask, window: int, length: int, head_dim: int | None = None) -> float:
     """KV bytes of an entry relative to the original model at ``length``.
 
     Raises:
-        ValueError: a model_arg that changes the cache's size and is not modelled here
-            (``kv_quant``), rather than a silently wrong number.
+        ValueError: a ``kv_quant`` entry without the model's ``head_dim`` (the packed size
+            depends on it).
     """
-    if "kv_quant" in model_args:
-        raise ValueError("kv_quant: KV bytes of quantized caches are not modelled by the leaderboard yet")
     if model_args.get("kv_cache", "hybrid") == "dynamic":
         return 1.0  # transformers' cache keeps every position of every group
-    return relative_kv_bytes(mask, window, length)
+    quant = {key: value for key, value in model_args.items() if key.startswith("kv_") and key != "kv_cache"}
+    if quant.get("kv_quant", "none") == "none":
+        return relative_kv_bytes(mask, window, length)
+    if head_dim is None:
+        raise ValueError("kv_quant: the relative size of a quantized cache needs the model's head_dim")
+    return relative_kv_bytes(mask, window, length, head_dim, quant)

@@ -95,15 +95,18 @@ def from_results_dir(directory: str | Path) -> EntryRuns:
     return EntryRuns(directory.name, [run], {}, mask)
 
 
-def build_rows(entries: list[EntryRuns], reference: str, kv_length: int | None) -> list[Row]:
-    """One row per entry; the CIs pair each entry's documents with the reference's."""
+def build_rows(entries: list[EntryRuns], reference: str, kv_length: int | None, head_dim: int | None = None) -> list[Row]:
+    """One row per entry; the CIs pair each entry's documents with the reference's.
+
+    ``head_dim`` (of the compared model) sizes the packed cache of ``kv_quant`` entries.
+    """
     ref = next((e for e in entries if e.name == reference), None)
     rows = []
     for entry in entries:
         mask = entry.mask
         kv = None
         if kv_length is not None:
-            kv = 1.0 if mask is None else entry_kv_bytes(entry.model_args, mask, mask.window or 1, kv_length)
+            kv = 1.0 if mask is None else entry_kv_bytes(entry.model_args, mask, mask.window or 1, kv_length, head_dim)
         row = Row(entry.name, len(entry.runs), 0.0 if mask is None else mask.swa_ratio, kv)
         calib = calibration_tasks(mask)
         groups = {k: v for run in entry.runs for k, v in run.group_subtasks.items()}
