@@ -173,9 +173,3 @@ def test_new_search_options_reach_the_search(finished: tuple[Path, Path, Path], 
     assert provenance["refine"]["stage3_evaluations"] <= provenance["evaluations"]
     assert any(sub["stage"] == "refine" for sub in provenance["subproblems"])
 
-
-def test_settings_that_do_not_fit_the_model_are_named_before_loading_scores(finished, tmp_path: Path, capsys) -> None:
-    model_dir, task_dir, _ = finished
-    assert main(search_args(model_dir, task_dir, tmp_path / "run", "--buckets", "0", "0.3", "1")) == 2
-    assert "buckets: entry 1 is 0.3" in capsys.readouterr().err
-    assert not (tmp_path / "run" / "journal.jsonl").exists() or len((tmp_path / "run" / "journal.jsonl").read_text().splitlines()) <= 1
