@@ -90,22 +90,31 @@ class TestTrainingLoop:
         assert all(t.dtype == torch.float32 for t in weights(runs["bf16"]).values())
 
 
+class Killed(Exception):
+    """Stands for a kill of the training process."""
+
+
+def run_killed_after_state(settings: TrainSettings, out: Path, monkeypatch, save_every: int, kill_at_step: int) -> None:
+    """Train into ``out`` and stop as a kill would, right after the state of ``kill_at_step`` is written."""
+    save_state = trainer._save_state
+
+    def killed(accelerator, out, step, keep):
+        save_state(accelerator, out, step, keep)
+        if step == kill_at_step:
+            raise Killed
+
+    monkeypatch.setattr(trainer, "_save_state", killed)
+    with pytest.raises(Killed):
+        train(settings, out, save_every=save_every, progress_bar=False)
+    monkeypatch.setattr(trainer, "_save_state", save_state)
+
+
 class TestResume:
     def test_kill_after_a_state_then_resume_ends_with_the_same_weights(self, tiny_model_dir, tmp_path, monkeypatch):
         settings = settings_for(tiny_model_dir, steps=5)
         whole = train(settings, tmp_path / "whole", save_every=2, progress_bar=False)
 
-        save_state = trainer._save_state
-
-        def killed_after_second_state(accelerator, out, step, keep):
-            save_state(accelerator, out, step, keep)
-            if step == 4:
-                raise KeyboardInterrupt  # as a kill right after the state at step 4 was written
-
-        monkeypatch.setattr(trainer, "_save_state", killed_after_second_state)
-        with pytest.raises(KeyboardInterrupt):
-            train(settings, tmp_path / "resumed", save_every=2, progress_bar=False)
-        monkeypatch.setattr(trainer, "_save_state", save_state)
+        run_killed_after_state(settings, tmp_path / "resumed", monkeypatch, save_every=2, kill_at_step=4)
         assert latest_state(tmp_path / "resumed").name == "step-00000004"
         with (tmp_path / "resumed" / "train_log.jsonl").open("a") as log:
             log.write('{"step": 5, "loss": 9.9}\n')  # as logged by a run killed after the state at step 4
@@ -123,16 +132,7 @@ class TestResume:
         """The first state (step 2) is the one resumed; the packed stream holds a partial document there."""
         settings = settings_for(tiny_model_dir, steps=3, seq_len=40)
         whole = train(settings, tmp_path / "whole", progress_bar=False)
-        save_state = trainer._save_state
-
-        def killed(accelerator, out, step, keep):
-            save_state(accelerator, out, step, keep)
-            raise KeyboardInterrupt
-
-        monkeypatch.setattr(trainer, "_save_state", killed)
-        with pytest.raises(KeyboardInterrupt):
-            train(settings, tmp_path / "resumed", save_every=2, progress_bar=False)
-        monkeypatch.setattr(trainer, "_save_state", save_state)
+        run_killed_after_state(settings, tmp_path / "resumed", monkeypatch, save_every=2, kill_at_step=2)
         stream_state = torch.load(latest_state(tmp_path / "resumed") / "custom_checkpoint_1.pkl", weights_only=False)
         assert stream_state["buffer"]  # tokens of a document cut at the sequence boundary
         resumed = train(settings, tmp_path / "resumed", resume=True, save_every=2, progress_bar=False)
@@ -144,16 +144,7 @@ class TestResume:
         settings = replace(settings_for(Path("."), steps=3, seq_len=64, batch_size=2, micro_batch_size=1),
                            model="toy", mask_source="layers=intr,ratio=0.5")  # fmt: skip
         whole = train(settings, tmp_path / "whole", progress_bar=False)
-        save_state = trainer._save_state
-
-        def killed(accelerator, out, step, keep):
-            save_state(accelerator, out, step, keep)
-            raise KeyboardInterrupt
-
-        monkeypatch.setattr(trainer, "_save_state", killed)
-        with pytest.raises(KeyboardInterrupt):
-            train(settings, tmp_path / "resumed", save_every=1, progress_bar=False)
-        monkeypatch.setattr(trainer, "_save_state", save_state)
+        run_killed_after_state(settings, tmp_path / "resumed", monkeypatch, save_every=1, kill_at_step=1)
         resumed = train(settings, tmp_path / "resumed", resume=True, save_every=1, progress_bar=False)
         a, b = weights(whole), weights(resumed)
         assert all(torch.equal(a[name], b[name]) for name in a)
