@@ -237,7 +237,8 @@ class HeadMask:
         return cls.from_json(_read_json(path), str(path))
 
     def save(self, path: str | Path) -> None:
-        """Write this mask as ``bosch-mask/1`` JSON."""
+        """Write this mask as ``bosch-mask/1`` JSON (its folder is created if missing)."""
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
 
 

@@ -37,6 +37,11 @@ class TestHeadMask:
         assert loaded == mask
         assert json.loads((tmp_path / "m.json").read_text())["swa_ratio"] == pytest.approx(4 / 12)
 
+    def test_save_creates_the_folder(self, tmp_path):
+        mask = HeadMask.from_rows([[1, 0]], 2, window=4)
+        mask.save(tmp_path / "new" / "dir" / "m.json")
+        assert HeadMask.load(tmp_path / "new" / "dir" / "m.json") == mask
+
     @pytest.mark.parametrize(
         ("changes", "message"),
         [
