@@ -276,7 +276,7 @@ class TestChunkLayers:
         calls = []
         shape = ModelShape(num_layers=8, num_heads=16, num_kv_heads=8)
         for settings, message in [
-            (SearchSettings(ratio=0.5, buckets=(0.0, 0.3, 1.0)), "buckets: entry 1 is 0.3"),
+            (SearchSettings(ratio=0.5, buckets=(0.0, 0.3, 1.0)), r"--buckets: 0\.3 × 8 KV groups per layer = 2\.4 is not a whole number"),
             (SearchSettings(ratio=0.5, optimizer="nomad"), "--chunk-layers 1"),
             (SearchSettings(ratio=0.5, optimizer="nomad", quota="chunk", chunk_layers=8), "64 variables"),
         ]:
