@@ -116,7 +116,7 @@ def enumerate_scores(
             journal.append(key, score, stage="enumerate", seconds=round(time.perf_counter() - started, 3))
         scores[key] = score
         bar.update(1)
-        bar.set_postfix(best=f"{max(scores.values()):.4f}")
+        bar.set_postfix(best=f"{max(scores.values()):.4f}", refresh=False)  # no redraw per journaled mask
     bar.close()
     return scores
 
