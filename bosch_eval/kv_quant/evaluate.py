@@ -29,7 +29,7 @@ from bosch_eval.model_defaults import model_defaults
 from bosch_eval.search.objective import DEFAULT_CALIB_EXAMPLES
 from bosch_eval.tasks import TASKS_DIR
 from bosch_eval.toy import resolve_model
-from bosch_eval.toy.evaluate import RULER_DOCS_PER_LENGTH, RULER_LENGTHS
+from bosch_eval.toy.evaluate import RULER_LENGTHS, ruler_indices
 
 
 def configurations(mask: str, bits: int, kv_window: int) -> list[tuple[str, str]]:
@@ -46,7 +46,7 @@ def configurations(mask: str, bits: int, kv_window: int) -> list[tuple[str, str]
 def score(model: str, model_args: str, calib_len: int, samples_per_length: int) -> dict[str, float]:
     common = dict(model="bosch", model_args=f"pretrained={model},dtype=float32,{model_args}", device="cpu", batch_size=8,
                   log_samples=False, bootstrap_iters=0)  # fmt: skip
-    indices = [i * RULER_DOCS_PER_LENGTH + j for i in range(len(RULER_LENGTHS)) for j in range(samples_per_length)]
+    indices = ruler_indices(samples_per_length)
     ruler = lm_eval.simple_evaluate(
         tasks=["niah_single_1"], metadata={"max_seq_lengths": list(RULER_LENGTHS)}, samples={"niah_single_1": indices}, **common
     )["results"]["niah_single_1"]

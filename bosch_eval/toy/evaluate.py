@@ -58,9 +58,15 @@ def calibration_scores(model: str, calib_len: int, window: int, ratios: list[flo
     }
 
 
+def ruler_indices(samples_per_length: int) -> list[int]:
+    """Document indices of the first ``samples_per_length`` RULER documents of each length
+    (lm-eval orders them by length, so a plain ``--limit`` would keep only the first length)."""
+    return [length * RULER_DOCS_PER_LENGTH + i for length in range(len(RULER_LENGTHS)) for i in range(samples_per_length)]
+
+
 def ruler_scores(model: str, window: int, samples_per_length: int) -> dict[str, dict[str, float]]:
     """Upstream ``niah_single_1`` (lm-eval's own task) with full attention and all-SWA."""
-    indices = [length * RULER_DOCS_PER_LENGTH + i for length in range(len(RULER_LENGTHS)) for i in range(samples_per_length)]
+    indices = ruler_indices(samples_per_length)
     scores = {}
     for name, ratio in (("full", 0.0), ("all_swa", 1.0)):
         results = lm_eval.simple_evaluate(
