@@ -38,6 +38,8 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from bosch_eval.search.nomad_process import run_nomad_isolated
+
 Point = tuple[int, ...]
 Loss = Callable[[Point], float]
 
@@ -154,6 +156,7 @@ class OptimizerResult:
     best_loss: float
     evaluations: int  # distinct points evaluated, i.e. calls to the loss
     method: str  # "exhaustive" | "nomad" | "oneplusone"
+    crash: str = ""  # why NOMAD ended before its budget (PyNomad died); empty otherwise
 
 
 def choose_method(problem: SubProblem, method: str = "auto") -> str:
@@ -206,7 +209,9 @@ def minimize(loss: Loss, problem: SubProblem, method: str = "auto") -> Optimizer
         method: one of ``METHODS`` (see :func:`choose_method`).
 
     Returns:
-        The best evaluated feasible point (the first one found on ties).
+        The best evaluated feasible point (the first one found on ties). If PyNomad died
+        mid-run (see ``nomad_process``), it is the best among the points evaluated until
+        then, and ``crash`` says so.
 
     Raises:
         ValueError: when ``method`` cannot run on ``problem``, or ``loss`` returns
@@ -214,6 +219,7 @@ def minimize(loss: Loss, problem: SubProblem, method: str = "auto") -> Optimizer
     """
     method = choose_method(problem, method)
     memo = _Memo(loss, problem.budget)
+    crash = ""
     if method == "exhaustive":
         for point in _feasible_points(problem):
             memo(point)
@@ -222,14 +228,14 @@ def minimize(loss: Loss, problem: SubProblem, method: str = "auto") -> Optimizer
         x0 = problem.x0 if problem.x0 is not None else _random_point(problem, rng)
         memo(x0)  # the start point is always evaluated: a point with k ones exists
         if method == "nomad":
-            _run_nomad(memo, problem, x0)
+            crash = _run_nomad(memo, problem, x0)
         else:
             _run_oneplusone(memo, problem, x0, rng)
     # min() keeps the first of equal losses, and memo.values is in evaluation order.
     best, best_loss = min(
         ((point, value) for point, value in memo.values.items() if problem.feasible(point)), key=lambda item: item[1]
     )
-    return OptimizerResult(best=best, best_loss=best_loss, evaluations=len(memo.values), method=method)
+    return OptimizerResult(best=best, best_loss=best_loss, evaluations=len(memo.values), method=method, crash=crash)
 
 
 class _Memo:
@@ -281,27 +287,9 @@ def _random_point(problem: SubProblem, rng: random.Random) -> Point:
     return tuple(point)
 
 
-def _run_nomad(memo: _Memo, problem: SubProblem, x0: Point) -> None:
-    """MADS from ``x0`` with NOMAD's cache in front of ``memo`` (NOMAD's own cache dies with the run)."""
-    import PyNomad  # optional heavy import: only NOMAD runs need it
-
+def _run_nomad(memo: _Memo, problem: SubProblem, x0: Point) -> str:
+    """MADS from ``x0`` with NOMAD's cache in front of ``memo``; returns why it stopped early, if it did."""
     n = problem.n
-    failure: list[BaseException] = []
-
-    def blackbox(eval_point) -> int:  # noqa: ANN001 - a PyNomad.PyNomadEvalPoint
-        # PyNomad swallows exceptions raised here: record them and fail every later point.
-        if failure:
-            return 0
-        try:
-            value = memo(tuple(int(round(eval_point.get_coord(i))) for i in range(n)))
-        except BaseException as error:  # noqa: BLE001 - re-raised once optimize returns
-            failure.append(error)
-            return 0
-        if value is None:
-            return 0
-        eval_point.setBBO(repr(value).encode("ascii"))
-        return 1
-
     params = [
         *_NOMAD_PARAMS,
         f"MAX_BB_EVAL {problem.budget}",
@@ -310,9 +298,7 @@ def _run_nomad(memo: _Memo, problem: SubProblem, x0: Point) -> None:
     ]
     if n >= _NOMAD_MODELS_MAX_DIMENSION:
         params.append("QUAD_MODEL_SEARCH no")
-    PyNomad.optimize(blackbox, [float(b) for b in x0], [0.0] * n, [1.0] * n, params)
-    if failure:
-        raise failure[0]
+    return run_nomad_isolated(memo, x0, params).crash
 
 
 def _run_oneplusone(memo: _Memo, problem: SubProblem, x0: Point, rng: random.Random) -> None:

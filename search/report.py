@@ -67,10 +67,19 @@ def render_report(result: SearchResult, model: str, window: int, calibration: Ma
     ]
     for sub in result.subproblems:
         layers = ",".join(map(str, sub.layers))
+        method = f"{sub.method} (crashed)" if sub.crash else sub.method
         lines.append(
-            f"| {sub.stage} | {layers} | {sub.target_ratio:g} | {sub.converted}/{sub.variables} | {sub.method} "
+            f"| {sub.stage} | {layers} | {sub.target_ratio:g} | {sub.converted}/{sub.variables} | {method} "
             f"| {sub.evaluations} | {sub.score:.4f} | {sub.loss:.4f} |"
         )
+    crashed = [sub for sub in result.subproblems if sub.crash]
+    if crashed:
+        lines.append("")
+        lines += [
+            f"NOMAD crashed in {sub.stage} layers {','.join(map(str, sub.layers))} after {sub.evaluations} evaluations "
+            f"({sub.crash}); the best feasible mask among those evaluated was kept."
+            for sub in crashed
+        ]
     lines += ["", "## Mask (F = full attention, S = sliding window; one column per KV group)", "", "```"]
     for layer in range(mask.shape.num_layers - 1, -1, -1):
         cells = "".join("F" if bit else "S" for bit in mask.bits[layer])

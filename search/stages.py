@@ -90,6 +90,7 @@ class SubResult:
     evaluations: int
     score: float
     loss: float
+    crash: str = ""  # why the optimizer stopped before its budget (PyNomad died), if it did
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__, layers=list(self.layers))
@@ -188,7 +189,13 @@ def solve(
         evaluations=result.evaluations,
         score=book.known[mask_key(best)],
         loss=result.best_loss,
+        crash=result.crash,
     )
+    if result.crash:
+        log.warning(
+            "%s layers %s: NOMAD stopped after %d evaluations (%s); the best feasible mask it evaluated is kept",
+            stage, list(layers), result.evaluations, result.crash,
+        )  # fmt: skip
     return best, summary
 
 

@@ -305,6 +305,42 @@ class TestNomad:
         assert result.evaluations == 3
 
 
+class TestNomadCrash:
+    """PyNomad runs in a child process: its death ends that sub-problem, never the search."""
+
+    def test_a_killed_child_keeps_what_was_evaluated(self) -> None:
+        import psutil
+
+        def segfault_on_the_fifth_point(x: Point) -> float:
+            if len(loss.calls) == 5:
+                for child in psutil.Process().children():
+                    child.send_signal(signal.SIGSEGV)
+            return penalized(quadratic_objective(12, 0), 12, 4)(x)
+
+        loss = Recorder(segfault_on_the_fifth_point)
+        result = minimize(loss, SubProblem(n=12, k=4, budget=50, seed=0), "nomad")
+        assert "status -11" in result.crash
+        assert result.evaluations == len(loss.calls) == 5  # the fifth point, during which it died, counts
+        feasible = [x for x in loss.calls if sum(x) == 4]
+        assert result.best == min(feasible, key=loss.loss)
+
+    def test_pynomad_4_6_crash_near_an_exhausted_cube_is_survived(self) -> None:
+        # The reproduction of results/toy_search/optimizers.md: 4 binary variables, MADS
+        # evaluates nearly all 16 points, then PyNomad 4.6.0 throws and segfaults (this seed
+        # did; before the child process it took pytest down with it).
+        rng = random.Random(1)
+        table: dict[Point, float] = {}
+
+        def loss(x: Point) -> float:
+            if x not in table:
+                table[x] = rng.choice([0.0, 0.1, 0.3, 0.5, 0.8, 1.0]) + 2.0 * (sum(x) / 4 - 0.75) ** 2
+            return table[x]
+
+        result = minimize(loss, SubProblem(n=4, k=3, budget=100, seed=1, x0=(1, 1, 1, 0)), "nomad")
+        assert result.best_loss == min(value for x, value in table.items() if sum(x) == 3)
+        assert result.crash == "" or "ArrayOfDouble" in result.crash
+
+
 class TestOnePlusOne:
     def test_64_variables_route_to_oneplusone(self) -> None:
         loss = Recorder(penalized(quadratic_objective(64, 0), 64, 16))
