@@ -3,6 +3,7 @@ limit, the in-sample flag and the leaderboard rows."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -173,3 +174,18 @@ def test_leaderboard_rows_flag_in_sample_and_average_seeds():
 def test_main_score_of_ruler_lengths_ignores_missing_lengths():
     assert main_score({"512,none": 0.5, "1024,none": 1.0, "4096,none": -1}) == ("mean over lengths", 0.75)
     assert main_score({"score,none": 0.3, "512,none": 0.2}) == ("score", 0.3)
+
+
+def test_headline_counts_each_asked_task_once(tmp_path):
+    # bosch_niah is a group of two subtasks: its headline weight must be one, not three.
+    from bosch_eval.compare.leaderboard import Cell, Row, write_leaderboard
+
+    cells = {"niah_single_1": Cell("acc", 1.0), "bosch_niah": Cell("score", 0.5), "bosch_niah_single": Cell("score", 0.9),
+             "bosch_niah_multikey": Cell("score", 0.1), "bosch_niah_calib": Cell("acc", 0.8, in_sample=True)}  # fmt: skip
+    rows = [Row("bosch", 1, 0.5, 0.5, cells)]
+    header = {"command": "bosch-eval compare ...", "versions": {}, "reference": "original", "kv_length": 1024}
+    write_leaderboard(rows, list(cells), tmp_path, header, ["niah_single_1", "bosch_niah", "bosch_niah_calib"])
+    main, sub = (tmp_path / "leaderboard.md").read_text().split("Subtasks and subgroups:")
+    assert "| bosch | 0.500 | 0.5000 | 0.750 | 1.000 | 0.500 | 0.800 *in-sample* |" in main
+    assert "bosch_niah_single" not in main and "| 0.900 | 0.100 |" in sub
+    assert json.loads((tmp_path / "leaderboard.json").read_text())["headline_columns"] == ["niah_single_1", "bosch_niah"]

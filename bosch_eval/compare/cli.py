@@ -80,5 +80,5 @@ def compare_main(args: argparse.Namespace) -> None:
     rows = build_rows(entries, spec.reference, spec.default_kv_length(), head_dim=head_dim)
     header = {"command": " ".join(["bosch-eval", *args.argv]), "versions": _versions(), "reference": spec.reference,
               "kv_length": spec.default_kv_length(), "settings": spec.settings()}  # fmt: skip
-    write_leaderboard(rows, order, out, header)
+    write_leaderboard(rows, order, out, header, spec.tasks)
     print((out / "leaderboard.md").read_text())

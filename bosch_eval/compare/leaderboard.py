@@ -157,22 +157,45 @@ def _fmt(cell: Cell | None) -> str:
     return text + (" *in-sample*" if cell.in_sample else "")
 
 
-def write_leaderboard(rows: list[Row], order: list[str], out: Path, header: dict[str, Any]) -> None:
-    """``leaderboard.md``, ``.csv``, ``.json`` and ``pareto.png`` under ``out``."""
-    held = held_out_columns(rows, order)
+def main_columns(order: list[str], tasks: list[str]) -> list[str]:
+    """The columns of the main table: the tasks and groups asked for, in the order asked.
+
+    A group's subtasks (and subgroups) go to the second table: counting them beside their
+    group in the headline would weigh one task several times. Without any asked-for column
+    (``--from-results`` alone), every column is a main one.
+    """
+    asked = [name for name in tasks if name in order]
+    return asked or list(order)
+
+
+def _table(rows: list[Row], columns: list[str], with_headline: list[str] | None) -> list[str]:
+    head = "| entry | SWA ratio | KV bytes | " + ("headline | " if with_headline is not None else "")
+    lines = [head + " | ".join(columns) + " |", "|---" * (3 + (with_headline is not None) + len(columns)) + "|"]
+    for row in rows:
+        cells = f"| {row.entry} | {row.swa_ratio:.3f} | {'–' if row.kv_bytes is None else f'{row.kv_bytes:.4f}'} | "
+        if with_headline is not None:
+            score = headline(row, with_headline)
+            cells += f"{'–' if score is None else f'{score:.3f}'} | "
+        lines.append(cells + " | ".join(_fmt(row.cells.get(n)) for n in columns) + " |")
+    return lines
+
+
+def write_leaderboard(rows: list[Row], order: list[str], out: Path, header: dict[str, Any], tasks: list[str]) -> None:
+    """``leaderboard.md``, ``.csv``, ``.json`` and ``pareto.png`` under ``out``.
+
+    ``tasks`` are the task and group names the comparison asked for: they make the main
+    table and the headline (held-out ones only); subtasks follow in a second table.
+    """
+    main = main_columns(order, tasks)
+    held = held_out_columns(rows, main)
+    rest = [name for name in order if name not in main]
     kv_t = header.get("kv_length")
     lines = [f"$ {header['command']}", "", f"versions: {json.dumps(header['versions'])}", "",
              f"Cells: score ± sd over seeds (difference to `{header['reference']}` [95% CI], {CI_METHOD}). "
              f"*in-sample*: the entry's mask was searched on this task. KV bytes: relative to the original at T = {kv_t}. "
-             f"Headline: mean over {held}.", "",
-             "| entry | SWA ratio | KV bytes | headline | " + " | ".join(order) + " |",
-             "|---" * (4 + len(order)) + "|"]  # fmt: skip
-    for row in rows:
-        score = headline(row, held)
-        lines.append(
-            f"| {row.entry} | {row.swa_ratio:.3f} | {'–' if row.kv_bytes is None else f'{row.kv_bytes:.4f}'} | "
-            f"{'–' if score is None else f'{score:.3f}'} | " + " | ".join(_fmt(row.cells.get(n)) for n in order) + " |"
-        )
+             f"Headline: mean over {held}.", "", *_table(rows, main, held)]  # fmt: skip
+    if rest:
+        lines += ["", "Subtasks and subgroups:", "", *_table(rows, rest, None)]
     (out / "leaderboard.md").write_text("\n".join(lines) + "\n")
     with open(out / "leaderboard.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
