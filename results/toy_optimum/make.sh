@@ -43,5 +43,6 @@ python -m bosch_eval.search.enumerate --model toy --ratio 0.875 --out "$here/r0.
 python -m bosch_eval.search.enumerate --model toy --ratio 0.75 --out "$here/r0.75" --resume \
   $(places bosch=results/toy_search/bosch-r0.75/mask.json single=results/toy_search/single-r0.75/mask.json \
     bosch-refine2=results/toy_search/refine2-r0.75/mask.json bosch-oneplusone=results/toy_search/oneplusone-r0.75/mask.json \
+    multi=results/toy_search/multi-r0.75/mask.json layer=results/toy_search/layer-r0.75/mask.json \
     $(ranked 0.75) intr=$here/masks/intr-r0.75.json bme=$here/masks/bme-r0.75.json \
     rand0=$here/masks/rand0-r0.75.json rand1=$here/masks/rand1-r0.75.json rand2=$here/masks/rand2-r0.75.json)

@@ -1,0 +1,72 @@
+"""Held-out scores of the placed masks: their rank among all masks (in-sample) next to lm-eval's
+held-out scores of the same masks from the toy leaderboard (results/toy_compare/leaderboard_toy).
+
+    python results/toy_optimum/heldout.py > results/toy_optimum/heldout.md   # from the repo root
+
+A leaderboard run is matched to a placement by its mask bits, not by name, so that masks reached
+by different routes (BOSCH --refine 2, the EA, the APL ranking) share one row of scores.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+OPTIMUM = Path("results/toy_optimum")
+LEADERBOARD = Path("results/toy_compare/leaderboard_toy")
+
+
+def mask_key(bits: list[list[int]]) -> str:
+    """The enumeration journal's key: one 0/1 string per layer (1 = full attention), layer 0 first."""
+    return "/".join("".join(str(int(b)) for b in layer) for layer in bits)
+
+
+def run_scores(run: Path) -> dict[str, float]:
+    scores: dict[str, float] = {}
+    for path in run.rglob("results_*.json"):
+        results = json.loads(path.read_text())["results"]
+        if "niah_single_1" in results:
+            scores["niah_single_1@512"] = results["niah_single_1"]["512,none"]
+            scores["niah_single_1@1024"] = results["niah_single_1"]["1024,none"]
+        if "bosch_niah" in results:
+            scores["bosch_niah"] = results["bosch_niah"]["score,none"]
+    return scores
+
+
+def leaderboard_runs() -> dict[str, tuple[str, dict[str, float]]]:
+    """Mask key → (first run name with that mask, its held-out scores)."""
+    runs: dict[str, tuple[str, dict[str, float]]] = {}
+    for run in sorted((LEADERBOARD / "runs").iterdir()):
+        mask = json.loads((run / "run.json").read_text()).get("mask")
+        if mask is None:
+            continue
+        runs.setdefault(mask_key(mask["mask"]), (run.name, run_scores(run)))
+    return runs
+
+
+def main() -> None:
+    runs = leaderboard_runs()
+    columns = ("niah_single_1@512", "niah_single_1@1024", "bosch_niah")
+    print("$ " + __doc__.split("\n\n")[1].strip())
+    print()
+    print("In-sample: `bosch_niah_calib` acc (the search's S(z)) and the rank among all masks with")
+    print("the same number of SWA groups. Held out: upstream `niah_single_1` (64 documents per")
+    print("length) and `bosch_niah` (6 tasks × 20 documents × 2 lengths), from the leaderboard run")
+    print("named in the last column. The optimum's row is the best mask of the enumeration.")
+    for ratio_dir in sorted(OPTIMUM.glob("r*/optimum.json"), key=lambda p: p.parent.name):
+        data = json.loads(ratio_dir.read_text())
+        print(f"\n## ρ = {ratio_dir.parent.name[1:]} ({data['masks']} masks)\n")
+        print("| mask | S in-sample | rank | " + " | ".join(columns) + " | leaderboard run |")
+        print("|---|---|---|" + "---|" * len(columns) + "---|")
+        ties = len(data["optima"]) - 1
+        rows = [("**optimum**", key, data["optimum"], 1, ties) for key in data["optima"]]
+        rows += [(p["name"], p["key"], p["score"], p["rank"], p["ties"]) for p in data["placements"]]
+        for name, key, score, rank, ties in rows:
+            run, scores = runs.get(key, ("(not on the leaderboard)", {}))
+            cells = " | ".join(f"{scores[c]:.3f}" if c in scores else "–" for c in columns)
+            tied = f" (tied with {ties})" if ties else ""
+            print(f"| {name} | {score:.3f} | {rank}{tied} | {cells} | {run} |")
+
+
+if __name__ == "__main__":
+    main()
