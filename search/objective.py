@@ -123,7 +123,7 @@ class CalibrationObjective:
         lm.memoize_tokens = True
         lm.progress_bars = False  # the search's own bar counts calls; lm-eval's would print per call
         self._task_manager = _task_manager(self.tasks, self.include_path, self.metadata)
-        self._loaded = {name: self._task_manager.load([name]) for name in self.tasks}
+        self._loaded = {name: load_task(self._task_manager, name) for name in self.tasks}
         self.task_dict: TaskDict = _merge(self._loaded.values())
         for task in self.task_dict["tasks"].values():
             if task.get_config("num_fewshot") is None:
@@ -353,6 +353,24 @@ def _task_manager(tasks: Sequence[str], include_path: str | None, metadata: Mapp
         where = f" or in {include_path}" if include_path else " (add --include-path for your own)"
         raise ObjectiveError(f"tasks: {unknown} are not lm-eval tasks, groups or tags{where}")
     return manager
+
+
+def load_task(manager: TaskManager, name: str) -> TaskDict:
+    """``manager.load([name])`` with the global generators seeded as ``simple_evaluate`` seeds them.
+
+    lm-eval's RULER tasks draw their needles from Python's global ``random`` while they build
+    their documents: built without a seed, every process scores other documents (a resumed
+    search, a comparison resumed with more entries, two leaderboards of one YAML). Seeded per
+    task name, a task's documents do not depend on which tasks are built before it. The
+    caller's generator state is restored afterwards.
+    """
+    from lm_eval.defaults import DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED
+
+    with _global_rng_kept():
+        random.seed(DEFAULT_RANDOM_SEED)
+        np.random.seed(DEFAULT_OTHER_SEED)
+        torch.manual_seed(DEFAULT_OTHER_SEED)
+        return manager.load([name])
 
 
 def _merge(loaded: Iterable[TaskDict]) -> TaskDict:

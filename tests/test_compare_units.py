@@ -189,3 +189,22 @@ def test_headline_counts_each_asked_task_once(tmp_path):
     assert "| bosch | 0.500 | 0.5000 | 0.750 | 1.000 | 0.500 | 0.800 *in-sample* |" in main
     assert "bosch_niah_single" not in main and "| 0.900 | 0.100 |" in sub
     assert json.loads((tmp_path / "leaderboard.json").read_text())["headline_columns"] == ["niah_single_1", "bosch_niah"]
+
+
+def test_ruler_documents_do_not_depend_on_the_global_random_state():
+    # Upstream RULER draws its needles from Python's global `random` while building documents:
+    # unseeded, a comparison resumed in another process scored other documents than its first part.
+    import random
+
+    from bosch_eval.search.objective import _task_manager, load_task
+    from bosch_eval.toy import resolve_model
+
+    path = resolve_model("toy")
+    manager = _task_manager(["niah_single_1"], None, {"pretrained": path, "tokenizer": path, "max_seq_lengths": [512]})
+    documents = []
+    for seed in (1, 2):
+        random.seed(seed)
+        task = load_task(manager, "niah_single_1")["tasks"]["niah_single_1"]
+        documents.append([doc["input"] for doc in task.eval_docs])
+        assert random.random() == random.Random(seed).random()  # the caller's generator is left as it was
+    assert documents[0] == documents[1]

@@ -117,7 +117,7 @@ def resolve_entry_mask(args: dict[str, str], shape: ModelShape, default_window: 
 
 def _build_tasks(spec: CompareSpec, path: str) -> tuple[Any, dict[str, list[Any]], dict[str, dict[str, Any]]]:
     """The TaskManager, each task name's objects and its leaf Tasks (built once)."""
-    from bosch_eval.search.objective import ObjectiveError, _task_manager
+    from bosch_eval.search.objective import ObjectiveError, _task_manager, load_task
 
     # Synthetic tasks (RULER, bosch_niah*) size their documents with the model's tokenizer.
     metadata = {"pretrained": path, "tokenizer": path} | dict(spec.metadata)
@@ -128,7 +128,7 @@ def _build_tasks(spec: CompareSpec, path: str) -> tuple[Any, dict[str, list[Any]
     objects: dict[str, list[Any]] = {}
     leaves: dict[str, dict[str, Any]] = {}
     for name in spec.tasks:
-        loaded = manager.load([name])
+        loaded = load_task(manager, name)
         groups = loaded.get("groups", {})
         objects[name] = [groups[name]] if name in groups else list(loaded["tasks"].values())
         leaves[name] = dict(loaded["tasks"])
