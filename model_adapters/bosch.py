@@ -148,6 +148,15 @@ class BoschLM(HFLM):
     ) -> None:
         if kv_cache not in KV_CACHES:
             raise MaskError(f"kv_cache: expected one of {list(KV_CACHES)}, got {kv_cache!r}")
+        if kwargs.get("tp_plan") is not None:
+            # Under tensor parallelism each rank's attention holds a shard of the heads, but the
+            # hybrid attention picks KV groups by their global index: slices past the shard would
+            # be silently empty. Refused rather than run wrong.
+            raise MaskError(
+                f"tp_plan={kwargs['tp_plan']!r}: tensor parallelism is not supported by --model bosch (the hybrid "
+                "attention selects KV groups by global index; a tensor-parallel rank holds only its shard of the "
+                "heads); use parallelize=True to spread the layers over GPUs, or several processes for data parallelism"
+            )
         for name, flag in (("memoize_tokens", memoize_tokens), ("progress_bars", progress_bars)):
             if not isinstance(flag, bool):
                 raise MaskError(f"{name}: expected True or False, got {flag!r}")
@@ -167,8 +176,7 @@ class BoschLM(HFLM):
         if launched_processes() > 1 and str(kwargs.get("device", "")).startswith("cpu"):
             PartialState(cpu=True)  # before HFLM's Accelerator(): CPU processes join over gloo
         super().__init__(pretrained=pretrained, **kwargs)
-        if kwargs.get("tp_plan") is None:  # tensor parallel: every process runs every request
-            self._shard_over_processes()
+        self._shard_over_processes()
         if self.backend != "causal":
             raise MaskError(f"bosch: hybrid attention needs a decoder-only (causal) model, got backend={self.backend!r}")
         self._window_override = window

@@ -254,6 +254,7 @@ def build_objective(
     metadata: Mapping[str, Any] | None = None,
     limit: int | float | None = None,
     max_length: int | None = None,
+    model_args: Mapping[str, Any] | None = None,
 ) -> CalibrationObjective:
     """Load ``model`` once as a ``bosch`` adapter (all heads full) and build its S(z).
 
@@ -275,6 +276,7 @@ def build_objective(
         limit: lm-eval's ``limit`` per task.
         max_length: HFLM's ``max_length`` (default: the config's; inputs are left-truncated
             to it), for configs that understate the model's context.
+        model_args: more adapter/loader keyword arguments (``--model-args``).
     """
     from bosch_eval.model_adapters.bosch import BoschLM
 
@@ -293,6 +295,7 @@ def build_objective(
         attn_backend=attn_backend,
         memoize_tokens=True,
         **({"max_length": max_length} if max_length is not None else {}),
+        **dict(model_args or {}),
     )
     task_metadata: dict[str, Any] = {"pretrained": path, "tokenizer": path, "calib_seed": calib_seed}
     calib_len = calib_len if calib_len is not None else defaults.calib_len

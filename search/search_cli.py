@@ -25,13 +25,14 @@ import importlib.metadata
 import logging
 import platform
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from accelerate import PartialState
 from accelerate.utils import broadcast_object_list
 
+from bosch_eval.loader_args import parse_model_args
 from bosch_eval.masks import HeadMask, MaskError, ModelShape
 from bosch_eval.model_check import IGNORE_FLAG, IGNORE_METADATA, check_length, model_config
 from bosch_eval.model_defaults import model_defaults
@@ -71,12 +72,15 @@ def search_model(
     dtype: str | None = None,
     progress: bool = True,
     ignore_max_positions: bool = False,
+    model_args: Mapping[str, Any] | None = None,
 ) -> SearchResult:
     """Run BOSCH on ``model`` and write mask.json, journal.jsonl and report.md into ``out``.
 
     The model is loaded once and the calibration tasks are built once; every process of an
     ``accelerate launch`` must call this with the same arguments. ``ignore_max_positions``:
-    allow a calibration length past the config's ``max_position_embeddings``.
+    allow a calibration length past the config's ``max_position_embeddings``. ``model_args``:
+    more adapter/loader arguments (``--model-args``, checked by ``parse_model_args``), pinned in
+    the journal header when given.
 
     Raises:
         MaskError: the model does not exist, or a length or window does not fit it.
@@ -121,10 +125,13 @@ def search_model(
             window=window,
             metadata={IGNORE_METADATA: True} if ignore_max_positions else None,
             max_length=length if ignore_max_positions else None,
+            model_args=model_args,
         )
         log.info("ready in %.1f s; evaluating the anchors S(all SWA) and S(all full)", time.perf_counter() - started)
         calibration = objective.describe()
         header = {"model": model, "window": window, "calibration": calibration, "settings": settings.to_json()}
+        if model_args:  # they can change every score (revision, peft, quantization): a resume must match them
+            header["model_args"] = {key: str(value) for key, value in model_args.items()}
         journal, known = _open_journal(out / "journal.jsonl", header, resume, state)
         score_fn = _AnchorLog(objective) if progress and state.is_main_process else objective
         if settings.ratio in (0.0, 1.0):
@@ -295,6 +302,10 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (under accelerate: each process's own GPU)")
     parser.add_argument("--batch-size", type=int, default=1, help="lm-eval batch size of one objective call")
     parser.add_argument("--dtype", help="model dtype, e.g. bfloat16 (default: the checkpoint's)")
+    parser.add_argument(
+        "--model-args",
+        help="more model loader arguments, as lm_eval --model_args: revision=..,trust_remote_code=True,parallelize=True,peft=..",
+    )
 
 
 def run_from_args(args: argparse.Namespace) -> None:
@@ -313,6 +324,7 @@ def run_from_args(args: argparse.Namespace) -> None:
         quota=args.quota,
         refine=args.refine,
     )
+    model_args = parse_model_args(args.model_args)
     out = args.out or f"bosch_search/{Path(args.model).name}-{args.variant}-r{args.ratio:g}-s{args.seed}"
     result = search_model(
         args.model,
@@ -330,6 +342,7 @@ def run_from_args(args: argparse.Namespace) -> None:
         batch_size=args.batch_size,
         dtype=args.dtype,
         ignore_max_positions=args.ignore_max_positions,
+        model_args=model_args,
     )
     if PartialState().is_main_process:
         print(

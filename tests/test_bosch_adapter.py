@@ -152,6 +152,7 @@ class TestMaskSources:
             ({"layers": "intr", "ratio": 0.5, "window": 4, "attn_backend": "xformers"}, r"attn_backend: expected one of"),
             ({"layers": "intr", "ratio": 0.5, "window": 0}, r"window: expected a positive integer"),
             ({"layers": "intr", "ratio": 0.5, "window": 4, "kv_cache": "paged"}, r"kv_cache: expected one of"),
+            ({"layers": "intr", "ratio": 0.5, "window": 4, "tp_plan": "auto"}, r"tp_plan='auto': tensor parallelism is not supported"),
         ],
     )
     def test_bad_arguments(self, tiny_model_dir, args, message):

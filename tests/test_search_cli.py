@@ -173,3 +173,33 @@ def test_new_search_options_reach_the_search(finished: tuple[Path, Path, Path], 
     assert provenance["refine"]["stage3_evaluations"] <= provenance["evaluations"]
     assert any(sub["stage"] == "refine" for sub in provenance["subproblems"])
 
+
+
+@pytest.mark.parametrize(
+    ("model_args", "message"),
+    [
+        ("batch_size=4", "--model-args: 'batch_size' is set by --batch-size, not here"),
+        ("tp_plan=auto", "'tp_plan' is set by nothing: tensor parallelism is not supported"),
+        ("attn_implementation=eager", "choose its kernel with attn_backend="),
+        ("revison=main", "the model loader takes no argument 'revison'"),
+    ],
+)
+def test_bad_model_args_fail_before_anything_loads(finished: tuple[Path, Path, Path], tmp_path: Path, capsys, model_args, message) -> None:
+    model_dir, task_dir, _ = finished
+    assert main(search_args(model_dir, task_dir, tmp_path / "out", "--model-args", model_args)) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_model_args_reach_the_loader_and_pin_the_journal(finished: tuple[Path, Path, Path], capsys) -> None:
+    # The finished search had none: a resume that loads another revision must not reuse its scores.
+    model_dir, task_dir, out = finished
+    assert main(search_args(model_dir, task_dir, out, "--resume", "--model-args", "revision=main,trust_remote_code=False")) == 2
+    assert "header field 'model_args'" in capsys.readouterr().err
+
+
+def test_model_args_are_typed_as_lm_eval_types_them() -> None:
+    from bosch_eval.loader_args import parse_model_args
+
+    assert parse_model_args("parallelize=True,revision=v2,max_batch_size=8") == {"parallelize": True, "revision": "v2", "max_batch_size": 8}
+    assert parse_model_args(None) == {}
