@@ -27,19 +27,11 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 Point = tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class NomadOutcome:
-    """How a NOMAD run ended: ``crash`` is empty when PyNomad returned normally."""
-
-    crash: str = ""
-
-
-def run_nomad_isolated(evaluate: Callable[[Point], float | None], x0: Sequence[int], params: Sequence[str]) -> NomadOutcome:
+def run_nomad_isolated(evaluate: Callable[[Point], float | None], x0: Sequence[int], params: Sequence[str]) -> str:
     """Run ``PyNomad.optimize`` on binary variables from ``x0`` in a child process.
 
     Args:
@@ -50,7 +42,8 @@ def run_nomad_isolated(evaluate: Callable[[Point], float | None], x0: Sequence[i
         params: NOMAD parameter lines (``"BB_INPUT_TYPE * B"``, ``"MAX_BB_EVAL 100"``, ...).
 
     Returns:
-        The outcome; ``crash`` names the child's exit status and NOMAD's last message.
+        ``""`` when PyNomad returned normally, else why it did not: the child's exit status
+        and NOMAD's last message.
     """
     to_child_read, to_child_write = os.pipe()
     from_child_read, from_child_write = os.pipe()
@@ -83,11 +76,11 @@ def run_nomad_isolated(evaluate: Callable[[Point], float | None], x0: Sequence[i
         if failure:
             raise failure[0]
         if done and returncode == 0:
-            return NomadOutcome()
+            return ""
         log.seek(0)
         lines = [line.strip() for line in log.read().splitlines() if line.strip()]
         last = lines[-1] if lines else "no output"
-        return NomadOutcome(crash=f"PyNomad exited with status {returncode}: {last}")
+        return f"PyNomad exited with status {returncode}: {last}"
 
 
 def _evaluate(evaluate: Callable[[Point], float | None], point: Point, failure: list[BaseException]) -> float | None:
@@ -99,26 +92,21 @@ def _evaluate(evaluate: Callable[[Point], float | None], point: Point, failure: 
 
 
 def _write(fd: int, message: dict) -> None:
-    # Unbuffered: a write to a dead child fails here, with nothing left to flush at close.
+    # Unbuffered: a write to a dead peer fails here, with nothing left to flush at close.
     data = (json.dumps(message) + "\n").encode()
     while data:
         data = data[os.write(fd, data) :]
 
 
-def _send(stream, message: dict) -> None:  # noqa: ANN001 - a text file object
-    stream.write(json.dumps(message) + "\n")
-    stream.flush()
-
-
 def _child_main(receive_fd: int, send_fd: int) -> None:
     import PyNomad  # only the child imports it
 
-    with os.fdopen(receive_fd) as receive, os.fdopen(send_fd, "w") as send:
+    with os.fdopen(receive_fd) as receive:
         run = json.loads(receive.readline())
         n = run["n"]
 
         def blackbox(eval_point) -> int:  # noqa: ANN001 - a PyNomad.PyNomadEvalPoint
-            _send(send, {"x": [int(round(eval_point.get_coord(i))) for i in range(n)]})
+            _write(send_fd, {"x": [int(round(eval_point.get_coord(i))) for i in range(n)]})
             value = json.loads(receive.readline())["value"]
             if value is None:
                 return 0
@@ -126,7 +114,7 @@ def _child_main(receive_fd: int, send_fd: int) -> None:
             return 1
 
         PyNomad.optimize(blackbox, [float(b) for b in run["x0"]], [0.0] * n, [1.0] * n, run["params"])
-        _send(send, {"done": True})
+        _write(send_fd, {"done": True})
 
 
 if __name__ == "__main__":

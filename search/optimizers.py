@@ -298,7 +298,7 @@ def _run_nomad(memo: _Memo, problem: SubProblem, x0: Point) -> str:
     ]
     if n >= _NOMAD_MODELS_MAX_DIMENSION:
         params.append("QUAD_MODEL_SEARCH no")
-    return run_nomad_isolated(memo, x0, params).crash
+    return run_nomad_isolated(memo, x0, params)
 
 
 def _run_oneplusone(memo: _Memo, problem: SubProblem, x0: Point, rng: random.Random) -> None:
