@@ -3,8 +3,8 @@
 For each sequence length T and each configuration (the original model, then one hybrid
 per mask or ratio), measured interleaved in one process: prefill tokens/s (optionally in
 chunks of C tokens), decode tokens/s over N greedy steps after the prefill, KV-cache
-bytes after the prefill, and peak memory of the prefill and of the decode steps (CUDA
-allocator peak; on CPU the peak resident set size above the start, see :func:`peak_memory`). The original runs unpatched
+bytes after the prefill, and peak memory (CUDA allocator peak; on CPU the peak resident
+set size above the start, see :func:`peak_memory`). The original runs unpatched
 (``sdpa``, transformers' dynamic cache); hybrids run the bosch attention on the
 deploy-mode :class:`~bosch_eval.hybrid_cache.HybridCache`.
 
@@ -47,11 +47,10 @@ class BenchRow:
     prefill_tokens_per_s: float
     decode_tokens_per_s: float
     kv_cache_bytes: int
-    peak_memory_bytes: int  # during the prefill
+    peak_memory_bytes: int
     attention_share: float  # of the prefill time, spent in the attention function
     kv_quant: str | None = None  # e.g. "logquant-2bit-W128"
     kv_bytes_formula: int = 0  # the closed form at this length, to check kv_cache_bytes against
-    decode_peak_memory_bytes: int = 0  # during the decode steps (held after the prefill + their own peak)
 
 
 def balanced_mask(shape: ModelShape, ratio: float, window: int) -> HeadMask:
@@ -127,43 +126,24 @@ def _prefill(model: Any, ids: torch.Tensor, chunk: int | None, cache: DynamicCac
     return logits
 
 
-def current_memory(device: torch.device) -> int:
-    """Memory in use now: the CUDA allocator's, else the resident set size."""
-    if device.type == "cuda":
-        return torch.cuda.memory_allocated(device)
-    try:
-        return _proc_status_bytes("VmRSS")
-    except (OSError, RuntimeError):
-        import psutil
-
-        return psutil.Process().memory_info().rss
-
-
 @torch.no_grad()
-def measure(model: Any, ids: torch.Tensor, decode_tokens: int, chunk: int | None, cache: DynamicCache) -> tuple[float, float, int, int, int]:
-    """Prefill seconds, decode seconds per token, KV bytes after prefill, and two peaks above the
-    memory in use before the prefill: the prefill's, and the decode steps' alone (what stays
-    held after the prefill, the cache among it, plus the decode's own peak)."""
+def measure(model: Any, ids: torch.Tensor, decode_tokens: int, chunk: int | None, cache: DynamicCache) -> tuple[float, float, int, int]:
+    """Prefill seconds, decode seconds per token, KV bytes after prefill, peak memory bytes."""
     device = ids.device
     with peak_memory(device) as peak:
-        before = current_memory(device)
         _sync(device)
         start = time.perf_counter()
         logits = _prefill(model, ids, chunk, cache)
         _sync(device)
         prefill = time.perf_counter() - start
-        prefill_peak = peak()
-    kv_bytes = kv_cache_bytes(cache)
-    token = logits[:, -1:].argmax(-1)
-    del logits
-    held = current_memory(device) - before
-    with peak_memory(device) as decode_peak:  # reset here: the prefill's peak must not count
+        kv_bytes = kv_cache_bytes(cache)
+        token = logits[:, -1:].argmax(-1)
         start = time.perf_counter()
         for _ in range(decode_tokens):
             token = model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
         _sync(device)
         decode = (time.perf_counter() - start) / max(1, decode_tokens)
-        return prefill, decode, kv_bytes, prefill_peak, held + decode_peak()
+        return prefill, decode, kv_bytes, peak()
 
 
 @contextmanager
@@ -253,7 +233,7 @@ def run_bench(
         masks = [(c[0], c[1] if isinstance(c[1], HeadMask) or c[1] is None else balanced_mask(shape, c[1], w)) for c in configs]
         ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length)).to(device)
         configurations: list[tuple[str, HeadMask | None]] = [("original", None), *masks]
-        timings: dict[str, list[tuple[float, float, int, int, int]]] = {}
+        timings: dict[str, list[tuple[float, float, int, int]]] = {}
         for _ in range(repeats):  # interleaved, so drifting machine load hits every configuration alike
             for label, mask in configurations:
                 timings.setdefault(label, []).append(measure(model, ids, decode_tokens, chunk, _set_up(model, mask, w, quant.get(label))))
@@ -271,7 +251,6 @@ def run_bench(
                     decode_tokens_per_s=1.0 / statistics.median(r[1] for r in runs),
                     kv_cache_bytes=runs[0][2],
                     peak_memory_bytes=int(statistics.median(r[3] for r in runs)),
-                    decode_peak_memory_bytes=int(statistics.median(r[4] for r in runs)),
                     attention_share=shares[label],
                     kv_quant=kv_quant_label(quant[label]) if quant.get(label) else None,
                     kv_bytes_formula=kv_cache_bytes_formula(
@@ -289,16 +268,15 @@ def ratio_table(rows: list[BenchRow], budget_bytes: int | None = None, weight_by
     original = {row.length: row for row in rows if row.label == "original"}
     kv_columns = budget_bytes is not None
     lines = [
-        "| config | ρ | W | T | prefill tok/s | decode tok/s | KV bytes | peak MB | decode peak MB | attention share | prefill time ratio | decode time ratio | KV ratio |"
+        "| config | ρ | W | T | prefill tok/s | decode tok/s | KV bytes | peak MB | attention share | prefill time ratio | decode time ratio | KV ratio |"
         + (" kv_quant | KV bytes (formula) | max batch |" if kv_columns else ""),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if kv_columns else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if kv_columns else ""),
     ]
     for row in rows:
         base = original[row.length]
         lines.append(
             f"| {row.label} | {row.swa_ratio:.3g} | {row.window or '-'} | {row.length} | {row.prefill_tokens_per_s:.1f} | "
-            f"{row.decode_tokens_per_s:.2f} | {row.kv_cache_bytes} | {row.peak_memory_bytes / 2**20:.1f} | "
-            f"{row.decode_peak_memory_bytes / 2**20:.1f} | {row.attention_share:.2f} | "
+            f"{row.decode_tokens_per_s:.2f} | {row.kv_cache_bytes} | {row.peak_memory_bytes / 2**20:.1f} | {row.attention_share:.2f} | "
             f"{base.prefill_tokens_per_s / row.prefill_tokens_per_s:.3f} | {base.decode_tokens_per_s / row.decode_tokens_per_s:.3f} | "
             f"{row.kv_cache_bytes / base.kv_cache_bytes:.4f} |"
             + (f" {row.kv_quant or '-'} | {row.kv_bytes_formula} | {max_batch(budget_bytes, weight_bytes, row.kv_bytes_formula)} |" if kv_columns else "")
