@@ -15,6 +15,8 @@ model_args (besides everything HFLM accepts):
   requests thousands of times; off by default, since a plain evaluation sees each once).
 * ``progress_bars=False``: no per-call request bars (the search turns them off: its own
   bar counts objective calls).
+* ``prefix_cache_mb=N``: a prefix-activation cache of at most N MB for the search
+  (:mod:`bosch_eval.prefix_cache`; used only once told which layers vary, 0 = none).
 * ``rope_scaling=yarn,rope_factor=F[,rope_original_max_positions=N]``: YaRN context
   extension set on the config before the model is built (``bosch_eval.rope_scaling``).
 * ``mask=full``: no head mask (every group full attention), e.g. for a KV-quantized original;
@@ -33,10 +35,12 @@ then :meth:`BoschLM.set_mask` to swap masks without reloading.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import os
 import warnings
 from array import array
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +64,7 @@ from bosch_eval.model_check import model_config
 from bosch_eval.model_defaults import model_defaults
 from bosch_eval.model_adapters.compressed_scoring import continuation_logits_through_cache
 from bosch_eval.model_adapters.continuation_logits import logits_at, scored_positions
+from bosch_eval.prefix_cache import PrefixActivations
 from bosch_eval.toy import resolve_model
 
 
@@ -144,6 +149,7 @@ class BoschLM(HFLM):
         kv_bits: int | None = None,
         kv_window: int | None = None,
         kv_group_size: int | None = None,
+        prefix_cache_mb: int = 0,
         **kwargs: Any,
     ) -> None:
         if kv_cache not in KV_CACHES:
@@ -160,6 +166,10 @@ class BoschLM(HFLM):
         for name, flag in (("memoize_tokens", memoize_tokens), ("progress_bars", progress_bars)):
             if not isinstance(flag, bool):
                 raise MaskError(f"{name}: expected True or False, got {flag!r}")
+        if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, int) or prefix_cache_mb < 0:
+            raise MaskError(f"prefix_cache_mb: expected a whole number of megabytes >= 0 (0 = no cache), got {prefix_cache_mb!r}")
+        if prefix_cache_mb and kv_quant not in (None, "none"):
+            raise MaskError("prefix_cache_mb: not with kv_quant (compressed scoring runs its own prefill per request)")
         self.kv_cache = kv_cache
         self.memoize_tokens = memoize_tokens
         self.progress_bars = progress_bars
@@ -186,6 +196,7 @@ class BoschLM(HFLM):
             self.kv_quant = _kv_quant_settings(config, name, kv_cache, **quant_args)
         self.hybrid: HybridAttention = hybridize(self.model, head_mask, backend=attn_backend, source=source)
         set_saved_kv_quant(self.model.config, self.kv_quant)  # save_pretrained keeps the settings
+        self.prefix_cache = PrefixActivations(self.model, prefix_cache_mb << 20) if prefix_cache_mb else None
 
     @staticmethod
     def _apply_rope_scaling(
@@ -262,6 +273,23 @@ class BoschLM(HFLM):
     @property
     def head_mask(self) -> HeadMask:
         return self.hybrid.mask
+
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        """Meanwhile lm-eval sees one process: this process scores every request it is given,
+        with no sharding and no collectives (the search's mask-parallel evaluation)."""
+        rank, world = self._rank, self._world_size
+        self._rank, self._world_size = 0, 1
+        try:
+            yield
+        finally:
+            self._rank, self._world_size = rank, world
+
+    def vary_layers_from(self, layer: int | None) -> None:
+        """The masks scored next differ only in layers >= ``layer`` (None: no promise), so
+        the prefix cache (if any) may reuse the hidden states entering that layer."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.vary_from(layer)
 
     def set_mask(self, mask: HeadMask) -> None:
         """Swap the head mask in place (no reload, no weight copy). A ``window=`` given
@@ -340,7 +368,11 @@ class BoschLM(HFLM):
                     enabled=self.mixed_precision_dtype is not None,
                 ),
             ):
-                if self.kv_quant is None:
+                if self.prefix_cache is not None:
+                    logits = self.prefix_cache.run(
+                        lambda ids: logits_at(self.model, ids, positions), input_ids, self.hybrid.mask, self.hybrid.window
+                    )
+                elif self.kv_quant is None:
                     logits = logits_at(self.model, input_ids, positions)
                 else:
                     logits = self._logits_through_compressed_cache(inputs, continuations)

@@ -9,7 +9,13 @@ On disk (``bosch-journal/1``), JSON lines::
 
     {"journal": "bosch-journal/1", "header": {"model": ..., "ratio": 0.5, ...}}
     {"key": "1011/0110/...", "score": 0.8125, "stage": "stage1", "seconds": 4.2}
+    {"key": "1100/0110/...", "bound": 0.4219, "examples": 16, "stage": "stage1", "seconds": 1.1}
     ...
+
+A ``bound`` record is a mask that exact racing stopped early (``examples`` of the
+calibration examples scored): the best S it could still have reached, never a score. It
+answers the same question again on resume; it is not reported as a score, and a mask with a
+bound may later get a score record.
 
 The header holds what determines a mask's score (model, window, calibration): resuming
 under another one would mix scores of different problems, so it is refused, naming the
@@ -102,6 +108,7 @@ class Journal:
         self._header = _normalized_header(header)
         self._records: list[dict[str, Any]] = []
         self._scores: dict[str, float] = {}
+        self._bounds: dict[str, dict[str, Any]] = {}
         self._loaded = 0  # records read from the file (the rest were appended by this run)
         self._opened = time.perf_counter()
         if self.path.exists() and self._load(resume):
@@ -121,8 +128,13 @@ class Journal:
 
     @property
     def records(self) -> list[dict[str, Any]]:
-        """Every record, oldest first: ``{"key": ..., "score": ..., **fields}`` (copies)."""
-        return [dict(record) for record in self._records]
+        """Every score record, oldest first: ``{"key": ..., "score": ..., **fields}`` (copies)."""
+        return [dict(record) for record in self._records if "score" in record]
+
+    @property
+    def bounds(self) -> dict[str, float]:
+        """The last bound journaled for each mask racing stopped early (score records not included)."""
+        return {key: float(record["bound"]) for key, record in self._bounds.items()}
 
     def __len__(self) -> int:
         return len(self._records)
@@ -144,13 +156,21 @@ class Journal:
             JournalError: if ``key`` is already journaled (a mask is never evaluated twice),
                 or the record is not JSON-serializable.
         """
+        self._write(key, "score", score, fields)
+
+    def append_bound(self, key: str, bound: float, examples: int, **fields: Any) -> None:
+        """Record a mask racing stopped after ``examples`` calibration examples: ``bound`` is
+        the best S it could still have reached (on disk when this returns)."""
+        self._write(key, "bound", bound, {"examples": int(examples), **fields})
+
+    def _write(self, key: str, kind: str, value: float, fields: Mapping[str, Any]) -> None:
         if not isinstance(key, str) or not key:
             raise JournalError(f"{self.path}: a record key must be a non-empty string, got {key!r}")
         if key in self._scores:
             raise JournalError(f"{self.path}: mask {key} is already journaled (score {self._scores[key]!r})")
-        if isinstance(score, bool) or not isinstance(score, (int, float)):
-            raise JournalError(f"{self.path}: the score of mask {key} must be a number, got {score!r}")
-        record = {"key": key, "score": float(score), **fields}
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise JournalError(f"{self.path}: the {kind} of mask {key} must be a number, got {value!r}")
+        record = {"key": key, kind: float(value), **fields}
         if self.wall_time:
             record["wall_s"] = round(self.prior_wall_s + time.perf_counter() - self._opened, 3)
         try:
@@ -196,7 +216,7 @@ class Journal:
         for number, line in enumerate(lines[1:], start=2):
             problem = _line_problem(line, number)
             record = json.loads(line) if problem is None else None
-            if record is not None and record["key"] in self._scores:
+            if record is not None and record["key"] in self._scores and "score" in record:
                 if float(record["score"]) == self._scores[record["key"]]:
                     copies += 1  # the same evaluation written twice: nothing is lost or contradicted
                     continue
@@ -245,7 +265,11 @@ class Journal:
 
     def _add(self, record: dict[str, Any]) -> None:
         self._records.append(record)
-        self._scores[record["key"]] = float(record["score"])
+        if "score" in record:
+            self._scores[record["key"]] = float(record["score"])
+            self._bounds.pop(record["key"], None)
+        elif record["key"] not in self._scores:  # a bound after a score (two writers) adds nothing
+            self._bounds[record["key"]] = record
 
 
 def _normalized_header(header: Mapping[str, Any]) -> dict[str, Any]:
@@ -294,6 +318,13 @@ def _line_problem(line: bytes, number: int) -> str | None:
         return "expected a JSON object"
     if not isinstance(value.get("key"), str) or not value["key"]:
         return "field 'key' is missing or not a non-empty string"
+    if "bound" in value and "score" not in value:
+        bound, examples = value["bound"], value.get("examples")
+        if isinstance(bound, bool) or not isinstance(bound, (int, float)):
+            return f"field 'bound' is {bound!r}, expected a number"
+        if isinstance(examples, bool) or not isinstance(examples, int) or examples < 0:
+            return f"field 'examples' is {examples!r}, expected the number of examples scored"
+        return None
     score = value.get("score")
     if isinstance(score, bool) or not isinstance(score, (int, float)):
         return f"field 'score' is {score!r}, expected a number"

@@ -37,6 +37,13 @@ values (``acc``) the score is exactly the one-process score. Two lm-eval behavio
 other calibrations from that exactness: each process draws few-shot examples from its own
 sampler over its own shard, and the mean adds the gathered values in another order.
 
+Racing (:meth:`CalibrationObjective.race`, :mod:`bosch_eval.search.racing`): the same
+evaluation in chunks of examples (``evaluate``'s per-task ``samples`` indices), stopped once
+the mask provably cannot win. Exact for zero-shot tasks whose metric is lm-eval's ``mean``
+of per-example values in [0, 1]: a mask scored to the end gets lm-eval's own aggregation of
+the same values in the same order. :meth:`CalibrationObjective.racing_problem` says why
+racing cannot apply to a calibration, before anything is evaluated.
+
 Score of several tasks or a group: the mean, unweighted, over the names the user gave.
 A name's score is lm-eval's own value for it when lm-eval reports the metric (a task, or
 a group whose ``aggregate_metric_list`` aggregates it); otherwise, for a group, the
@@ -52,7 +59,7 @@ import logging
 import math
 import os
 import random
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +68,7 @@ import torch
 
 from bosch_eval.masks import HeadMask, ModelShape
 from bosch_eval.model_defaults import model_defaults
+from bosch_eval.search.racing import DEFAULT_RACE_CHUNK, RaceBound, Racer, Tally
 from bosch_eval.toy import resolve_model
 
 if TYPE_CHECKING:
@@ -92,7 +100,8 @@ class CalibrationObjective:
         limit: lm-eval's ``limit`` (first N documents of each task, or a fraction).
 
     Attributes:
-        calls: evaluations done so far.
+        calls: evaluations done so far (raced ones included).
+        examples_scored: calibration examples forwarded by plain (unraced) calls so far.
         higher_is_better: the metric's direction, from lm-eval's ``higher_is_better`` of
             every calibration task (its ``metric_list`` entry, else lm-eval's metric registry).
     """
@@ -120,6 +129,10 @@ class CalibrationObjective:
         self.include_path = None if include_path is None else str(include_path)
         self.limit = limit
         self.calls = 0
+        self.examples_scored = 0
+        self.race_chunk = DEFAULT_RACE_CHUNK
+        self._sizes_memo: dict[str, int] | None = None
+        self._racer_memo: Racer | None = None
         lm.memoize_tokens = True
         lm.progress_bars = False  # the search's own bar counts calls; lm-eval's would print per call
         self._task_manager = _task_manager(self.tasks, self.include_path, self.metadata)
@@ -142,19 +155,9 @@ class CalibrationObjective:
             MaskError: the mask does not fit the model.
             ObjectiveError: lm-eval reported no value for the metric (on every process).
         """
-        from lm_eval.evaluator import evaluate
-
         self.lm.set_mask(mask)
-        with _global_rng_kept(), _quiet("lm_eval"), _no_context_bars():
-            for task in self.task_dict["tasks"].values():
-                task.set_fewshot_seed(seed=FEWSHOT_SEED)
-            results = evaluate(
-                lm=self.lm,
-                task_dict=self.task_dict,
-                limit=self.limit,
-                bootstrap_iters=0,
-                log_samples=False,
-            )
+        results = self._evaluate(self.task_dict, limit=self.limit)
+        self.examples_scored += sum(self._sizes().values())
         payload: float | str | None = None
         if results is not None:  # rank 0 only
             try:
@@ -167,16 +170,135 @@ class CalibrationObjective:
             raise ObjectiveError(payload)
         return payload
 
+    def race(self, mask: HeadMask, can_win: Callable[[float], bool]) -> float | RaceBound:
+        """S(z) of ``mask`` scored ``race_chunk`` examples at a time (hardest first), or a
+        :class:`RaceBound` as soon as ``can_win(best S still reachable)`` is False; the same
+        answer on every process. A mask scored to the end gets exactly ``self(mask)``.
+
+        Raises:
+            ObjectiveError: racing cannot apply (:meth:`racing_problem`), or a per-example
+                value lies outside [0, 1].
+        """
+        outcome = self._racer().race(mask, can_win, self.metric)
+        self.calls += 1
+        return outcome
+
+    def race_many(
+        self, masks: Sequence[HeadMask], rule_out: Callable[[list[tuple[float, float]]], set[int]]
+    ) -> list[float | RaceBound]:
+        """Score ``masks`` in lockstep (:meth:`Racer.race_many`): masks ``rule_out`` names stop
+        with a :class:`RaceBound`, the rest get exactly ``self(mask)``.
+
+        Raises:
+            ObjectiveError: as :meth:`race`.
+        """
+        outcomes = self._racer().race_many(masks, rule_out, self.metric)
+        self.calls += len(masks)
+        return outcomes
+
+    def _racer(self) -> Racer:
+        problem = self.racing_problem()
+        if problem is not None:
+            raise ObjectiveError(f"racing: {problem}")
+        if self._racer_memo is None:
+            self._racer_memo = Racer(
+                self._sizes(), self.higher_is_better, self._chunk_values, self._exact, self.race_chunk, self.lm.world_size
+            )
+        self._racer_memo.chunk = self.race_chunk
+        return self._racer_memo
+
+    def _chunk_values(self, items: Sequence[tuple[HeadMask, str, list[int]]]) -> list[dict[int, float]]:
+        """Per-example values of each ``(mask, task, document indices)`` item, on every process.
+
+        One process scores every item. N processes share the items out (item ``i`` to process
+        ``i mod N``), each scoring its own alone (lm-eval sees one process: no document
+        sharding, no collectives), and gather all values: different masks at once, or parts
+        of one chunk (the racer splits chunks so that every process has an item).
+
+        Raises:
+            ObjectiveError: a value outside [0, 1] (racing's bound would not hold), or no
+                single filter for the metric (on every process).
+        """
+        world = self.lm.world_size
+        if world <= 1:
+            values = [self._local_values(*item) for item in items]
+            return [self._checked(value) for value in values]
+        from accelerate.utils import gather_object
+
+        mine: dict[int, dict[int, float] | str] = {}
+        rank = self.lm.rank
+        with self.lm.alone():
+            for number in range(rank, len(items), world):
+                mine[number] = self._local_values(*items[number])
+        merged: dict[int, dict[int, float] | str] = {}
+        for part in gather_object([mine]):
+            merged.update(part)
+        return [self._checked(merged[number]) for number in range(len(items))]
+
+    def _local_values(self, mask: HeadMask, name: str, indices: list[int]) -> dict[int, float] | str:
+        """This process's per-example values of ``mask`` on ``indices`` of ``name`` (an error as text)."""
+        self.lm.set_mask(mask)
+        sub = {"tasks": {name: self.task_dict["tasks"][name]}, "groups": {}, "group_map": {}}
+        results = self._evaluate(sub, samples={name: indices}, log_samples=True)
+        try:
+            values = self._example_values(results["samples"][name])
+            Tally({name: len(indices)}, self.higher_is_better).add(name, values, self.metric)  # values in [0, 1]
+        except (ObjectiveError, ValueError) as err:
+            return str(err)
+        return values
+
+    @staticmethod
+    def _checked(values: dict[int, float] | str) -> dict[int, float]:
+        if isinstance(values, str):
+            raise ObjectiveError(values)
+        return values
+
+    def _exact(self, tally: Tally) -> float:
+        """S(z) from a complete tally: lm-eval's aggregation of each task's values in document order."""
+        return self._score({task: {self.metric: self._aggregate(task, tally.in_document_order(task))} for task in tally.sizes})
+
+
+    def racing_problem(self) -> str | None:
+        """Why S(z) cannot be raced exactly, or None when it can: racing needs plain tasks
+        (not groups or tags), zero-shot (few-shot draws depend on the examples before), and
+        lm-eval's ``mean`` as the metric's aggregation."""
+        from lm_eval.api.metrics import mean
+
+        for name in self.tasks:
+            if set(self._loaded[name]["tasks"]) != {name} or self._loaded[name].get("groups"):
+                return f"{name!r} is a group, tag or YAML path (racing scores plain tasks)"
+        metric = self.metric.split(",")[0]
+        for name, task in self.task_dict["tasks"].items():
+            if task.get_config("num_fewshot"):
+                return f"task {name!r} is few-shot (its examples' few-shot draws would change with the chunks)"
+            if task.aggregation().get(metric) is not mean:
+                return f"task {name!r} does not aggregate {metric!r} with lm-eval's mean"
+        return None
+
+    def work(self) -> dict[str, float]:
+        """What the calls so far cost: calls, examples forwarded per call (of the full count),
+        and the share of decoder-layer computations the prefix cache skipped."""
+        full = sum(self._sizes().values())
+        examples = self.examples_scored + (self._racer_memo.examples_scored if self._racer_memo is not None else 0)
+        work: dict[str, float] = {
+            "calls": self.calls,
+            "examples_per_call": round(examples / self.calls, 3) if self.calls else 0.0,
+            "examples_per_full_call": full,
+        }
+        cache = getattr(self.lm, "prefix_cache", None)
+        if cache is not None and cache.layers_run + cache.layers_skipped:
+            work["layers_skipped_share"] = round(cache.layers_skipped / (cache.layers_run + cache.layers_skipped), 4)
+        return work
+
+    def vary_layers_from(self, layer: int | None) -> None:
+        """Masks scored next differ only in layers >= ``layer`` (None: no promise); passed
+        to the adapter's prefix-activation cache when it has one."""
+        self.lm.vary_layers_from(layer)
+
     def describe(self) -> dict[str, Any]:
         """What S(z) is, for the provenance of a search (JSON-serializable). The same for one
         process or N, so a journal written by one resumes under the other."""
-        from lm_eval.evaluator_utils import get_sample_size
-
-        examples = {}
-        for name, task in self.task_dict["tasks"].items():
-            total = len(task.eval_docs)
-            limit = get_sample_size(task, self.limit)
-            examples[name] = total if limit is None else min(limit, total)
+        examples = self._sizes()
         return {
             "tasks": list(self.tasks),
             "metric": self.metric,
@@ -185,11 +307,52 @@ class CalibrationObjective:
             "metadata": {key: _jsonable(value) for key, value in self.metadata.items()},
             "include_path": self.include_path,
             "limit": self.limit,
-            "num_examples": examples,
+            "num_examples": dict(examples),
             "num_fewshot": {name: task.get_config("num_fewshot") for name, task in self.task_dict["tasks"].items()},
             "evaluate": EVALUATE_PATH,
             "lm_eval": importlib.metadata.version("lm_eval"),
         }
+
+    # -- evaluation ---------------------------------------------------------------------
+    def _evaluate(self, task_dict: TaskDict, *, limit: int | float | None = None, samples: dict[str, list[int]] | None = None, log_samples: bool = False) -> dict[str, Any] | None:
+        """lm-eval's ``evaluate`` of the current mask (results on rank 0, None elsewhere)."""
+        from lm_eval.evaluator import evaluate
+
+        with _global_rng_kept(), _quiet("lm_eval"), _no_context_bars():
+            for task in task_dict["tasks"].values():
+                task.set_fewshot_seed(seed=FEWSHOT_SEED)
+            return evaluate(
+                lm=self.lm,
+                task_dict=task_dict,
+                limit=limit,
+                samples=samples,
+                bootstrap_iters=0,
+                log_samples=log_samples,
+            )
+
+    def _sizes(self) -> dict[str, int]:
+        """Examples per calibration task (after ``limit``)."""
+        from lm_eval.evaluator_utils import get_sample_size
+
+        if self._sizes_memo is None:
+            self._sizes_memo = {}
+            for name, task in self.task_dict["tasks"].items():
+                total = len(task.eval_docs)
+                limit = get_sample_size(task, self.limit)
+                self._sizes_memo[name] = total if limit is None else min(limit, total)
+        return self._sizes_memo
+
+    def _example_values(self, samples: Sequence[Mapping[str, Any]]) -> dict[int, float]:
+        """The metric's per-example values of one chunk's logged samples, by document index."""
+        name, _, filter_key = self.metric.partition(",")
+        rows = [row for row in samples if not filter_key or row["filter"] == filter_key]
+        if len({row["filter"] for row in rows}) > 1:
+            raise ObjectiveError(f"metric: {name!r} is reported under several filters; name one as {name},FILTER")
+        return {int(row["doc_id"]): row[name] for row in rows}
+
+    def _aggregate(self, task: str, values: Sequence[float]) -> float:
+        """lm-eval's own aggregation of a task's per-example values (what ``evaluate`` reports)."""
+        return float(self.task_dict["tasks"][task].aggregation()[self.metric.split(",")[0]](list(values)))
 
     # -- scores -----------------------------------------------------------------------
     def _score(self, results: Mapping[str, Mapping[str, Any]]) -> float:
@@ -226,7 +389,7 @@ class CalibrationObjective:
             )
         return value
 
-    def _from_rank_zero(self, payload: float | str | None) -> float | str:
+    def _from_rank_zero(self, payload: Any) -> Any:
         if self.lm.world_size <= 1:
             assert payload is not None  # one process is rank 0
             return payload
@@ -255,6 +418,7 @@ def build_objective(
     limit: int | float | None = None,
     max_length: int | None = None,
     model_args: Mapping[str, Any] | None = None,
+    prefix_cache_mb: int = 0,
 ) -> CalibrationObjective:
     """Load ``model`` once as a ``bosch`` adapter (all heads full) and build its S(z).
 
@@ -277,6 +441,7 @@ def build_objective(
         max_length: HFLM's ``max_length`` (default: the config's; inputs are left-truncated
             to it), for configs that understate the model's context.
         model_args: more adapter/loader keyword arguments (``--model-args``).
+        prefix_cache_mb: the adapter's prefix-activation cache budget (0 = none).
     """
     from bosch_eval.model_adapters.bosch import BoschLM
 
@@ -294,6 +459,7 @@ def build_objective(
         dtype=dtype if dtype is not None else "auto",
         attn_backend=attn_backend,
         memoize_tokens=True,
+        prefix_cache_mb=prefix_cache_mb,
         **({"max_length": max_length} if max_length is not None else {}),
         **dict(model_args or {}),
     )

@@ -24,6 +24,15 @@ caller adds the paper's penalty α(ρ̄_I(z) − ρ̄)² (Eq. 5; per block when 
 several), so MADS may step off the feasible set and pay for it, but the point returned
 is always feasible.
 
+Racing: ``exhaustive`` scores its first point exactly, then hands every feasible point
+to a lockstep racing loss (``race_all``), which may answer a :class:`Bound` for any point
+that provably is not the first of least loss. ``oneplusone`` calls a racing loss (``race``) with a :class:`Cutoff`,
+the parent's loss an offspring must reach to be accepted; it answers a :class:`Bound` when
+the offspring provably cannot. A bounded point counts as evaluated but is never chosen.
+NOMAD (its poll and model search read every value) and the EA's start point get exact
+losses. Racing losses that never stop early make each optimizer take exactly the steps it
+takes without them.
+
 Every optimizer is deterministic: the sequence of loss calls depends only on the seed and
 on the values the loss returned. A killed search is resumed by replaying it against the
 journaled values, so nothing here may read the clock, the global random state, or the
@@ -41,7 +50,33 @@ from dataclasses import dataclass
 from bosch_eval.search.nomad_process import run_nomad_isolated
 
 Point = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Cutoff:
+    """What a candidate's loss must reach to matter: below ``loss`` (the first of equal losses
+    wins), or at most ``loss`` when ``ties_win`` (the (1+1)-EA accepts an equal offspring)."""
+
+    loss: float
+    ties_win: bool = False
+
+    def reachable(self, lowest_loss: float) -> bool:
+        """Whether a candidate whose loss is at least ``lowest_loss`` can still matter."""
+        return lowest_loss <= self.loss if self.ties_win else lowest_loss < self.loss
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A candidate scored only until its cutoff became unreachable: its loss is at least ``loss``."""
+
+    loss: float
+
+
 Loss = Callable[[Point], float]
+RacingLoss = Callable[[Point, Cutoff], "float | Bound"]
+# Every point's loss at once, raced in lockstep: exact for the first point of least loss,
+# a Bound only for points that provably are not it.
+RacingLosses = Callable[[list[Point]], "list[float | Bound]"]
 
 METHODS = ("auto", "exhaustive", "nomad", "oneplusone")
 NOMAD_MAX_VARIABLES = 50  # beyond this, MADS needs too many evaluations per improvement (§2.2, B.2)
@@ -157,6 +192,7 @@ class OptimizerResult:
     evaluations: int  # distinct points evaluated, i.e. calls to the loss
     method: str  # "exhaustive" | "nomad" | "oneplusone"
     crash: str = ""  # why NOMAD ended before its budget (PyNomad died); empty otherwise
+    pruned: int = 0  # of the evaluations, those stopped early by racing (a bound, no value)
 
 
 def choose_method(problem: SubProblem, method: str = "auto") -> str:
@@ -199,14 +235,23 @@ def choose_method(problem: SubProblem, method: str = "auto") -> str:
     return method
 
 
-def minimize(loss: Loss, problem: SubProblem, method: str = "auto") -> OptimizerResult:
+def minimize(
+    loss: Loss,
+    problem: SubProblem,
+    method: str = "auto",
+    race: RacingLoss | None = None,
+    race_all: RacingLosses | None = None,
+) -> OptimizerResult:
     """Find the point with exactly ``k`` ones that minimizes ``loss`` within the budget.
 
     Args:
-        loss: maps any 0/1 tuple of length ``n`` to a finite float; expensive, so it is
-            called at most once per distinct point and at most ``budget`` times.
+        loss: maps any 0/1 tuple of length ``n`` to a finite float; expensive, so it (or
+            ``race``) is called at most once per distinct point and at most ``budget`` times.
         problem: the sub-problem.
         method: one of ``METHODS`` (see :func:`choose_method`).
+        race: the same loss, told a :class:`Cutoff`: it may stop early and return a
+            :class:`Bound` when the point provably cannot reach the cutoff (``oneplusone``).
+        race_all: the same loss of a list of points, in lockstep (``exhaustive``).
 
     Returns:
         The best evaluated feasible point (the first one found on ties). If PyNomad died
@@ -218,9 +263,16 @@ def minimize(loss: Loss, problem: SubProblem, method: str = "auto") -> Optimizer
             something other than a finite number.
     """
     method = choose_method(problem, method)
-    memo = _Memo(loss, problem.budget)
+    memo = _Memo(loss, problem.budget, race)
     crash = ""
-    if method == "exhaustive":
+    if method == "exhaustive" and race_all is not None:
+        # The first point is scored exactly, as without racing: an exact incumbent from the
+        # start lets the others stop as soon as they fall below it.
+        points = list(_feasible_points(problem))
+        memo(points[0])
+        for point, value in zip(points[1:], race_all(points)[1:], strict=True):
+            memo.record(point, value)
+    elif method == "exhaustive":
         for point in _feasible_points(problem):
             memo(point)
     else:
@@ -235,28 +287,56 @@ def minimize(loss: Loss, problem: SubProblem, method: str = "auto") -> Optimizer
     best, best_loss = min(
         ((point, value) for point, value in memo.values.items() if problem.feasible(point)), key=lambda item: item[1]
     )
-    return OptimizerResult(best=best, best_loss=best_loss, evaluations=len(memo.values), method=method, crash=crash)
+    return OptimizerResult(
+        best=best, best_loss=best_loss, evaluations=memo.evaluated, method=method, crash=crash, pruned=len(memo.bounds)
+    )
 
 
 class _Memo:
-    """The loss behind a cache: each distinct point costs one call, up to the budget."""
+    """The loss behind a cache: each distinct point costs one call, up to the budget.
 
-    def __init__(self, loss: Loss, budget: int) -> None:
+    ``values`` holds exact losses, ``bounds`` the points racing stopped early; both count
+    against the budget, so racing never changes which points an optimizer evaluates.
+    """
+
+    def __init__(self, loss: Loss, budget: int, race: RacingLoss | None = None) -> None:
         self.loss = loss
+        self.race = race
         self.budget = budget
         self.values: dict[Point, float] = {}  # insertion-ordered: the order of the calls
+        self.bounds: dict[Point, Bound] = {}
+
+    @property
+    def evaluated(self) -> int:
+        return len(self.values) + len(self.bounds)
 
     @property
     def spent(self) -> bool:
-        return len(self.values) >= self.budget
+        return self.evaluated >= self.budget
 
-    def __call__(self, point: Point) -> float | None:
-        """The loss at ``point``; ``None`` when it is new and the budget is spent."""
+    def seen(self, point: Point) -> bool:
+        return point in self.values or point in self.bounds
+
+    def __call__(self, point: Point, cutoff: Cutoff | None = None) -> float | Bound | None:
+        """The loss at ``point`` (a :class:`Bound` if racing stopped it below ``cutoff``);
+        ``None`` when it is new and the budget is spent. A point is never scored twice: a
+        bound is kept, since every later cutoff of the same optimizer is at least as strict."""
         if point in self.values:
             return self.values[point]
+        if point in self.bounds:
+            return self.bounds[point]
         if self.spent:
             return None
-        value = self.loss(point)
+        value = self.loss(point) if cutoff is None or self.race is None else self.race(point, cutoff)
+        if isinstance(value, Bound) and (cutoff is None or cutoff.reachable(value.loss)):
+            raise ValueError(f"loss{point}: stopped early at {value.loss!r}, which does not rule it out of {cutoff}")
+        return self.record(point, value)
+
+    def record(self, point: Point, value: float | Bound) -> float | Bound:
+        """Keep ``point``'s loss (or racing bound)."""
+        if isinstance(value, Bound):
+            self.bounds[point] = value
+            return value
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"loss{point}: expected a finite number, got {value!r}")
         self.values[point] = float(value)
@@ -315,7 +395,7 @@ def _run_oneplusone(memo: _Memo, problem: SubProblem, x0: Point, rng: random.Ran
     capacity = sum(min(ones, size - ones) for size, ones in problem.parts)
     parent, parent_loss = x0, memo.values[x0]
     repeats = 0
-    while not memo.spent and len(memo.values) < problem.size and repeats < _MAX_REPEATED_OFFSPRING:
+    while not memo.spent and memo.evaluated < problem.size and repeats < _MAX_REPEATED_OFFSPRING:
         swaps = min(1 + _poisson_one(rng), capacity)
         ones = [[i for i in range(starts[b], starts[b + 1]) if parent[i]] for b in range(len(problem.parts))]
         zeros = [[i for i in range(starts[b], starts[b + 1]) if not parent[i]] for b in range(len(problem.parts))]
@@ -326,12 +406,12 @@ def _run_oneplusone(memo: _Memo, problem: SubProblem, x0: Point, rng: random.Ran
             zero = zeros[block].pop(rng.randrange(len(zeros[block])))
             child[one], child[zero] = 0, 1
         offspring = tuple(child)
-        if offspring in memo.values:
+        if memo.seen(offspring):
             repeats += 1
             continue
         repeats = 0
-        value = memo(offspring)
-        if value is not None and value <= parent_loss:
+        value = memo(offspring, Cutoff(parent_loss, ties_win=True))
+        if isinstance(value, float) and value <= parent_loss:
             parent, parent_loss = offspring, value
 
 

@@ -106,7 +106,9 @@ class SearchResult:
     stage3_evaluations: int | None = None  # distinct masks scored up to the end of Stage 3
     evaluations: int = 0  # distinct masks scored by the whole search (journaled ones included)
     new_evaluations: int = 0  # of those, scored by this process run (0 after a complete resume)
+    pruned: int = 0  # of the evaluations, masks racing stopped early (a bound, not a score)
     wall_s: float = 0.0
+    work: dict[str, float] = field(default_factory=dict)  # the objective's own counts (CalibrationObjective.work)
 
     def provenance(self) -> dict[str, Any]:
         """The mask file's ``provenance`` block (paper quantities, settings, cost)."""
@@ -138,6 +140,8 @@ class SearchResult:
             else {"stage3_score": self.stage3_score, "stage3_evaluations": self.stage3_evaluations},
             "evaluations": self.evaluations,
             "new_evaluations": self.new_evaluations,
+            "pruned": self.pruned,
+            "work": self.work,
             "wall_s": round(self.wall_s, 2),
         }
 
@@ -151,6 +155,8 @@ def run_search(
     journal: Journal | None = None,
     progress: bool = True,
     higher_is_better: bool = True,
+    racing: bool = False,
+    bounds: dict[str, float] | None = None,
 ) -> SearchResult:
     """Find a head mask with SWA ratio ``settings.ratio`` that optimizes ``score_fn``.
 
@@ -162,13 +168,16 @@ def run_search(
         progress: tqdm bars and log lines.
         higher_is_better: the direction of S (lm-eval's ``higher_is_better`` of the
             calibration metric); ``False`` searches for the lowest S (perplexity).
+        racing: stop candidates early that provably cannot win (``score_fn`` needs a
+            ``race`` method, see :class:`ScoreBook`); the mask and every full score stay the same.
+        bounds: journaled racing bounds of masks stopped early, keyed by ``mask_key``.
 
     Raises:
         SearchError: settings that do not fit ``shape``, or anchors that cannot rank masks.
     """
     validate_for_shape(settings, shape)
     started = time.perf_counter()
-    book = ScoreBook(score_fn, shape, known, journal)
+    book = ScoreBook(score_fn, shape, known, journal, racing=racing, bounds=bounds)
     full = HeadMask.uniform(shape, full=True).bits
     swa = HeadMask.uniform(shape, full=False).bits
     anchors = Anchors(
@@ -208,15 +217,16 @@ def run_search(
             if settings.refine:
                 result.subproblems.extend(outcome.subproblems)
                 result.stage3_score = book.score(outcome.bits, "final")
-                result.stage3_evaluations = len(book.known)
+                result.stage3_evaluations = len(book.known) + len(book.bounds)
                 outcome = refine(
                     book, anchors, shape, outcome.bits, result.stage2.ratios, stage_settings, settings.refine, progress
                 )
     result.subproblems.extend(outcome.subproblems)
     result.mask = HeadMask(outcome.bits, shape.num_heads, method=_method_name(settings.variant))
     result.score = book.score(outcome.bits, "final")
-    result.evaluations = len(book.known)
+    result.evaluations = len(book.known) + len(book.bounds)
     result.new_evaluations = book.new_evaluations
+    result.pruned = len(book.bounds)
     result.wall_s = time.perf_counter() - started
     return result
 

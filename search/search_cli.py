@@ -36,12 +36,14 @@ from bosch_eval.loader_args import parse_model_args
 from bosch_eval.masks import HeadMask, MaskError, ModelShape
 from bosch_eval.model_check import IGNORE_FLAG, IGNORE_METADATA, check_length, model_config
 from bosch_eval.model_defaults import model_defaults
+from bosch_eval.prefix_cache import DEFAULT_BUDGET_MB as DEFAULT_PREFIX_CACHE_MB
 from bosch_eval.search.journal import Journal, JournalError
 from bosch_eval.search.objective import CalibrationObjective, ObjectiveError, build_objective, launch_state
 from bosch_eval.search.optimizers import METHODS
 from bosch_eval.search.outdir_lock import OutputLock
 from bosch_eval.search.pipeline import VARIANTS, SearchResult, SearchSettings, run_search, validate_for_shape
 from bosch_eval.search.report import render_report
+from bosch_eval.search.racing import DEFAULT_RACE_CHUNK, RaceBound
 from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, SearchError
 from bosch_eval.search.stage2 import DEFAULT_BUCKETS
 from bosch_eval.search.stages import QUOTAS, ScoreBook
@@ -73,6 +75,9 @@ def search_model(
     progress: bool = True,
     ignore_max_positions: bool = False,
     model_args: Mapping[str, Any] | None = None,
+    racing: bool = True,
+    race_chunk: int = DEFAULT_RACE_CHUNK,
+    prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB,
 ) -> SearchResult:
     """Run BOSCH on ``model`` and write mask.json, journal.jsonl and report.md into ``out``.
 
@@ -80,7 +85,9 @@ def search_model(
     ``accelerate launch`` must call this with the same arguments. ``ignore_max_positions``:
     allow a calibration length past the config's ``max_position_embeddings``. ``model_args``:
     more adapter/loader arguments (``--model-args``, checked by ``parse_model_args``), pinned in
-    the journal header when given.
+    the journal header when given. ``racing``, ``race_chunk`` and ``prefix_cache_mb`` make
+    the search do less work without changing its mask or any full score (``racing`` is
+    skipped, with a log line, where the calibration cannot be raced exactly).
 
     Raises:
         MaskError: the model does not exist, or a length or window does not fit it.
@@ -88,6 +95,10 @@ def search_model(
         JournalError: another search holds ``out``, or its journal cannot be resumed.
     """
     state = launch_state(device)  # before any other accelerate state: joins CPU processes over gloo
+    if isinstance(race_chunk, bool) or not isinstance(race_chunk, int) or race_chunk < 1:
+        raise SearchError(f"--race-chunk: expected a number of examples >= 1, got {race_chunk!r}")
+    if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, int) or prefix_cache_mb < 0:
+        raise SearchError(f"--prefix-cache-mb: expected megabytes >= 0 (0 = no cache), got {prefix_cache_mb!r}")
     path = resolve_model(model)
     config = model_config(path)
     validate_for_shape(settings, ModelShape.from_config(config))
@@ -126,13 +137,18 @@ def search_model(
             metadata={IGNORE_METADATA: True} if ignore_max_positions else None,
             max_length=length if ignore_max_positions else None,
             model_args=model_args,
+            prefix_cache_mb=prefix_cache_mb,
         )
+        objective.race_chunk = race_chunk
+        if racing and (problem := objective.racing_problem()) is not None:
+            log.info("racing off: %s; every mask is scored on every example", problem)
+            racing = False
         log.info("ready in %.1f s; evaluating the anchors S(all SWA) and S(all full)", time.perf_counter() - started)
         calibration = objective.describe()
         header = {"model": model, "window": window, "calibration": calibration, "settings": settings.to_json()}
         if model_args:  # they can change every score (revision, peft, quantization): a resume must match them
             header["model_args"] = {key: str(value) for key, value in model_args.items()}
-        journal, known = _open_journal(out / "journal.jsonl", header, resume, state)
+        journal, known, bounds = _open_journal(out / "journal.jsonl", header, resume, state)
         score_fn = _AnchorLog(objective) if progress and state.is_main_process else objective
         if settings.ratio in (0.0, 1.0):
             result = _only_mask(score_fn, objective.shape, settings, known, journal)
@@ -145,7 +161,10 @@ def search_model(
                 journal=journal,
                 progress=progress and state.is_main_process,
                 higher_is_better=objective.higher_is_better,
+                racing=racing,
+                bounds=bounds,
             )
+        result.work = objective.work()
         if state.is_main_process:
             result.wall_s += journal.prior_wall_s if journal is not None else 0.0  # earlier runs of a resumed search
             provenance = dict(
@@ -203,6 +222,15 @@ class _AnchorLog:
             log.info("S(%s) = %.4f (%.1f s)", kind, score, time.perf_counter() - started)
         return score
 
+    def race(self, mask: HeadMask, can_win: Callable[[float], bool]) -> float | RaceBound:
+        return self.objective.race(mask, can_win)
+
+    def race_many(self, masks: list[HeadMask], rule_out: Callable[[list[tuple[float, float]]], set[int]]) -> list[float | RaceBound]:
+        return self.objective.race_many(masks, rule_out)
+
+    def vary_layers_from(self, layer: int | None) -> None:
+        self.objective.vary_layers_from(layer)
+
 
 def _on_main_then_everywhere(state: PartialState, action: Callable[[], None] | None) -> None:
     """Run ``action`` on the main process; if it fails, every process raises its error
@@ -221,22 +249,23 @@ def _on_main_then_everywhere(state: PartialState, action: Callable[[], None] | N
 
 def _open_journal(
     path: Path, header: dict[str, Any], resume: bool, state: PartialState
-) -> tuple[Journal | None, dict[str, float]]:
-    """The main process opens the journal; every process gets its scores (one broadcast)."""
+) -> tuple[Journal | None, dict[str, float], dict[str, float]]:
+    """The main process opens the journal; every process gets its scores and racing bounds (one broadcast)."""
     journal: Journal | None = None
     payload: list[Any] = [None]
     if state.is_main_process:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             journal = Journal(path, header, resume=resume, reusable=("settings",), wall_time=True)
-            payload = [{record["key"]: record["score"] for record in journal.records}]
+            payload = [({record["key"]: record["score"] for record in journal.records}, journal.bounds)]
         except JournalError as err:
             payload = [str(err)]  # every process must raise, not wait for a broadcast that never comes
     if state.num_processes > 1:
         broadcast_object_list(payload, from_process=0)
     if isinstance(payload[0], str):
         raise JournalError(payload[0])
-    return journal, payload[0]
+    known, bounds = payload[0]
+    return journal, known, bounds
 
 
 def _versions() -> dict[str, str]:
@@ -306,6 +335,23 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
         "--model-args",
         help="more model loader arguments, as lm_eval --model_args: revision=..,trust_remote_code=True,parallelize=True,peft=..",
     )
+    parser.add_argument(
+        "--no-racing",
+        dest="racing",
+        action="store_false",
+        help="score every candidate on every calibration example (default: stop one once it provably cannot win; "
+        "same mask and scores)",
+    )
+    parser.add_argument(
+        "--race-chunk", type=int, default=DEFAULT_RACE_CHUNK, help=f"examples per racing step (default {DEFAULT_RACE_CHUNK})"
+    )
+    parser.add_argument(
+        "--prefix-cache-mb",
+        type=int,
+        default=DEFAULT_PREFIX_CACHE_MB,
+        help="memory for the hidden states entering a sub-problem's lowest layer, reused by every candidate "
+        f"(default {DEFAULT_PREFIX_CACHE_MB}; 0 = off; over it, the rest of the examples run every layer)",
+    )
 
 
 def run_from_args(args: argparse.Namespace) -> None:
@@ -343,6 +389,9 @@ def run_from_args(args: argparse.Namespace) -> None:
         dtype=args.dtype,
         ignore_max_positions=args.ignore_max_positions,
         model_args=model_args,
+        racing=args.racing,
+        race_chunk=args.race_chunk,
+        prefix_cache_mb=args.prefix_cache_mb,
     )
     if PartialState().is_main_process:
         print(

@@ -18,16 +18,23 @@ Every S(z) goes through a :class:`ScoreBook`: a mask already scored (in this run
 journal of a killed one) is never evaluated again, and a new score is journaled before the
 next evaluation starts. Replaying a search with the same seed therefore takes exactly the
 same steps and reaches the same mask.
+
+Doing less work without changing the answer (issue 18): with ``racing`` the book scores a
+candidate of an exhaustive or (1+1)-EA sub-problem only until it provably cannot beat the
+optimizer's cutoff (:mod:`bosch_eval.search.racing`); and before each sub-problem it tells
+the score function the lowest layer the sub-problem varies, so an adapter with a
+prefix-activation cache can reuse the hidden states entering that layer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +43,8 @@ from tqdm import tqdm
 
 from bosch_eval.masks import HeadMask, ModelShape, ceil_count
 from bosch_eval.search.journal import Journal, mask_key
-from bosch_eval.search.optimizers import SubProblem, choose_method, minimize
+from bosch_eval.search.optimizers import Bound, Cutoff, SubProblem, choose_method, minimize
+from bosch_eval.search.racing import RaceBound, ruled_out
 from bosch_eval.search.scoring import Anchors, subproblem_loss, swa_share
 
 log = logging.getLogger("bosch_eval.search")
@@ -46,7 +54,13 @@ Cell = tuple[int, int]  # (layer, KV group)
 
 
 class ScoreBook:
-    """S(z) for every mask the search asks about, each evaluated at most once."""
+    """S(z) for every mask the search asks about, each evaluated at most once.
+
+    ``racing=True`` needs a score function with ``race(mask, can_win)`` and
+    ``race_many(masks, rule_out)`` (:class:`CalibrationObjective`); ``bounds`` are journaled :class:`RaceBound` scores
+    of masks stopped early. A score function with ``vary_layers_from(layer)`` is told, before
+    each sub-problem, the lowest layer its candidates differ in (``None`` afterwards).
+    """
 
     def __init__(
         self,
@@ -54,13 +68,20 @@ class ScoreBook:
         shape: ModelShape,
         known: dict[str, float] | None = None,
         journal: Journal | None = None,
+        racing: bool = False,
+        bounds: dict[str, float] | None = None,
     ) -> None:
+        if racing and not all(callable(getattr(score_fn, name, None)) for name in ("race", "race_many")):
+            raise TypeError(f"racing: the score function {score_fn!r} has no race() and race_many() methods")
         self.score_fn = score_fn
         self.shape = shape
         self.known = dict(known or {})
         self.journal = journal  # None on non-main processes: only the main process writes
+        self.racing = racing
+        self.bounds = dict(bounds or {})  # mask key -> best S it could still reach
         self.new_evaluations = 0
-        self.on_score: Callable[[float], None] | None = None  # progress hook
+        self.pruned = 0  # evaluations racing stopped early (this run)
+        self.on_score: Callable[[float | None], None] | None = None  # progress hook
 
     def score(self, bits: Bits, stage: str) -> float:
         key = mask_key(bits)
@@ -75,6 +96,80 @@ class ScoreBook:
         if self.on_score is not None:
             self.on_score(score)
         return score
+
+    def race(self, bits: Bits, stage: str, can_win: Callable[[float], bool]) -> float | RaceBound:
+        """S(z) of ``bits``, or a :class:`RaceBound` once ``can_win(best S still reachable)`` is False.
+
+        A mask stopped before answers again from its bound while the bound still rules it
+        out; otherwise it is scored again from its first example.
+        """
+        key = mask_key(bits)
+        if key in self.known:
+            return self.score(bits, stage)
+        if key in self.bounds and not can_win(self.bounds[key]):
+            return RaceBound(self.bounds[key], examples=0)
+        started = time.perf_counter()
+        outcome = self.score_fn.race(HeadMask(bits, self.shape.num_heads), can_win)  # type: ignore[attr-defined]
+        return self._keep(key, outcome, stage, round(time.perf_counter() - started, 3))
+
+    def race_many(self, bits_list: Sequence[Bits], stage: str, loss_of: Callable[[int, float], float]) -> list[float | RaceBound]:
+        """S(z) of each mask, raced in lockstep: exact for the first mask of least loss
+        (``loss_of(index, S)``, monotone in S) and for every mask scored to the end, a
+        :class:`RaceBound` for masks ruled out on the way. Masks already scored are not
+        evaluated; masks stopped early before are raced again."""
+        keys = [mask_key(bits) for bits in bits_list]
+        todo = [i for i, key in enumerate(keys) if key not in self.known]
+
+        def rule_out(intervals: list[tuple[float, float]]) -> set[int]:
+            lowest = [loss_of(i, self.known[key]) if key in self.known else math.nan for i, key in enumerate(keys)]
+            highest = list(lowest)
+            for position, (best, worst) in zip(todo, intervals, strict=True):
+                lowest[position], highest[position] = loss_of(position, best), loss_of(position, worst)
+            out = ruled_out(lowest, highest)
+            return {number for number, position in enumerate(todo) if position in out}
+
+        outcomes: dict[int, float | RaceBound] = {}
+        if todo:
+            started = time.perf_counter()
+            masks = [HeadMask(bits_list[i], self.shape.num_heads) for i in todo]
+            raced = self.score_fn.race_many(masks, rule_out)  # type: ignore[attr-defined]
+            seconds = round((time.perf_counter() - started) / len(todo), 3)  # the race's time, shared
+            for position, outcome in zip(todo, raced, strict=True):
+                outcomes[position] = self._keep(keys[position], outcome, stage, seconds)
+        return [outcomes[i] if i in outcomes else self.score(bits_list[i], stage) for i in range(len(keys))]
+
+    def _keep(self, key: str, outcome: float | RaceBound, stage: str, seconds: float) -> float | RaceBound:
+        """Journal and count one raced evaluation."""
+        self.new_evaluations += 1
+        if isinstance(outcome, RaceBound):
+            self.bounds[key] = outcome.score
+            self.pruned += 1
+            if self.journal is not None:
+                self.journal.append_bound(key, outcome.score, outcome.examples, stage=stage, seconds=seconds)
+            if self.on_score is not None:
+                self.on_score(None)
+            return outcome
+        score = float(outcome)
+        self.known[key] = score
+        self.bounds.pop(key, None)
+        if self.journal is not None:
+            self.journal.append(key, score, stage=stage, seconds=seconds)
+        if self.on_score is not None:
+            self.on_score(score)
+        return score
+
+    @contextlib.contextmanager
+    def varying_from(self, layer: int) -> Iterator[None]:
+        """Tell the score function that masks differ only in layers >= ``layer`` meanwhile."""
+        tell = getattr(self.score_fn, "vary_layers_from", None)
+        if tell is None:
+            yield
+            return
+        tell(layer)
+        try:
+            yield
+        finally:
+            tell(None)
 
 
 @dataclass(frozen=True)
@@ -91,6 +186,7 @@ class SubResult:
     score: float
     loss: float
     crash: str = ""  # why the optimizer stopped before its budget (PyNomad died), if it did
+    pruned: int = 0  # of the evaluations, those racing stopped early (bounds, not scores)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__, layers=list(self.layers))
@@ -160,10 +256,24 @@ def solve(
                 rows[layer][group] = 0 if chosen else 1
         return tuple(tuple(row) for row in rows)
 
-    def loss(selection: tuple[int, ...]) -> float:
-        score = book.score(bits_for(selection), stage)
+    def loss_of(selection: tuple[int, ...], score: float) -> float:
         shares = [swa_share(selection[starts[b] : starts[b + 1]]) for b in range(len(blocks))]
         return subproblem_loss(anchors.normalize(score), shares, target_ratio, settings.alpha)
+
+    def loss(selection: tuple[int, ...]) -> float:
+        return loss_of(selection, book.score(bits_for(selection), stage))
+
+    # Ŝ and Eq. 5 are monotone in S: the best reachable S gives the lowest reachable loss.
+    def race(selection: tuple[int, ...], cutoff: Cutoff) -> float | Bound:
+        outcome = book.race(bits_for(selection), stage, lambda best: cutoff.reachable(loss_of(selection, best)))
+        return Bound(loss_of(selection, outcome.score)) if isinstance(outcome, RaceBound) else loss_of(selection, outcome)
+
+    def race_all(selections: list[tuple[int, ...]]) -> list[float | Bound]:
+        outcomes = book.race_many([bits_for(x) for x in selections], stage, lambda i, score: loss_of(selections[i], score))
+        return [
+            Bound(loss_of(x, outcome.score)) if isinstance(outcome, RaceBound) else loss_of(x, outcome)
+            for x, outcome in zip(selections, outcomes, strict=True)
+        ]
 
     x0 = None
     if start is not None:
@@ -176,7 +286,9 @@ def solve(
         x0=x0,
         blocks=blocks if len(blocks) > 1 else None,
     )
-    result = minimize(loss, problem, method=settings.optimizer)
+    with book.varying_from(min(layer for cells in variables for layer, _ in cells)):
+        racing = {"race": race, "race_all": race_all} if book.racing else {}
+        result = minimize(loss, problem, method=settings.optimizer, **racing)
     best = bits_for(result.best)
     layers = tuple(sorted({layer for cells in variables for layer, _ in cells}, reverse=True))
     summary = SubResult(
@@ -190,6 +302,7 @@ def solve(
         score=book.known[mask_key(best)],
         loss=result.best_loss,
         crash=result.crash,
+        pruned=result.pruned,
     )
     if result.crash:
         log.warning(
@@ -244,9 +357,11 @@ class StageProgress:
         self.book.on_score = None
         self.bar.close()
 
-    def update(self, score: float) -> None:
+    def update(self, score: float | None) -> None:
+        """One evaluation done; ``None`` for a mask racing stopped early (no score)."""
         self.done += 1
-        self.best = score if self.best == -math.inf or self.sign * score > self.sign * self.best else self.best
+        if score is not None and (self.best == -math.inf or self.sign * score > self.sign * self.best):
+            self.best = score
         self.bar.update(1)
         self.bar.set_postfix(best=f"{self.best:.4f}", refresh=False)
 

@@ -20,6 +20,7 @@ from bosch_eval.model_adapters import bosch as bosch_adapter
 from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.tasks import TASKS_DIR
 from bosch_eval.search.objective import EVALUATE_PATH, CalibrationObjective, ObjectiveError, build_objective, launch_state
+from bosch_eval.search.racing import RaceBound
 from tests.objective_worker import CALIB_METADATA, DOT_TASK, PLAIN_GROUP, PPL_TASK, WINDOW, masks, write_tasks
 
 BATCH_SIZE = 2
@@ -297,3 +298,75 @@ class TestOnTheTrainedToyModel:
             log_samples=False,
         )
         assert scores[0] == results["results"]["bosch_niah_calib"]["acc,none"]
+
+
+def test_racing_names_why_a_calibration_cannot_be_raced(objective):
+    assert "does not aggregate 'perplexity' with lm-eval's mean" in objective.racing_problem()
+    with pytest.raises(ObjectiveError, match="racing: .*perplexity"):
+        objective.race(HeadMask.uniform(objective.shape, full=True), lambda best: True)
+
+
+class TestSpeedupsOnTheToyModel:
+    """Racing and the prefix-activation cache answer exactly what a plain call answers."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def plain(cls) -> CalibrationObjective:
+        return build_objective("toy", calib_examples=16, batch_size=4)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def cached(cls) -> CalibrationObjective:
+        objective = build_objective("toy", calib_examples=16, batch_size=4, prefix_cache_mb=256)
+        objective.race_chunk = 4
+        return objective
+
+    @staticmethod
+    def top_layer_masks(shape) -> list[HeadMask]:
+        """Masks that differ only in the top layer (as a Stage-1 sub-problem's candidates)."""
+        rows = [tuple([1] * shape.num_kv_heads)] * (shape.num_layers - 1)
+        tops = [tuple(int(g != swa) for g in range(shape.num_kv_heads)) for swa in range(shape.num_kv_heads)]
+        return [HeadMask((*rows, top), shape.num_heads) for top in tops] + [HeadMask.uniform(shape, full=False)]
+
+    def test_race_to_the_end_equals_a_call(self, plain, cached):
+        assert cached.racing_problem() is None
+        for mask in self.top_layer_masks(plain.shape)[:2]:
+            assert cached.race(mask, lambda best: True) == plain(mask)
+
+    def test_race_many_scores_the_survivors_exactly_and_bounds_the_rest(self, plain, cached):
+        masks = self.top_layer_masks(plain.shape)
+        exact = [plain(mask) for mask in masks]
+        before = cached.examples_scored
+        outcomes = cached.race_many(masks, lambda intervals: {i for i, (best, _) in enumerate(intervals) if best < max(exact)})
+        for outcome, score in zip(outcomes, exact, strict=True):
+            if isinstance(outcome, RaceBound):
+                assert outcome.score < max(exact) and score <= outcome.score and outcome.examples < 16
+            else:
+                assert outcome == score
+        assert exact[-1] == 0.0 and isinstance(outcomes[-1], RaceBound)  # all-SWA stops early
+        assert cached.examples_scored - before < 16 * len(masks)
+
+    def test_prefix_cache_skips_the_fixed_layers_and_changes_no_score(self, plain, cached):
+        cache = cached.lm.prefix_cache
+        masks = self.top_layer_masks(plain.shape)[:-1]
+        cached.vary_layers_from(plain.shape.num_layers - 1)
+        try:
+            first = [cached(mask) for mask in masks]
+            skipped = cache.layers_skipped
+            second = [cached(mask) for mask in masks]
+            # A mask that changes a layer below the promise: the cache is cleared, not misused.
+            lower = HeadMask(((0,) * plain.shape.num_kv_heads, *masks[0].bits[1:]), plain.shape.num_heads)
+            assert cached(lower) == plain(lower)
+        finally:
+            cached.vary_layers_from(None)
+        assert first == second == [plain(mask) for mask in masks]
+        assert skipped > 0 and cache.layers_skipped > skipped
+
+    def test_over_its_budget_the_cache_runs_every_layer(self, plain, caplog):
+        small = build_objective("toy", calib_examples=4, batch_size=4, prefix_cache_mb=1)
+        mask = self.top_layer_masks(plain.shape)[0]
+        small.vary_layers_from(3)
+        with caplog.at_level("WARNING", logger="bosch_eval.prefix_cache"):
+            scores = [small(mask), small(mask)]
+        assert small.lm.prefix_cache.layers_skipped == 0 and "budget of 1 MB" in caplog.text
+        assert scores[0] == scores[1]

@@ -60,3 +60,28 @@ def test_two_processes_find_the_one_process_mask(tiny_model_dir: Path, tmp_path:
     # The main process alone locked --out (the lock file is emptied on release, never deleted).
     assert sorted(path.name for path in launched.iterdir()) == [".bosch-search.lock", "journal.jsonl", "mask.json", "report.md"]
     assert (launched / ".bosch-search.lock").read_text() == ""
+
+
+def test_two_processes_race_masks_in_parallel_to_the_one_process_journal(tmp_path: Path) -> None:
+    """Racing on the toy model: the two processes score different masks (or halves of a
+    chunk) at once; mask, scores and bounds are those of one process."""
+    args = ["--model", "toy", "--ratio", "0.75", "--calib-examples", "8", "--race-chunk", "2", "--device", "cpu"]
+    launched = tmp_path / "two"
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--multi_gpu", "--num_processes", str(PROCESSES), "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+        "-m", "bosch_eval.search", *args, "--out", str(launched),
+    ]  # fmt: skip
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert main(["search", *args, "--out", str(tmp_path / "one")]) == 0
+
+    def records(out: Path) -> list[dict]:
+        lines = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()[1:]]
+        return [{k: v for k, v in record.items() if k in ("key", "score", "bound", "examples")} for record in lines]
+
+    assert HeadMask.load(launched / "mask.json").bits == HeadMask.load(tmp_path / "one" / "mask.json").bits
+    assert records(launched) == records(tmp_path / "one")
+    assert any("bound" in record for record in records(launched))

@@ -1,0 +1,168 @@
+"""Prefix-activation caching: while a search varies layers ℓ0 … L−1 only, compute the hidden
+states entering layer ℓ0 once per input and run only the layers from ℓ0 on for each mask.
+
+BOSCH's sub-problems fix every layer outside their variables; Stage 1 goes top layer
+first, so for most of its sub-problems the layers below the varied one are all full
+attention and identical for every candidate. The search tells the adapter the lowest varied
+layer (:meth:`PrefixActivations.vary_from`); the cache keys the stored hidden states by the
+input token ids, and keeps them only while the mask rows (and window) of the layers below
+ℓ0 stay what they were when the states were computed: anything else clears it.
+
+Skipping is done on the model as it is: the decoder layers below ℓ0 are given a
+pass-through ``forward`` for the call (the model's loop still indexes them, so per-layer
+config lookups keep their indices), and a pre-hook on layer ℓ0 hands it the stored states.
+Layers ℓ0 … L−1 then compute exactly what they compute in a full forward, on the same input
+tensor, so scores are bit-identical (tested on the bundled model).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from bosch_eval.masks import HeadMask
+
+log = logging.getLogger("bosch_eval.prefix_cache")
+
+# The search's default budget. At the paper's scale one example's states are T·D·2 bytes
+# (32k × 2048 × bf16 = 128 MB): 1 GB keeps 8 of its 64 calibration examples on the GPU.
+DEFAULT_BUDGET_MB = 1024
+
+Forward = Callable[[torch.Tensor], torch.Tensor]  # input ids [B, T] -> what the caller wants
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The decoder's layer list (``model.model.layers`` for the usual HF causal LMs).
+
+    Raises:
+        TypeError: the model's decoder has no ``layers`` list.
+    """
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise TypeError(f"{type(model).__name__}: no decoder layer list found (get_decoder().layers); prefix caching needs one")
+    return layers
+
+
+class PrefixActivations:
+    """The hidden states entering layer ℓ0, per input, for the current lower-layer mask rows.
+
+    Args:
+        model: the hybridized causal LM.
+        budget_bytes: the most bytes of stored hidden states; inputs beyond it run every
+            layer (logged once per sub-problem).
+
+    Attributes:
+        layers_run: decoder layer computations done (per batch row).
+        layers_skipped: layer computations answered from the cache (per batch row).
+    """
+
+    def __init__(self, model: torch.nn.Module, budget_bytes: int) -> None:
+        if budget_bytes <= 0:
+            raise ValueError(f"prefix cache budget: expected a positive number of bytes, got {budget_bytes}")
+        self.layers = decoder_layers(model)
+        self.budget_bytes = budget_bytes
+        self.first_layer: int | None = None
+        self.layers_run = 0
+        self.layers_skipped = 0
+        self._prefix: Any = None  # (mask rows below first_layer, window) the stored states belong to
+        self._store: dict[tuple[tuple[int, ...], bytes], torch.Tensor] = {}
+        self._bytes = 0
+        self._over_budget = False
+
+    @property
+    def stored_bytes(self) -> int:
+        return self._bytes
+
+    def vary_from(self, layer: int | None) -> None:
+        """Masks scored next differ only in layers >= ``layer`` (None or 0: nothing to reuse)."""
+        if layer is not None and not 0 <= layer < len(self.layers):
+            raise ValueError(f"vary_from: layer {layer} is not one of the model's {len(self.layers)} layers")
+        if layer != self.first_layer:
+            self.clear()
+            self.first_layer = layer
+
+    def clear(self) -> None:
+        self._store.clear()
+        self._bytes = 0
+        self._prefix = None
+        self._over_budget = False
+
+    def run(self, forward: Forward, input_ids: torch.Tensor, mask: HeadMask, window: int) -> torch.Tensor:
+        """``forward(input_ids)``, with layers below ℓ0 skipped when their states are stored."""
+        total = len(self.layers)
+        rows = input_ids.shape[0]
+        start = self.first_layer
+        if not start:
+            self.layers_run += total * rows
+            return forward(input_ids)
+        prefix = (mask.bits[:start], window)
+        if prefix != self._prefix:
+            self.clear()
+            self._prefix = prefix
+        key = (tuple(input_ids.shape), input_ids.detach().cpu().numpy().tobytes())
+        stored = self._store.get(key)
+        if stored is None:
+            with self._capture(start) as captured:
+                out = forward(input_ids)
+            self._keep(key, captured[0])
+            self.layers_run += total * rows
+            return out
+        with self._skip_below(start, stored):
+            out = forward(input_ids)
+        self.layers_run += (total - start) * rows
+        self.layers_skipped += start * rows
+        return out
+
+    def _keep(self, key: tuple[tuple[int, ...], bytes], hidden: torch.Tensor) -> None:
+        size = hidden.numel() * hidden.element_size()
+        if self._bytes + size > self.budget_bytes:
+            if not self._over_budget:
+                log.warning(
+                    "prefix cache: %d MB stored, the next input's %.1f MB would pass the budget of %d MB; "
+                    "inputs beyond it run every layer in this sub-problem",
+                    self._bytes >> 20, size / 2**20, self.budget_bytes >> 20,
+                )  # fmt: skip
+                self._over_budget = True
+            return
+        self._store[key] = hidden
+        self._bytes += size
+
+    @contextlib.contextmanager
+    def _capture(self, layer: int) -> Iterator[list[torch.Tensor]]:
+        captured: list[torch.Tensor] = []
+
+        def record(_module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            captured.append((args[0] if args else kwargs["hidden_states"]).detach().clone())
+
+        handle = self.layers[layer].register_forward_pre_hook(record, with_kwargs=True)
+        try:
+            yield captured
+        finally:
+            handle.remove()
+
+    @contextlib.contextmanager
+    def _skip_below(self, layer: int, hidden: torch.Tensor) -> Iterator[None]:
+        def inject(_module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+            if args:
+                return (hidden, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": hidden}
+
+        skipped = list(self.layers[:layer])
+        for module in skipped:
+            module.forward = _pass_through  # an instance attribute shadows the class's forward
+        handle = self.layers[layer].register_forward_pre_hook(inject, with_kwargs=True)
+        try:
+            yield
+        finally:
+            handle.remove()
+            for module in skipped:
+                del module.forward
+
+
+def _pass_through(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    return hidden_states

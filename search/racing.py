@@ -1,0 +1,221 @@
+"""Exact racing: stop scoring a candidate mask once it provably cannot change the search.
+
+S(z) is a mean over calibration examples of a per-example value in [0, 1] (``acc``). After
+``m`` of a task's ``n`` examples with sum ``s``, its final mean is at most
+``(s + (n − m)) / n`` (at least ``s / n`` when lower is better): the *optimistic* score.
+Scored in chunks, a candidate stops as soon as its optimistic score cannot reach the
+optimizer's cutoff (:class:`bosch_eval.search.optimizers.Cutoff`), and is journaled with
+that bound, never a score. A candidate that is scored to the end gets exactly the value a
+single evaluation gives: the same per-example values, aggregated in document order.
+
+Examples are scored hardest first: in decreasing order of how far below the best value
+they fell for the masks scored before (:class:`ExampleOrder`). Any order gives the same
+answers (a bound holds whatever was scored first); this one makes a weak candidate show
+its misses in the first chunk instead of the last.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from bosch_eval.masks import HeadMask
+
+DEFAULT_RACE_CHUNK = 16  # examples per chunk; smaller stops sooner but pays lm-eval's per-call overhead more often
+
+
+@dataclass(frozen=True)
+class RaceBound:
+    """A mask stopped after ``examples`` calibration examples: its S(z) cannot be better than ``score``."""
+
+    score: float
+    examples: int
+
+
+@dataclass
+class Tally:
+    """Per-example values of one mask so far, per task and document, and what they still allow."""
+
+    sizes: Mapping[str, int]  # examples per task
+    higher_is_better: bool
+    values: dict[str, dict[int, float]] = field(default_factory=dict)
+
+    def add(self, task: str, values: Mapping[int, float], metric: str) -> None:
+        """Record ``task``'s values of some documents (by index).
+
+        Raises:
+            ValueError: a value outside [0, 1], where the bound would not hold.
+        """
+        for value in values.values():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise ValueError(
+                    f"racing: {task} reported {metric} = {value!r} for one example; racing needs per-example "
+                    "values in [0, 1] (acc, exact_match); pass --no-racing for this metric"
+                )
+        self.values.setdefault(task, {}).update((int(doc), float(value)) for doc, value in values.items())
+
+    @property
+    def examples(self) -> int:
+        return sum(len(values) for values in self.values.values())
+
+    @property
+    def complete(self) -> bool:
+        return all(len(self.values.get(task, ())) == size for task, size in self.sizes.items())
+
+    def in_document_order(self, task: str) -> list[float]:
+        return [value for _, value in sorted(self.values[task].items())]
+
+    def optimistic(self) -> float:
+        """The best S the mask can still reach: the unweighted mean over tasks of each
+        task's mean with every unscored example at the best value (1, or 0 when lower is better)."""
+        return self._filled(1.0 if self.higher_is_better else 0.0)
+
+    def pessimistic(self) -> float:
+        """The worst S the mask can still end with (every unscored example at the worst value)."""
+        return self._filled(0.0 if self.higher_is_better else 1.0)
+
+    def _filled(self, unseen: float) -> float:
+        means = []
+        for task, size in self.sizes.items():
+            seen = self.values.get(task, {})
+            means.append((math.fsum(seen.values()) + (size - len(seen)) * unseen) / size)
+        return math.fsum(means) / len(means)
+
+
+def ruled_out(lowest: Sequence[float], highest: Sequence[float]) -> set[int]:
+    """The candidates that provably are not the first of least loss.
+
+    Candidate ``c``'s loss lies in ``[lowest[c], highest[c]]``. It is ruled out when another
+    candidate surely does better (``highest[d] < lowest[c]``), or at least as well and comes
+    first (``highest[d] <= lowest[c]`` with ``d < c``: the first of equal losses wins, as in
+    the optimizers). The first least-loss candidate is never ruled out.
+    """
+    best_anywhere = min(highest, default=math.inf)
+    best_before = math.inf
+    out = set()
+    for candidate, (low, high) in enumerate(zip(lowest, highest, strict=True)):
+        if best_anywhere < low or best_before <= low:
+            out.add(candidate)
+        best_before = min(best_before, high)
+    return out
+
+
+@dataclass
+class ExampleOrder:
+    """Which examples to score first: the ones masks scored so far missed most."""
+
+    higher_is_better: bool
+    shortfall: dict[tuple[str, int], float] = field(default_factory=dict)
+
+    def record(self, task: str, values: Mapping[int, float]) -> None:
+        best = 1.0 if self.higher_is_better else 0.0
+        for doc, value in values.items():
+            self.shortfall[task, doc] = self.shortfall.get((task, doc), 0.0) + abs(best - value)
+
+    def chunks(self, sizes: Mapping[str, int], chunk: int) -> list[tuple[str, list[int]]]:
+        """Each task's documents, hardest first (ties by index), in chunks of ``chunk``."""
+        out = []
+        for task, size in sizes.items():
+            order = sorted(range(size), key=lambda doc: (-self.shortfall.get((task, doc), 0.0), doc))
+            out += [(task, order[start : start + chunk]) for start in range(0, size, chunk)]
+        return out
+
+
+# Per-example values of several (mask, task, document indices) items at once.
+ScoreChunks = Callable[[list[tuple[HeadMask, str, list[int]]]], list[Mapping[int, float]]]
+
+
+class Racer:
+    """Races masks over the examples of one objective, a chunk at a time.
+
+    Args:
+        sizes: examples per task.
+        higher_is_better: the metric's direction.
+        score_chunks: ``[(mask, task, document indices), ...] -> [{index: value}, ...]``,
+            the per-example values of several items (the same on every process).
+        exact: S(z) from a complete :class:`Tally` (the objective's own aggregation).
+        chunk: examples per chunk.
+        processes: how many processes ``score_chunks`` shares items among. Each round
+            splits the chunk into enough parts that every process gets an item: several
+            masks at once (mask-parallel), or parts of one mask's chunk (data-parallel).
+
+    Attributes:
+        examples_scored: examples forwarded so far.
+    """
+
+    def __init__(
+        self,
+        sizes: Mapping[str, int],
+        higher_is_better: bool,
+        score_chunks: ScoreChunks,
+        exact: Callable[[Tally], float],
+        chunk: int = DEFAULT_RACE_CHUNK,
+        processes: int = 1,
+    ) -> None:
+        self.sizes = dict(sizes)
+        self.higher_is_better = higher_is_better
+        self.score_chunks = score_chunks
+        self.processes = processes
+        self.exact = exact
+        self.chunk = chunk
+        self.order = ExampleOrder(higher_is_better)
+        self.examples_scored = 0
+
+    def race(self, mask: HeadMask, can_win: Callable[[float], bool], metric: str = "S") -> float | RaceBound:
+        """S(z) of ``mask``, or a :class:`RaceBound` as soon as ``can_win(best S still reachable)`` is False."""
+        tally = Tally(self.sizes, self.higher_is_better)
+        outcome: float | RaceBound | None = None
+        for task, indices in self.order.chunks(self.sizes, self.chunk):
+            self._add_round([tally], [mask], task, indices, metric)
+            if tally.complete:
+                outcome = self.exact(tally)
+            elif not can_win(tally.optimistic()):
+                outcome = RaceBound(tally.optimistic(), tally.examples)
+            if outcome is not None:
+                break
+        self._learn([tally])
+        assert outcome is not None  # the last chunk completes the tally
+        return outcome
+
+    def race_many(
+        self, masks: Sequence[HeadMask], rule_out: Callable[[list[tuple[float, float]]], set[int]], metric: str = "S"
+    ) -> list[float | RaceBound]:
+        """Score ``masks`` in lockstep, one chunk each per round. After every round,
+        ``rule_out`` gets each mask's (best, worst) S still reachable and names the masks that
+        provably cannot win: they stop with a :class:`RaceBound`; the rest are scored to the end."""
+        tallies = [Tally(self.sizes, self.higher_is_better) for _ in masks]
+        outcomes: list[float | RaceBound | None] = [None] * len(masks)
+        for task, indices in self.order.chunks(self.sizes, self.chunk):
+            running = [number for number, outcome in enumerate(outcomes) if outcome is None]
+            self._add_round([tallies[n] for n in running], [masks[n] for n in running], task, indices, metric)
+            for number, tally in enumerate(tallies):
+                if outcomes[number] is None and tally.complete:
+                    outcomes[number] = self.exact(tally)
+            for number in rule_out([(tally.optimistic(), tally.pessimistic()) for tally in tallies]):
+                if outcomes[number] is None:
+                    outcomes[number] = RaceBound(tallies[number].optimistic(), tallies[number].examples)
+            if all(outcome is not None for outcome in outcomes):
+                break
+        self._learn(tallies)
+        done = [outcome for outcome in outcomes if outcome is not None]
+        assert len(done) == len(masks)  # the last chunk completes every tally still running
+        return done
+
+    def _add_round(self, tallies: Sequence[Tally], masks: Sequence[HeadMask], task: str, indices: list[int], metric: str) -> None:
+        """Score one chunk for every mask: one item per mask, or per part of the chunk when
+        there are fewer masks than processes."""
+        parts = min(len(indices), max(1, -(-self.processes // len(masks))))
+        pieces = [indices[start::parts] for start in range(parts)]
+        items = [(mask, task, piece) for mask in masks for piece in pieces]
+        values = self.score_chunks(items)
+        for number, tally in enumerate(tallies):
+            for part in range(parts):
+                tally.add(task, values[number * parts + part], metric)
+        self.examples_scored += len(indices) * len(masks)
+
+    def _learn(self, tallies: Sequence[Tally]) -> None:
+        """Update the example order after a race (never during one: every mask of a race sees the same order)."""
+        for tally in tallies:
+            for task, values in tally.values.items():
+                self.order.record(task, values)

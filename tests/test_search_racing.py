@@ -1,0 +1,231 @@
+"""Exact racing: the search's answer and every full score are those of the search without it."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import zlib
+
+import pytest
+
+from bosch_eval.masks import HeadMask, ModelShape
+from bosch_eval.search.journal import Journal, JournalError, mask_key
+from bosch_eval.search.optimizers import Bound, Cutoff, SubProblem, minimize
+from bosch_eval.search.pipeline import SearchSettings, run_search
+from bosch_eval.search.racing import Racer, RaceBound, Tally, ruled_out
+
+SHAPE = ModelShape(num_layers=4, num_heads=8, num_kv_heads=4)
+
+
+class ExampleObjective:
+    """A synthetic S(z): the mean of 0/1 per-example values that depend on the mask.
+
+    Example ``e`` is solved when the mask keeps full attention in enough of the groups
+    that example needs (a planted set per example), plus a little per-mask noise, so masks
+    differ, tie, and some are far apart.
+    """
+
+    def __init__(self, examples: int = 24, seed: int = 0, chunk: int = 4, processes: int = 1) -> None:
+        rng = random.Random(seed)
+        cells = [(layer, group) for layer in range(SHAPE.num_layers) for group in range(SHAPE.num_kv_heads)]
+        self.needs = [rng.sample(cells, 3) for _ in range(examples)]
+        self.racer = Racer({"t": examples}, True, self._chunks, self._exact, chunk, processes)
+        self.items: list[int] = []  # items per score_chunks call
+        self.examples_scored = 0
+
+    def value(self, mask: HeadMask, example: int) -> float:
+        kept = sum(mask.bits[layer][group] for layer, group in self.needs[example])
+        noise = zlib.crc32(f"{mask_key(mask.bits)}/{example}".encode()) % 5 == 0
+        return float(kept >= 2) if not noise else float(kept >= 1)
+
+    def __call__(self, mask: HeadMask) -> float:
+        self.examples_scored += len(self.needs)
+        return sum(self.value(mask, e) for e in range(len(self.needs))) / len(self.needs)
+
+    def _chunks(self, items: list[tuple[HeadMask, str, list[int]]]) -> list[dict[int, float]]:
+        self.examples_scored += sum(len(indices) for _, _, indices in items)
+        self.items.append(len(items))
+        return [{e: self.value(mask, e) for e in indices} for mask, _, indices in items]
+
+    def _exact(self, tally: Tally) -> float:
+        values = tally.in_document_order("t")
+        return sum(values) / len(values)
+
+    def race(self, mask, can_win):  # noqa: ANN001, ANN201 - the ScoreBook protocol
+        return self.racer.race(mask, can_win)
+
+    def race_many(self, masks, rule_out):  # noqa: ANN001, ANN201
+        return self.racer.race_many(masks, rule_out)
+
+
+class TestRuledOut:
+    def test_a_sure_better_candidate_rules_out(self) -> None:
+        assert ruled_out([0.5, 0.1], [0.6, 0.2]) == {0}
+
+    def test_overlapping_intervals_rule_out_nothing(self) -> None:
+        assert ruled_out([0.1, 0.15], [0.3, 0.4]) == set()
+
+    def test_ties_keep_the_first(self) -> None:
+        # Equal exact losses: the first wins, so only the later one is ruled out.
+        assert ruled_out([0.2, 0.2, 0.2], [0.2, 0.2, 0.2]) == {1, 2}
+
+    def test_a_later_candidate_tying_an_earlier_bound_is_out_but_not_the_reverse(self) -> None:
+        assert ruled_out([0.0, 0.3], [0.3, 0.5]) == {1}
+        assert ruled_out([0.3, 0.0], [0.5, 0.3]) == set()
+
+    @pytest.mark.parametrize("seed", range(20))
+    def test_never_rules_out_the_first_least_loss(self, seed: int) -> None:
+        rng = random.Random(seed)
+        true = [rng.choice([0.0, 0.25, 0.5, 0.75]) for _ in range(8)]
+        lowest = [value - rng.choice([0.0, 0.1, 0.3]) for value in true]
+        highest = [value + rng.choice([0.0, 0.1, 0.3]) for value in true]
+        winner = true.index(min(true))
+        assert winner not in ruled_out(lowest, highest)
+
+
+class TestTally:
+    def test_bounds_hold_whatever_comes_next(self) -> None:
+        tally = Tally({"a": 4, "b": 2}, higher_is_better=True)
+        tally.add("a", {3: 1.0, 0: 0.0}, "acc")
+        assert tally.optimistic() == pytest.approx((3 / 4 + 1) / 2)
+        assert tally.pessimistic() == pytest.approx((1 / 4 + 0) / 2)
+        assert not tally.complete
+        tally.add("a", {1: 1.0, 2: 1.0}, "acc")
+        tally.add("b", {0: 0.0, 1: 1.0}, "acc")
+        assert tally.complete and tally.optimistic() == tally.pessimistic() == pytest.approx((3 / 4 + 1 / 2) / 2)
+        assert tally.in_document_order("a") == [0.0, 1.0, 1.0, 1.0]
+
+    def test_lower_is_better_swaps_the_bounds(self) -> None:
+        tally = Tally({"a": 4}, higher_is_better=False)
+        tally.add("a", {0: 1.0}, "err")
+        assert (tally.optimistic(), tally.pessimistic()) == (0.25, 1.0)
+
+    def test_values_outside_the_unit_interval_are_refused(self) -> None:
+        with pytest.raises(ValueError, match=r"reported ppl = 3.5 .* values in \[0, 1\].*--no-racing"):
+            Tally({"a": 2}, True).add("a", {0: 3.5}, "ppl")
+
+
+class TestOptimizers:
+    @pytest.mark.parametrize("seed", range(12))
+    def test_exhaustive_with_race_all_picks_the_same_point(self, seed: int) -> None:
+        rng = random.Random(seed)
+        values = {p: rng.choice([0.0, 0.5, 1.0]) for p in itertools.product((0, 1), repeat=5)}  # many ties
+        problem = SubProblem(n=5, k=2, budget=100, seed=seed)
+
+        def race_all(points):  # noqa: ANN001, ANN202 - exact for the first least, bounds for the rest
+            first = min(range(len(points)), key=lambda i: (values[points[i]], i))
+            return [values[p] if i == first else Bound(values[p]) for i, p in enumerate(points)]
+
+        plain = minimize(values.__getitem__, problem, "exhaustive")
+        raced = minimize(values.__getitem__, problem, "exhaustive", race_all=race_all)
+        assert (raced.best, raced.best_loss, raced.evaluations) == (plain.best, plain.best_loss, plain.evaluations)
+        points = sorted(values, key=lambda p: [i for i, bit in enumerate(p) if bit])  # the enumeration order
+        feasible = [p for p in points if sum(p) == 2]
+        assert raced.pruned == plain.evaluations - len({feasible[0], plain.best})  # all but the exact first and the winner
+
+    @pytest.mark.parametrize("seed", range(6))
+    def test_oneplusone_with_cutoffs_takes_the_same_steps(self, seed: int) -> None:
+        rng = random.Random(seed)
+        values = {p: rng.choice([0.0, 0.25, 0.5]) for p in itertools.product((0, 1), repeat=8)}
+        problem = SubProblem(n=8, k=4, budget=30, seed=seed)
+        calls: list[tuple] = []
+
+        def loss(point):  # noqa: ANN001, ANN202
+            calls.append(point)
+            return values[point]
+
+        def race(point, cutoff: Cutoff):  # noqa: ANN001, ANN202
+            calls.append(point)
+            return values[point] if cutoff.reachable(values[point]) else Bound(values[point])
+
+        plain_calls = []
+        plain = minimize(lambda p: plain_calls.append(p) or values[p], problem, "oneplusone")
+        raced = minimize(loss, problem, "oneplusone", race=race)
+        assert calls == plain_calls
+        assert (raced.best, raced.best_loss, raced.evaluations) == (plain.best, plain.best_loss, plain.evaluations)
+
+    def test_a_bound_that_does_not_rule_out_is_an_error(self) -> None:
+        problem = SubProblem(n=6, k=3, budget=20, seed=0)
+        with pytest.raises(ValueError, match="does not rule it out"):
+            minimize(lambda p: 1.0, problem, "oneplusone", race=lambda p, cutoff: Bound(-5.0))
+
+
+class TestSearch:
+    @pytest.mark.parametrize(("ratio", "seed"), [(0.5, 0), (0.75, 1), (0.75, 2), (0.5, 5)])
+    def test_same_mask_and_scores_with_fewer_examples(self, ratio: float, seed: int) -> None:
+        plain_fn, raced_fn = ExampleObjective(seed=seed), ExampleObjective(seed=seed)
+        settings = SearchSettings(ratio=ratio, seed=seed, budget_per_layer=10)
+        plain = run_search(plain_fn, SHAPE, settings, progress=False)
+        raced = run_search(raced_fn, SHAPE, settings, progress=False, racing=True)
+        assert raced.mask.bits == plain.mask.bits and raced.score == plain.score
+        assert [s.score for s in raced.subproblems] == [s.score for s in plain.subproblems]
+        assert raced.evaluations == plain.evaluations and raced.pruned > 0
+        assert raced_fn.examples_scored < plain_fn.examples_scored
+
+    @pytest.mark.parametrize("processes", [2, 3, 8])
+    def test_items_shared_among_processes_change_nothing(self, processes: int) -> None:
+        one, many = ExampleObjective(seed=6), ExampleObjective(seed=6, processes=processes)
+        settings = SearchSettings(ratio=0.5, seed=6, budget_per_layer=10)
+        first = run_search(one, SHAPE, settings, progress=False, racing=True)
+        second = run_search(many, SHAPE, settings, progress=False, racing=True)
+        assert (first.mask.bits, first.score, first.pruned) == (second.mask.bits, second.score, second.pruned)
+        assert one.examples_scored == many.examples_scored
+        # Every round gives each process an item: several masks, or parts of one chunk.
+        assert min(many.items) >= min(processes, 4) and max(one.items) > 1
+
+    def test_every_full_score_equals_the_unraced_score(self, tmp_path) -> None:  # noqa: ANN001
+        objective = ExampleObjective(seed=4)
+        journal = Journal(tmp_path / "journal.jsonl", {"model": "synthetic"}, resume=False)
+        run_search(objective, SHAPE, SearchSettings(ratio=0.75, budget_per_layer=10), journal=journal, progress=False, racing=True)
+        fresh = ExampleObjective(seed=4)
+        for record in journal.records:
+            bits = tuple(tuple(int(c) for c in row) for row in record["key"].split("/"))
+            assert record["score"] == fresh(HeadMask(bits, SHAPE.num_heads))
+        assert journal.bounds and all(
+            fresh(HeadMask(tuple(tuple(int(c) for c in row) for row in key.split("/")), SHAPE.num_heads)) <= bound
+            for key, bound in journal.bounds.items()
+        )
+
+    def test_resume_from_a_journal_with_bounds(self, tmp_path) -> None:  # noqa: ANN001
+        settings = SearchSettings(ratio=0.75, budget_per_layer=10)
+        path = tmp_path / "journal.jsonl"
+        first = run_search(ExampleObjective(), SHAPE, settings, journal=Journal(path, {"m": 1}, resume=False), progress=False, racing=True)
+        journal = Journal(path, {"m": 1}, resume=True)
+        again = run_search(
+            ExampleObjective(), SHAPE, settings, known={r["key"]: r["score"] for r in journal.records},
+            journal=journal, bounds=journal.bounds, progress=False, racing=True,
+        )  # fmt: skip
+        assert again.mask.bits == first.mask.bits and again.score == first.score
+        assert again.new_evaluations < first.new_evaluations
+
+    def test_racing_needs_race_methods(self) -> None:
+        with pytest.raises(TypeError, match="race"):
+            run_search(lambda mask: 0.5, SHAPE, SearchSettings(ratio=0.5), progress=False, racing=True)
+
+
+class TestJournalBounds:
+    def test_bounds_are_kept_apart_from_scores(self, tmp_path) -> None:  # noqa: ANN001
+        path = tmp_path / "journal.jsonl"
+        journal = Journal(path, {"m": 1}, resume=False)
+        journal.append("1/0", 0.5, stage="stage1")
+        journal.append_bound("0/1", 0.75, examples=16, stage="stage1")
+        reopened = Journal(path, {"m": 1}, resume=True)
+        assert reopened.records == [{"key": "1/0", "score": 0.5, "stage": "stage1"}]
+        assert reopened.bounds == {"0/1": 0.75} and reopened.lookup("0/1") is None
+        reopened.append("0/1", 0.25)  # a mask stopped early may be scored later
+        assert Journal(path, {"m": 1}, resume=True).bounds == {}
+
+    def test_a_damaged_bound_record_is_named(self, tmp_path) -> None:  # noqa: ANN001
+        path = tmp_path / "journal.jsonl"
+        Journal(path, {"m": 1}, resume=False).append("1/0", 0.5)
+        with path.open("a") as handle:
+            handle.write(json.dumps({"key": "0/1", "bound": 0.5}) + "\n")
+            handle.write(json.dumps({"key": "1/1", "score": 0.5}) + "\n")
+        with pytest.raises(JournalError, match="line 3: field 'examples'"):
+            Journal(path, {"m": 1}, resume=True)
+
+
+def test_race_bound_is_not_a_float() -> None:
+    # A bound must never pass for a score anywhere a float is expected.
+    assert not isinstance(RaceBound(0.5, 8), float)
