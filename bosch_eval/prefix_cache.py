@@ -4,9 +4,9 @@ states entering layer ℓ0 once per input and run only the layers from ℓ0 on f
 BOSCH's sub-problems fix every layer outside their variables; Stage 1 goes top layer
 first, so for most of its sub-problems the layers below the varied one are all full
 attention and identical for every candidate. The search tells the adapter the lowest varied
-layer (:meth:`PrefixActivations.vary_from`); the cache keys the stored hidden states by the
-input token ids, and keeps them only while the mask rows (and window) of the layers below
-ℓ0 stay what they were when the states were computed: anything else clears it.
+layer (:meth:`PrefixActivations.vary_from`); the cache keys the stored hidden states by
+the layer they enter, the mask rows (and window) of the layers below it, and the input
+token ids, so an entry is used only where it is exactly what the layers below would compute.
 
 Skipping is done on the model as it is: the decoder layers below ℓ0 are given a
 pass-through ``forward`` for the call (the model's loop still indexes them, so per-layer
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -49,12 +50,20 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
 
 
 class PrefixActivations:
-    """The hidden states entering layer ℓ0, per input, for the current lower-layer mask rows.
+    """Hidden states entering decoder layers, per input and per mask rows below the layer.
+
+    An entry for layer ``b`` holds the states entering ``b`` for one input under one set of
+    mask rows (and window) for layers ``0 … b−1``: it stays right for every later mask with
+    those rows, in this sub-problem or a later one. A forward told that layers below ℓ0 are
+    fixed starts from the highest stored boundary ``b <= ℓ0`` and stores the boundaries
+    ``b+1 … ℓ0`` it passes (Stage 1's next, lower layer then starts from one of them).
 
     Args:
         model: the hybridized causal LM.
-        budget_bytes: the most bytes of stored hidden states; inputs beyond it run every
-            layer (logged once per sub-problem).
+        budget_bytes: the most bytes of stored states. States entering ℓ0 itself evict the
+            oldest entries to fit; states of lower boundaries are kept only where they fit
+            without evicting. An input whose states cannot fit runs every layer (logged once
+            per sub-problem).
 
     Attributes:
         layers_run: decoder layer computations done (per batch row).
@@ -69,10 +78,9 @@ class PrefixActivations:
         self.first_layer: int | None = None
         self.layers_run = 0
         self.layers_skipped = 0
-        self._prefix: Any = None  # (mask rows below first_layer, window) the stored states belong to
-        self._store: dict[tuple[tuple[int, ...], bytes], torch.Tensor] = {}
+        self._store: OrderedDict[tuple[Any, ...], torch.Tensor] = OrderedDict()
         self._bytes = 0
-        self._over_budget = False
+        self._warned = False
 
     @property
     def stored_bytes(self) -> int:
@@ -83,67 +91,69 @@ class PrefixActivations:
         if layer is not None and not 0 <= layer < len(self.layers):
             raise ValueError(f"vary_from: layer {layer} is not one of the model's {len(self.layers)} layers")
         if layer != self.first_layer:
-            self.clear()
-            self.first_layer = layer
+            self._warned = False
+        self.first_layer = layer
 
     def clear(self) -> None:
         self._store.clear()
         self._bytes = 0
-        self._prefix = None
-        self._over_budget = False
 
     def run(self, forward: Forward, input_ids: torch.Tensor, mask: HeadMask, window: int) -> torch.Tensor:
-        """``forward(input_ids)``, with layers below ℓ0 skipped when their states are stored."""
-        total = len(self.layers)
-        rows = input_ids.shape[0]
-        start = self.first_layer
-        if not start:
+        """``forward(input_ids)``, starting at the highest stored boundary at or below ℓ0."""
+        total, rows, top = len(self.layers), input_ids.shape[0], self.first_layer
+        if not top:
             self.layers_run += total * rows
             return forward(input_ids)
-        prefix = (mask.bits[:start], window)
-        if prefix != self._prefix:
-            self.clear()
-            self._prefix = prefix
-        key = (tuple(input_ids.shape), input_ids.detach().cpu().numpy().tobytes())
-        stored = self._store.get(key)
-        if stored is None:
-            with self._capture(start) as captured:
-                out = forward(input_ids)
-            self._keep(key, captured[0])
-            self.layers_run += total * rows
-            return out
-        with self._skip_below(start, stored):
+        item = (tuple(input_ids.shape), input_ids.detach().cpu().numpy().tobytes())
+
+        def key(boundary: int) -> tuple[Any, ...]:
+            return (boundary, mask.bits[:boundary], window, item)
+
+        start = next((b for b in range(top, 0, -1) if key(b) in self._store), 0)
+        wanted = [b for b in range(start + 1, top + 1) if key(b) not in self._store]
+        with contextlib.ExitStack() as stack:
+            captured = stack.enter_context(self._capture(wanted))
+            if start:
+                stack.enter_context(self._skip_below(start, self._store[key(start)]))
             out = forward(input_ids)
+        for boundary in wanted:
+            self._keep(key(boundary), captured[boundary], evict=boundary == top)
         self.layers_run += (total - start) * rows
         self.layers_skipped += start * rows
         return out
 
-    def _keep(self, key: tuple[tuple[int, ...], bytes], hidden: torch.Tensor) -> None:
+    def _keep(self, key: tuple[Any, ...], hidden: torch.Tensor, evict: bool) -> None:
         size = hidden.numel() * hidden.element_size()
+        while evict and self._store and self._bytes + size > self.budget_bytes:
+            _, old = self._store.popitem(last=False)
+            self._bytes -= old.numel() * old.element_size()
         if self._bytes + size > self.budget_bytes:
-            if not self._over_budget:
+            if evict and not self._warned:
                 log.warning(
-                    "prefix cache: %d MB stored, the next input's %.1f MB would pass the budget of %d MB; "
-                    "inputs beyond it run every layer in this sub-problem",
-                    self._bytes >> 20, size / 2**20, self.budget_bytes >> 20,
+                    "prefix cache: one input's states (%.1f MB) do not fit the budget of %d MB; "
+                    "inputs run every layer in this sub-problem",
+                    size / 2**20, self.budget_bytes >> 20,
                 )  # fmt: skip
-                self._over_budget = True
+                self._warned = True
             return
         self._store[key] = hidden
         self._bytes += size
 
     @contextlib.contextmanager
-    def _capture(self, layer: int) -> Iterator[list[torch.Tensor]]:
-        captured: list[torch.Tensor] = []
+    def _capture(self, boundaries: list[int]) -> Iterator[dict[int, torch.Tensor]]:
+        captured: dict[int, torch.Tensor] = {}
+        handles = []
+        for boundary in boundaries:
 
-        def record(_module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            captured.append((args[0] if args else kwargs["hidden_states"]).detach().clone())
+            def record(_module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], boundary: int = boundary) -> None:
+                captured[boundary] = (args[0] if args else kwargs["hidden_states"]).detach().clone()
 
-        handle = self.layers[layer].register_forward_pre_hook(record, with_kwargs=True)
+            handles.append(self.layers[boundary].register_forward_pre_hook(record, with_kwargs=True))
         try:
             yield captured
         finally:
-            handle.remove()
+            for handle in handles:
+                handle.remove()
 
     @contextlib.contextmanager
     def _skip_below(self, layer: int, hidden: torch.Tensor) -> Iterator[None]:

@@ -131,6 +131,7 @@ class CalibrationObjective:
         self.calls = 0
         self.examples_scored = 0
         self.race_chunk = DEFAULT_RACE_CHUNK
+        self.racing = False  # set by a racing search: plain calls then log per-example values for the racer
         self._sizes_memo: dict[str, int] | None = None
         self._racer_memo: Racer | None = None
         lm.memoize_tokens = True
@@ -156,19 +157,24 @@ class CalibrationObjective:
             ObjectiveError: lm-eval reported no value for the metric (on every process).
         """
         self.lm.set_mask(mask)
-        results = self._evaluate(self.task_dict, limit=self.limit)
+        learn = self.racing and self.racing_problem() is None  # racing orders its examples by these values
+        results = self._evaluate(self.task_dict, limit=self.limit, log_samples=learn)
         self.examples_scored += sum(self._sizes().values())
-        payload: float | str | None = None
+        payload: tuple[float, dict[str, dict[int, float]]] | str | None = None
         if results is not None:  # rank 0 only
             try:
-                payload = self._score(results["results"])
+                values = {name: self._example_values(results["samples"][name]) for name in self.tasks} if learn else {}
+                payload = (self._score(results["results"]), values)
             except ObjectiveError as err:
                 payload = str(err)  # every process must raise, not wait for a broadcast
         payload = self._from_rank_zero(payload)
         self.calls += 1
         if isinstance(payload, str):
             raise ObjectiveError(payload)
-        return payload
+        score, values = payload
+        for name, task_values in values.items():
+            self._racer().order.record(name, task_values)
+        return score
 
     def race(self, mask: HeadMask, can_win: Callable[[float], bool]) -> float | RaceBound:
         """S(z) of ``mask`` scored ``race_chunk`` examples at a time (hardest first), or a

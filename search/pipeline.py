@@ -109,6 +109,7 @@ class SearchResult:
     pruned: int = 0  # of the evaluations, masks racing stopped early (a bound, not a score)
     wall_s: float = 0.0
     work: dict[str, float] = field(default_factory=dict)  # the objective's own counts (CalibrationObjective.work)
+    costs: dict[str, dict[str, float]] = field(default_factory=dict)  # per stage: calls, pruned, seconds (this run)
 
     def provenance(self) -> dict[str, Any]:
         """The mask file's ``provenance`` block (paper quantities, settings, cost)."""
@@ -142,6 +143,7 @@ class SearchResult:
             "new_evaluations": self.new_evaluations,
             "pruned": self.pruned,
             "work": self.work,
+            "costs": self.costs,
             "wall_s": round(self.wall_s, 2),
         }
 
@@ -227,6 +229,7 @@ def run_search(
     result.evaluations = len(book.known) + len(book.bounds)
     result.new_evaluations = book.new_evaluations
     result.pruned = len(book.bounds)
+    result.costs = book.costs
     result.wall_s = time.perf_counter() - started
     return result
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from bosch_eval.masks import HeadMask
 
-DEFAULT_RACE_CHUNK = 16  # examples per chunk; smaller stops sooner but pays lm-eval's per-call overhead more often
+DEFAULT_RACE_CHUNK = 8  # examples per chunk; smaller stops sooner but pays lm-eval's per-call overhead more often
 
 
 @dataclass(frozen=True)

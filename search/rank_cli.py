@@ -63,6 +63,11 @@ def add_rank_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="model weights dtype"
     )
     parser.add_argument(
+        "--model-args",
+        help="more model loader arguments, as lm_eval --model_args (the model is then loaded by lm-eval's HFLM): "
+        "revision=..,trust_remote_code=True,parallelize=True,peft=..",
+    )
+    parser.add_argument(
         "--compute-dtype",
         default="float32",
         choices=["float32", "float64"],
@@ -109,7 +114,10 @@ def rank_main(args: argparse.Namespace) -> None:
     from bosch_eval.search.rankers.driver import compute_ranking
     from bosch_eval.tasks.niah.haystack import TemplateTooLong
 
+    from bosch_eval.loader_args import parse_model_args
+
     options = method_options(args)
+    model_args = parse_model_args(getattr(args, "model_args", None), adapter=False)
     path = resolve_model(args.model)
     defaults = model_defaults(path)
     window = args.window if args.window is not None else defaults.window
@@ -123,8 +131,11 @@ def rank_main(args: argparse.Namespace) -> None:
     if not args.ignore_max_positions:  # before the weights load: past it, every score would be ~0
         check_length(calib_len, args.model, model_config(path), "--calib-len", "--ignore-max-positions")
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype), attn_implementation="sdpa")
+    if model_args:
+        model, tokenizer = _load_like_lm_eval(path, args.dtype, device, model_args)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype), attn_implementation="sdpa")
     try:
         ranking = compute_ranking(
             args.method,
@@ -145,6 +156,8 @@ def rank_main(args: argparse.Namespace) -> None:
     argv = getattr(args, "argv", None)
     if argv is not None:
         ranking = replace(ranking, provenance={**ranking.provenance, "command": " ".join(["bosch-eval", *argv])})
+    if model_args:
+        ranking = replace(ranking, provenance={**ranking.provenance, "model_args": {k: str(v) for k, v in model_args.items()}})
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     ranking.save(args.out)
     shape = ranking.shape
@@ -154,3 +167,12 @@ def rank_main(args: argparse.Namespace) -> None:
         f"tokens, seed {args.seed}, {ranking.provenance['wall_time_s']:.1f} s"
     )
     print(f"  more local = {ranking.more_local} score; use it with ranking={args.out},ratio=R")
+
+
+def _load_like_lm_eval(path: str, dtype: str, device: str, model_args: dict[str, Any]) -> tuple[Any, Any]:
+    """The model and tokenizer as ``lm_eval --model hf --model_args`` loads them (revision, remote
+    code, ``parallelize``, PEFT, quantization), with the plain SDPA attention the rankers read."""
+    from lm_eval.models.huggingface import HFLM
+
+    lm = HFLM(pretrained=path, device=device, dtype=dtype, attn_implementation="sdpa", **model_args)
+    return lm.model, lm.tokenizer

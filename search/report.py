@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from bosch_eval.search.cost import estimate_calls, render_cost
 from bosch_eval.search.pipeline import SearchResult
 
 
@@ -30,7 +31,18 @@ def render_report(result: SearchResult, model: str, window: int, calibration: Ma
         f"| S(found mask) | {result.score:.4f} |",
         f"| Ŝ(found mask) | {anchors.normalize(result.score):.4f} |",
         f"| SWA ratio reached | {mask.swa_ratio:.4f} ({mask.num_swa_groups} of {mask.shape.num_layers * mask.shape.num_kv_heads} KV groups) |",
-        f"| distinct masks evaluated | {result.evaluations} ({result.new_evaluations} in the last run) |",
+        f"| distinct masks evaluated | {result.evaluations} ({result.new_evaluations} in the last run; "
+        f"{result.pruned} stopped early by racing, with a bound instead of a score) |",
+        *(
+            [f"| calibration examples forwarded per S() call | {result.work['examples_per_call']:g} of {result.work['examples_per_full_call']:g} |"]
+            if result.work.get("calls")
+            else []
+        ),
+        *(
+            [f"| decoder-layer computations skipped by the prefix cache | {result.work['layers_skipped_share']:.1%} |"]
+            if "layers_skipped_share" in result.work
+            else []
+        ),
         *(
             [f"| S after Stage 3, before refinement | {result.stage3_score:.4f} ({result.stage3_evaluations} masks evaluated by then) |"]
             if result.stage3_score is not None
@@ -62,7 +74,7 @@ def render_report(result: SearchResult, model: str, window: int, calibration: Ma
     lines += [
         "## Sub-problems (in search order)",
         "",
-        "| stage | layers | target ratio | SWA / variables | optimizer | evaluations | S | loss |",
+        "| stage | layers | target ratio | SWA / variables | optimizer | evaluations (stopped early) | S | loss |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for sub in result.subproblems:
@@ -70,7 +82,7 @@ def render_report(result: SearchResult, model: str, window: int, calibration: Ma
         method = f"{sub.method} (crashed)" if sub.crash else sub.method
         lines.append(
             f"| {sub.stage} | {layers} | {sub.target_ratio:g} | {sub.converted}/{sub.variables} | {method} "
-            f"| {sub.evaluations} | {sub.score:.4f} | {sub.loss:.4f} |"
+            f"| {sub.evaluations} ({sub.pruned}) | {sub.score:.4f} | {sub.loss:.4f} |"
         )
     crashed = [sub for sub in result.subproblems if sub.crash]
     if crashed:
@@ -80,6 +92,12 @@ def render_report(result: SearchResult, model: str, window: int, calibration: Ma
             f"({sub.crash}); the best feasible mask among those evaluated was kept."
             for sub in crashed
         ]
+    if result.costs:
+        shape, chunk = mask.shape, settings.chunk_layers_for(mask.shape)
+        args = (shape, settings.ratio, settings.budget_per_layer, chunk, settings.optimizer, settings.quota)
+        ratios = result.stage2.ratios if result.stage2 is not None else None
+        after = estimate_calls(*args, layer_ratios=ratios) if ratios is not None and not settings.refine else None
+        lines += ["", *render_cost(result.costs, estimate_calls(*args), after)]
     lines += ["", "## Mask (F = full attention, S = sliding window; one column per KV group)", "", "```"]
     for layer in range(mask.shape.num_layers - 1, -1, -1):
         cells = "".join("F" if bit else "S" for bit in mask.bits[layer])

@@ -37,6 +37,7 @@ from bosch_eval.masks import HeadMask, MaskError, ModelShape
 from bosch_eval.model_check import IGNORE_FLAG, IGNORE_METADATA, check_length, model_config
 from bosch_eval.model_defaults import model_defaults
 from bosch_eval.prefix_cache import DEFAULT_BUDGET_MB as DEFAULT_PREFIX_CACHE_MB
+from bosch_eval.search.cost import estimate_calls
 from bosch_eval.search.journal import Journal, JournalError
 from bosch_eval.search.objective import CalibrationObjective, ObjectiveError, build_objective, launch_state
 from bosch_eval.search.optimizers import METHODS
@@ -143,6 +144,7 @@ def search_model(
         if racing and (problem := objective.racing_problem()) is not None:
             log.info("racing off: %s; every mask is scored on every example", problem)
             racing = False
+        objective.racing = racing
         log.info("ready in %.1f s; evaluating the anchors S(all SWA) and S(all full)", time.perf_counter() - started)
         calibration = objective.describe()
         header = {"model": model, "window": window, "calibration": calibration, "settings": settings.to_json()}
@@ -336,6 +338,13 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
         help="more model loader arguments, as lm_eval --model_args: revision=..,trust_remote_code=True,parallelize=True,peft=..",
     )
     parser.add_argument(
+        "--estimate",
+        type=float,
+        metavar="SECONDS_PER_CALL",
+        help="print how many S() calls the search makes (bosch_eval.search.cost) and the time at this many seconds per "
+        "call (time one lm_eval run of the calibration task), then exit without loading weights",
+    )
+    parser.add_argument(
         "--no-racing",
         dest="racing",
         action="store_false",
@@ -371,6 +380,9 @@ def run_from_args(args: argparse.Namespace) -> None:
         refine=args.refine,
     )
     model_args = parse_model_args(args.model_args)
+    if args.estimate is not None:
+        print(render_estimate(args.model, settings, args.estimate))
+        return
     out = args.out or f"bosch_search/{Path(args.model).name}-{args.variant}-r{args.ratio:g}-s{args.seed}"
     result = search_model(
         args.model,
@@ -399,6 +411,27 @@ def run_from_args(args: argparse.Namespace) -> None:
             f"SWA ratio {result.mask.swa_ratio:.4f}, {result.evaluations} masks evaluated ({result.new_evaluations} now), "
             f"{result.wall_s:.1f} s of search"
         )
+
+
+def render_estimate(model: str, settings: SearchSettings, seconds_per_call: float) -> str:
+    """The cost model's call range and time for ``model`` (its config only) under ``settings``.
+
+    Raises:
+        SearchError: a negative time, or settings that do not fit the model.
+    """
+    if not seconds_per_call > 0:
+        raise SearchError(f"--estimate: expected the seconds one S() call takes (> 0), got {seconds_per_call}")
+    shape = ModelShape.from_config(model_config(resolve_model(model)))
+    validate_for_shape(settings, shape)
+    chunk = settings.chunk_layers_for(shape)
+    calls = estimate_calls(shape, settings.ratio, settings.budget_per_layer, chunk, settings.optimizer, settings.quota)
+    hours = [n * seconds_per_call / 3600 for n in (calls.low, calls.high)]
+    return (
+        f"{model}: L={shape.num_layers} × G={shape.num_kv_heads}, ρ={settings.ratio:g}, κ={settings.budget_per_layer}, "
+        f"{chunk} layers per Stage-3 sub-problem: {calls.low}–{calls.high} S() calls (2 anchors + {calls.stage1} Stage 1 "
+        f"+ {calls.stage3_low}–{calls.stage3_high} Stage 3, by Stage 2's ratios) ≈ {hours[0]:.2f}–{hours[1]:.2f} h at "
+        f"{seconds_per_call:g} s per call, before racing"
+    )
 
 
 def add_search_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -81,6 +81,7 @@ class ScoreBook:
         self.bounds = dict(bounds or {})  # mask key -> best S it could still reach
         self.new_evaluations = 0
         self.pruned = 0  # evaluations racing stopped early (this run)
+        self.costs: dict[str, dict[str, float]] = {}  # per stage: calls, pruned, seconds (this run)
         self.on_score: Callable[[float | None], None] | None = None  # progress hook
 
     def score(self, bits: Bits, stage: str) -> float:
@@ -89,10 +90,12 @@ class ScoreBook:
         if score is None:
             started = time.perf_counter()
             score = float(self.score_fn(HeadMask(bits, self.shape.num_heads)))
+            seconds = time.perf_counter() - started
             self.known[key] = score
             self.new_evaluations += 1
+            self._count(stage, seconds, pruned=False)
             if self.journal is not None:
-                self.journal.append(key, score, stage=stage, seconds=round(time.perf_counter() - started, 3))
+                self.journal.append(key, score, stage=stage, seconds=round(seconds, 3))
         if self.on_score is not None:
             self.on_score(score)
         return score
@@ -110,7 +113,7 @@ class ScoreBook:
             return RaceBound(self.bounds[key], examples=0)
         started = time.perf_counter()
         outcome = self.score_fn.race(HeadMask(bits, self.shape.num_heads), can_win)  # type: ignore[attr-defined]
-        return self._keep(key, outcome, stage, round(time.perf_counter() - started, 3))
+        return self._keep(key, outcome, stage, time.perf_counter() - started)
 
     def race_many(self, bits_list: Sequence[Bits], stage: str, loss_of: Callable[[int, float], float]) -> list[float | RaceBound]:
         """S(z) of each mask, raced in lockstep: exact for the first mask of least loss
@@ -133,7 +136,7 @@ class ScoreBook:
             started = time.perf_counter()
             masks = [HeadMask(bits_list[i], self.shape.num_heads) for i in todo]
             raced = self.score_fn.race_many(masks, rule_out)  # type: ignore[attr-defined]
-            seconds = round((time.perf_counter() - started) / len(todo), 3)  # the race's time, shared
+            seconds = (time.perf_counter() - started) / len(todo)  # the race's time, shared
             for position, outcome in zip(todo, raced, strict=True):
                 outcomes[position] = self._keep(keys[position], outcome, stage, seconds)
         return [outcomes[i] if i in outcomes else self.score(bits_list[i], stage) for i in range(len(keys))]
@@ -141,11 +144,12 @@ class ScoreBook:
     def _keep(self, key: str, outcome: float | RaceBound, stage: str, seconds: float) -> float | RaceBound:
         """Journal and count one raced evaluation."""
         self.new_evaluations += 1
+        self._count(stage, seconds, pruned=isinstance(outcome, RaceBound))
         if isinstance(outcome, RaceBound):
             self.bounds[key] = outcome.score
             self.pruned += 1
             if self.journal is not None:
-                self.journal.append_bound(key, outcome.score, outcome.examples, stage=stage, seconds=seconds)
+                self.journal.append_bound(key, outcome.score, outcome.examples, stage=stage, seconds=round(seconds, 3))
             if self.on_score is not None:
                 self.on_score(None)
             return outcome
@@ -153,10 +157,16 @@ class ScoreBook:
         self.known[key] = score
         self.bounds.pop(key, None)
         if self.journal is not None:
-            self.journal.append(key, score, stage=stage, seconds=seconds)
+            self.journal.append(key, score, stage=stage, seconds=round(seconds, 3))
         if self.on_score is not None:
             self.on_score(score)
         return score
+
+    def _count(self, stage: str, seconds: float, pruned: bool) -> None:
+        row = self.costs.setdefault(stage, {"calls": 0, "pruned": 0, "seconds": 0.0})
+        row["calls"] += 1
+        row["pruned"] += int(pruned)
+        row["seconds"] += seconds
 
     @contextlib.contextmanager
     def varying_from(self, layer: int) -> Iterator[None]:

@@ -428,6 +428,18 @@ class TestRankCommand:
         assert ranking.window == 4 and ranking.provenance["calib_seed"] == 2
         assert ranking.provenance["settings"] == {"block": 16, "gamma": 0.5, "proxy_heads": [1, 3]}
 
+    def test_model_args_load_through_lm_eval_with_the_same_result(self, model_with_defaults: Path, tmp_path: Path) -> None:
+        common = ["--method", "dcam", "--model", str(model_with_defaults), "--calib-examples", "1"]
+        rank([*common, "--out", str(tmp_path / "plain.json")])
+        rank([*common, "--model-args", "revision=main,trust_remote_code=False", "--out", str(tmp_path / "hflm.json")])
+        plain, hflm = HeadRanking.load(tmp_path / "plain.json"), HeadRanking.load(tmp_path / "hflm.json")
+        assert hflm.scores == plain.scores
+        assert hflm.provenance["model_args"] == {"revision": "main", "trust_remote_code": "False"}
+        with pytest.raises(MaskError, match="--model-args: 'dtype' is set by --dtype"):
+            rank([*common, "--model-args", "dtype=float16", "--out", str(tmp_path / "x.json")])
+        with pytest.raises(MaskError, match="takes no argument 'attn_backend'"):
+            rank([*common, "--model-args", "attn_backend=sdpa", "--out", str(tmp_path / "x.json")])
+
     def test_errors_name_the_bad_setting(self, tiny_model_dir: Path, model_with_defaults: Path, tmp_path: Path) -> None:
         out = str(tmp_path / "r.json")
         with pytest.raises(MaskError, match="pass --window W"):

@@ -1,0 +1,123 @@
+"""The search's cost model: how many S() calls a run makes, and so how long it takes.
+
+Every sub-problem is an optimizer run with a known worst case (``expected_evaluations``):
+exhaustive scores each feasible point once, NOMAD and the (1+1)-EA spend their budget κ·|layers|.
+With q(r) = ⌈r·G⌉ SWA groups per layer at ratio r::
+
+    N = 2                                                  (anchors: all full, all SWA)
+      + Σ_layers  min(C(G, q(ρ)), κ)                        (Stage 1, one layer each)
+      + Σ_chunks  min(Π_{ℓ∈chunk} C(G, q(r_ℓ)), κ·|chunk|)  (Stage 3: layers grouped by their
+                                                             Stage-2 ratio r_ℓ, r_ℓ ∉ {0, 1},
+                                                             in chunks of ≤ chunk_layers)
+    T ≈ N · t_call
+
+Before the search, the Stage-2 ratios are unknown: the low end assumes every layer lands on 0
+or 1 (no Stage 3 search), the high end every layer at ρ. After Stage 2 the count is exact up
+to masks met twice (scored once). Racing does not change N, only t_call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from bosch_eval.masks import ModelShape, ceil_count
+from bosch_eval.search.stages import _chunks, expected_evaluations, quota_blocks
+
+
+@dataclass(frozen=True)
+class CallEstimate:
+    """S() calls a search makes at most: per stage, and in total."""
+
+    anchors: int
+    stage1: int
+    stage3_low: int
+    stage3_high: int
+
+    @property
+    def low(self) -> int:
+        return self.anchors + self.stage1 + self.stage3_low
+
+    @property
+    def high(self) -> int:
+        return self.anchors + self.stage1 + self.stage3_high
+
+
+def stage1_calls(shape: ModelShape, ratio: float, budget_per_layer: int, optimizer: str = "auto") -> int:
+    per_layer = ceil_count(ratio, shape.num_kv_heads)
+    one = expected_evaluations(((shape.num_kv_heads, per_layer),), budget_per_layer, optimizer)
+    return shape.num_layers * one
+
+
+def stage3_calls(
+    shape: ModelShape, layer_ratios: Sequence[float], budget_per_layer: int, chunk_layers: int, optimizer: str = "auto", quota: str = "layer"
+) -> int:
+    """Stage 3's calls for given Stage-2 ratios (its sub-problems as :func:`stages.stage3` forms them)."""
+    calls = 0
+    for ratio in sorted(set(layer_ratios), reverse=True):
+        if ratio in (0.0, 1.0):
+            continue
+        layers = [layer for layer in range(shape.num_layers - 1, -1, -1) if layer_ratios[layer] == ratio]
+        for part in _chunks(layers, chunk_layers):
+            blocks = quota_blocks(shape.num_kv_heads, ceil_count(ratio, shape.num_kv_heads), len(part), quota)
+            calls += expected_evaluations(blocks, budget_per_layer * len(part), optimizer)
+    return calls
+
+
+def estimate_calls(
+    shape: ModelShape,
+    ratio: float,
+    budget_per_layer: int,
+    chunk_layers: int,
+    optimizer: str = "auto",
+    quota: str = "layer",
+    layer_ratios: Sequence[float] | None = None,
+) -> CallEstimate:
+    """BOSCH's S() calls: a range before Stage 2, exact (up to repeats) once its ratios are known."""
+    stage1 = stage1_calls(shape, ratio, budget_per_layer, optimizer)
+    if layer_ratios is not None:
+        exact = stage3_calls(shape, layer_ratios, budget_per_layer, chunk_layers, optimizer, quota)
+        return CallEstimate(2, stage1, exact, exact)
+    high = stage3_calls(shape, [ratio] * shape.num_layers, budget_per_layer, chunk_layers, optimizer, quota)
+    return CallEstimate(2, stage1, 0, high)
+
+
+def render_cost(
+    costs: Mapping[str, Mapping[str, float]], estimate_before: CallEstimate, estimate_after: CallEstimate | None
+) -> list[str]:
+    """Markdown lines: measured calls and seconds per stage, and the model's predictions.
+
+    The prediction after Stage 2 times Stage 3 at the seconds per call measured until then
+    (what a user watching the run knows), and is set beside the measured total.
+    """
+    lines = [
+        "## Cost",
+        "",
+        "| stage | S() calls | of them stopped early (racing) | seconds | seconds per call |",
+        "|---|---|---|---|---|",
+    ]
+    total_calls = sum(int(row["calls"]) for row in costs.values())
+    total_seconds = sum(row["seconds"] for row in costs.values())
+    for stage, row in costs.items():
+        per_call = row["seconds"] / row["calls"] if row["calls"] else 0.0
+        lines.append(f"| {stage} | {int(row['calls'])} | {int(row['pruned'])} | {row['seconds']:.1f} | {per_call:.3f} |")
+    lines.append(f"| all | {total_calls} | {sum(int(r['pruned']) for r in costs.values())} | {total_seconds:.1f} | "
+                 f"{total_seconds / max(total_calls, 1):.3f} |")  # fmt: skip
+    lines += [
+        "",
+        f"Cost model (`bosch_eval.search.cost`): before the search, N = {estimate_before.low} to {estimate_before.high} "
+        f"S() calls (2 anchors + {estimate_before.stage1} Stage 1 + {estimate_before.stage3_low}–{estimate_before.stage3_high} "
+        "Stage 3, depending on Stage 2's ratios); time ≈ N × seconds per call.",
+    ]
+    if estimate_after is not None:
+        early = {stage: row for stage, row in costs.items() if stage in ("anchor", "stage1")}
+        early_calls = sum(int(row["calls"]) for row in early.values())
+        early_seconds = sum(row["seconds"] for row in early.values())
+        per_call = early_seconds / max(early_calls, 1)
+        predicted = early_seconds + estimate_after.stage3_high * per_call
+        lines.append(
+            f"After Stage 2: Stage 3 predicted at ≤ {estimate_after.stage3_high} calls × {per_call:.3f} s (the seconds per "
+            f"call until then) → total {predicted:.1f} s predicted, {total_seconds:.1f} s measured "
+            f"({predicted / total_seconds - 1:+.0%})." if total_seconds else ""
+        )
+    return lines + [""]
