@@ -182,9 +182,12 @@ def run_search(
     book = ScoreBook(score_fn, shape, known, journal, racing=racing, bounds=bounds)
     full = HeadMask.uniform(shape, full=True).bits
     swa = HeadMask.uniform(shape, full=False).bits
+    all_swa = book.score(swa, "anchor")
+    with book.varying_from(shape.num_layers - 1):  # Stage 1's first layers start from its prefix states
+        all_full = book.score(full, "anchor")
     anchors = Anchors(
-        all_swa=book.score(swa, "anchor"),
-        all_full=book.score(full, "anchor"),
+        all_swa=all_swa,
+        all_full=all_full,
         gamma=settings.gamma,
         higher_is_better=higher_is_better,
     )
