@@ -3,8 +3,10 @@
 For each sequence length T and each configuration (the original model, then one hybrid
 per mask or ratio), measured interleaved in one process: prefill tokens/s (optionally in
 chunks of C tokens), decode tokens/s over N greedy steps after the prefill, KV-cache
-bytes after the prefill, and peak memory (CUDA allocator peak; on CPU the peak resident
-set size above the start, see :func:`peak_memory`). The original runs unpatched
+bytes after the prefill, peak memory (CUDA allocator peak; on CPU the peak resident
+set size above the start, see :func:`peak_memory`), and the decode phase's own peak:
+the KV bytes held after the prefill plus the most tensor memory the decode steps had
+allocated and not yet freed (:func:`tensor_memory_peak`). The original runs unpatched
 (``sdpa``, transformers' dynamic cache); hybrids run the bosch attention on the
 deploy-mode :class:`~bosch_eval.hybrid_cache.HybridCache`.
 
@@ -51,6 +53,7 @@ class BenchRow:
     attention_share: float  # of the prefill time, spent in the attention function
     kv_quant: str | None = None  # e.g. "logquant-2bit-W128"
     kv_bytes_formula: int = 0  # the closed form at this length, to check kv_cache_bytes against
+    decode_peak_bytes: int = 0  # KV bytes after the prefill + the decode steps' peak of live tensor memory
 
 
 def balanced_mask(shape: ModelShape, ratio: float, window: int) -> HeadMask:
@@ -96,6 +99,46 @@ def peak_memory(device: torch.device) -> Iterator[Callable[[], int]]:
     finally:
         done.set()
         sampler.join()
+
+
+@contextmanager
+def tensor_memory_peak() -> Iterator[Callable[[], int]]:
+    """Yields a function returning, after the block, the peak bytes of tensor memory the
+    block allocated and had not yet freed.
+
+    Every allocation and free of tensor storage is taken from the profiler
+    (``profile_memory=True``: an operator's own allocations, and the frees it records as
+    ``[memory]`` events) and summed in time order. Unlike the resident set size this does
+    not see memory the C allocator keeps from earlier phases (after a prefill, glibc holds
+    the prefill's temporaries and a decode step's peak hides inside them), nor the weights
+    or tensors allocated before the block. The profiler slows the block: time it apart.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    peak = [0]
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])], profile_memory=True) as prof:
+        yield lambda: peak[0]
+    changes = []
+    for event in prof.events():
+        nbytes = event.cpu_memory_usage + event.device_memory_usage if event.name == "[memory]" else event.self_cpu_memory_usage + event.self_device_memory_usage
+        if nbytes:
+            changes.append((event.time_range.start, nbytes))
+    live = 0
+    for _, nbytes in sorted(changes):
+        live += nbytes
+        peak[0] = max(peak[0], live)
+
+
+@torch.no_grad()
+def decode_peak(model: Any, ids: torch.Tensor, chunk: int | None, cache: DynamicCache, steps: int = 4) -> int:
+    """Bytes held during decode at its peak: the KV cache after the prefill plus the most
+    tensor memory ``steps`` greedy decode steps had live at once (:func:`tensor_memory_peak`)."""
+    token = _prefill(model, ids, chunk, cache)[:, -1:].argmax(-1)
+    held = kv_cache_bytes(cache)
+    with tensor_memory_peak() as peak:
+        for _ in range(steps):
+            token = model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+    return held + peak()
 
 
 def _reset_peak_rss() -> bool:
@@ -237,8 +280,9 @@ def run_bench(
         for _ in range(repeats):  # interleaved, so drifting machine load hits every configuration alike
             for label, mask in configurations:
                 timings.setdefault(label, []).append(measure(model, ids, decode_tokens, chunk, _set_up(model, mask, w, quant.get(label))))
-        # Separate runs: timing every attention call perturbs the timing.
+        # Separate runs: timing every attention call, or profiling allocations, perturbs the timing.
         shares = {label: attention_share(model, ids, chunk, _set_up(model, mask, w, quant.get(label))) for label, mask in configurations}
+        decode_peaks = {label: decode_peak(model, ids, chunk, _set_up(model, mask, w, quant.get(label))) for label, mask in configurations}
         for label, runs in timings.items():
             mask = dict(masks).get(label)
             rows.append(
@@ -257,6 +301,7 @@ def run_bench(
                         mask.bits if mask else None, shape.num_layers, shape.num_kv_heads, head_dim, length,
                         window=(mask.window or w) if mask else None, kv_quant=quant.get(label), dtype_bytes=dtype_bytes,
                     ),  # fmt: skip
+                    decode_peak_bytes=decode_peaks[label],
                 )
             )
     return rows
@@ -268,17 +313,18 @@ def ratio_table(rows: list[BenchRow], budget_bytes: int | None = None, weight_by
     original = {row.length: row for row in rows if row.label == "original"}
     kv_columns = budget_bytes is not None
     lines = [
-        "| config | ρ | W | T | prefill tok/s | decode tok/s | KV bytes | peak MB | attention share | prefill time ratio | decode time ratio | KV ratio |"
+        "| config | ρ | W | T | prefill tok/s | decode tok/s | KV bytes | peak MB | decode peak MB | attention share | prefill time ratio | decode time ratio | KV ratio | decode peak ratio |"
         + (" kv_quant | KV bytes (formula) | max batch |" if kv_columns else ""),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if kv_columns else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if kv_columns else ""),
     ]
     for row in rows:
         base = original[row.length]
         lines.append(
             f"| {row.label} | {row.swa_ratio:.3g} | {row.window or '-'} | {row.length} | {row.prefill_tokens_per_s:.1f} | "
-            f"{row.decode_tokens_per_s:.2f} | {row.kv_cache_bytes} | {row.peak_memory_bytes / 2**20:.1f} | {row.attention_share:.2f} | "
+            f"{row.decode_tokens_per_s:.2f} | {row.kv_cache_bytes} | {row.peak_memory_bytes / 2**20:.1f} | "
+            f"{row.decode_peak_bytes / 2**20:.1f} | {row.attention_share:.2f} | "
             f"{base.prefill_tokens_per_s / row.prefill_tokens_per_s:.3f} | {base.decode_tokens_per_s / row.decode_tokens_per_s:.3f} | "
-            f"{row.kv_cache_bytes / base.kv_cache_bytes:.4f} |"
+            f"{row.kv_cache_bytes / base.kv_cache_bytes:.4f} | {row.decode_peak_bytes / max(base.decode_peak_bytes, 1):.3f} |"
             + (f" {row.kv_quant or '-'} | {row.kv_bytes_formula} | {max_batch(budget_bytes, weight_bytes, row.kv_bytes_formula)} |" if kv_columns else "")
         )
     return "\n".join(lines)

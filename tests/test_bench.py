@@ -67,3 +67,27 @@ def test_peak_memory_sees_a_transient_allocation(monkeypatch, reset_works):
         time.sleep(0.02)  # the sampler looks every millisecond
         del buffer
     assert 0.95 * size <= peak() <= size + 64 * 2**20
+
+
+def test_tensor_memory_peak_counts_live_tensors_only():
+    before = torch.ones(4_000_000)  # allocated before the block: not counted
+    with bench.tensor_memory_peak() as peak:
+        kept = torch.ones(1_000_000)  # 4 MB, still live at the end
+        temporary = kept * 2  # +4 MB
+        del temporary
+        joined = torch.cat([kept, kept])  # +8 MB on top of the 4 kept: the peak
+        del joined
+    assert peak() == 12_000_000
+    del before, kept
+
+
+def test_decode_peak_holds_the_cache_and_sees_quantization_shrink_it():
+    from bosch_eval.kv_quant.config import KVQuantConfig
+
+    model = random_model("qwen3", num_layers=4)
+    ids = torch.randint(0, model.config.vocab_size, (1, 512), generator=torch.Generator().manual_seed(0))
+    original = bench.decode_peak(model, ids, None, bench._set_up(model, None, 16))
+    quantized = bench.decode_peak(model, ids, None, bench._set_up(model, None, 16, KVQuantConfig("kivi", bits=2, window=16, group_size=model.config.head_dim)))
+    held = 4 * model.config.num_key_value_heads * 2 * model.config.head_dim * 4  # bytes per token over all layers, fp32
+    assert original >= 512 * held  # the cache itself
+    assert quantized < original
