@@ -5,8 +5,8 @@ per mask or ratio), measured interleaved in one process: prefill tokens/s (optio
 chunks of C tokens), decode tokens/s over N greedy steps after the prefill, KV-cache
 bytes after the prefill, peak memory (CUDA allocator peak; on CPU the peak resident
 set size above the start, see :func:`peak_memory`), and the decode phase's own peak:
-the KV bytes held after the prefill plus the most tensor memory the decode steps had
-allocated and not yet freed (:func:`tensor_memory_peak`). The original runs unpatched
+the tensor bytes live at the worst moment of the decode steps, the KV cache included and
+the weights not (:func:`decode_peak`, from the profiler's allocation events). The original runs unpatched
 (``sdpa``, transformers' dynamic cache); hybrids run the bosch attention on the
 deploy-mode :class:`~bosch_eval.hybrid_cache.HybridCache`.
 
@@ -53,7 +53,7 @@ class BenchRow:
     attention_share: float  # of the prefill time, spent in the attention function
     kv_quant: str | None = None  # e.g. "logquant-2bit-W128"
     kv_bytes_formula: int = 0  # the closed form at this length, to check kv_cache_bytes against
-    decode_peak_bytes: int = 0  # KV bytes after the prefill + the decode steps' peak of live tensor memory
+    decode_peak_bytes: int = 0  # tensor bytes live at the decode steps' peak (the cache included, weights not)
 
 
 def balanced_mask(shape: ModelShape, ratio: float, window: int) -> HeadMask:
@@ -101,44 +101,69 @@ def peak_memory(device: torch.device) -> Iterator[Callable[[], int]]:
         sampler.join()
 
 
-@contextmanager
-def tensor_memory_peak() -> Iterator[Callable[[], int]]:
-    """Yields a function returning, after the block, the peak bytes of tensor memory the
-    block allocated and had not yet freed.
+DECODE_LABEL = "bosch_bench.decode"
 
-    Every allocation and free of tensor storage is taken from the profiler
-    (``profile_memory=True``: an operator's own allocations, and the frees it records as
-    ``[memory]`` events) and summed in time order. Unlike the resident set size this does
-    not see memory the C allocator keeps from earlier phases (after a prefill, glibc holds
-    the prefill's temporaries and a decode step's peak hides inside them), nor the weights
-    or tensors allocated before the block. The profiler slows the block: time it apart.
+
+@contextmanager
+def tensor_memory_peak(since: str | None = None) -> Iterator[Callable[[], int]]:
+    """Yields a function returning, after the block, the peak bytes of CPU tensor memory that
+    the block allocated and had not yet freed; with ``since`` (a ``record_function`` label
+    inside the block), the peak from that label's start on.
+
+    Every allocation and free of tensor storage is one ``[memory]`` event of the profiler
+    (``profile_memory=True``) with its bytes and time; they are summed in time order.
+    Unlike the resident set size this does not see memory the C allocator keeps from
+    earlier phases (after a prefill, glibc holds the prefill's temporaries and a decode
+    step's peak hides inside them), nor the weights. A tensor allocated before the block
+    and freed inside it counts as a negative change, so the block should free only what it
+    allocated (garbage is collected first). The profiler slows the block: time it apart.
     """
+    import gc
+
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
+    gc.collect()
     peak = [0]
-    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])], profile_memory=True) as prof:
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         yield lambda: peak[0]
-    changes = []
-    for event in prof.events():
-        nbytes = event.cpu_memory_usage + event.device_memory_usage if event.name == "[memory]" else event.self_cpu_memory_usage + event.self_device_memory_usage
-        if nbytes:
-            changes.append((event.time_range.start, nbytes))
+    events = prof.profiler.kineto_results.events()
+    labels = [e.start_ns() for e in events if since is not None and e.name() == since]
+    if since is not None and not labels:
+        raise ValueError(f"tensor_memory_peak: no record_function {since!r} ran inside the block")
+    start = min(labels, default=None)
+    changes = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]" and e.device_type() == DeviceType.CPU)
     live = 0
-    for _, nbytes in sorted(changes):
+    for moment, nbytes in changes:
         live += nbytes
-        peak[0] = max(peak[0], live)
+        if start is None or moment >= start:
+            peak[0] = max(peak[0], live)
 
 
 @torch.no_grad()
 def decode_peak(model: Any, ids: torch.Tensor, chunk: int | None, cache: DynamicCache, steps: int = 4) -> int:
-    """Bytes held during decode at its peak: the KV cache after the prefill plus the most
-    tensor memory ``steps`` greedy decode steps had live at once (:func:`tensor_memory_peak`)."""
-    token = _prefill(model, ids, chunk, cache)[:, -1:].argmax(-1)
-    held = kv_cache_bytes(cache)
-    with tensor_memory_peak() as peak:
+    """Tensor bytes live at the peak of ``steps`` greedy decode steps after prefilling ``ids``:
+    the KV cache the prefill left, whatever else it left, and the steps' own temporaries
+    (weights excluded). CPU: prefill and decode both run under :func:`tensor_memory_peak`,
+    so the cache tensors a decode step replaces are seen freed. CUDA: the allocator's peak
+    during the steps, above what was allocated before the prefill."""
+    device = ids.device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        token = _prefill(model, ids, chunk, cache)[:, -1:].argmax(-1)
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
         for _ in range(steps):
             token = model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
-    return held + peak()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
+    with tensor_memory_peak(since=DECODE_LABEL) as peak:
+        token = _prefill(model, ids, chunk, cache)[:, -1:].argmax(-1)
+        with torch.profiler.record_function(DECODE_LABEL):
+            for _ in range(steps):
+                token = model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+    return peak()
 
 
 def _reset_peak_rss() -> bool:
