@@ -82,10 +82,6 @@ class PrefixActivations:
         self._bytes = 0
         self._warned = False
 
-    @property
-    def stored_bytes(self) -> int:
-        return self._bytes
-
     def vary_from(self, layer: int | None) -> None:
         """Masks scored next differ only in layers >= ``layer`` (None or 0: nothing to reuse)."""
         if layer is not None and not 0 <= layer < len(self.layers):
@@ -93,10 +89,6 @@ class PrefixActivations:
         if layer != self.first_layer:
             self._warned = False
         self.first_layer = layer
-
-    def clear(self) -> None:
-        self._store.clear()
-        self._bytes = 0
 
     def run(self, forward: Forward, input_ids: torch.Tensor, mask: HeadMask, window: int) -> torch.Tensor:
         """``forward(input_ids)``, starting at the highest stored boundary at or below ℓ0."""

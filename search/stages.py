@@ -80,7 +80,6 @@ class ScoreBook:
         self.racing = racing
         self.bounds = dict(bounds or {})  # mask key -> best S it could still reach
         self.new_evaluations = 0
-        self.pruned = 0  # evaluations racing stopped early (this run)
         self.costs: dict[str, dict[str, float]] = {}  # per stage: calls, pruned, seconds (this run)
         self.on_score: Callable[[float | None], None] | None = None  # progress hook
 
@@ -147,7 +146,6 @@ class ScoreBook:
         self._count(stage, seconds, pruned=isinstance(outcome, RaceBound))
         if isinstance(outcome, RaceBound):
             self.bounds[key] = outcome.score
-            self.pruned += 1
             if self.journal is not None:
                 self.journal.append_bound(key, outcome.score, outcome.examples, stage=stage, seconds=round(seconds, 3))
             if self.on_score is not None:
