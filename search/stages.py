@@ -138,7 +138,8 @@ class ScoreBook:
             seconds = (time.perf_counter() - started) / len(todo)  # the race's time, shared
             for position, outcome in zip(todo, raced, strict=True):
                 outcomes[position] = self._keep(keys[position], outcome, stage, seconds)
-        return [outcomes[i] if i in outcomes else self.score(bits_list[i], stage) for i in range(len(keys))]
+        # Masks scored before cost nothing here and do not move the progress bar.
+        return [outcomes[i] if i in outcomes else self.known[keys[i]] for i in range(len(keys))]
 
     def _keep(self, key: str, outcome: float | RaceBound, stage: str, seconds: float) -> float | RaceBound:
         """Journal and count one raced evaluation."""

@@ -45,8 +45,10 @@ def test_encode_marks_exactly_the_answer_tokens():
 
 def test_two_training_steps_write_a_loadable_checkpoint(tmp_path):
     main(["--out", str(tmp_path), "--steps", "2", "--hidden", "32", "--layers", "2", "--heads", "4", "--kv-heads", "2",
-          "--vocab", "400", "--start-len", "48", "--max-len", "64", "--batch-tokens", "128", "--eval-every", "1000"])  # fmt: skip
-    assert AutoModelForCausalLM.from_pretrained(tmp_path).config.num_key_value_heads == 2
+          "--head-dim", "16", "--vocab", "400", "--start-len", "48", "--max-len", "64", "--batch-tokens", "128",
+          "--eval-every", "1000"])  # fmt: skip
+    config = AutoModelForCausalLM.from_pretrained(tmp_path).config
+    assert (config.num_key_value_heads, config.head_dim) == (2, 16)  # 4 heads of 16 on a 32-wide model
     assert len(AutoTokenizer.from_pretrained(tmp_path)) == 400
     summary = json.loads((tmp_path / "training.json").read_text())
     assert summary["wall_time_s"] > 0 and "ruler_acc@512" in summary["final"]

@@ -142,7 +142,7 @@ def build_model(args: argparse.Namespace, vocab_size: int, eos: int) -> Qwen3For
         num_hidden_layers=args.layers,
         num_attention_heads=args.heads,
         num_key_value_heads=args.kv_heads,
-        head_dim=args.hidden // args.heads,
+        head_dim=args.head_dim or args.hidden // args.heads,
         max_position_embeddings=args.max_positions,
         tie_word_embeddings=True,
         bos_token_id=eos,
@@ -182,6 +182,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=4, help="decoder layers")
     parser.add_argument("--heads", type=int, default=8, help="query heads")
     parser.add_argument("--kv-heads", type=int, default=4, help="KV groups")
+    parser.add_argument(
+        "--head-dim", type=int, help="dimensions per attention head (default hidden // heads); keeps heads wide "
+        "when there are many (16 heads of 16 dimensions on a 128-wide model)"
+    )
     parser.add_argument("--max-positions", type=int, default=2048, help="max_position_embeddings")
     parser.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations and checkpoints")
     parser.add_argument("--resume", action="store_true", help="continue from <out>/train_state.pt")
