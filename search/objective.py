@@ -303,14 +303,15 @@ class CalibrationObjective:
 
     def describe(self) -> dict[str, Any]:
         """What S(z) is, for the provenance of a search (JSON-serializable). The same for one
-        process or N, so a journal written by one resumes under the other."""
+        process or N, so a journal written by one resumes under the other, and the same in
+        every checkout (the bundled model's directory is written as ``toy``)."""
         examples = self._sizes()
         return {
             "tasks": list(self.tasks),
             "metric": self.metric,
             "higher_is_better": self.higher_is_better,
             "aggregation": "mean over the named tasks; groups: lm-eval's aggregate, else unweighted mean of children",
-            "metadata": {key: _jsonable(value) for key, value in self.metadata.items()},
+            "metadata": {key: _portable(_jsonable(value)) for key, value in self.metadata.items()},
             "include_path": self.include_path,
             "limit": self.limit,
             "num_examples": dict(examples),
@@ -600,6 +601,14 @@ def _metric_value(row: Mapping[str, Any], metric: str) -> float | None:
     if value is None or isinstance(value, str):
         return None
     return float(value)
+
+
+def _portable(value: Any) -> Any:
+    """The bundled toy model's directory as its alias: a journal written in one checkout then
+    resumes in another (the directory differs, the model does not)."""
+    from bosch_eval.toy import ALIAS, MODEL_DIR
+
+    return ALIAS if value == str(MODEL_DIR) else value
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -328,6 +328,11 @@ class TestSpeedupsOnTheToyModel:
         tops = [tuple(int(g != swa) for g in range(shape.num_kv_heads)) for swa in range(shape.num_kv_heads)]
         return [HeadMask((*rows, top), shape.num_heads) for top in tops] + [HeadMask.uniform(shape, full=False)]
 
+    def test_the_bundled_model_is_described_by_its_alias(self, plain):
+        # A journal header must not hold this checkout's directory: a resume elsewhere would be refused.
+        metadata = plain.describe()["metadata"]
+        assert (metadata["pretrained"], metadata["tokenizer"]) == ("toy", "toy")
+
     def test_race_to_the_end_equals_a_call(self, plain, cached):
         assert cached.racing_problem() is None
         for mask in self.top_layer_masks(plain.shape)[:2]:
