@@ -41,7 +41,6 @@ GROUPS, HEAD_DIM, HEADS = 8, 128, 16
 
 def _codes(packed: torch.Tensor, bits: int, dtype: torch.dtype) -> torch.Tensor:
     """``[..., D·bits/8]`` packed codes → ``[..., D]`` numbers, by one table lookup per byte."""
-    per_byte = 8 // bits
     table = ((torch.arange(256)[:, None] >> torch.arange(0, 8, bits)) & ((1 << bits) - 1)).to(dtype)  # [256, per_byte]
     return table.to(packed.device)[packed.long()].flatten(-2)  # [..., D/per_byte, per_byte] → [..., D]
 

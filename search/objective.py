@@ -143,6 +143,7 @@ class CalibrationObjective:
             if task.get_config("num_fewshot") is None:
                 task.set_config(key="num_fewshot", value=0)  # as simple_evaluate does
         self.higher_is_better = _metric_direction(self.task_dict["tasks"], metric)
+        self._racing_problem = self._why_not_raceable()  # the tasks are fixed from here on
 
     @property
     def shape(self) -> ModelShape:
@@ -268,6 +269,9 @@ class CalibrationObjective:
         """Why S(z) cannot be raced exactly, or None when it can: racing needs plain tasks
         (not groups or tags), zero-shot (few-shot draws depend on the examples before), and
         lm-eval's ``mean`` as the metric's aggregation."""
+        return self._racing_problem
+
+    def _why_not_raceable(self) -> str | None:
         from lm_eval.api.metrics import mean
 
         for name in self.tasks:
