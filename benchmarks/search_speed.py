@@ -107,7 +107,7 @@ def main() -> None:
             runs[name].append(one_process(ratio, name, root / f"r{ratio}-{name}-{number}"))
         check_same_answers(runs)
         off = sum(run["wall_s"] for run in runs["off"]) / 2
-        print(f"\nrho {ratio}: every run found the same mask (S = {runs['off'][0]['score']:.4f}); full S() values identical")
+        print(f"\nrho {ratio}: every run found the same mask (S = {runs['off'][0]['score']:.4f} on the calibration task, in-sample); full S() values identical")
         print("| setting | search wall time (mean of 2) | vs off | examples per S() call | layer computations skipped |")
         print("|---|---|---|---|---|")
         for name, pair in runs.items():
