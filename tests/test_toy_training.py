@@ -83,6 +83,55 @@ def test_resume_after_an_interruption_ends_with_the_same_weights(tmp_path, monke
     assert steps == [0, 3]
 
 
+def test_stop_after_keeps_the_schedule_of_the_whole_run(tmp_path, monkeypatch):
+    """toy-l's weights are its run's state at step 2500 of 6000: --stop-after N must give the
+    weights a --steps run had after N steps (same schedule), not a shorter schedule's."""
+    import pytest
+    import torch
+    from safetensors.torch import load_file
+
+    import bosch_eval.toy.train as train
+
+    tiny = ["--steps", "4", "--eval-every", "2", "--hidden", "32", "--layers", "2", "--heads", "4", "--kv-heads", "2",
+            "--vocab", "400", "--start-len", "48", "--max-len", "64", "--batch-tokens", "128", "--curriculum-steps", "3"]  # fmt: skip
+    save_state = train.save_state
+
+    def killed_after_first_checkpoint(*args, **kwargs):
+        save_state(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "save_state", killed_after_first_checkpoint)
+    with pytest.raises(KeyboardInterrupt):
+        main(["--out", str(tmp_path / "whole"), *tiny])
+    monkeypatch.setattr(train, "save_state", save_state)
+    at_step_2 = torch.load(tmp_path / "whole" / "train_state.pt", weights_only=False)
+    assert at_step_2["next_step"] == 2
+
+    main(["--out", str(tmp_path / "cut"), *tiny, "--stop-after", "2"])
+    cut = load_file(tmp_path / "cut" / "model.safetensors")
+    assert all(torch.equal(cut[name], at_step_2["model"][name]) for name in cut)  # tied lm_head is not saved
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path / "bad"), *tiny, "--stop-after", "5"])
+
+
+def test_init_from_starts_at_the_checkpoints_weights(tmp_path, capsys):
+    import pytest
+    import torch
+    from safetensors.torch import load_file
+
+    tiny = ["--hidden", "32", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--vocab", "400", "--start-len", "48",
+            "--max-len", "64", "--batch-tokens", "128", "--eval-every", "1000"]  # fmt: skip
+    main(["--out", str(tmp_path / "first"), "--steps", "2", *tiny])
+    main(["--out", str(tmp_path / "second"), "--steps", "1", "--lr", "0", "--init-from", str(tmp_path / "first"), *tiny])
+    first, second = (load_file(tmp_path / run / "model.safetensors") for run in ("first", "second"))
+    assert all(torch.equal(first[name], second[name]) for name in first)  # lr 0: the stage starts where the first ended
+
+    wider = [*tiny[:1], "64", *tiny[2:]]
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path / "bad"), "--steps", "1", "--init-from", str(tmp_path / "first"), *wider])
+    assert "--init-from" in capsys.readouterr().err
+
+
 def test_calib_documents_use_the_calibration_template_and_hold_their_answer():
     from bosch_eval.tasks.niah import calibration
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from bosch_eval.toy.corpus import TRAIN_SEED_BASE, DocumentMaker, Piece
 
@@ -152,6 +152,17 @@ def build_model(args: argparse.Namespace, vocab_size: int, eos: int) -> Qwen3For
     return Qwen3ForCausalLM(config)
 
 
+def load_weights(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, checkpoint: Path, parser: argparse.ArgumentParser) -> None:
+    """Copy ``checkpoint``'s weights into ``model``; a checkpoint of another shape or
+    tokenizer is an error naming ``--init-from``, never a partial load."""
+    if AutoTokenizer.from_pretrained(checkpoint).get_vocab() != tokenizer.get_vocab():
+        parser.error(f"--init-from {checkpoint}: its tokenizer differs from this run's (--vocab/--seed)")
+    try:
+        model.load_state_dict(Qwen3ForCausalLM.from_pretrained(checkpoint).state_dict())
+    except RuntimeError as err:
+        parser.error(f"--init-from {checkpoint}: its weights do not fit the model these arguments build: {err}")
+
+
 def save_state(path: Path, model: Qwen3ForCausalLM, optimizer: torch.optim.Optimizer, scheduler: Any,
                maker: DocumentMaker, next_step: int, elapsed_s: float, history: list[dict[str, Any]]) -> None:  # fmt: skip
     """Everything ``--resume`` needs, written to a temporary file first so a kill never leaves half a state."""
@@ -169,7 +180,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log", type=Path, help="JSON-lines progress log (default: <out>/train_log.jsonl)")
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and training documents")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
-    parser.add_argument("--steps", type=int, default=3000, help="optimizer steps")
+    parser.add_argument("--steps", type=int, default=3000, help="optimizer steps (the length of the lr schedule)")
+    parser.add_argument(
+        "--stop-after", type=int, help="end after this many steps with the schedule of --steps (a run cut short on "
+        "purpose: toy-l's weights are its state at step 2500 of 6000)"
+    )
     parser.add_argument("--batch-tokens", type=int, default=8192, help="tokens per batch (rows = budget // length)")
     parser.add_argument("--start-len", type=int, default=96, help="longest document at step 0, tokens")
     parser.add_argument("--max-len", type=int, default=1152, help="longest document after the curriculum, tokens")
@@ -189,12 +204,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-positions", type=int, default=2048, help="max_position_embeddings")
     parser.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations and checkpoints")
     parser.add_argument("--resume", action="store_true", help="continue from <out>/train_state.pt")
+    parser.add_argument(
+        "--init-from", type=Path, help="a second training stage: start from this checkpoint's weights (same shape and "
+        "tokenizer) with a fresh optimizer, schedule and curriculum"
+    )
     args = parser.parse_args(argv)
+    if args.stop_after is not None and not 0 < args.stop_after <= args.steps:
+        parser.error(f"--stop-after {args.stop_after}: expected a step count in [1, --steps = {args.steps}]")
+    last_step = args.steps if args.stop_after is None else args.stop_after
 
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     tokenizer = train_tokenizer(args.vocab, args.seed)
-    model = build_model(args, len(tokenizer), tokenizer.eos_token_id).to(device).train()
+    model = build_model(args, len(tokenizer), tokenizer.eos_token_id)
+    if args.init_from is not None and not args.resume:
+        load_weights(model, tokenizer, args.init_from, parser)
+    model = model.to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
     schedule = lambda step: min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))  # noqa: E731
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
@@ -215,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.time() - spent_s
 
     with log_path.open("a" if args.resume else "w") as log:
-        for step in range(first_step, args.steps):
+        for step in range(first_step, last_step):
             max_len, mix = curriculum(step, args)
             lengths = [maker.rng.randint(max(32, max_len // 4), max_len) for _ in range(max(1, args.batch_tokens // max_len))]
             ids, weights, answers = make_batch(tokenizer, maker, lengths, mix, args.context_weight)
@@ -225,10 +250,10 @@ def main(argv: list[str] | None = None) -> None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             scheduler.step()
-            if step % 10 == 0 or step == args.steps - 1:
+            if step % 10 == 0 or step == last_step - 1:
                 record = {"step": step, "loss": round(loss.item(), 4), "train_acc": accuracy, "max_len": max_len,
                           "lr": scheduler.get_last_lr()[0], "elapsed_s": round(time.time() - started, 1)}  # fmt: skip
-                if step % args.eval_every == 0 or step == args.steps - 1:
+                if step % args.eval_every == 0 or step == last_step - 1:
                     record.update(evaluate(model, tokenizer, device, [512, 1024], 32))
                 history.append(record)
                 log.write(json.dumps(record) + "\n")
