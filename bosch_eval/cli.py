@@ -16,7 +16,7 @@ from bosch_eval.search.import_cli import add_import_parser
 from bosch_eval.search.rank_cli import add_rank_parser
 from bosch_eval.search.search_cli import ERRORS as SEARCH_ERRORS
 from bosch_eval.search.search_cli import add_search_parser
-from bosch_eval.toy import resolve_model
+from bosch_eval.toy import BUNDLED_MODELS, resolve_model
 from bosch_eval.train.cli import add_train_parser
 
 FULL, SWA = "█", "·"
@@ -143,7 +143,7 @@ def _kv_quant_configs(args: argparse.Namespace, model: Any, configs: list) -> li
 def _toy_model(args: argparse.Namespace) -> None:
     from bosch_eval.toy import model_path
 
-    print(model_path())
+    print(model_path(args.name))
 
 
 def _tasks_dir(args: argparse.Namespace) -> None:
@@ -188,8 +188,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench", help="directory for bench.json, bench.md and the PNGs")
     bench.set_defaults(run=_bench)
 
-    toy = commands.add_parser("toy-model", help="the bundled toy model (a small trained Qwen3)")
+    toy = commands.add_parser("toy-model", help="the bundled toy models (small trained Qwen3s)")
     toy.add_argument("--path", action="store_true", required=True, help="print the directory to pass as pretrained=")
+    toy.add_argument(
+        "--name", default="toy", choices=sorted(BUNDLED_MODELS), help="toy: 4 layers x 4 KV groups; toy-l: 8 x 8 (default: toy)"
+    )
     toy.set_defaults(run=_toy_model)
 
     tasks = commands.add_parser("tasks", help="the bundled lm-eval tasks (bosch_niah_calib, bosch_niah, bosch_longbench)")

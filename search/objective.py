@@ -608,11 +608,11 @@ def _metric_value(row: Mapping[str, Any], metric: str) -> float | None:
 
 
 def _portable(value: Any) -> Any:
-    """The bundled toy model's directory as its alias: a journal written in one checkout then
+    """A bundled toy model's directory as its alias: a journal written in one checkout then
     resumes in another (the directory differs, the model does not)."""
-    from bosch_eval.toy import ALIAS, MODEL_DIR
+    from bosch_eval.toy import bundled_alias
 
-    return ALIAS if value == str(MODEL_DIR) else value
+    return (isinstance(value, str) and bundled_alias(value)) or value
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -13,13 +13,13 @@ import pytest
 from bosch_eval.cli import main
 from bosch_eval.masks import HeadMask, MaskError, ModelShape
 from bosch_eval.model_check import ModelError, check_length, check_model_exists, max_positions, model_config
-from bosch_eval.toy import MODEL_DIR, resolve_model
+from bosch_eval.toy import model_path, resolve_model
 
 
 class TestExistence:
     def test_a_checkpoint_directory_and_the_toy_alias(self, tiny_model_dir: Path) -> None:
         assert check_model_exists(str(tiny_model_dir)) == str(tiny_model_dir)
-        assert resolve_model("toy") == str(MODEL_DIR)
+        assert resolve_model("toy") == str(model_path())
 
     @pytest.mark.parametrize("name", ["/no/such/model", "./runs/missing", "~/missing/model/dir"])
     def test_a_missing_path_is_named_without_asking_the_hub(self, name: str) -> None:
@@ -71,11 +71,11 @@ class TestLength:
     def test_max_positions_of_gqa_and_gpt2_configs(self) -> None:
         from transformers import AutoConfig
 
-        assert max_positions(model_config(str(MODEL_DIR))) == 2048
+        assert max_positions(model_config(str(model_path()))) == 2048
         assert max_positions(AutoConfig.for_model("gpt2", n_positions=1024)) == 1024
 
     def test_a_length_past_the_maximum_names_length_model_and_maximum(self) -> None:
-        config = model_config(str(MODEL_DIR))
+        config = model_config(str(model_path()))
         check_length(2048, "toy", config, "--calib-len", "--ignore-max-positions")
         with pytest.raises(ModelError, match=r"--calib-len 4096: longer than model 'toy' .*= 2048.*--ignore-max-positions"):
             check_length(4096, "toy", config, "--calib-len", "--ignore-max-positions")
@@ -108,6 +108,17 @@ class TestAdapterValidatesBeforeLoading:
 
         with pytest.raises(ModelError, match="no such directory"):
             BoschLM(pretrained=str(tmp_path / "absent"), layers="intr", ratio=0.5, window=4)
+
+    def test_toy_l_runs_through_the_adapter_and_refuses_a_toy_mask(self, tmp_path: Path) -> None:
+        from bosch_eval.model_adapters.bosch import BoschLM
+
+        apl = Path(__file__).resolve().parents[1] / "results" / "toy_l" / "rankings" / "apl.json"
+        lm = BoschLM(pretrained="toy-l", ranking=str(apl), ratio=0.75, device="cpu")
+        assert (lm.hybrid.mask.shape.num_layers, lm.hybrid.mask.shape.num_kv_heads, lm.hybrid.window) == (8, 8, 32)
+        assert lm.hybrid.mask.swa_ratio == 0.75
+        HeadMask.uniform(ModelShape(4, 8, 4), full=False, window=32).save(tmp_path / "toy_mask.json")
+        with pytest.raises(MaskError, match="toy_mask.json"):
+            BoschLM(pretrained="toy-l", mask=str(tmp_path / "toy_mask.json"), device="cpu")
 
     def test_the_default_window_is_logged(self, caplog: pytest.LogCaptureFixture) -> None:
         from bosch_eval.model_adapters.bosch import BoschLM
