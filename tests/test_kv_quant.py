@@ -4,11 +4,15 @@ oracles (window covering everything = bit-identical, greedy generation unchanged
 
 from __future__ import annotations
 
+import logging
+import shutil
+
 import pytest
 import torch
 
 from bosch_eval.hybrid_attention import hybridize
 from bosch_eval.hybrid_cache import HybridCache, HybridHeadLayer, kv_cache_bytes
+from bosch_eval.kv_quant import fused as fused_module
 from bosch_eval.kv_quant.config import KVQuantConfig, parse_kv_quant
 from bosch_eval.kv_quant.formula import kv_cache_bytes_formula
 from bosch_eval.kv_quant.layer import QuantizedFullLayer
@@ -21,6 +25,7 @@ from bosch_eval.kv_quant.packing import (
     unpack,
 )
 from bosch_eval.kv_quant.selection import Selector
+from bosch_eval.kv_quant.store import QuantizedKVStore
 from bosch_eval.masks import HeadMask, MaskError
 from bosch_eval.random_model import random_model
 from tests.conftest import left_padded_batch
@@ -215,6 +220,55 @@ class TestCache:
         out = model.generate(input_ids=ids, attention_mask=attention, past_key_values=cache, max_new_tokens=20, do_sample=False, pad_token_id=0)
         assert out.shape[1] == 17 + 20
         assert cache.layers[0].store.key_codes is not None and cache.layers[0].store.key_codes.dtype == torch.uint8
+
+    @pytest.mark.parametrize("method, bits, dtype", [("logquant", 2, torch.float32), ("kivi", 2, torch.float32), ("logquant", 4, torch.bfloat16)])
+    def test_fused_rebuild_equals_the_eager_rebuild(self, method, bits, dtype, monkeypatch):
+        """The compiled one-pass rebuild (what a decode step uses) against the store's eager
+        rebuild, after a prefill and through decode steps that release more tokens: full-precision
+        positions copied exactly, quantized ones equal up to rounding."""
+        if not any(shutil.which(compiler) for compiler in ("g++", "c++", "clang++")):
+            pytest.skip("no C++ compiler: torch.compile cannot run on CPU here, the store rebuilds eagerly")
+        store, states = self._prefilled_store(method, bits, dtype)
+        for t in range(23, 40):
+            new_keys, new_values = states[0, :, :, t : t + 1], states[1, :, :, t : t + 1]
+            fused = store._rebuild(new_keys, new_values)
+            assert fused_module.enabled, "the compiled rebuild failed and the store fell back to the eager one"
+            monkeypatch.setattr(fused_module, "enabled", False)
+            eager = store._rebuild(new_keys, new_values)
+            monkeypatch.setattr(fused_module, "enabled", True)
+            fp = store.fp_positions
+            for got, want in zip(fused, eager):
+                assert got.shape == want.shape == (2, 2, t + 1, 16) and got.dtype == dtype
+                assert torch.equal(got[:, :, fp], want[:, :, fp]) and torch.equal(got[:, :, -1:], want[:, :, -1:])
+                # bf16: eager rounds codes·scale, then adds; the fused pass rounds once
+                torch.testing.assert_close(got, want, **({"atol": 2**-6, "rtol": 0} if dtype == torch.bfloat16 else {}))
+            store.update(new_keys, new_values)
+        assert store.key_codes is not None and store.quantized_positions.numel() > 0
+
+    def test_a_failing_compile_falls_back_to_the_eager_rebuild_and_says_so(self, monkeypatch, caplog):
+        store, states = self._prefilled_store("logquant", 2, torch.float32)
+        new_keys, new_values = states[0, :, :, 23:24], states[1, :, :, 23:24]
+        monkeypatch.setattr(fused_module, "enabled", False)
+        eager = store._rebuild(new_keys, new_values)
+
+        def no_compiler(*tensors):
+            raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+
+        monkeypatch.setattr(fused_module, "enabled", True)
+        monkeypatch.setattr(fused_module, "_compiled", lambda bits, group_size, head_dim: no_compiler)
+        with caplog.at_level(logging.WARNING, logger="bosch_eval.kv_quant.fused"):
+            got = store._rebuild(new_keys, new_values)
+        assert all(torch.equal(a, b) for a, b in zip(got, eager))
+        assert not fused_module.enabled and "rebuilding with eager PyTorch" in caplog.text and "No working C++ compiler" in caplog.text
+
+    @staticmethod
+    def _prefilled_store(method: str, bits: int, dtype: torch.dtype) -> tuple[QuantizedKVStore, torch.Tensor]:
+        """A store after a 23-token prefill (W = 4: tokens already quantized) and the
+        ``[2 (K/V), B=2, G=2, 40, D=16]`` states it was filled from."""
+        store = QuantizedKVStore(KVQuantConfig(method, bits, 4, 8), Selector(method, 4))
+        states = torch.randn(2, 2, 2, 40, 16, generator=torch.Generator().manual_seed(9)).to(dtype)
+        store.update(states[0, :, :, :23], states[1, :, :, :23])
+        return store, states
 
 
 def test_bench_measures_quantized_configs_and_matches_the_formula():

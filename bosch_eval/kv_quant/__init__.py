@@ -2,5 +2,6 @@
 
 ``config`` (settings and validation), ``selection`` (which positions stay at full
 precision), ``packing`` (2/4-bit quantization), ``store`` (append-only storage of one
-layer's groups), ``layer`` (a transformers cache layer), ``formula`` (closed-form bytes).
+layer's groups), ``fused`` (a decode step's rebuild compiled into one pass), ``layer`` (a
+transformers cache layer), ``formula`` (closed-form bytes).
 """

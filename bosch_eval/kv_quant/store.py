@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from bosch_eval.kv_quant.config import KVQuantConfig
+from bosch_eval.kv_quant.fused import compiled_rebuild
 from bosch_eval.kv_quant.packing import Quantized, dequantize_keys, dequantize_values, quantize_keys, quantize_values
 from bosch_eval.kv_quant.selection import Selector
 
@@ -59,8 +60,7 @@ class QuantizedKVStore:
         elif self.key_codes is None:  # nothing quantized yet: exactly the unquantized cache's tensors
             seen_keys, seen_values = torch.cat([self.fp_keys, keys], dim=-2), torch.cat([self.fp_values, values], dim=-2)
         else:
-            seen_keys, seen_values = self._expand(extra=keys.shape[-2])
-            seen_keys[:, :, self.seen :], seen_values[:, :, self.seen :] = keys, values
+            seen_keys, seen_values = self._rebuild(keys, values)
         self._append(keys, values)
         return seen_keys, seen_values
 
@@ -68,11 +68,30 @@ class QuantizedKVStore:
         """Every stored position in order, quantized ones dequantized (``None`` when empty)."""
         if self.fp_keys is None or self.key_codes is None:
             return self.fp_keys, self.fp_values
-        return self._expand(extra=0)
+        return self._rebuild(self.fp_keys[:, :, :0], self.fp_values[:, :, :0])
+
+    def _rebuild(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every stored position in order (dequantized where quantized), then the ``[B, G, q, D]``
+        new ``keys``/``values``: one compiled pass (:mod:`bosch_eval.kv_quant.fused`) where
+        torch.compile works, else the eager rebuild."""
+        device = self.fp_keys.device
+        fp_index, q_index = self.fp_positions.to(device), self.quantized_positions.to(device)
+        row = torch.empty(self.seen, dtype=torch.long, device=device)
+        row[fp_index] = torch.arange(fp_index.shape[0], device=device)
+        row[q_index] = torch.arange(q_index.shape[0], device=device)
+        quantized = torch.zeros(self.seen, dtype=torch.bool, device=device)
+        quantized[q_index] = True
+        fused = compiled_rebuild(self.fp_keys, self.fp_values, self.key_codes, self.key_scale, self.key_zero, self.value_codes,
+                                 self.value_scale, self.value_zero, row, quantized, keys, values, bits=self.config.bits, group_size=self.config.group_size)  # fmt: skip
+        if fused is not None:
+            return fused
+        seen_keys, seen_values = self._expand(extra=keys.shape[-2])
+        seen_keys[:, :, self.seen :], seen_values[:, :, self.seen :] = keys, values
+        return seen_keys, seen_values
 
     def _expand(self, extra: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[B, G, seen + extra, D]`` keys and values, positions ``< seen`` filled (dequantized
-        where quantized), the last ``extra`` left for the caller."""
+        """The eager rebuild: ``[B, G, seen + extra, D]`` keys and values, positions ``< seen``
+        filled (dequantized where quantized), the last ``extra`` left for the caller."""
         b, g, _, d = self.fp_keys.shape
         dtype, bits = self.fp_keys.dtype, self.config.bits
         events = self.key_scale.shape[2]
