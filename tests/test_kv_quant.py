@@ -5,7 +5,6 @@ oracles (window covering everything = bit-identical, greedy generation unchanged
 from __future__ import annotations
 
 import logging
-import shutil
 
 import pytest
 import torch
@@ -226,8 +225,10 @@ class TestCache:
         """The compiled one-pass rebuild (what a decode step uses) against the store's eager
         rebuild, after a prefill and through decode steps that release more tokens: full-precision
         positions copied exactly, quantized ones equal up to rounding."""
-        if not any(shutil.which(compiler) for compiler in ("g++", "c++", "clang++")):
-            pytest.skip("no C++ compiler: torch.compile cannot run on CPU here, the store rebuilds eagerly")
+        try:
+            torch.compile(lambda x: x * 2 + 1)(torch.ones(3))
+        except Exception as err:  # noqa: BLE001 - this machine cannot compile anything (no C++ compiler or headers)
+            pytest.skip(f"torch.compile cannot run here ({type(err).__name__}); the store rebuilds eagerly")
         store, states = self._prefilled_store(method, bits, dtype)
         for t in range(23, 40):
             new_keys, new_values = states[0, :, :, t : t + 1], states[1, :, :, t : t + 1]
