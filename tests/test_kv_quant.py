@@ -229,11 +229,14 @@ class TestCache:
             torch.compile(lambda x: x * 2 + 1)(torch.ones(3))
         except Exception as err:  # noqa: BLE001 - this machine cannot compile anything (no C++ compiler or headers)
             pytest.skip(f"torch.compile cannot run here ({type(err).__name__}); the store rebuilds eagerly")
+        # Whether an earlier test's configuration fell back is not this test's question.
+        monkeypatch.setattr(fused_module, "enabled", True)
+        monkeypatch.setattr(fused_module, "disabled_reason", "")
         store, states = self._prefilled_store(method, bits, dtype)
         for t in range(23, 40):
             new_keys, new_values = states[0, :, :, t : t + 1], states[1, :, :, t : t + 1]
             fused = store._rebuild(new_keys, new_values)
-            assert fused_module.enabled, "the compiled rebuild failed and the store fell back to the eager one"
+            assert fused_module.enabled, f"the compiled rebuild failed and the store fell back to the eager one: {fused_module.disabled_reason}"
             monkeypatch.setattr(fused_module, "enabled", False)
             eager = store._rebuild(new_keys, new_values)
             monkeypatch.setattr(fused_module, "enabled", True)
@@ -256,11 +259,13 @@ class TestCache:
             raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
 
         monkeypatch.setattr(fused_module, "enabled", True)
+        monkeypatch.setattr(fused_module, "disabled_reason", "")
         monkeypatch.setattr(fused_module, "_compiled", lambda bits, group_size, head_dim: no_compiler)
         with caplog.at_level(logging.WARNING, logger="bosch_eval.kv_quant.fused"):
             got = store._rebuild(new_keys, new_values)
         assert all(torch.equal(a, b) for a, b in zip(got, eager))
         assert not fused_module.enabled and "rebuilding with eager PyTorch" in caplog.text and "No working C++ compiler" in caplog.text
+        assert fused_module.disabled_reason == "RuntimeError: InvalidCxxCompiler: No working C++ compiler found"
 
     @staticmethod
     def _prefilled_store(method: str, bits: int, dtype: torch.dtype) -> tuple[QuantizedKVStore, torch.Tensor]:

@@ -26,6 +26,8 @@ logger = logging.getLogger(__name__)
 
 # Off when torch.compile is unavailable here (no C++ compiler / Triton); tests switch it.
 enabled = True
+# Why the compiled path was turned off (the first failure), for the log and for tests.
+disabled_reason = ""
 
 
 def gather_dequantize(
@@ -88,15 +90,16 @@ def _compiled(bits: int, group_size: int, head_dim: int) -> Callable[..., tuple[
     return torch.compile(rebuild)
 
 
-# The dims of each argument of gather_dequantize that vary between calls (batch, groups,
-# lengths); the rest (head dim, packed bytes) are fixed for one model.
+# The dims of each argument of gather_dequantize that vary between calls: batch, groups (a
+# hybrid layer's full-attention groups differ by layer) and lengths. The rest (head dim,
+# packed bytes) are fixed for one model.
 _VARYING_DIMS = ((0, 1, 2),) * 8 + ((0,), (0,), (0, 1, 2), (0, 1, 2))
 
 
 def compiled_rebuild(*tensors: torch.Tensor, bits: int, group_size: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """:func:`gather_dequantize` compiled, or ``None`` where it cannot run compiled (then the
     caller rebuilds eagerly; the first failure is logged and turns this path off)."""
-    global enabled
+    global enabled, disabled_reason
     if not enabled or torch._dynamo.config.disable:  # TORCHDYNAMO_DISABLE=1 would run the slow eager gather
         return None
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
@@ -104,16 +107,22 @@ def compiled_rebuild(*tensors: torch.Tensor, bits: int, group_size: int) -> tupl
     # Contiguous new states: their strides (views of the model's projections) would be guarded.
     tensors = (*tensors[:-2], tensors[-2].contiguous(), tensors[-1].contiguous())
     for tensor, dims in zip(tensors, _VARYING_DIMS, strict=True):
-        for dim in dims:  # "maybe": a size of 1 stays specialized, one more compile
+        for dim in dims:  # "maybe": a size of 0 or 1 stays specialized, one more compile
             torch._dynamo.maybe_mark_dynamic(tensor, dim)
     try:
-        # Each (dtype, bits, group size, head dim, sizes of 1) is one compile of the same code:
-        # a few per model, more across a test suite, so a higher limit than dynamo's 8; past
-        # it, fail (and fall back below) rather than let dynamo run the slow eager gather.
-        with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True):
+        # Each (dtype, bits, group size, head dim, sizes of 0 or 1) is one compile of the same
+        # code: a few per model, more across a test suite, so a higher limit than dynamo's 8;
+        # past it, fail (and fall back below) rather than let dynamo run the slow eager gather.
+        # Automatic dynamic shapes are off: the compiles of all head dims share one code object,
+        # so a second head dim made dynamo recompile with the head dim symbolic (the slow
+        # unvectorized loop), and such recompiles failed intermittently in its guard building
+        # ("sources must not be empty for symbol ...", torch 2.13; seen in CI).
+        patch = torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True, automatic_dynamic_shapes=False)
+        with torch.no_grad(), patch:
             return _compiled(bits, group_size, tensors[0].shape[-1])(*tensors)
     except Exception as err:  # noqa: BLE001 - any compiler failure (no g++, no Triton) leaves the eager rebuild
         enabled = False
-        logger.warning("kv_quant: torch.compile of the fused dequantization failed (%s: %s); rebuilding with eager "
-                       "PyTorch instead (same values, slower decode)", type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+        disabled_reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        logger.warning("kv_quant: torch.compile of the fused dequantization failed (%s); rebuilding with eager "
+                       "PyTorch instead (same values, slower decode)", disabled_reason)
         return None
