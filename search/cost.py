@@ -13,7 +13,8 @@ With q(r) = ⌈r·G⌉ SWA groups per layer at ratio r::
 
 Before the search, the Stage-2 ratios are unknown: the low end assumes every layer lands on 0
 or 1 (no Stage 3 search), the high end every layer at ρ. After Stage 2 the count is exact up
-to masks met twice (scored once). Racing does not change N, only t_call.
+to masks met twice (scored once). Racing does not change N, only t_call, and only for the
+optimizers it applies to: NOMAD reads exact values, so its calls always forward every example.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from bosch_eval.masks import ModelShape, ceil_count
-from bosch_eval.search.stages import _chunks, expected_evaluations, quota_blocks
+from bosch_eval.search.stages import _chunks, expected_evaluations, expected_method, quota_blocks
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class CallEstimate:
     stage1: int
     stage3_low: int
     stage3_high: int
+    stage3_exact: int = 0  # of stage3_high, NOMAD's calls: never raced, every example forwarded
 
     @property
     def low(self) -> int:
@@ -51,17 +53,20 @@ def stage1_calls(shape: ModelShape, ratio: float, budget_per_layer: int, optimiz
 
 def stage3_calls(
     shape: ModelShape, layer_ratios: Sequence[float], budget_per_layer: int, chunk_layers: int, optimizer: str = "auto", quota: str = "layer"
-) -> int:
-    """Stage 3's calls for given Stage-2 ratios (its sub-problems as :func:`stages.stage3` forms them)."""
-    calls = 0
+) -> tuple[int, int]:
+    """Stage 3's calls for given Stage-2 ratios (its sub-problems as :func:`stages.stage3` forms
+    them), and how many of them NOMAD makes (exact, never raced)."""
+    calls = exact = 0
     for ratio in sorted(set(layer_ratios), reverse=True):
         if ratio in (0.0, 1.0):
             continue
         layers = [layer for layer in range(shape.num_layers - 1, -1, -1) if layer_ratios[layer] == ratio]
         for part in _chunks(layers, chunk_layers):
             blocks = quota_blocks(shape.num_kv_heads, ceil_count(ratio, shape.num_kv_heads), len(part), quota)
-            calls += expected_evaluations(blocks, budget_per_layer * len(part), optimizer)
-    return calls
+            part_calls = expected_evaluations(blocks, budget_per_layer * len(part), optimizer)
+            calls += part_calls
+            exact += part_calls if expected_method(blocks, budget_per_layer * len(part), optimizer) == "nomad" else 0
+    return calls, exact
 
 
 def estimate_calls(
@@ -76,10 +81,10 @@ def estimate_calls(
     """BOSCH's S() calls: a range before Stage 2, exact (up to repeats) once its ratios are known."""
     stage1 = stage1_calls(shape, ratio, budget_per_layer, optimizer)
     if layer_ratios is not None:
-        exact = stage3_calls(shape, layer_ratios, budget_per_layer, chunk_layers, optimizer, quota)
-        return CallEstimate(2, stage1, exact, exact)
-    high = stage3_calls(shape, [ratio] * shape.num_layers, budget_per_layer, chunk_layers, optimizer, quota)
-    return CallEstimate(2, stage1, 0, high)
+        calls, exact = stage3_calls(shape, layer_ratios, budget_per_layer, chunk_layers, optimizer, quota)
+        return CallEstimate(2, stage1, calls, calls, exact)
+    high, exact = stage3_calls(shape, [ratio] * shape.num_layers, budget_per_layer, chunk_layers, optimizer, quota)
+    return CallEstimate(2, stage1, 0, high, exact)
 
 
 def render_cost(
@@ -87,8 +92,8 @@ def render_cost(
 ) -> list[str]:
     """Markdown lines: measured calls and seconds per stage, and the model's predictions.
 
-    The prediction after Stage 2 times Stage 3 at the seconds per call measured until then
-    (what a user watching the run knows), and is set beside the measured total.
+    The prediction after Stage 2 (:func:`_prediction_after_stage2`) is set beside the
+    measured total.
     """
     lines = [
         "## Cost",
@@ -110,14 +115,29 @@ def render_cost(
         "Stage 3, depending on Stage 2's ratios); time ≈ N × seconds per call.",
     ]
     if estimate_after is not None:
-        early = {stage: row for stage, row in costs.items() if stage in ("anchor", "stage1")}
-        early_calls = sum(int(row["calls"]) for row in early.values())
-        early_seconds = sum(row["seconds"] for row in early.values())
-        per_call = early_seconds / max(early_calls, 1)
-        predicted = early_seconds + estimate_after.stage3_high * per_call
-        lines.append(
-            f"After Stage 2: Stage 3 predicted at ≤ {estimate_after.stage3_high} calls × {per_call:.3f} s (the seconds per "
-            f"call until then) → total {predicted:.1f} s predicted, {total_seconds:.1f} s measured "
-            f"({predicted / total_seconds - 1:+.0%})." if total_seconds else ""
-        )
+        lines.append(_prediction_after_stage2(costs, estimate_after, total_seconds))
     return lines + [""]
+
+
+def _prediction_after_stage2(costs: Mapping[str, Mapping[str, float]], estimate: CallEstimate, total_seconds: float) -> str:
+    """Stage 3 timed at the seconds per call measured until then (what a user watching the run
+    knows); NOMAD's calls, never raced, at the seconds of an unraced call (an anchor's) when this
+    run timed one, since raced Stage-1 calls can be many times cheaper."""
+    if not total_seconds:
+        return ""
+    early = [row for stage, row in costs.items() if stage in ("anchor", "stage1")]
+    early_seconds = sum(row["seconds"] for row in early)
+    per_call = early_seconds / max(sum(int(row["calls"]) for row in early), 1)
+    anchor = costs.get("anchor")
+    per_exact_call = anchor["seconds"] / anchor["calls"] if anchor and anchor["calls"] else None
+    raced_calls, exact_calls = estimate.stage3_high - estimate.stage3_exact, estimate.stage3_exact
+    if exact_calls and per_exact_call is not None:
+        predicted = early_seconds + raced_calls * per_call + exact_calls * per_exact_call
+        terms = (f"{raced_calls} calls × {per_call:.3f} s (the seconds per call until then) + {exact_calls} NOMAD calls × "
+                 f"{per_exact_call:.3f} s (an anchor's: NOMAD is never raced)")  # fmt: skip
+    else:
+        predicted = early_seconds + estimate.stage3_high * per_call
+        terms = f"{estimate.stage3_high} calls × {per_call:.3f} s (the seconds per call until then"
+        terms += "; no unraced call timed in this run, so NOMAD's calls at that rate too)" if exact_calls else ")"
+    return (f"After Stage 2: Stage 3 predicted at ≤ {terms} → total {predicted:.1f} s predicted, {total_seconds:.1f} s "
+            f"measured ({predicted / total_seconds - 1:+.0%}).")  # fmt: skip

@@ -321,16 +321,25 @@ def solve(
     return best, summary
 
 
-def expected_evaluations(blocks: Sequence[tuple[int, int]], budget: int, optimizer: str) -> int:
-    """Upper bound on a sub-problem's evaluations (exhaustive needs every feasible point, the others the budget)."""
+def _bare_problem(blocks: Sequence[tuple[int, int]], budget: int) -> SubProblem:
     blocks = tuple(blocks)
-    problem = SubProblem(
+    return SubProblem(
         n=sum(size for size, _ in blocks),
         k=sum(ones for _, ones in blocks),
         budget=budget,
         seed=0,
         blocks=blocks if len(blocks) > 1 else None,
     )
+
+
+def expected_method(blocks: Sequence[tuple[int, int]], budget: int, optimizer: str) -> str:
+    """The optimizer a sub-problem with these quota ``blocks`` gets (:func:`choose_method`)."""
+    return choose_method(_bare_problem(blocks, budget), optimizer)
+
+
+def expected_evaluations(blocks: Sequence[tuple[int, int]], budget: int, optimizer: str) -> int:
+    """Upper bound on a sub-problem's evaluations (exhaustive needs every feasible point, the others the budget)."""
+    problem = _bare_problem(blocks, budget)
     return problem.size if choose_method(problem, optimizer) == "exhaustive" else budget
 
 
