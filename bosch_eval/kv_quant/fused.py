@@ -82,7 +82,7 @@ def gather_dequantize(
 @functools.cache
 def _compiled(bits: int, group_size: int, head_dim: int) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     # ``bits``, ``group_size`` and the head dim are constants of the compiled code, and only
-    # the lengths are dynamic (marked per call): under dynamic=True every int and size is
+    # batch, groups and lengths are dynamic (marked per call): under dynamic=True every int and size is
     # symbolic and the unpacking loops are not vectorized, measured 10-60x slower on CPU.
     def rebuild(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return gather_dequantize(*tensors, bits=bits, group_size=group_size, head_dim=head_dim)
