@@ -193,7 +193,7 @@ class CalibrationObjective:
     def race_many(
         self, masks: Sequence[HeadMask], rule_out: Callable[[list[tuple[float, float]]], set[int]]
     ) -> list[float | RaceBound]:
-        """Score ``masks`` in lockstep (:meth:`Racer.race_many`): masks ``rule_out`` names stop
+        """Score ``masks`` together (:meth:`Racer.race_many`): masks ``rule_out`` names stop
         with a :class:`RaceBound`, the rest get exactly ``self(mask)``.
 
         Raises:

@@ -24,9 +24,9 @@ caller adds the paper's penalty α(ρ̄_I(z) − ρ̄)² (Eq. 5; per block when 
 several), so MADS may step off the feasible set and pay for it, but the point returned
 is always feasible.
 
-Racing: ``exhaustive`` scores its first point exactly, then hands every feasible point
-to a lockstep racing loss (``race_all``), which may answer a :class:`Bound` for any point
-that provably is not the first of least loss. ``oneplusone`` calls a racing loss (``race``) with a :class:`Cutoff`,
+Racing: ``exhaustive`` hands every feasible point to a racing loss of many points
+(``race_all``), which may answer a :class:`Bound` for any point that provably is not the
+first of least loss. ``oneplusone`` calls a racing loss (``race``) with a :class:`Cutoff`,
 the parent's loss an offspring must reach to be accepted; it answers a :class:`Bound` when
 the offspring provably cannot. A bounded point counts as evaluated but is never chosen.
 NOMAD (its poll and model search read every value) and the EA's start point get exact
@@ -74,7 +74,7 @@ class Bound:
 
 Loss = Callable[[Point], float]
 RacingLoss = Callable[[Point, Cutoff], "float | Bound"]
-# Every point's loss at once, raced in lockstep: exact for the first point of least loss,
+# Every point's loss at once, raced together: exact for the first point of least loss,
 # a Bound only for points that provably are not it.
 RacingLosses = Callable[[list[Point]], "list[float | Bound]"]
 
@@ -251,7 +251,7 @@ def minimize(
         method: one of ``METHODS`` (see :func:`choose_method`).
         race: the same loss, told a :class:`Cutoff`: it may stop early and return a
             :class:`Bound` when the point provably cannot reach the cutoff (``oneplusone``).
-        race_all: the same loss of a list of points, in lockstep (``exhaustive``).
+        race_all: the same loss of a list of points, raced together (``exhaustive``).
 
     Returns:
         The best evaluated feasible point (the first one found on ties). If PyNomad died
@@ -266,11 +266,8 @@ def minimize(
     memo = _Memo(loss, problem.budget, race)
     crash = ""
     if method == "exhaustive" and race_all is not None:
-        # The first point is scored exactly, as without racing: an exact incumbent from the
-        # start lets the others stop as soon as they fall below it.
         points = list(_feasible_points(problem))
-        memo(points[0])
-        for point, value in zip(points[1:], race_all(points)[1:], strict=True):
+        for point, value in zip(points, race_all(points), strict=True):
             memo.record(point, value)
     elif method == "exhaustive":
         for point in _feasible_points(problem):

@@ -167,7 +167,7 @@ class Racer:
         tally = Tally(self.sizes, self.higher_is_better)
         outcome: float | RaceBound | None = None
         for task, indices in self.order.chunks(self.sizes, self.chunk):
-            self._add_round([tally], [mask], task, indices, metric)
+            self._add_round([(tally, mask, task, indices)], metric)
             if tally.complete:
                 outcome = self.exact(tally)
             elif not can_win(tally.optimistic()):
@@ -181,38 +181,51 @@ class Racer:
     def race_many(
         self, masks: Sequence[HeadMask], rule_out: Callable[[list[tuple[float, float]]], set[int]], metric: str = "S"
     ) -> list[float | RaceBound]:
-        """Score ``masks`` in lockstep, one chunk each per round. After every round,
-        ``rule_out`` gets each mask's (best, worst) S still reachable and names the masks that
-        provably cannot win: they stop with a :class:`RaceBound`; the rest are scored to the end."""
+        """Score ``masks`` a chunk at a time until each is exact or provably cannot win.
+
+        Best first: the first round scores every mask's first chunk; each later round, the
+        next chunk of the mask whose best reachable S is the highest (the first of equal
+        ones). Work goes to the mask that may still be the winner, a weak mask is scored
+        only until its bound falls below the one that turns out best, and of masks that tie
+        the first is finished first, which is what rules the later ones out. After every round, ``rule_out`` gets each
+        mask's (best, worst) S still reachable and names the masks that provably cannot win:
+        they stop with a :class:`RaceBound`; the rest are scored to the end. The schedule
+        only decides when each mask stops: the first least-loss mask is never ruled out,
+        whatever was scored first. (It ranks by S, the loss's only mask-dependent term among
+        one sub-problem's feasible points.)
+        """
         tallies = [Tally(self.sizes, self.higher_is_better) for _ in masks]
         outcomes: list[float | RaceBound | None] = [None] * len(masks)
-        for task, indices in self.order.chunks(self.sizes, self.chunk):
-            running = [number for number, outcome in enumerate(outcomes) if outcome is None]
-            self._add_round([tallies[n] for n in running], [masks[n] for n in running], task, indices, metric)
-            for number, tally in enumerate(tallies):
-                if outcomes[number] is None and tally.complete:
-                    outcomes[number] = self.exact(tally)
+        chunks = self.order.chunks(self.sizes, self.chunk)
+        played = [0] * len(masks)  # chunks scored per mask
+        sign = 1.0 if self.higher_is_better else -1.0
+        chosen = list(range(len(masks)))  # the first round: every mask's first chunk
+        while chosen:
+            self._add_round([(tallies[n], masks[n], *chunks[played[n]]) for n in chosen], metric)
+            for number in chosen:
+                played[number] += 1
+                if tallies[number].complete:
+                    outcomes[number] = self.exact(tallies[number])
             for number in rule_out([(tally.optimistic(), tally.pessimistic()) for tally in tallies]):
                 if outcomes[number] is None:
                     outcomes[number] = RaceBound(tallies[number].optimistic(), tallies[number].examples)
-            if all(outcome is not None for outcome in outcomes):
-                break
+            running = [number for number, outcome in enumerate(outcomes) if outcome is None]
+            chosen = [max(running, key=lambda n: (sign * tallies[n].optimistic(), -n))] if running else []
         self._learn(tallies)
-        done = [outcome for outcome in outcomes if outcome is not None]
-        assert len(done) == len(masks)  # the last chunk completes every tally still running
-        return done
+        return [outcome for outcome in outcomes if outcome is not None]
 
-    def _add_round(self, tallies: Sequence[Tally], masks: Sequence[HeadMask], task: str, indices: list[int], metric: str) -> None:
-        """Score one chunk for every mask: one item per mask, or per part of the chunk when
-        there are fewer masks than processes."""
-        parts = min(len(indices), max(1, -(-self.processes // len(masks))))
-        pieces = [indices[start::parts] for start in range(parts)]
-        items = [(mask, task, piece) for mask in masks for piece in pieces]
-        values = self.score_chunks(items)
-        for number, tally in enumerate(tallies):
-            for part in range(parts):
-                tally.add(task, values[number * parts + part], metric)
-        self.examples_scored += len(indices) * len(masks)
+    def _add_round(self, entries: Sequence[tuple[Tally, HeadMask, str, list[int]]], metric: str) -> None:
+        """Score one chunk of each (tally, mask, task, indices) entry: one item per entry, or
+        per part of a chunk when there are fewer entries than processes."""
+        parts = max(1, -(-self.processes // len(entries)))
+        items, owners = [], []
+        for tally, mask, task, indices in entries:
+            pieces = min(parts, len(indices))
+            items += [(mask, task, indices[start::pieces]) for start in range(pieces)]
+            owners += [(tally, task)] * pieces
+            self.examples_scored += len(indices)
+        for (tally, task), values in zip(owners, self.score_chunks(items), strict=True):
+            tally.add(task, values, metric)
 
     def _learn(self, tallies: Sequence[Tally]) -> None:
         """Update the example order after a race (never during one: every mask of a race sees the same order)."""

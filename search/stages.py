@@ -115,7 +115,7 @@ class ScoreBook:
         return self._keep(key, outcome, stage, time.perf_counter() - started)
 
     def race_many(self, bits_list: Sequence[Bits], stage: str, loss_of: Callable[[int, float], float]) -> list[float | RaceBound]:
-        """S(z) of each mask, raced in lockstep: exact for the first mask of least loss
+        """S(z) of each mask, raced together: exact for the first mask of least loss
         (``loss_of(index, S)``, monotone in S) and for every mask scored to the end, a
         :class:`RaceBound` for masks ruled out on the way. Masks already scored are not
         evaluated; masks stopped early before are raced again."""
