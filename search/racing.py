@@ -187,12 +187,13 @@ class Racer:
         next chunk of the mask whose best reachable S is the highest (the first of equal
         ones). Work goes to the mask that may still be the winner, a weak mask is scored
         only until its bound falls below the one that turns out best, and of masks that tie
-        the first is finished first, which is what rules the later ones out. After every round, ``rule_out`` gets each
-        mask's (best, worst) S still reachable and names the masks that provably cannot win:
-        they stop with a :class:`RaceBound`; the rest are scored to the end. The schedule
-        only decides when each mask stops: the first least-loss mask is never ruled out,
-        whatever was scored first. (It ranks by S, the loss's only mask-dependent term among
-        one sub-problem's feasible points.)
+        the first is finished first, which is what rules the later ones out. (It ranks by
+        S, the loss's only mask-dependent term among one sub-problem's feasible points.)
+
+        After every round, ``rule_out`` gets each mask's (best, worst) S still reachable and
+        names the masks that provably cannot win: they stop with a :class:`RaceBound`; the
+        rest are scored to the end. The schedule only decides when each mask stops: the
+        first least-loss mask is never ruled out, whatever was scored first.
         """
         tallies = [Tally(self.sizes, self.higher_is_better) for _ in masks]
         outcomes: list[float | RaceBound | None] = [None] * len(masks)
