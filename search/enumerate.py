@@ -36,7 +36,7 @@ from bosch_eval.masks import HeadMask, MaskError, ModelShape, ceil_count, check_
 from bosch_eval.model_defaults import model_defaults
 from bosch_eval.search.journal import Journal, JournalError, mask_key
 from bosch_eval.search.objective import ObjectiveError, build_objective
-from bosch_eval.search.outdir_lock import OutputLock
+from bosch_eval.outdir_lock import OutputLock
 from bosch_eval.search.scoring import SearchError
 from bosch_eval.toy import resolve_model
 
@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> None:
         "enumeration": {"ratio": args.ratio, "swa_groups": swa_groups},
     }
     out = Path(args.out)
-    with OutputLock(out):  # one process writes an output directory at a time
+    with OutputLock(out, "search", JournalError):  # one process writes an output directory at a time
         journal = Journal(out / "journal.jsonl", header, resume=args.resume)
         log.info("%s: %d masks with %d of %d KV groups SWA (%d journaled)", args.model, total, swa_groups, cells, len(journal))
         scores = enumerate_scores(objective, shape, swa_groups, journal)

@@ -41,7 +41,7 @@ from bosch_eval.search.cost import estimate_calls
 from bosch_eval.search.journal import Journal, JournalError
 from bosch_eval.search.objective import CalibrationObjective, ObjectiveError, build_objective, launch_state
 from bosch_eval.search.optimizers import METHODS
-from bosch_eval.search.outdir_lock import OutputLock
+from bosch_eval.outdir_lock import OutputLock
 from bosch_eval.search.pipeline import VARIANTS, SearchResult, SearchSettings, run_search, validate_for_shape
 from bosch_eval.search.report import render_report
 from bosch_eval.search.racing import DEFAULT_RACE_CHUNK, RaceBound
@@ -118,7 +118,7 @@ def search_model(
     if length is not None and not ignore_max_positions:
         check_length(length, model, config, "--calib-len", IGNORE_FLAG)
     out = Path(out)
-    lock = OutputLock(out) if state.is_main_process else None  # only the main process writes
+    lock = OutputLock(out, "search", JournalError) if state.is_main_process else None  # only the main process writes
     _on_main_then_everywhere(state, lock.acquire if lock is not None else None)
     try:
         log.info("loading %s and building the calibration task(s) %s", model, ", ".join(calib_tasks))

@@ -14,47 +14,48 @@ from pathlib import Path
 import pytest
 
 from bosch_eval.search.journal import Journal, JournalError
-from bosch_eval.search.outdir_lock import LOCK_FILE, OutputLock
+from bosch_eval.outdir_lock import OutputLock, lock_file
 from tests.objective_worker import PPL_TASK, write_tasks
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def holder(out: Path) -> dict | None:
-    text = (out / LOCK_FILE).read_text() if (out / LOCK_FILE).exists() else ""
+    path = out / lock_file("search")
+    text = path.read_text() if path.exists() else ""
     return json.loads(text) if text else None
 
 
 class TestOutputLock:
     def test_held_then_released(self, tmp_path: Path) -> None:
-        with OutputLock(tmp_path / "out"):
+        with OutputLock(tmp_path / "out", "search", JournalError):
             assert holder(tmp_path / "out")["pid"] == os.getpid()
             with pytest.raises(JournalError, match=rf"another search \(PID {os.getpid()} on host .*\) is running on this --out"):
-                OutputLock(tmp_path / "out").acquire()
+                OutputLock(tmp_path / "out", "search", JournalError).acquire()
         assert holder(tmp_path / "out") is None
-        with OutputLock(tmp_path / "out"):  # free again
+        with OutputLock(tmp_path / "out", "search", JournalError):  # free again
             pass
 
     def test_a_lock_held_by_another_live_process(self, tmp_path: Path) -> None:
-        code = f"from bosch_eval.search.outdir_lock import OutputLock; OutputLock({str(tmp_path)!r}).acquire(); print('held', flush=True); input()"
+        code = f"from bosch_eval.outdir_lock import OutputLock; OutputLock({str(tmp_path)!r}, 'search', RuntimeError).acquire(); print('held', flush=True); input()"
         child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             assert child.stdout.readline().strip() == "held"
             with pytest.raises(JournalError, match=rf"PID {child.pid} "):
-                OutputLock(tmp_path).acquire()
+                OutputLock(tmp_path, "search", JournalError).acquire()
         finally:
             child.kill()
             child.wait()
-        with OutputLock(tmp_path):  # the kernel released it when the holder died
+        with OutputLock(tmp_path, "search", JournalError):  # the kernel released it when the holder died
             pass
 
     def test_a_lock_left_by_a_killed_process_is_taken_over_naming_its_pid(self, tmp_path: Path, caplog) -> None:
-        code = f"import os; from bosch_eval.search.outdir_lock import OutputLock; OutputLock({str(tmp_path)!r}).acquire(); os.kill(os.getpid(), 9)"
+        code = f"import os; from bosch_eval.outdir_lock import OutputLock; OutputLock({str(tmp_path)!r}, 'search', RuntimeError).acquire(); os.kill(os.getpid(), 9)"
         dead = subprocess.run([sys.executable, "-c", code], check=False)
         assert dead.returncode == -signal.SIGKILL
         left = holder(tmp_path)
         assert left is not None and left["pid"] != os.getpid()
-        with caplog.at_level("WARNING"), OutputLock(tmp_path):
+        with caplog.at_level("WARNING"), OutputLock(tmp_path, "search", JournalError):
             assert holder(tmp_path)["pid"] == os.getpid()
         assert f"taking over the lock left by PID {left['pid']} on host" in caplog.text
 

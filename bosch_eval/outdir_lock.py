@@ -1,14 +1,17 @@
-"""An exclusive lock on a search's output directory, held for the whole run.
+"""An exclusive lock on a command's output directory, held for the whole run (search, compare).
 
 Two searches on one ``--out`` (easy to get: the wrapper shell of a backgrounded search is
 killed, the Python process lives on, and the user starts ``--resume``) would both append
-to one journal, double the work and write duplicate keys. The lock is ``flock`` on
-``<out>/.bosch-search.lock``: the kernel releases it when its holder dies (even by
-SIGKILL), so a lock can never be stale; the file holds the holder's PID, host and start
-time, for the message a second search stops with. A file still naming a holder when the
-lock is free was left by a process that died holding it: it is taken over, and the log
+to one journal, double the work and write duplicate keys; two comparisons would each clear
+the other's run in progress. The lock is ``flock`` on ``<out>/.bosch-<job>.lock``
+(``.bosch-search.lock``, ``.bosch-compare.lock``): the kernel releases it when its holder
+dies (even by SIGKILL), so a lock can never be stale; the file holds the holder's PID, host
+and start time, for the message a second run stops with. A file still naming a holder when
+the lock is free was left by a process that died holding it: it is taken over, and the log
 names that PID. The file is emptied on release, never deleted (a deleted lock file would
-let a waiting process and a new one lock two different files).
+let a waiting process and a new one lock two different files). Each command passes its own
+error class, so a busy directory is reported (and, in a distributed search, broadcast to
+every process) as that command's other errors are.
 """
 
 from __future__ import annotations
@@ -22,27 +25,31 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from bosch_eval.search.journal import JournalError
+log = logging.getLogger("bosch_eval")
 
-LOCK_FILE = ".bosch-search.lock"
 
-log = logging.getLogger("bosch_eval.search")
+def lock_file(job: str) -> str:
+    """The lock file's name in an output directory of ``job`` (``search``, ``compare``)."""
+    return f".bosch-{job}.lock"
 
 
 class OutputLock:
-    """``with OutputLock(out):`` holds ``out`` exclusively (the directory is created).
+    """``with OutputLock(out, "search", JournalError):`` holds ``out`` exclusively (the
+    directory is created).
 
     Raises:
-        JournalError: on entry, when another live process holds the directory.
+        error: on entry, when another live process holds the directory.
     """
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, job: str, error: type[Exception]) -> None:
         self.directory = Path(directory)
-        self.path = self.directory / LOCK_FILE
+        self.job = job
+        self.error = error
+        self.path = self.directory / lock_file(job)
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        """Take the lock or raise a JournalError naming the process that holds it."""
+        """Take the lock or raise ``error`` naming the process that holds it."""
         self.directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -50,8 +57,8 @@ class OutputLock:
         except BlockingIOError:
             holder = _describe(_read(fd))
             os.close(fd)
-            raise JournalError(
-                f"{self.directory}: another search ({holder}) is running on this --out; wait for it to finish "
+            raise self.error(
+                f"{self.directory}: another {self.job} ({holder}) is running on this --out; wait for it to finish "
                 "or stop it, then --resume; or choose another --out"
             ) from None
         previous = _read(fd)
