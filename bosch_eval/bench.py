@@ -38,6 +38,7 @@ from bosch_eval.hybrid_cache import HybridCache, kv_cache_bytes
 from bosch_eval.kv_quant.config import KVQuantConfig
 from bosch_eval.kv_quant.formula import kv_cache_bytes_formula
 from bosch_eval.masks import HeadMask, ModelShape, ceil_count, check_ratio
+from bosch_eval.transformers_compat import cache_argument
 
 
 @dataclass(frozen=True)
@@ -155,14 +156,14 @@ def decode_peak(model: Any, ids: torch.Tensor, chunk: int | None, cache: Dynamic
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         for _ in range(steps):
-            token = model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            token = model(input_ids=token, **{cache_argument(model): cache}, use_cache=True).logits[:, -1:].argmax(-1)
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - before
     with tensor_memory_peak(since=DECODE_LABEL) as peak:
         token = _prefill(model, ids, chunk, cache)[:, -1:].argmax(-1)
         with torch.profiler.record_function(DECODE_LABEL):
             for _ in range(steps):
-                token = model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+                token = model(input_ids=token, **{cache_argument(model): cache}, use_cache=True).logits[:, -1:].argmax(-1)
     return peak()
 
 
@@ -190,7 +191,7 @@ def _sync(device: torch.device) -> None:
 def _prefill(model: Any, ids: torch.Tensor, chunk: int | None, cache: DynamicCache) -> torch.Tensor:
     """Logits of the last position after prefilling ``ids`` (in chunks of ``chunk`` tokens)."""
     for piece in ids.split(chunk or ids.shape[1], dim=1):
-        logits = model(input_ids=piece, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+        logits = model(input_ids=piece, **{cache_argument(model): cache}, use_cache=True, logits_to_keep=1).logits
     return logits
 
 
@@ -208,7 +209,7 @@ def measure(model: Any, ids: torch.Tensor, decode_tokens: int, chunk: int | None
         token = logits[:, -1:].argmax(-1)
         start = time.perf_counter()
         for _ in range(decode_tokens):
-            token = model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            token = model(input_ids=token, **{cache_argument(model): cache}, use_cache=True).logits[:, -1:].argmax(-1)
         _sync(device)
         decode = (time.perf_counter() - start) / max(1, decode_tokens)
         return prefill, decode, kv_bytes, peak()
@@ -355,12 +356,13 @@ def ratio_table(rows: list[BenchRow], budget_bytes: int | None = None, weight_by
     return "\n".join(lines)
 
 
-def environment() -> dict[str, str]:
-    """Device and versions, recorded beside every benchmark result."""
+def environment(device: torch.device) -> dict[str, str]:
+    """The device the benchmark ran on and versions, recorded beside every benchmark result."""
     import transformers
 
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({platform.processor() or platform.machine()})"
-    return {"device": device, "threads": str(torch.get_num_threads()), "torch": torch.__version__,
+    # The device used, not the best one present: a CPU run on a GPU machine says cpu.
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{device.type} ({platform.processor() or platform.machine()})"
+    return {"device": name, "threads": str(torch.get_num_threads()), "torch": torch.__version__,
             "transformers": transformers.__version__, "python": platform.python_version()}  # fmt: skip
 
 
