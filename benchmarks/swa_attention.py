@@ -22,7 +22,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from bosch_eval.swa_kernels import blocked_swa_attention, default_block_size
+from bosch_eval.local_window import LocalWindow
+from bosch_eval.swa_kernels.blocked import blocked_attention, default_block_size
 
 
 def time_call(fn, repeats: int) -> list[float]:
@@ -61,7 +62,7 @@ def main() -> None:
             return F.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=True)
 
         def swa() -> torch.Tensor:
-            return blocked_swa_attention(query, key, value, None, window, block_size=args.block)
+            return blocked_attention(query, key, value, None, LocalWindow(window), block_size=args.block)
 
         with torch.no_grad():
             full(), swa()  # warm-up

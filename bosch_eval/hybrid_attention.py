@@ -10,29 +10,45 @@ paper's W_o permutation, without touching any weight.
 Search mode (paper B.2): :meth:`HybridAttention.set_mask` swaps the mask in place; the
 per-layer head partitions are rebuilt lazily, no weight is copied or reloaded.
 
-Window semantics (everywhere, identical to transformers' ``sliding_attention`` layers):
-query ``t`` sees keys ``j`` with ``t − W < j ≤ t``. Layers that the model itself already
-runs with a sliding window keep it; our SWA groups there use ``min(W, model window)``.
+Window semantics (everywhere): :class:`~bosch_eval.local_window.LocalWindow`, W keys up to
+and including the query plus S sink positions; with S = 0, identical to transformers'
+``sliding_attention`` layers. Layers that the model itself already runs with a sliding
+window keep it; our SWA groups there use ``min(W, model window)`` (and the model's own
+mask still applies, so sinks there are seen only within its window).
+
+Kernels come from the registry in :mod:`bosch_eval.swa_kernels` (``attn_backend=``).
 """
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask, sdpa_mask
 
+from bosch_eval.local_window import LocalWindow, LocalWindowError
 from bosch_eval.masks import HeadMask, MaskError, ModelShape, check_window
-from bosch_eval.swa_kernels import blocked_swa_attention, flash_swa_attention, masked_swa_attention
+from bosch_eval.swa_kernels import BACKENDS as KERNELS
+from bosch_eval.swa_kernels import Backend
 
-SDPA_IMPLEMENTATION = "bosch_sdpa"
-FLASH_IMPLEMENTATION = "bosch_flash_attention_2"
-# auto: flash-attn on CUDA when installed, the O(T·W) blocked kernel on CPU, else masked SDPA.
-BACKENDS = ("auto", "sdpa", "blocked", "flash_attention_2")
+# The attention implementation registered with transformers, per mask format.
+IMPLEMENTATIONS = {"sdpa": "bosch_sdpa", "flash": "bosch_flash_attention_2"}
+SDPA_IMPLEMENTATION, FLASH_IMPLEMENTATION = IMPLEMENTATIONS["sdpa"], IMPLEMENTATIONS["flash"]
+
+
+def backend_names() -> list[str]:
+    """``auto`` and every registered backend."""
+    return ["auto", *KERNELS]
+
+
+def local_window(window: int, sinks: int = 0, source: str = "window") -> LocalWindow:
+    """A :class:`LocalWindow`, with errors as :class:`MaskError` naming ``source``."""
+    try:
+        return LocalWindow(window, sinks)
+    except LocalWindowError as err:
+        raise MaskError(f"{source}: {err}") from None
 
 
 class HybridStates(NamedTuple):
@@ -96,33 +112,45 @@ class HybridAttention:
     Args:
         mask: the head mask (1 = full, 0 = SWA per KV group).
         window: W, keys seen by an SWA query including itself.
-        backend: one of ``sdpa`` (exact masked reference), ``blocked`` (O(T·W) SWA,
-            any device), ``flash_attention_2`` (CUDA, flash-attn 2).
+        backend: a registered backend (:mod:`bosch_eval.swa_kernels`): ``sdpa`` (exact
+            masked reference), ``blocked`` (O(T·W) SWA, any device), ``flex``
+            (FlexAttention), ``flash_attention_2`` (CUDA, flash-attn 2).
         config: the model's config; the current mask is kept in it under
             ``bosch_mask`` so that ``save_pretrained`` writes it into the checkpoint.
+        sinks: S, attention-sink positions every SWA query also sees.
     """
 
-    def __init__(self, mask: HeadMask, window: int, backend: str, config: Any = None) -> None:
-        if backend not in BACKENDS[1:]:
-            raise MaskError(f"attn_backend: expected one of {list(BACKENDS)}, got {backend!r}")
+    def __init__(self, mask: HeadMask, window: int, backend: str, config: Any = None, sinks: int = 0) -> None:
+        if backend not in KERNELS:
+            raise MaskError(f"attn_backend: expected one of {backend_names()}, got {backend!r}")
         self.backend = backend
+        self.kernels: Backend = KERNELS[backend]
         self.config = config
         self._splits: dict[int, LayerSplit] = {}
-        self._apply(mask, check_window(window))
+        self._apply(mask, local_window(check_window(window), sinks, "sink"))
 
-    def _apply(self, mask: HeadMask, window: int) -> None:
-        self.mask, self.window = mask, window
+    @property
+    def window(self) -> int:
+        return self.local.window
+
+    @property
+    def sinks(self) -> int:
+        return self.local.sinks
+
+    def _apply(self, mask: HeadMask, local: LocalWindow) -> None:
+        self.mask, self.local = mask, local
         self._splits.clear()
         if self.config is not None:
-            self.config.bosch_mask = mask.with_meta(window=window).to_json()
+            self.config.bosch_mask = mask.with_meta(window=local.window, sinks=local.sinks).to_json()
 
-    def set_mask(self, mask: HeadMask, window: int | None = None) -> None:
+    def set_mask(self, mask: HeadMask, window: int | None = None, sinks: int | None = None) -> None:
         """Swap the mask in place (search mode): no reload, no weight copy.
 
-        The window stays unless ``window`` is given.
+        The window and sinks stay unless given.
         """
         mask.check_fits(self.mask.shape, source="set_mask", model=self.mask.model)
-        self._apply(mask, self.window if window is None else check_window(window))
+        window = self.window if window is None else check_window(window)
+        self._apply(mask, local_window(window, self.sinks if sinks is None else sinks, "sink"))
 
     def layer_split(self, layer: int) -> LayerSplit:
         """The head partition of ``layer``, built once per mask."""
@@ -134,11 +162,11 @@ class HybridAttention:
     # -- kernels ------------------------------------------------------------------------
     def full_attention(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
         """The base implementation's attention (causal, plus the model's own mask)."""
-        if self.backend == "flash_attention_2":
-            from transformers.integrations.flash_attention import flash_attention_forward
+        return self.kernels.full(module, *args, **kwargs)
 
-            return flash_attention_forward(module, *args, **kwargs)[0]
-        return sdpa_attention_forward(module, *args, **kwargs)[0]
+    def layer_local(self, kwargs: dict[str, Any]) -> LocalWindow:
+        """The window of this call: the model's own sliding window, if any, still applies."""
+        return self.local.narrowed(kwargs.get("sliding_window"))
 
     def swa_attention(
         self,
@@ -149,16 +177,8 @@ class HybridAttention:
         attention_mask: torch.Tensor | None,
         **kwargs: Any,
     ) -> torch.Tensor:
-        """Windowed causal attention; the model's own sliding window, if any, still applies."""
-        model_window = kwargs.get("sliding_window")
-        window = min(self.window, model_window) if model_window else self.window
-        if self.backend == "flash_attention_2":
-            return flash_swa_attention(module, query, key, value, attention_mask, window, **kwargs)[0]
-        if self.backend == "blocked":
-            return blocked_swa_attention(
-                query, key, value, attention_mask, window, scaling=kwargs.get("scaling"), dropout=kwargs.get("dropout", 0.0)
-            )
-        return masked_swa_attention(module, query, key, value, attention_mask, window, **kwargs)[0]
+        """Windowed causal attention (window and sinks) by the backend's kernel."""
+        return self.kernels.swa(module, query, key, value, attention_mask, self.layer_local(kwargs), **kwargs)
 
 
 def hybrid_attention_forward(
@@ -185,6 +205,10 @@ def hybrid_attention_forward(
         return state.full_attention(module, query, key, value, attention_mask, **kwargs), None
     if not split.full:
         return state.swa_attention(module, query, key, value, attention_mask, **kwargs), None
+    if state.kernels.layer is not None:  # the backend runs a mixed layer in one call
+        swa_groups = [not bit for bit in state.mask.bits[module.layer_idx]]
+        out = state.kernels.layer(module, query, key, value, attention_mask, state.layer_local(kwargs), swa_groups=swa_groups, **kwargs)
+        return out, None
     out = query.new_empty(query.shape[0], query.shape[2], query.shape[1], value.shape[-1])
     for attend, runs in ((state.full_attention, split.full), (state.swa_attention, split.swa)):
         _attend_runs(attend, runs, split.group_size, module, query, key, value, attention_mask, out, kind_only=False, **kwargs)
@@ -209,8 +233,7 @@ def _attend_cached_split(
             f"({key.full.shape[1]} full / {key.swa.shape[1]} SWA groups, mask has {full_groups} / "
             f"{swa_groups}); build a new cache after set_mask"
         )
-    # The SWA part covers the last positions only: the matching last columns of the mask.
-    swa_mask = attention_mask[..., -key.swa.shape[2] :] if attention_mask is not None else None
+    swa_mask = _kept_columns(attention_mask, key.swa.shape[2], state.sinks)
     if not split.full:
         return state.swa_attention(module, query, key.swa, value.swa, swa_mask, **kwargs)
     out = query.new_empty(query.shape[0], query.shape[2], query.shape[1], value.full.shape[-1])
@@ -221,6 +244,17 @@ def _attend_cached_split(
     for attend, runs, keys, values, mask in parts:
         _attend_runs(attend, runs, split.group_size, module, query, keys, values, mask, out, kind_only=True, **kwargs)
     return out
+
+
+def _kept_columns(attention_mask: torch.Tensor | None, kept: int, sinks: int) -> torch.Tensor | None:
+    """The mask columns of the positions an SWA cache part holds: every position until it
+    drops some, then the first ``sinks`` and the last ``kept − sinks``
+    (:meth:`LocalWindow.retained`)."""
+    if attention_mask is None or attention_mask.shape[-1] == kept:
+        return attention_mask
+    if not sinks:
+        return attention_mask[..., -kept:]
+    return torch.cat([attention_mask[..., :sinks], attention_mask[..., attention_mask.shape[-1] - (kept - sinks) :]], dim=-1)
 
 
 def _attend_runs(
@@ -249,32 +283,32 @@ def _attend_runs(
 
 
 def register() -> None:
-    """Register the hybrid attention under both names, with the mask format each base expects.
+    """Register the hybrid attention under one name per mask format, with that format's mask.
 
     A custom attention name needs an entry in ``AttentionMaskInterface`` too, or
     transformers builds no mask for it (padding would be ignored).
     """
-    AttentionInterface.register(SDPA_IMPLEMENTATION, hybrid_attention_forward)
-    AttentionMaskInterface.register(SDPA_IMPLEMENTATION, sdpa_mask)
-    AttentionInterface.register(FLASH_IMPLEMENTATION, hybrid_attention_forward)
-    AttentionMaskInterface.register(FLASH_IMPLEMENTATION, flash_attention_mask)
+    masks = {"sdpa": sdpa_mask, "flash": flash_attention_mask}
+    for mask_format, name in IMPLEMENTATIONS.items():
+        AttentionInterface.register(name, hybrid_attention_forward)
+        AttentionMaskInterface.register(name, masks[mask_format])
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
-    """Turn ``auto`` into a concrete backend for ``device``; check the others can run there."""
-    flash_installed = importlib.util.find_spec("flash_attn") is not None
+    """Turn ``auto`` into a concrete backend for ``device``; check the others can run there.
+
+    ``auto``: flash-attn on CUDA when installed, else masked SDPA on CUDA; the O(T·W)
+    blocked kernel on CPU.
+    """
     if backend == "auto":
         if device.type == "cuda":
-            return "flash_attention_2" if flash_installed else "sdpa"
+            return "flash_attention_2" if KERNELS["flash_attention_2"].unavailable(device) is None else "sdpa"
         return "blocked"
-    if backend not in BACKENDS:
-        raise MaskError(f"attn_backend: expected one of {list(BACKENDS)}, got {backend!r}")
-    if backend == "flash_attention_2" and (device.type != "cuda" or not flash_installed):
-        raise MaskError(
-            f"attn_backend: 'flash_attention_2' needs a CUDA model and the flash-attn package "
-            f"(pip install 'bosch-eval[flash]'); model is on {device}, flash-attn "
-            f"{'installed' if flash_installed else 'not installed'}"
-        )
+    if backend not in KERNELS:
+        raise MaskError(f"attn_backend: expected one of {backend_names()}, got {backend!r}")
+    reason = KERNELS[backend].unavailable(device)
+    if reason is not None:
+        raise MaskError(f"attn_backend: {backend!r} {reason}")
     return backend
 
 
@@ -296,7 +330,7 @@ def attention_modules(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
 
 
 def hybridize(
-    model: Any, mask: HeadMask, window: int | None = None, backend: str = "auto", source: str = "mask"
+    model: Any, mask: HeadMask, window: int | None = None, backend: str = "auto", source: str = "mask", sinks: int | None = None
 ) -> HybridAttention:
     """Apply ``mask`` to ``model`` in place and return the state that swaps it later.
 
@@ -305,8 +339,9 @@ def hybridize(
             through ``ALL_ATTENTION_FUNCTIONS``.
         mask: the head mask; must match the model's L, H and G.
         window: W; defaults to the mask's own ``window``.
-        backend: ``auto``, ``sdpa``, ``blocked`` or ``flash_attention_2``.
+        backend: ``auto`` or a registered backend (:func:`backend_names`).
         source: how to name the mask in error messages (e.g. its file).
+        sinks: S; defaults to the mask's own ``sinks``.
 
     Raises:
         MaskError: the mask does not fit the model, no window is known, or the backend
@@ -327,7 +362,8 @@ def hybridize(
         )
     backend = resolve_backend(backend, model.device)
     register()
-    implementation = FLASH_IMPLEMENTATION if backend == "flash_attention_2" else SDPA_IMPLEMENTATION
+    sinks = sinks if sinks is not None else mask.sinks
+    implementation = IMPLEMENTATIONS[KERNELS[backend].mask_format]
     # transformers only logs a warning when a model cannot switch implementation; running
     # the unpatched attention under a mask would silently measure the wrong model.
     model.set_attn_implementation(implementation)
@@ -338,9 +374,9 @@ def hybridize(
         )
     existing: HybridAttention | None = getattr(model, "bosch_hybrid", None)
     if existing is not None and existing.backend == backend:
-        existing.set_mask(mask, window)  # re-applying swaps in place, never stacks states
+        existing.set_mask(mask, window, sinks)  # re-applying swaps in place, never stacks states
         return existing
-    state = HybridAttention(mask, window, backend, model.config)
+    state = HybridAttention(mask, window, backend, model.config, sinks)
     for module in modules.values():
         module.bosch_hybrid = state
     model.bosch_hybrid = state

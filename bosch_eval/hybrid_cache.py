@@ -4,10 +4,16 @@ Per layer of a hybridized model (transformers' ``Cache`` API, one layer object e
 
 * no SWA group: a plain ``DynamicLayer`` (every position, as the unpatched model);
 * otherwise a :class:`HybridHeadLayer`: the full-attention KV groups keep every position,
-  the SWA groups keep the last ``W − 1`` (what the next query's window can reach, the
-  same as transformers' own ``DynamicSlidingWindowLayer``).
+  the SWA groups the positions the next query can still see
+  (:meth:`~bosch_eval.local_window.LocalWindow.retained`): the first ``S`` (sinks) and the
+  last ``W − 1`` (with ``S = 0`` the same as transformers' ``DynamicSlidingWindowLayer``).
 
-Bytes held = Σ_layers (G_full·T + G_swa·min(T, W − 1)) × 2 (K and V) × head_dim × dtype size.
+Bytes held = Σ_layers (G_full·T + G_swa·(min(T, S) + min(max(T − S, 0), W − 1))) × 2 (K and V)
+× head_dim × dtype size.
+
+Once the SWA part has dropped positions it is no longer contiguous: it hands the kernels
+the sinks followed by the recent run ending at the last query. The dropped middle lies
+outside every later query's window, so the band predicate on these indices is exact.
 
 A hybrid layer hands :class:`HybridStates` (full part, SWA part) to the attention
 function instead of one ``[B, G, S, D]`` tensor, because the two parts have different
@@ -31,16 +37,17 @@ from bosch_eval.kv_quant.config import KVQuantConfig
 from bosch_eval.kv_quant.layer import QuantizedFullLayer
 from bosch_eval.kv_quant.selection import Selector
 from bosch_eval.kv_quant.store import QuantizedKVStore
+from bosch_eval.local_window import LocalWindow
 
 
 class HybridHeadLayer(DynamicLayer):
-    """Cache layer holding every position for full groups and ``W − 1`` for SWA groups."""
+    """Cache layer holding every position for full groups and ``S + W − 1`` for SWA groups."""
 
     is_croppable = False  # dropped SWA positions cannot be restored
 
-    def __init__(self, split: LayerSplit, window: int, kv_quant: KVQuantConfig | None = None, selector: Selector | None = None) -> None:
+    def __init__(self, split: LayerSplit, local: LocalWindow, kv_quant: KVQuantConfig | None = None, selector: Selector | None = None) -> None:
         super().__init__()
-        self.split, self.window = split, window
+        self.split, self.local = split, local
         self.cumulative_length = 0
         self.full_keys = self.full_values = self.swa_keys = self.swa_values = None
         # Full groups quantized outside the selector's full-precision set (none: no full group).
@@ -67,15 +74,19 @@ class HybridHeadLayer(DynamicLayer):
     def _window(self, stored: torch.Tensor | None, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """What this step's SWA queries see, and what is kept for the next step.
 
-        The next query at position t sees t − W < j ≤ t: the last W − 1 stored keys plus
-        itself. The kept part is copied when a view would pin much more than it holds: the
-        model's own states on the first step, every position after a long chunk. (A decode
-        step drops one position; its view is kept, the next step's cat copies anyway.)
+        Kept: what the next query can see (:meth:`LocalWindow.retained`, counted over what
+        this part holds, whose first S entries are the sinks). Without sinks the kept part
+        is a view, copied when it would pin much more than it holds: the model's own states
+        on the first step, every position after a long chunk. (A decode step drops one
+        position; its view is kept, the next step's cat copies anyway.)
         """
         seen = new if stored is None else torch.cat([stored, new], dim=-2)
-        drop = max(0, seen.shape[2] - (self.window - 1))
-        kept = seen[:, :, drop:]
-        return seen, kept.clone() if stored is None or drop > kept.shape[2] else kept
+        sinks, recent_start = self.local.retained(seen.shape[2])
+        if recent_start > sinks > 0:  # positions sinks … recent_start − 1 drop out
+            return seen, torch.cat([seen[:, :, :sinks], seen[:, :, recent_start:]], dim=2)
+        start = 0 if sinks else recent_start
+        kept = seen[:, :, start:]
+        return seen, kept.clone() if stored is None or start > kept.shape[2] else kept
 
     def get_seq_length(self) -> int:
         return self.cumulative_length
@@ -139,7 +150,7 @@ class HybridCache(DynamicCache):
         layers: list[DynamicLayer] = []
         for layer, bits in enumerate(state.mask.bits):
             if not all(bits):
-                layers.append(HybridHeadLayer(state.layer_split(layer), state.window, kv_quant, selector))
+                layers.append(HybridHeadLayer(state.layer_split(layer), state.local, kv_quant, selector))
             elif kv_quant is not None:
                 layers.append(QuantizedFullLayer(kv_quant, selector))
             else:

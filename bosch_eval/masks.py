@@ -14,6 +14,10 @@ On disk (``bosch-mask/1``)::
 
 A ranking (``bosch-ranking/1``) scores every KV group; applying a ratio ρ converts the
 ⌈ρ·L·G⌉ most local groups to SWA.
+
+Both may carry ``"sinks": S`` (attention-sink positions every SWA query also sees,
+:class:`~bosch_eval.local_window.LocalWindow`); it is optional, absent means 0, and it is
+written only when S > 0, so files without sinks read and write as before.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bosch_eval.local_window import LocalWindow
 
 MASK_FORMAT = "bosch-mask/1"
 RANKING_FORMAT = "bosch-ranking/1"
@@ -57,6 +63,13 @@ def check_window(window: Any, source: str = "window") -> int:
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise MaskError(f"{source}: expected a positive integer window (keys seen per query), got {window!r}")
     return window
+
+
+def check_sinks(sinks: Any, source: str = "sink") -> int:
+    """Validate an attention-sink count: an integer >= 0 (0 = no sinks)."""
+    if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
+        raise MaskError(f"{source}: expected an integer >= 0 (attention-sink positions, 0 = none), got {sinks!r}")
+    return sinks
 
 
 @dataclass(frozen=True)
@@ -107,8 +120,10 @@ class HeadMask:
     model: str | None = None
     method: str | None = None
     provenance: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    sinks: int = 0
 
     def __post_init__(self) -> None:
+        check_sinks(self.sinks)
         if not self.bits or not self.bits[0]:
             raise MaskError("mask: expected a non-empty L×G grid")
         width = len(self.bits[0])
@@ -150,6 +165,11 @@ class HeadMask:
         return sum(row.count(0) for row in self.bits)
 
     @property
+    def local(self) -> LocalWindow | None:
+        """The SWA groups' window and sinks (None while the window is unset)."""
+        return None if self.window is None else LocalWindow(self.window, self.sinks)
+
+    @property
     def swa_ratio(self) -> float:
         """Share of KV groups (equivalently, of query heads) that use SWA."""
         shape = self.shape
@@ -161,8 +181,8 @@ class HeadMask:
         return [[bit for bit in row for _ in range(repeat)] for row in self.bits]
 
     def with_meta(self, **meta: Any) -> HeadMask:
-        """A copy with some of window/model/method/provenance replaced."""
-        fields = {"window": self.window, "model": self.model, "method": self.method, "provenance": self.provenance}
+        """A copy with some of window/sinks/model/method/provenance replaced."""
+        fields = {"window": self.window, "sinks": self.sinks, "model": self.model, "method": self.method, "provenance": self.provenance}
         fields.update(meta)
         return HeadMask(self.bits, self.num_heads, **fields)
 
@@ -184,7 +204,7 @@ class HeadMask:
             "method": self.method,
             "mask": [list(row) for row in self.bits],
             "provenance": dict(self.provenance),
-        }
+        } | ({"sinks": self.sinks} if self.sinks else {})
 
     @classmethod
     def from_json(cls, data: Any, source: str = "mask") -> HeadMask:
@@ -212,11 +232,13 @@ class HeadMask:
         window = data.get("window")
         if window is not None:
             check_window(window, f"{source}: field 'window'")
+        sinks = check_sinks(data.get("sinks", 0), f"{source}: field 'sinks'")
         try:
             mask = cls.from_rows(
                 rows,
                 data["num_heads"],
                 window=window,
+                sinks=sinks,
                 model=data.get("model"),
                 method=data.get("method"),
                 provenance=data.get("provenance") or {},
@@ -257,8 +279,10 @@ class HeadRanking:
     window: int | None = None
     model: str | None = None
     provenance: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    sinks: int = 0
 
     def __post_init__(self) -> None:
+        check_sinks(self.sinks)
         if self.more_local not in ("higher", "lower"):
             raise MaskError(f"ranking: field 'more_local' is {self.more_local!r}, expected 'higher' or 'lower'")
         width = len(self.scores[0]) if self.scores else 0
@@ -292,6 +316,7 @@ class HeadRanking:
             shape,
             set(cells[:count]),
             window=window,
+            sinks=self.sinks,
             model=self.model,
             method=self.method,
             provenance={"ranking_method": self.method, "ratio": ratio},
@@ -310,7 +335,7 @@ class HeadRanking:
             "more_local": self.more_local,
             "scores": [list(row) for row in self.scores],
             "provenance": dict(self.provenance),
-        }
+        } | ({"sinks": self.sinks} if self.sinks else {})
 
     @classmethod
     def from_json(cls, data: Any, source: str = "ranking") -> HeadRanking:
@@ -338,6 +363,7 @@ class HeadRanking:
                 window=data.get("window"),
                 model=data.get("model"),
                 provenance=data.get("provenance") or {},
+                sinks=check_sinks(data.get("sinks", 0), f"{source}: field 'sinks'"),
             )
         except MaskError as err:
             raise MaskError(f"{source}: {err}") from None

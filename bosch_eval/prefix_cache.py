@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from bosch_eval.local_window import LocalWindow
 from bosch_eval.masks import HeadMask
 
 log = logging.getLogger("bosch_eval.prefix_cache")
@@ -90,7 +91,7 @@ class PrefixActivations:
             self._warned = False
         self.first_layer = layer
 
-    def run(self, forward: Forward, input_ids: torch.Tensor, mask: HeadMask, window: int) -> torch.Tensor:
+    def run(self, forward: Forward, input_ids: torch.Tensor, mask: HeadMask, window: LocalWindow | int) -> torch.Tensor:
         """``forward(input_ids)``, starting at the highest stored boundary at or below ℓ0."""
         total, rows, top = len(self.layers), input_ids.shape[0], self.first_layer
         if not top:
@@ -98,8 +99,11 @@ class PrefixActivations:
             return forward(input_ids)
         item = (tuple(input_ids.shape), input_ids.detach().cpu().numpy().tobytes())
 
+        # The whole local window (W and sinks) is in the key: both change what SWA layers compute.
+        local = window if isinstance(window, LocalWindow) else LocalWindow(window, mask.sinks)
+
         def key(boundary: int) -> tuple[Any, ...]:
-            return (boundary, mask.bits[:boundary], window, item)
+            return (boundary, mask.bits[:boundary], local, item)
 
         start = next((b for b in range(top, 0, -1) if key(b) in self._store), 0)
         wanted = [b for b in range(start + 1, top + 1) if key(b) not in self._store]

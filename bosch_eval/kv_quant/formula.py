@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from bosch_eval.kv_quant.config import KVQuantConfig
+from bosch_eval.local_window import LocalWindow
 
 
 def quantized_token_count(seq_len: int, kv_window: int) -> int:
@@ -40,16 +41,19 @@ def kv_cache_bytes_formula(
     kv_quant: KVQuantConfig | None = None,
     dtype_bytes: int = 2,
     batch: int = 1,
+    sinks: int = 0,
 ) -> int:
     """KV bytes held after ``seq_len`` tokens, as the deploy-mode cache stores them.
 
     Args:
         mask: ``[L][G]`` bits, 1 = full attention, 0 = SWA; ``None``: every group full.
-        window: W of the SWA groups (they keep ``min(T, W − 1)`` positions); needed when
-            the mask has SWA groups.
+        window: W of the SWA groups; needed when the mask has SWA groups. They keep what
+            :meth:`~bosch_eval.local_window.LocalWindow.retained` says:
+            ``min(T, S) + min(max(T − S, 0), W − 1)`` positions.
         kv_quant: LogQuant/KiVi settings for the full groups; ``None``: full precision.
         dtype_bytes: bytes per element of the model's states (2 for fp16/bf16, 4 for fp32);
             scales and zero points are stored in the same dtype.
+        sinks: S, attention-sink positions the SWA groups keep besides their window.
 
     Position indices are not counted: they follow from ``seq_len`` alone and are shared by
     all layers.
@@ -61,5 +65,5 @@ def kv_cache_bytes_formula(
     swa = num_layers * num_kv_heads - full
     if swa and window is None:
         raise ValueError("window: the mask has SWA groups; pass their window W")
-    swa_bytes = 2 * min(seq_len, (window or 1) - 1) * head_dim * dtype_bytes if swa else 0
+    swa_bytes = 2 * LocalWindow(window, sinks).retained_count(seq_len) * head_dim * dtype_bytes if swa else 0
     return batch * (full * full_group_bytes(seq_len, head_dim, dtype_bytes, kv_quant) + swa * swa_bytes)

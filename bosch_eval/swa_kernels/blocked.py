@@ -1,15 +1,8 @@
-"""Sliding-window attention kernels for the SWA heads of a hybrid layer.
+"""The blocked CPU kernel: SWA whose cost grows with T·(W + S), not T².
 
-One window semantics everywhere, the same as transformers' ``sliding_attention``
-layers (``masking_utils.sliding_window_overlay``): query ``t`` sees keys ``j`` with
-``t − W < j ≤ t``, i.e. ``W`` keys including itself.
-
-Positions: the keys handed to an attention function are contiguous and end at the last
-query (no cache, or a dynamic cache), so query ``i`` of ``T`` sits at key position
-``S − T + i``.
-
-Shapes follow transformers' attention functions: ``query [B, H, T, D]``,
-``key/value [B, G, S, D]`` (before the GQA repeat), output ``[B, T, H, D]``.
+Each block of C queries attends only the C + W − 1 keys its windows can reach, plus the
+S sink keys that lie before that span (sinks inside the span are part of it; the band
+predicate allows them there). Shapes: ``query [B, H, T, D]``, ``key/value [B, G, K, D]``.
 """
 
 from __future__ import annotations
@@ -18,37 +11,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-
-def band_mask(q_len: int, kv_len: int, window: int, device: torch.device) -> torch.Tensor:
-    """Boolean ``[q_len, kv_len]`` mask of the causal window ``t − W < j ≤ t``."""
-    lag = (torch.arange(q_len, device=device) + (kv_len - q_len))[:, None] - torch.arange(kv_len, device=device)
-    return (lag >= 0) & (lag < window)
-
-
-def restrict_to_window(attention_mask: torch.Tensor | None, q_len: int, kv_len: int, window: int, device: torch.device) -> torch.Tensor:
-    """The model's 4D mask (padding, causality) intersected with the window band."""
-    band = band_mask(q_len, kv_len, window, device)[None, None]
-    if attention_mask is None:
-        return band
-    if attention_mask.dtype == torch.bool:
-        return attention_mask & band
-    return attention_mask.masked_fill(~band, torch.finfo(attention_mask.dtype).min)
-
-
-def masked_swa_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    window: int,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """Reference SWA: SDPA with an explicit band mask. Exact, any device, O(T·S) work."""
-    mask = restrict_to_window(attention_mask, query.shape[2], key.shape[2], window, query.device)
-    return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
+from bosch_eval.local_window import LocalWindow
 
 
 def default_block_size(window: int) -> int:
@@ -62,14 +26,14 @@ def default_block_size(window: int) -> int:
 
 
 def _key_blocks(x: torch.Tensor, start: int, n_blocks: int, block: int, span: int) -> torch.Tensor:
-    """``[B, G, S, D]`` -> ``[B, n_blocks, G, span, D]``: block i holds keys ``start + i·block …``."""
+    """``[B, G, K, D]`` -> ``[B, n_blocks, G, span, D]``: block i holds keys ``start + i·block …``."""
     x = x[:, :, start:] if start >= 0 else F.pad(x, (0, 0, -start, 0))
     x = F.pad(x, (0, 0, 0, n_blocks * block + span - block - x.shape[2]))
     return x.unfold(2, span, block).permute(0, 2, 1, 4, 3)
 
 
 def _mask_blocks(mask: torch.Tensor, start: int, q_len: int, n_blocks: int, block: int, span: int) -> torch.Tensor:
-    """Diagonal blocks of a ``[B, 1, T, S]`` bool mask -> ``[B, n_blocks, block, span]``."""
+    """Diagonal blocks of a ``[B, 1, T, K]`` bool mask -> ``[B, n_blocks, block, span]``."""
     mask = mask[:, 0]
     mask = mask[:, :, start:] if start >= 0 else F.pad(mask, (-start, 0), value=False)
     padded_q = n_blocks * block
@@ -88,17 +52,29 @@ _ONE_CALL_MAX_KEY_ELEMENTS = 1 << 22
 
 
 def blocked_swa_attention(
+    module: torch.nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    window: int,
+    local: LocalWindow,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """The registered kernel: :func:`blocked_attention` with the model's scaling and dropout."""
+    return blocked_attention(query, key, value, attention_mask, local, scaling=kwargs.get("scaling"), dropout=kwargs.get("dropout", 0.0))
+
+
+def blocked_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    local: LocalWindow,
     scaling: float | None = None,
     dropout: float = 0.0,
     block_size: int | None = None,
 ) -> torch.Tensor:
-    """SWA whose cost grows with T·W, not T²: each block of C queries attends only the
-    C + W − 1 keys its windows can reach.
+    """Windowed attention in query blocks.
 
     Two schedules, the same result. Small problems (the search's calibration passes on
     small models) run all blocks in one batched SDPA call, which needs the overlapping key
@@ -109,10 +85,10 @@ def blocked_swa_attention(
 
     Args:
         query: ``[B, H, T, D]``.
-        key, value: ``[B, G, S, D]`` with ``S ≥ T``, the last T keys at the queries'
+        key, value: ``[B, G, K, D]`` with ``K ≥ T``, the last T keys at the queries'
             positions; H must be a multiple of G.
-        attention_mask: the model's boolean ``[B, 1, T, S]`` mask (padding), or None.
-        window: W, keys seen per query including itself.
+        attention_mask: the model's boolean ``[B, 1, T, K]`` mask (padding), or None.
+        local: the window and sinks.
 
     Returns:
         ``[B, T, H, Dv]``.
@@ -120,11 +96,11 @@ def blocked_swa_attention(
     if attention_mask is not None and attention_mask.dtype != torch.bool:
         raise TypeError("blocked SWA expects a boolean attention mask (the sdpa mask format)")
     batch, _, q_len, _ = query.shape
-    block = min(block_size or default_block_size(window), q_len)
+    block = min(block_size or default_block_size(local.window), q_len)
     n_blocks = -(-q_len // block)
-    copied = batch * n_blocks * (block + window - 1) * key.shape[1] * key.shape[-1]
+    copied = batch * n_blocks * (block + local.window - 1 + local.sinks) * key.shape[1] * key.shape[-1]
     schedule = _all_blocks_in_one_call if copied <= _ONE_CALL_MAX_KEY_ELEMENTS else _block_by_block
-    return schedule(query, key, value, attention_mask, window, scaling, dropout, block)
+    return schedule(query, key, value, attention_mask, local, scaling, dropout, block)
 
 
 def _all_blocks_in_one_call(
@@ -132,7 +108,7 @@ def _all_blocks_in_one_call(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    window: int,
+    local: LocalWindow,
     scaling: float | None,
     dropout: float,
     block: int,
@@ -143,9 +119,9 @@ def _all_blocks_in_one_call(
     groups, kv_len = key.shape[1], key.shape[2]
     per_group = heads // groups
     n_blocks = -(-q_len // block)
-    span = block + window - 1
-    # Key position (in key coordinates) of local key 0 in block 0.
-    start = kv_len - q_len - window + 1
+    span = block + local.window - 1
+    # Key index of local key 0 in block 0.
+    start = kv_len - q_len - local.window + 1
 
     q_blocks = F.pad(query, (0, 0, 0, n_blocks * block - q_len))
     q_blocks = q_blocks.view(batch, groups, per_group, n_blocks, block, -1).permute(0, 3, 1, 2, 4, 5)
@@ -154,17 +130,28 @@ def _all_blocks_in_one_call(
     v_blocks = _key_blocks(value, start, n_blocks, block, span).reshape(batch * n_blocks, groups, span, -1)
 
     device = query.device
-    local_q = torch.arange(block, device=device)[:, None]
-    local_k = torch.arange(span, device=device)[None, :]
-    # Query r of a block sits at local key r + W − 1, so its window is local keys r … r + W − 1.
-    allowed = (local_k >= local_q) & (local_k < local_q + window)  # [C, span]
-    key_pos = start + block * torch.arange(n_blocks, device=device)[:, None] + torch.arange(span, device=device)
-    allowed = allowed[None, None] & (key_pos >= 0)[None, :, None, :]  # [1, nb, C, span]
+    first_key = start + block * torch.arange(n_blocks, device=device)[:, None]  # [nb, 1]
+    key_pos = first_key + torch.arange(span, device=device)  # [nb, span]
+    query_pos = kv_len - q_len + block * torch.arange(n_blocks, device=device)[:, None] + torch.arange(block, device=device)
+    allowed = local.grid(query_pos[:, :, None], key_pos[:, None, :]) & (key_pos >= 0)[:, None, :]  # [nb, C, span]
+    allowed = allowed[None]  # [1, nb, C, span]
     if attention_mask is not None:
         allowed = allowed & _mask_blocks(attention_mask, start, q_len, n_blocks, block, span)
+
+    sinks = min(local.sinks, kv_len)
+    if sinks:
+        # Sink keys before a block's span, the same for every block; those inside it are in the span.
+        sink_allowed = (torch.arange(sinks, device=device) < first_key)[None, :, None, :].expand(1, n_blocks, block, sinks)
+        if attention_mask is not None:
+            rows = F.pad(attention_mask[:, 0, :, :sinks], (0, 0, 0, n_blocks * block - q_len), value=True)
+            sink_allowed = sink_allowed & rows.view(batch, n_blocks, block, sinks)
+        allowed = torch.cat([sink_allowed.expand(allowed.shape[0], -1, -1, -1), allowed], dim=-1)
+        sink_keys = key[:, None, :, :sinks].expand(batch, n_blocks, -1, -1, -1).reshape(batch * n_blocks, groups, sinks, -1)
+        sink_values = value[:, None, :, :sinks].expand(batch, n_blocks, -1, -1, -1).reshape(batch * n_blocks, groups, sinks, -1)
+        k_blocks, v_blocks = torch.cat([sink_keys, k_blocks], dim=2), torch.cat([sink_values, v_blocks], dim=2)
     # Every query head of a group shares its row of the mask.
     allowed = allowed[:, :, None].expand(batch, -1, per_group, -1, -1)
-    allowed = allowed.reshape(batch * n_blocks, 1, per_group * block, span)
+    allowed = allowed.reshape(batch * n_blocks, 1, per_group * block, allowed.shape[-1])
 
     out = F.scaled_dot_product_attention(q_blocks, k_blocks, v_blocks, attn_mask=allowed, dropout_p=dropout, scale=scaling)
     out = out.view(batch, n_blocks, groups, per_group, block, -1).permute(0, 1, 4, 2, 3, 5)
@@ -176,47 +163,42 @@ def _block_by_block(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    window: int,
+    local: LocalWindow,
     scaling: float | None,
     dropout: float,
     block: int,
 ) -> torch.Tensor:
-    """One SDPA call per block on key slices; memory beyond the output: one block's
-    ``C × (C + W − 1)`` mask and scores."""
+    """One SDPA call per block on key slices (plus the sinks before them); memory beyond
+    the output: one block's ``C × (S + C + W − 1)`` mask and scores."""
     batch, heads, q_len, _ = query.shape
-    offset = key.shape[2] - q_len  # key position of query 0
+    window, device = local.window, query.device
+    offset = key.shape[2] - q_len  # key index of query 0
     out = query.new_empty(batch, q_len, heads, value.shape[-1])
-    # Every block that is whole and starts at least W − 1 keys in has the same band.
-    interior = band_mask(block, block + window - 1, window, query.device)[None, None]
+    # Every block that is whole and starts at or after the sinks, W − 1 keys in, has the same band.
+    interior = LocalWindow(window).dense(block, block + window - 1, device)[None, None]
+    if local.sinks:
+        interior = torch.cat([interior.new_ones(1, 1, block, local.sinks), interior], dim=-1)
     if attention_mask is None:
         # SDPA turns a boolean mask into an additive one on every call: convert this one once.
-        interior = torch.zeros(interior.shape, dtype=query.dtype, device=query.device).masked_fill_(~interior, float("-inf"))
+        interior = torch.zeros(interior.shape, dtype=query.dtype, device=device).masked_fill_(~interior, float("-inf"))
     for first in range(0, q_len, block):
         last = min(first + block, q_len)
         lo, hi = max(0, offset + first - window + 1), offset + last
-        whole = last - first == block and hi - lo == block + window - 1
-        allowed = interior if whole else band_mask(last - first, hi - lo, window, query.device)[None, None]
+        sinks = min(local.sinks, lo)  # sink keys before the span
+        whole = last - first == block and hi - lo == block + window - 1 and lo >= local.sinks
+        if whole:
+            allowed = interior
+        else:
+            query_pos = torch.arange(offset + first, hi, device=device)[:, None]
+            key_pos = torch.cat([torch.arange(sinks, device=device), torch.arange(lo, hi, device=device)])[None, :]
+            allowed = local.grid(query_pos, key_pos)[None, None]
+        keys, values = key[:, :, lo:hi], value[:, :, lo:hi]
+        if sinks:
+            keys, values = torch.cat([key[:, :, :sinks], keys], dim=2), torch.cat([value[:, :, :sinks], values], dim=2)
         if attention_mask is not None:
-            allowed = allowed & attention_mask[:, :, first:last, lo:hi]
+            rows = attention_mask[:, :, first:last]
+            allowed = allowed & (torch.cat([rows[..., :sinks], rows[..., lo:hi]], dim=-1) if sinks else rows[..., lo:hi])
         out[:, first:last] = F.scaled_dot_product_attention(
-            query[:, :, first:last], key[:, :, lo:hi], value[:, :, lo:hi],
-            attn_mask=allowed, dropout_p=dropout, scale=scaling, enable_gqa=True,
+            query[:, :, first:last], keys, values, attn_mask=allowed, dropout_p=dropout, scale=scaling, enable_gqa=True,
         ).transpose(1, 2)  # fmt: skip
     return out
-
-
-def flash_swa_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    window: int,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """flash-attn 2 with ``window_size``; transformers maps ``sliding_window=W`` to
-    ``window_size=(W − 1, W − 1)``, which under causality is exactly our window."""
-    from transformers.integrations.flash_attention import flash_attention_forward  # needs flash_attn, CUDA
-
-    kwargs.pop("sliding_window", None)
-    return flash_attention_forward(module, query, key, value, attention_mask, sliding_window=window, **kwargs)

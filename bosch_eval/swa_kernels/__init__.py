@@ -1,0 +1,72 @@
+"""The registry of SWA kernels: one signature, one entry per backend.
+
+Every kernel computes windowed attention (:class:`~bosch_eval.local_window.LocalWindow`:
+window and sinks, one band predicate) for all the query heads it is handed::
+
+    kernel(module, query [B, H, T, D], key [B, G, K, D], value [B, G, K, Dv],
+           attention_mask, local: LocalWindow, **kwargs) -> [B, T, H, Dv]
+
+``kwargs`` are transformers' (``scaling``, ``dropout``, ...). Queries are the last T of the
+K keys. A :class:`Backend` pairs it with the full-attention kernel of the same family, the
+mask format transformers must build for it, and optionally a whole-layer kernel that runs a
+mixed layer (full and SWA groups) in one call.
+
+Adding a backend is one kernel function and one line::
+
+    register_backend("mine", Backend(swa=my_swa_kernel))
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from bosch_eval.swa_kernels.blocked import blocked_swa_attention
+from bosch_eval.swa_kernels.flash import flash_full_attention, flash_swa_attention
+from bosch_eval.swa_kernels.flex import flex_hybrid_layer, flex_swa_attention
+from bosch_eval.swa_kernels.reference import masked_swa_attention, sdpa_full_attention
+
+SwaKernel = Callable[..., torch.Tensor]
+
+
+def _needs_flash(device: torch.device) -> str | None:
+    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        return None
+    installed = "installed" if importlib.util.find_spec("flash_attn") is not None else "not installed"
+    return f"needs a CUDA model and the flash-attn package (pip install 'bosch-eval[flash]'); model is on {device}, flash-attn {installed}"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One attention backend.
+
+    Attributes:
+        swa: the windowed kernel (the signature above).
+        full: causal attention for the full groups, in the same family.
+        mask_format: ``"sdpa"`` (a 4D mask or None) or ``"flash"`` (``[B, K]`` padding or None).
+        layer: a mixed layer in one call, ``layer(..., local, swa_groups=[bool per group])``.
+        unavailable: why it cannot run on a device (None: it can).
+    """
+
+    swa: SwaKernel
+    full: SwaKernel = sdpa_full_attention
+    mask_format: str = "sdpa"
+    layer: SwaKernel | None = None
+    unavailable: Callable[[torch.device], str | None] = lambda device: None
+
+
+BACKENDS: dict[str, Backend] = {}
+
+
+def register_backend(name: str, backend: Backend) -> None:
+    """Make ``attn_backend=name`` run ``backend``."""
+    BACKENDS[name] = backend
+
+
+register_backend("sdpa", Backend(swa=masked_swa_attention))
+register_backend("blocked", Backend(swa=blocked_swa_attention))
+register_backend("flex", Backend(swa=flex_swa_attention, layer=flex_hybrid_layer))
+register_backend("flash_attention_2", Backend(swa=flash_swa_attention, full=flash_full_attention, mask_format="flash", unavailable=_needs_flash))
