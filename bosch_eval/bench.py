@@ -356,12 +356,13 @@ def ratio_table(rows: list[BenchRow], budget_bytes: int | None = None, weight_by
     return "\n".join(lines)
 
 
-def environment() -> dict[str, str]:
-    """Device and versions, recorded beside every benchmark result."""
+def environment(device: torch.device) -> dict[str, str]:
+    """The device the benchmark ran on and versions, recorded beside every benchmark result."""
     import transformers
 
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({platform.processor() or platform.machine()})"
-    return {"device": device, "threads": str(torch.get_num_threads()), "torch": torch.__version__,
+    # The device used, not the best one present: a CPU run on a GPU machine says cpu.
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{device.type} ({platform.processor() or platform.machine()})"
+    return {"device": name, "threads": str(torch.get_num_threads()), "torch": torch.__version__,
             "transformers": transformers.__version__, "python": platform.python_version()}  # fmt: skip
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from bosch_eval.analyze.cli import add_analyze_parser
 from bosch_eval.compare.cli import add_compare_parser
 from bosch_eval.compare.entries import EntryError
+from bosch_eval.export_cli import add_export_parser
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
 from bosch_eval.model_check import model_config
 from bosch_eval.search.import_cli import add_import_parser
@@ -205,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_parser(commands)
     add_compare_parser(commands)
     add_analyze_parser(commands)
+    add_export_parser(commands)
     return parser
 
 

@@ -9,6 +9,9 @@
   model was trained on, and silently scores ~0. Such a length is an error naming the
   length, the model and its maximum, unless the user says the config understates the
   context (rope scaling): ``--ignore-max-positions`` / ``ignore_max_positions``.
+* :func:`check_causal_decoder`: an encoder (BERT, RoBERTa, ...) or encoder-decoder is refused
+  for what it is, before its weights load; transformers would otherwise load BERT as a
+  ``BertLMHeadModel`` and the hybrid attention would fail on its attention modules.
 """
 
 from __future__ import annotations
@@ -105,6 +108,29 @@ def check_length(length: int, model: str, config: Any, what: str, how_to_overrid
             f"use a length <= {limit}, or pass {how_to_override} if its config understates its context "
             "(e.g. rope scaling)"
         )
+
+
+def check_causal_decoder(config: Any, model: str) -> None:
+    """Raise a ModelError unless ``config`` describes a causal decoder-only model.
+
+    An encoder-decoder says so in its config (``is_encoder_decoder``). An encoder is a model
+    type with a masked-LM head in transformers' registry whose config does not set
+    ``is_decoder`` (BERT and its kin also register a ``*ForCausalLM`` class, but without
+    ``is_decoder`` it attends both ways).
+    """
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    model_type = getattr(config, "model_type", None)
+    if getattr(config, "is_encoder_decoder", False):
+        kind = "an encoder-decoder model"
+    elif model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False):
+        kind = "an encoder (bidirectional attention, trained to fill in masked tokens)"
+    else:
+        return
+    raise ModelError(
+        f"model {model!r}: model_type {model_type!r} is {kind}, not a causal decoder; the hybrid attention "
+        "turns heads of a decoder-only causal LM (Llama, Qwen, Mistral, GPT-2, ...) into sliding-window attention"
+    )
 
 
 def truthy(value: Any, name: str) -> bool:

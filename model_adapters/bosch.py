@@ -24,6 +24,18 @@ model_args (besides everything HFLM accepts):
   full-attention groups' KV cache (:mod:`bosch_eval.kv_quant`). Loglikelihood requests are
   then scored as served: prefill(context) at full precision → compress → the continuation
   through the compressed cache (``compressed_scoring``); generation uses the same cache.
+  Perplexity (``loglikelihood_rolling``) is refused with ``kv_quant``: each window would be
+  scored at full precision, so the number would not measure the quantization.
+* ``allow_truncation=True``: score inputs longer than the model's ``max_length`` after
+  lm-eval's left truncation. Without it such a request is an error naming the task, the
+  length and the limit (a score of truncated input is not the task's score). With it, the
+  results' ``config`` carries ``bosch_truncated`` = {task: {"documents": n,
+  "longest_input_tokens": t, "max_length": L}} for every task that had truncated documents
+  (keyed by the leaf task name; an adapter reused across evaluations, as ``compare`` does,
+  reports earlier tasks too, so read your task's key), and ``bosch_allow_truncation``.
+
+``device``: none given (or ``auto``) picks CUDA when torch sees it, else the CPU, and says
+which (:func:`bosch_eval.device.pick_device`); a device that does not exist is an error.
 
 Under ``accelerate launch --num_processes N`` (GPUs or ``--cpu``, one node or many) each
 process scores its 1/N of the requests; see :meth:`BoschLM._shard_over_processes`.
@@ -37,6 +49,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import logging
 import os
 import warnings
 from array import array
@@ -50,7 +63,7 @@ from accelerate import Accelerator, PartialState
 from lm_eval.api.instance import Instance
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
-from lm_eval.models.utils import Collator
+from lm_eval.models.utils import Collator, normalize_gen_kwargs
 from lm_eval.models.utils_hf import pad_and_concat
 from tqdm import tqdm
 
@@ -60,7 +73,8 @@ from bosch_eval.hybrid_cache import HybridCache
 from bosch_eval.kv_quant.config import KVQuantConfig, parse_kv_quant
 from bosch_eval.mask_sources import resolve_mask
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
-from bosch_eval.model_check import model_config
+from bosch_eval.device import pick_device
+from bosch_eval.model_check import ModelError, check_causal_decoder, model_config
 from bosch_eval.model_defaults import model_defaults
 from bosch_eval.model_adapters.compressed_scoring import continuation_logits_through_cache
 from bosch_eval.model_adapters.continuation_logits import logits_at, scored_positions
@@ -70,6 +84,11 @@ from bosch_eval.transformers_compat import cache_argument
 
 
 KV_CACHES = ("hybrid", "dynamic")
+# What lm-eval 0.4.13's CLI passes when --device is not given (EvaluatorConfig's default);
+# HFLM falls back to the CPU for it when no GPU exists, and so do we.
+LM_EVAL_CLI_DEFAULT_DEVICE = "cuda:0"
+
+log = logging.getLogger("bosch_eval")
 
 
 def _head_mask(config: Any, model_name: str | None, *, window: int | None, **sources: Any) -> tuple[HeadMask, str]:
@@ -151,6 +170,7 @@ class BoschLM(HFLM):
         kv_window: int | None = None,
         kv_group_size: int | None = None,
         prefix_cache_mb: int = 0,
+        allow_truncation: bool = False,
         **kwargs: Any,
     ) -> None:
         if kv_cache not in KV_CACHES:
@@ -164,7 +184,7 @@ class BoschLM(HFLM):
                 "attention selects KV groups by global index; a tensor-parallel rank holds only its shard of the "
                 "heads); use parallelize=True to spread the layers over GPUs, or several processes for data parallelism"
             )
-        for name, flag in (("memoize_tokens", memoize_tokens), ("progress_bars", progress_bars)):
+        for name, flag in (("memoize_tokens", memoize_tokens), ("progress_bars", progress_bars), ("allow_truncation", allow_truncation)):
             if not isinstance(flag, bool):
                 raise MaskError(f"{name}: expected True or False, got {flag!r}")
         if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, int) or prefix_cache_mb < 0:
@@ -174,6 +194,9 @@ class BoschLM(HFLM):
         self.kv_cache = kv_cache
         self.memoize_tokens = memoize_tokens
         self.progress_bars = progress_bars
+        self.allow_truncation = allow_truncation
+        # task -> (doc ids scored after left truncation, longest input in tokens); see get_model_info.
+        self.truncated: dict[str, tuple[set[int], int]] = {}
         self._token_memo: dict[tuple[str, bool | None, int | None], array] = {}
         sources = dict(mask=mask, ranking=ranking, layers=layers, ratio=ratio, seed=seed, window=window)
         quant_args = dict(kv_quant=kv_quant, kv_bits=kv_bits, kv_window=kv_window, kv_group_size=kv_group_size)
@@ -181,6 +204,8 @@ class BoschLM(HFLM):
             pretrained = resolve_model(pretrained)  # "toy": the bundled model; a missing model fails here
             # Mask, ranking, window and kv_quant errors from the config alone, before minutes of weight loading.
             config = model_config(pretrained, trust_remote_code=kwargs.get("trust_remote_code") is True)
+            check_causal_decoder(config, pretrained)
+            kwargs["device"] = self._pick_device(kwargs.get("device"))
             head_mask, source = _head_mask(config, pretrained, **sources)
             self.kv_quant: KVQuantConfig | None = _kv_quant_settings(config, pretrained, kv_cache, **quant_args)
         self._apply_rope_scaling(pretrained, rope_scaling, rope_factor, rope_original_max_positions, kwargs)
@@ -198,6 +223,15 @@ class BoschLM(HFLM):
         self.hybrid: HybridAttention = hybridize(self.model, head_mask, backend=attn_backend, source=source)
         set_saved_kv_quant(self.model.config, self.kv_quant)  # save_pretrained keeps the settings
         self.prefix_cache = PrefixActivations(self.model, prefix_cache_mb << 20) if prefix_cache_mb else None
+
+    @staticmethod
+    def _pick_device(requested: str | None) -> str:
+        """The device to load on: :func:`pick_device`, except that lm-eval's CLI default
+        (``cuda:0``, passed when ``--device`` is not given) falls back to the CPU where no GPU
+        exists, as HFLM does."""
+        if requested == LM_EVAL_CLI_DEFAULT_DEVICE and not torch.cuda.is_available():
+            return pick_device(None)
+        return pick_device(requested)
 
     @staticmethod
     def _apply_rope_scaling(
@@ -298,15 +332,81 @@ class BoschLM(HFLM):
         window = self._window_override if self._window_override is not None else mask.window
         self.hybrid.set_mask(mask, window)
 
-    # lm-eval's request types, with the progress bars off when ``progress_bars`` is.
+    # lm-eval's request types, with the progress bars off when ``progress_bars`` is, and no
+    # input silently cut to fit (see _check_fits).
     def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        return super().loglikelihood(requests, disable_tqdm=disable_tqdm or not self.progress_bars)
+        # _loglikelihood_tokens sees token ids and the (context, continuation) strings only.
+        self._requests_by_args: dict[tuple[str, str], list[Instance]] = {}
+        for request in requests:
+            self._requests_by_args.setdefault(request.args, []).append(request)
+        try:
+            return super().loglikelihood(requests, disable_tqdm=disable_tqdm or not self.progress_bars)
+        finally:
+            del self._requests_by_args
 
     def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
+        if self.kv_quant is not None and requests:
+            tasks = sorted({str(r.task_name) for r in requests})
+            raise ModelError(
+                f"task {tasks[0]!r}{f' (and {len(tasks) - 1} more)' if len(tasks) > 1 else ''}: perplexity "
+                f"(loglikelihood_rolling) with kv_quant={self.kv_quant.method} would not measure the quantization "
+                "(each window is scored as one continuation after a one-token context, so its tokens see each other "
+                "at full precision); run this task without kv_quant"
+            )
         return super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm or not self.progress_bars)
 
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
+        # HFLM left-truncates each context to max_length - max_gen_toks (one log line per batch).
+        too_long = []
+        for request in requests:
+            context, gen_kwargs = request.args
+            room = self.max_length - normalize_gen_kwargs(dict(gen_kwargs), self.max_gen_toks)["max_gen_toks"]
+            length = len(self.tok_encode(context))
+            if length > room:
+                too_long.append((request, length, room))
+        self._check_fits(too_long, "context")
         return super().generate_until(requests, disable_tqdm=disable_tqdm or not self.progress_bars)
+
+    def _check_fits(self, too_long: list[tuple[Instance | None, int, int]], what: str) -> None:
+        """Refuse requests whose input exceeds the model's limit, or record them (``allow_truncation``).
+
+        Args:
+            too_long: (request, input tokens, tokens the model can take) of each request that
+                lm-eval would left-truncate; the request is None where the task is unknown.
+            what: what was measured (``context``, ``context + continuation``), for the message.
+
+        Raises:
+            ModelError: naming the task, the longest input and the limit, unless
+                ``allow_truncation`` is on.
+        """
+        if not too_long:
+            return
+        by_task: dict[str, list[tuple[int | None, int, int]]] = {}
+        for request, length, room in too_long:
+            task = str(request.task_name) if request is not None else "(unknown task)"
+            by_task.setdefault(task, []).append((request.doc_id if request is not None else None, length, room))
+        if not self.allow_truncation:
+            task, rows = sorted(by_task.items())[0]
+            _, length, room = max(rows, key=lambda row: row[1])
+            others = f"; {len(by_task) - 1} more task(s) too" if len(by_task) > 1 else ""
+            source = "max_length= given" if self._max_length else "the model's max_position_embeddings"
+            raise ModelError(
+                f"task {task!r}: {len(rows)} request(s) longer than model {self.model.name_or_path!r} can take, the longest "
+                f"{what} {length} tokens > {room} (max_length {self.max_length}, from {source}"
+                f"{'; less the tokens to generate' if room < self.max_length else ''}){others}. lm-eval would cut "
+                "them from the left and score what is left. Use shorter inputs (e.g. smaller max_seq_lengths), "
+                "pass max_length=N if the model holds more than its config says (rope scaling), or "
+                "allow_truncation=true to score them anyway (the results then carry bosch_truncated)"
+            )
+        for task, rows in by_task.items():
+            docs, longest = self.truncated.get(task, (set(), 0))
+            if task not in self.truncated:
+                log.warning(
+                    "bosch: task %r: inputs longer than max_length %d are scored after left truncation "
+                    "(allow_truncation=true); its results carry bosch_truncated", task, self.max_length
+                )
+            docs.update(doc for doc, _, _ in rows if doc is not None)
+            self.truncated[task] = (docs, max(longest, *(length for _, length, _ in rows)))
 
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any) -> torch.Tensor:
         """HFLM's generation, on a deploy-mode cache unless ``kv_cache=dynamic``."""
@@ -325,6 +425,11 @@ class BoschLM(HFLM):
             bosch_kv_cache=self.kv_cache,
             bosch_kv_quant=self.kv_quant.to_json() if self.kv_quant is not None else None,
             bosch_mask=[list(row) for row in mask.bits],
+            bosch_allow_truncation=self.allow_truncation,
+            bosch_truncated={
+                task: {"documents": len(docs), "longest_input_tokens": longest, "max_length": self.max_length}
+                for task, (docs, longest) in sorted(self.truncated.items())
+            },
         )
         return info
 
@@ -349,6 +454,17 @@ class BoschLM(HFLM):
         else:
             batches = collator.get_batched(n=override_bs if self.batch_size == "auto" else self.batch_size)
 
+        requests_by_args = getattr(self, "_requests_by_args", {})
+        # The model sees (context + continuation)[:-1]: more than max_length tokens are cut.
+        self._check_fits(
+            [
+                (instance, len(context) + len(continuation) - 1, self.max_length)
+                for args, context, continuation in requests
+                if len(context) + len(continuation) - 1 > self.max_length
+                for instance in requests_by_args.get(args, [None])
+            ],
+            "context + continuation",
+        )
         results: list[tuple[float, bool]] = []
         progress = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0, desc="Running loglikelihood requests")
         for batch in batches:

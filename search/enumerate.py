@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--calib-examples", type=int, help="bosch_niah_calib examples (default 64)")
     parser.add_argument("--place", action="append", default=[], metavar="NAME=MASK.json", help="report where this mask ranks (repeatable)")
     parser.add_argument("--max-masks", type=int, default=DEFAULT_MAX_MASKS, help=f"refuse larger spaces (default {DEFAULT_MAX_MASKS})")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--device", help="cpu or cuda (default: cuda when torch sees a GPU, else cpu)")
     return parser
 
 

@@ -420,7 +420,7 @@ def build_objective(
     calib_len: int | None = None,
     calib_seed: int = 0,
     metric: str = "acc",
-    device: str = "cpu",
+    device: str | None = None,
     batch_size: int = 1,
     dtype: str | None = None,
     attn_backend: str = "auto",
@@ -442,7 +442,8 @@ def build_objective(
             ``bosch_defaults.json``, else the task's 32768).
         calib_seed: seed of the ``bosch_niah_calib`` examples.
         metric: the calibration metric.
-        device: ``cpu`` or ``cuda`` (under ``accelerate launch``: each process's device).
+        device: ``cpu`` or ``cuda`` (under ``accelerate launch``: each process's device);
+            None: cuda when torch sees a GPU, else cpu (:func:`bosch_eval.device.pick_device`).
         batch_size: lm-eval batch size of one call.
         dtype: model dtype (default: the checkpoint's).
         attn_backend: hybrid attention backend.
@@ -454,8 +455,10 @@ def build_objective(
         model_args: more adapter/loader keyword arguments (``--model-args``).
         prefix_cache_mb: the adapter's prefix-activation cache budget (0 = none).
     """
+    from bosch_eval.device import pick_device
     from bosch_eval.model_adapters.bosch import BoschLM
 
+    device = pick_device(device, "device")
     launch_state(device)
     path = resolve_model(model)
     defaults = model_defaults(path)

@@ -58,7 +58,7 @@ def add_rank_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=0, help="calibration seed (Razor: probe seed); default 0")
     parser.add_argument("--block-size", type=int, default=64, help="query rows per streamed attention block")
-    parser.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda when available)")
+    parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when torch sees a GPU, else cpu)")
     parser.add_argument(
         "--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="model weights dtype"
     )
@@ -109,6 +109,7 @@ def rank_main(args: argparse.Namespace) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from bosch_eval.device import pick_device
     from bosch_eval.model_check import check_length, model_config
     from bosch_eval.model_defaults import model_defaults
     from bosch_eval.search.rankers.driver import compute_ranking
@@ -130,7 +131,7 @@ def rank_main(args: argparse.Namespace) -> None:
         )
     if not args.ignore_max_positions:  # before the weights load: past it, every score would be ~0
         check_length(calib_len, args.model, model_config(path), "--calib-len", "--ignore-max-positions")
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = pick_device(args.device, "--device")
     if model_args:
         model, tokenizer = _load_like_lm_eval(path, args.dtype, device, model_args)
     else:

@@ -34,6 +34,7 @@ from accelerate.utils import broadcast_object_list
 
 from bosch_eval.loader_args import parse_model_args
 from bosch_eval.masks import HeadMask, MaskError, ModelShape
+from bosch_eval.device import pick_device
 from bosch_eval.model_check import IGNORE_FLAG, IGNORE_METADATA, check_length, model_config
 from bosch_eval.model_defaults import model_defaults
 from bosch_eval.prefix_cache import DEFAULT_BUDGET_MB as DEFAULT_PREFIX_CACHE_MB
@@ -70,7 +71,7 @@ def search_model(
     calib_examples: int | None = None,
     calib_len: int | None = None,
     calib_seed: int = 0,
-    device: str = "cpu",
+    device: str | None = None,
     batch_size: int = 1,
     dtype: str | None = None,
     progress: bool = True,
@@ -95,6 +96,7 @@ def search_model(
         SearchError: a setting does not fit the model (checked before any weight loads).
         JournalError: another search holds ``out``, or its journal cannot be resumed.
     """
+    device = pick_device(device, "--device")  # None: cuda when torch sees a GPU, else cpu (said once)
     state = launch_state(device)  # before any other accelerate state: joins CPU processes over gloo
     if isinstance(race_chunk, bool) or not isinstance(race_chunk, int) or race_chunk < 1:
         raise SearchError(f"--race-chunk: expected a number of examples >= 1, got {race_chunk!r}")
@@ -330,7 +332,9 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
         "the context, e.g. with rope scaling); inputs are then not truncated to it",
     )
     parser.add_argument("--calib-seed", type=int, default=0, help="seed of the calibration examples")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (under accelerate: each process's own GPU)")
+    parser.add_argument(
+        "--device", help="cpu or cuda (default: cuda when torch sees a GPU, else cpu; under accelerate: each process's own GPU)"
+    )
     parser.add_argument("--batch-size", type=int, default=1, help="lm-eval batch size of one objective call")
     parser.add_argument("--dtype", help="model dtype, e.g. bfloat16 (default: the checkpoint's)")
     parser.add_argument(

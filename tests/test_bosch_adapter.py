@@ -4,9 +4,11 @@ every source, in-place swaps, and continuation-only logits."""
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import lm_eval
 import pytest
@@ -246,3 +248,86 @@ def test_stock_lm_eval_cli_bosch_equals_hf_per_sample(tiny_model_dir, tmp_path):
     for hf_doc, bosch_doc in zip(hf, bosch, strict=True):
         assert [greedy for _, greedy in bosch_doc] == [greedy for _, greedy in hf_doc]
         assert [ll for ll, _ in bosch_doc] == pytest.approx([ll for ll, _ in hf_doc], abs=1e-5)
+
+
+class TestDevice:
+    def test_no_device_given_picks_one_that_exists(self, tiny_model_dir):
+        from bosch_eval.device import default_device
+
+        lm = BoschLM(pretrained=str(tiny_model_dir), mask="full")  # HFLM's own default would be "cuda"
+        assert lm.device.type == default_device()
+
+    def test_lm_eval_cli_default_falls_back_to_the_cpu_without_a_gpu(self, tiny_model_dir):
+        with mock.patch("torch.cuda.is_available", return_value=False):
+            lm = BoschLM(pretrained=str(tiny_model_dir), mask="full", device="cuda:0")
+        assert lm.device.type == "cpu"
+
+    def test_cuda_without_cuda_is_an_error_before_loading(self, tiny_model_dir):
+        from bosch_eval import device as device_module
+
+        with mock.patch.object(device_module, "_cuda_problem", return_value="no CUDA here"):
+            with pytest.raises(MaskError, match=r"device 'cuda': no CUDA here; use device cpu"):
+                BoschLM(pretrained=str(tiny_model_dir), mask="full", device="cuda")
+
+
+def test_an_encoder_is_refused_as_not_a_causal_decoder(tmp_path):
+    from transformers import BertConfig
+
+    BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64).save_pretrained(tmp_path)
+    # config.json only: the refusal comes before any weight loads
+    with pytest.raises(MaskError, match=r"model_type 'bert' is an encoder .* not a causal decoder"):
+        BoschLM(pretrained=str(tmp_path), device="cpu", mask="full")
+
+
+def _instances(kind: str, args: list[tuple], task: str = "long_task") -> list[Instance]:
+    return [Instance(kind, {}, a, idx, metadata=(task, idx, 1)) for idx, a in enumerate(args)]
+
+
+class TestInputsLongerThanTheModel:
+    """A request lm-eval would left-truncate is refused, naming the task, the length and the limit,
+    unless allow_truncation=true, and then the results say which tasks were truncated."""
+
+    LONG = ("word " * 40, " end")  # ~40 tokens against max_length=16
+
+    def lm(self, tiny_model_dir, **kwargs):
+        return BoschLM(pretrained=str(tiny_model_dir), device="cpu", mask="full", max_length=16, **kwargs)
+
+    def test_loglikelihood_is_refused(self, tiny_model_dir):
+        lm = self.lm(tiny_model_dir)
+        length = len(lm.tok_encode(self.LONG[0] + self.LONG[1])) - 1
+        with pytest.raises(MaskError, match=rf"task 'long_task': 1 request\(s\) .* the longest context \+ continuation {length} tokens > 16 \(max_length 16.*allow_truncation=true"):
+            lm.loglikelihood(_instances("loglikelihood", [self.LONG, ("short", " one")]))
+
+    def test_generation_is_refused(self, tiny_model_dir):
+        lm = self.lm(tiny_model_dir)
+        kwargs = {"until": ["\n"], "max_gen_toks": 4, "do_sample": False}
+        with pytest.raises(MaskError, match=r"task 'long_task': 1 request\(s\) .* the longest context \d+ tokens > 12 \(max_length 16.*less the tokens to generate"):
+            lm.generate_until(_instances("generate_until", [(self.LONG[0], kwargs)]))
+
+    def test_inputs_that_fit_are_scored_and_marked_clean(self, tiny_model_dir):
+        lm = self.lm(tiny_model_dir)
+        assert len(lm.loglikelihood(_instances("loglikelihood", [("short", " one")]))) == 1
+        info = lm.get_model_info()
+        assert info["bosch_truncated"] == {} and info["bosch_allow_truncation"] is False
+
+    def test_allow_truncation_scores_and_marks_the_task(self, tiny_model_dir, caplog):
+        lm = self.lm(tiny_model_dir, allow_truncation=True)
+        with caplog.at_level(logging.WARNING, logger="bosch_eval"):
+            for _ in range(2):  # a second evaluation of the same documents (compare's next entry)
+                assert len(lm.loglikelihood(_instances("loglikelihood", [self.LONG, ("short", " one")]))) == 2
+        length = len(lm.tok_encode(self.LONG[0] + self.LONG[1])) - 1
+        info = lm.get_model_info()
+        assert info["bosch_allow_truncation"] is True
+        assert info["bosch_truncated"] == {"long_task": {"documents": 1, "longest_input_tokens": length, "max_length": 16}}
+        assert json.dumps(info["bosch_truncated"])  # lands in the results JSON
+        assert sum("left truncation" in r.getMessage() for r in caplog.records) == 1  # warned once
+
+    def test_rolling_windows_always_fit(self, tiny_model_dir):
+        lm = self.lm(tiny_model_dir)
+        assert len(lm.loglikelihood_rolling(_instances("loglikelihood_rolling", [("word " * 40,)]))) == 1
+
+
+def test_perplexity_with_kv_quant_is_refused_naming_the_task(tiny_model_dir):
+    lm = BoschLM(pretrained=str(tiny_model_dir), device="cpu", mask="full", kv_quant="logquant", kv_window=4)
+    with pytest.raises(MaskError, match=r"task 'wikitext': perplexity \(loglikelihood_rolling\) with kv_quant=logquant would not measure"):
+        lm.loglikelihood_rolling(_instances("loglikelihood_rolling", [("some text",)], task="wikitext"))
