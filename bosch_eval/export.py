@@ -87,6 +87,11 @@ def sliding_config(config: Any, mask: HeadMask, window: int, source: str = "mask
         ExportError: naming the config class and the field it lacks or changes.
     """
     layer_types = whole_layer_types(mask, source)
+    if mask.sinks:
+        raise ExportError(
+            f"{source}: field 'sinks' is {mask.sinks}; transformers' sliding_attention layers have no attention "
+            "sinks (query t sees only t - W < j <= t), so the export would drop them (export --to serving keeps them)"
+        )
     config_class = type(config)
     fields = _declared_fields(config_class)
     if "layer_types" not in fields:
@@ -208,7 +213,7 @@ def serving_json(mask: HeadMask, convention: str = "inclusive") -> dict[str, Any
                 "full_kv_groups": [group for group, bit in enumerate(row) if bit],
                 "swa_kv_groups": swa,
                 "window": window if swa else None,
-                "sinks": 0,
+                "sinks": mask.sinks if swa else 0,
             }
         )
     return {
@@ -224,7 +229,7 @@ def serving_json(mask: HeadMask, convention: str = "inclusive") -> dict[str, Any
             else "query t sees keys j with t - window <= j <= t (window keys before it, plus itself)"
         ),
         "kv_group_heads": "KV group g serves query heads g*H/G .. (g+1)*H/G - 1",
-        "sinks_semantics": "the first `sinks` positions stay visible to every query of a sliding group",
+        "sinks_semantics": "the first `sinks` positions stay visible to every query of a sliding group, besides its window",
         "swa_ratio": mask.swa_ratio,
         "method": mask.method,
         "layers": layers,

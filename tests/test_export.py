@@ -119,6 +119,11 @@ class TestFamilies:
                 export_transformers(source, mask, tmp_path / "out")
         assert sorted(p.name for p in tmp_path.iterdir()) == ["source"]  # nothing half-written
 
+    def test_sinks_are_refused(self):
+        mask = HeadMask.from_rows([[0, 0], [1, 1]], 4, window=8, sinks=4)
+        with pytest.raises(ExportError, match="mask.json: field 'sinks' is 4; transformers' sliding_attention layers have no"):
+            sliding_config(None, mask, 8, "mask.json")
+
     def test_non_empty_output_is_refused(self, tmp_path):
         (tmp_path / "out").mkdir()
         (tmp_path / "out" / "x").write_text("")
@@ -184,6 +189,10 @@ class TestServing:
         data = serving_json(self.MASK)
         rows = [[int(g in layer["full_kv_groups"]) for g in range(data["num_kv_heads"])] for layer in data["layers"]]
         assert HeadMask.from_rows(rows, data["num_heads"], window=16, method="bosch") == self.MASK
+
+    def test_sinks_are_written_for_sliding_layers(self):
+        layers = serving_json(self.MASK.with_meta(sinks=4))["layers"]
+        assert [layer["sinks"] for layer in layers] == [4, 0, 4]
 
     def test_exclusive_counts_the_keys_before_the_query(self):
         assert serving_json(self.MASK, "exclusive")["layers"][0]["window"] == 15
