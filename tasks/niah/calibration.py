@@ -15,7 +15,11 @@ Metadata (``--metadata`` JSON, or ``TaskManager(metadata=...)``):
   error unless ``ignore_max_positions`` is true;
 * ``num_examples`` (default 64, as in the paper);
 * ``calib_seed`` (default 0): the examples are a function of it, the length and the
-  tokenizer.
+  tokenizer;
+* ``calib_query`` (default ``repeat``) and ``calib_distractors`` (default 0): diagnosis
+  variants (issue 29, ``results/calibration``). ``plain`` ends the query with "Reply: The
+  code is" instead of repeating the needle's wording; ``calib_distractors`` adds that many
+  needles with other keys and values. The defaults are the calibration set as it was.
 
 Nothing is shared with the eval suite (``eval_suite.py``, RULER's format): other keys
 (made-up names, not adjective-noun pairs), other values (6 digits, not 7), other
@@ -46,6 +50,8 @@ INSTRUCTION = (
 )
 NEEDLE = "The vault code of {key} is {value}."
 QUERY = "Query: which vault code belongs to {key}?\nReply: The vault code of {key} is"
+PLAIN_QUERY = "Query: which vault code belongs to {key}?\nReply: The code is"
+QUERIES = {"repeat": QUERY, "plain": PLAIN_QUERY}
 
 _LEDGER = (
     "At {time} the {vessel} weighed anchor at {port} laden with {cargo}.",
@@ -69,34 +75,50 @@ def dataset(**metadata: Any) -> dict[str, datasets.Dataset]:
         seq_len=seq_len,
         num_examples=int_setting(metadata, "num_examples", DEFAULT_NUM_EXAMPLES, TASK),
         seed=int_setting(metadata, "calib_seed", DEFAULT_SEED, TASK, minimum=0),
+        query=_query_setting(metadata),
+        distractors=int_setting(metadata, "calib_distractors", 0, TASK, minimum=0),
     )
     return {"test": datasets.Dataset.from_list(list(docs))}
 
 
 @cache
 def examples(
-    tokenizer: PreTrainedTokenizerBase, seq_len: int, num_examples: int, seed: int
+    tokenizer: PreTrainedTokenizerBase, seq_len: int, num_examples: int, seed: int, query: str = "repeat", distractors: int = 0
 ) -> tuple[dict[str, Any], ...]:
     """All examples, cached: the search rebuilds the task for each of its thousands of S(z) calls."""
-    return tuple(_example(tokenizer, seq_len, index, num_examples, seed) for index in range(num_examples))
+    return tuple(_example(tokenizer, seq_len, index, num_examples, seed, query, distractors) for index in range(num_examples))
 
 
 def _example(
-    tokenizer: PreTrainedTokenizerBase, seq_len: int, index: int, num_examples: int, seed: int
+    tokenizer: PreTrainedTokenizerBase, seq_len: int, index: int, num_examples: int, seed: int, query: str, distractors: int
 ) -> dict[str, Any]:
     rng = random.Random(f"{TASK}/{seed}/{seq_len}/{index}")
     key = f"{rng.choice(words.CALIB_GIVEN_NAMES)} {rng.choice(words.CALIB_FAMILY_NAMES)}"
     value = str(rng.randint(100_000, 999_999))
     depth = (index + rng.random()) / num_examples  # stratified: every depth band gets its examples
-    needle = NEEDLE.format(key=key, value=value)
+    needles, depths = [NEEDLE.format(key=key, value=value)], [depth]
+    others: set[str] = {key}
+    while len(others) <= distractors:  # drawn after the default example's draws, so distractors=0 is unchanged
+        other = f"{rng.choice(words.CALIB_GIVEN_NAMES)} {rng.choice(words.CALIB_FAMILY_NAMES)}"
+        if other not in others:
+            others.add(other)
+            needles.append(NEEDLE.format(key=other, value=rng.randint(100_000, 999_999)))
+            depths.append(rng.random())
     haystack = Haystack.grow(lambda: ledger_sentence(rng), tokenizer, seq_len, split_words=True)
 
     def prompt(n: int) -> str:
-        return f"{INSTRUCTION}\n{haystack.text(n, [needle], [depth])}\n{QUERY.format(key=key)}"
+        return f"{INSTRUCTION}\n{haystack.text(n, needles, depths)}\n{QUERIES[query].format(key=key)}"
 
     what = f"{TASK} at seq_len={seq_len}"
     n, length = fit(lambda n: f"{prompt(n)} {value}", tokenizer, haystack.costs, seq_len, what)
     return {"input": prompt(n), "target": value, "key": key, "depth": depth, "length": length, "seq_len": seq_len}
+
+
+def _query_setting(metadata: dict[str, Any]) -> str:
+    query = metadata.get("calib_query", "repeat")
+    if query not in QUERIES:
+        raise ValueError(f"{TASK}: metadata 'calib_query' must be one of {sorted(QUERIES)}, got {query!r}")
+    return query
 
 
 def ledger_sentence(rng: random.Random) -> str:

@@ -103,3 +103,24 @@ CALIB_CREW = (
 )  # fmt: skip
 CALIB_TIMES = ("dawn", "dusk", "noon", "midnight", "the morning watch", "the dog watch")
 CALIB_COUNTS = ("two", "three", "four", "five", "six", "seven", "eight", "nine", "twelve", "twenty")
+
+# --- retrieval calibration set (a botanic garden's registry) ------------------------------
+# bosch_retrieval_calib: a third vocabulary, in no bundled model's training mix.
+
+RETRIEVAL_GIVEN_NAMES = (
+    "Arlet", "Bodmin", "Cressa", "Doval", "Esker", "Fennick", "Galwen", "Hobart", "Irian", "Jessel",
+    "Kestle", "Lorcan", "Mabyn", "Nairn", "Odile", "Perran", "Rosken", "Sennen", "Tavish", "Veryan",
+    "Wenna", "Yestin", "Zennor", "Aldous", "Bryher", "Colan", "Demelza", "Elowen", "Fyfield", "Gorran",
+)  # fmt: skip
+RETRIEVAL_FAMILY_NAMES = (
+    "Pennywhistle", "Stonebrook", "Underhay", "Whitlock", "Greenhill", "Mossgrove", "Fairholme",
+    "Larkspur", "Quillfeather", "Rushmere", "Tidewell", "Wrenfield", "Ashgrove", "Briarwood",
+    "Coldharbour", "Dewhurst", "Fernleigh", "Hazelden", "Kingsmead", "Oakhurst",
+)  # fmt: skip
+RETRIEVAL_PLANTS = (
+    "fern", "orchid", "ivy", "basil", "thyme", "sage", "lily", "tulip", "cactus", "begonia",
+    "camellia", "dahlia", "fuchsia", "hosta", "lupin", "peony", "primrose", "yucca",
+)  # fmt: skip
+RETRIEVAL_HOUSES = ("glasshouse", "palm house", "bothy", "seed room", "potting shed", "fernery", "orangery")
+RETRIEVAL_STAFF = ("gardener", "keeper", "apprentice", "botanist", "curator", "propagator", "volunteer")
+RETRIEVAL_TASKS = ("watered", "pruned", "repotted", "labelled", "misted", "staked", "divided", "weeded")

@@ -1,0 +1,55 @@
+"""``bosch_niah_dev``: a development split of the RULER-like eval suite, scored prefill-only.
+
+Choices about the search (calibration format, metric, example count, seed, which run to
+report) need a held-out skill to be judged on without looking at the test set, which is
+upstream ``niah_single_1`` and ``bosch_niah`` at its default ``eval_seed`` 0. This task
+draws the same formats as ``bosch_niah`` (``eval_suite.example``: RULER's template, needle
+and ``gen_prefix``, the eval vocabulary) from other seeds, and refuses seed 0.
+
+Only the variants with numeric values (``single_1``, ``single_2``, ``multikey_1``,
+``multikey_2``) are drawn, interleaved by index; UUID values are beyond the bundled
+models. Scored like the calibration sets, as one forward pass per example: ``acc`` is 1
+when the value's tokens are the greedy continuation of the prompt and ``gen_prefix``,
+which is what greedy generation must produce first for RULER's ``string_match_all``
+to count it (generation with 128 new tokens costs ~100 times more on a CPU).
+
+Metadata: ``dev_lengths`` (default: the model's ``calib_len``, else 4096), ``dev_samples``
+(documents per variant and length, default 16), ``dev_seed`` (default 1; 0 is refused).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import datasets
+
+from bosch_eval.tasks.niah import eval_suite
+from bosch_eval.tasks.niah.metadata import check_lengths, default_lengths, int_list_setting, int_setting, model_tokenizer
+
+TASK = "bosch_niah_dev"
+VARIANTS = ("bosch_niah_single_1", "bosch_niah_single_2", "bosch_niah_multikey_1", "bosch_niah_multikey_2")
+TEST_SEED = eval_suite.DEFAULT_SEED
+DEFAULT_SEED = 1
+DEFAULT_SAMPLES = 16
+
+
+def dataset(**metadata: Any) -> dict[str, datasets.Dataset]:
+    """lm-eval ``custom_dataset``: the development documents as the ``test`` split."""
+    tokenizer = model_tokenizer(metadata, TASK)
+    lengths = int_list_setting(metadata, "dev_lengths", default_lengths(metadata, "dev_lengths", (4096,), TASK), TASK)
+    check_lengths(metadata, lengths, TASK, "dev_lengths")
+    samples = int_setting(metadata, "dev_samples", DEFAULT_SAMPLES, TASK)
+    seed = int_setting(metadata, "dev_seed", DEFAULT_SEED, TASK, minimum=0)
+    if seed == TEST_SEED:
+        raise ValueError(
+            f"{TASK}: metadata 'dev_seed' = {seed} draws bosch_niah's test documents (its eval_seed {TEST_SEED}); "
+            "a development split needs another seed"
+        )
+    docs = []
+    for index in range(samples):
+        for length in lengths:
+            for variant in VARIANTS:
+                doc = eval_suite.example(variant, tokenizer, length, index, seed)
+                docs.append({"input": f"{doc['input']} {doc['gen_prefix']}", "target": doc["outputs"][0],
+                             "variant": variant, "max_length": length})  # fmt: skip
+    return {"test": datasets.Dataset.from_list(docs)}

@@ -1,0 +1,144 @@
+"""``bosch_retrieval_calib``: a calibration set that measures key-conditioned retrieval.
+
+Why a second calibration set (issue 29): ``bosch_niah_calib`` holds one number in a
+haystack with no other digits, and its query repeats the needle's wording, so a model can
+answer it by copying "the only number" after "The vault code of <key> is" without matching
+the key. Measured on toy-l (``results/calibration/diagnosis.md``): with three distractor
+needles in that format, full attention falls from 0.84 to 0.28, chance for four needles.
+A search on such a set keeps the heads of that shortcut and loses held-out retrieval.
+
+Here every example needs the key to find its value:
+
+* the query never repeats a needle's wording ("Question: what is the permit number of
+  <key>?" / "Answer:"; the needles say "<key> was issued permit <value>." and others);
+* the haystack is full of distractor values (numbers of the same shape in routine
+  entries), so the only-number shortcut fails;
+* a fixed mix, by example index: ``single`` (one needle among distractor values),
+  ``multikey`` (three more needles with other keys) and ``multivalue`` (the key holds two
+  permits, both asked for in the order they appear, plus one needle with another key);
+* the asked needle's depth is stratified over the examples, the others uniform;
+* a third vocabulary (a botanic garden's registry, ``words.RETRIEVAL_*``), 5-digit values
+  (the eval suite uses 7, ``bosch_niah_calib`` 6) and string seeds of its own: nothing is
+  shared with the eval suite, and no bundled model's training mix uses this format.
+
+Scored like ``bosch_niah_calib``: prefill only, an example counts when every answer token
+is the greedy prediction (lm-eval's loglikelihood ``acc``). Metadata: ``seq_len`` (default:
+the model's ``bosch_defaults.json`` ``calib_len``, else 32768), ``num_examples`` (64),
+``calib_seed`` (0); see ``calibration.py``.
+"""
+
+from __future__ import annotations
+
+import random
+from functools import cache
+from typing import Any
+
+import datasets
+from transformers import PreTrainedTokenizerBase
+
+from bosch_eval.tasks.niah import words
+from bosch_eval.tasks.niah.haystack import Haystack, fit
+from bosch_eval.tasks.niah.metadata import check_lengths, default_lengths, int_setting, model_tokenizer
+
+TASK = "bosch_retrieval_calib"
+DEFAULT_SEQ_LEN = 32768
+DEFAULT_NUM_EXAMPLES = 64
+DEFAULT_SEED = 0
+KINDS = ("single", "multikey", "multivalue")  # example i is KINDS[i % 3]
+
+INSTRUCTION = "Below is a page from a botanic garden's registry. Some lines record permits issued to people."
+NEEDLES = (
+    "{key} was issued permit {value}.",
+    "Permit {value} went to {key}.",
+    "The registry lists {key} with permit {value}.",
+)
+QUERY = {
+    "single": "Question: what is the permit number of {key}?\nAnswer:",
+    "multikey": "Question: what is the permit number of {key}?\nAnswer:",
+    "multivalue": "Question: what are the two permit numbers of {key}, in the order they appear?\nAnswer:",
+}
+_ENTRIES = (
+    "The {staff} {task} tray {number} of {plant} in the {house}.",
+    "Tray {number} of {plant} moved from the {house} to the {house2}.",
+    "The {staff} {task} the {plant} beds by the {house}.",
+    "Seed packet {number} of {plant} was filed in the {house}.",
+    "Mist settled over the {plant} in the {house}.",
+    "The {staff} counted the {plant} cuttings in the {house}.",
+)
+
+
+def dataset(**metadata: Any) -> dict[str, datasets.Dataset]:
+    """lm-eval ``custom_dataset``: the calibration examples as the ``test`` split."""
+    tokenizer = model_tokenizer(metadata, TASK)
+    seq_len = int_setting(metadata, "seq_len", default_lengths(metadata, "seq_len", (DEFAULT_SEQ_LEN,), TASK)[0], TASK)
+    check_lengths(metadata, (seq_len,), TASK, "seq_len")
+    docs = examples(
+        tokenizer,
+        seq_len=seq_len,
+        num_examples=int_setting(metadata, "num_examples", DEFAULT_NUM_EXAMPLES, TASK),
+        seed=int_setting(metadata, "calib_seed", DEFAULT_SEED, TASK, minimum=0),
+    )
+    return {"test": datasets.Dataset.from_list(list(docs))}
+
+
+@cache
+def examples(
+    tokenizer: PreTrainedTokenizerBase, seq_len: int, num_examples: int, seed: int
+) -> tuple[dict[str, Any], ...]:
+    """All examples, cached: the search rebuilds the task for each of its S(z) calls."""
+    return tuple(_example(tokenizer, seq_len, index, num_examples, seed) for index in range(num_examples))
+
+
+def _example(
+    tokenizer: PreTrainedTokenizerBase, seq_len: int, index: int, num_examples: int, seed: int
+) -> dict[str, Any]:
+    rng = random.Random(f"{TASK}/{seed}/{seq_len}/{index}")
+    kind = KINDS[index % len(KINDS)]
+    keys = _distinct_keys(rng, 4 if kind == "multikey" else 2 if kind == "multivalue" else 1)
+    asked = keys[0]
+    # (key, value) of every needle; the asked key's needles come first, two for multivalue
+    pairs = [(asked, _value(rng))] + ([(asked, _value(rng))] if kind == "multivalue" else [])
+    pairs += [(key, _value(rng)) for key in keys[1:]]
+    values = {value for _, value in pairs}
+    needles = [rng.choice(NEEDLES).format(key=key, value=value) for key, value in pairs]
+    depth = (index + rng.random()) / num_examples  # stratified: every depth band gets its examples
+    depths = [depth] + [rng.random() for _ in pairs[1:]]
+    asked_values = [value for (key, value), _ in sorted(zip(pairs, depths, strict=True), key=lambda p: p[1]) if key == asked]
+    target = " and ".join(asked_values)
+    haystack = Haystack.grow(lambda: registry_entry(rng, values), tokenizer, seq_len, split_words=True)
+
+    def prompt(n: int) -> str:
+        return f"{INSTRUCTION}\n{haystack.text(n, needles, depths)}\n{QUERY[kind].format(key=asked)}"
+
+    what = f"{TASK} at seq_len={seq_len}"
+    n, length = fit(lambda n: f"{prompt(n)} {target}", tokenizer, haystack.costs, seq_len, what)
+    return {"input": prompt(n), "target": target, "key": asked, "kind": kind, "depth": depth, "length": length, "seq_len": seq_len}
+
+
+def _distinct_keys(rng: random.Random, count: int) -> list[str]:
+    keys: list[str] = []
+    while len(keys) < count:
+        key = f"{rng.choice(words.RETRIEVAL_GIVEN_NAMES)} {rng.choice(words.RETRIEVAL_FAMILY_NAMES)}"
+        if key not in keys:
+            keys.append(key)
+    return keys
+
+
+def _value(rng: random.Random) -> str:
+    return str(rng.randint(10_000, 99_999))
+
+
+def registry_entry(rng: random.Random, needle_values: set[str]) -> str:
+    """One routine registry line; its numbers have the values' shape but are never one of them."""
+    pick = rng.choice
+    number = _value(rng)
+    while number in needle_values:
+        number = _value(rng)
+    return pick(_ENTRIES).format(
+        staff=pick(words.RETRIEVAL_STAFF),
+        task=pick(words.RETRIEVAL_TASKS),
+        number=number,
+        plant=pick(words.RETRIEVAL_PLANTS),
+        house=pick(words.RETRIEVAL_HOUSES),
+        house2=pick(words.RETRIEVAL_HOUSES),
+    )

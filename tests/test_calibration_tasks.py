@@ -1,0 +1,126 @@
+"""Issue 29's tasks: ``bosch_retrieval_calib``, the dev split ``bosch_niah_dev`` and the
+diagnosis variants of ``bosch_niah_calib``. Texts are generated for a small BPE tokenizer
+built here (nothing is downloaded)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from lm_eval.tasks import TaskManager
+
+from bosch_eval.random_model import train_tokenizer
+from bosch_eval.tasks import TASKS_DIR
+from bosch_eval.tasks.niah import calibration, dev_split, eval_suite, retrieval_calib, words
+from bosch_eval.tasks.niah.haystack import count_tokens
+
+FUNCTION_WORDS = {"a", "and", "at", "for", "in", "is", "it", "of", "the", "to", "was", "with", "from", "by", "what", "are"}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def docs(tokenizer):
+    return retrieval_calib.examples.__wrapped__(tokenizer, 1024, 12, 0)
+
+
+def words_of(text: str) -> set[str]:
+    return set(re.findall(r"[a-z]+", text.lower()))
+
+
+def needles_of(doc: dict) -> list[tuple[str, str]]:
+    """(key, value) of every needle in the prompt, in order of appearance."""
+    names = "|".join(words.RETRIEVAL_GIVEN_NAMES)
+    found = []
+    for template in retrieval_calib.NEEDLES:
+        pattern = re.escape(template).replace(r"\{key\}", rf"(?P<key>(?:{names}) \w+)").replace(r"\{value\}", r"(?P<value>\d{5})")
+        found += [(match.start(), match["key"], match["value"]) for match in re.finditer(pattern, doc["input"])]
+    return [(key, value) for _, key, value in sorted(found)]
+
+
+class TestRetrievalCalibration:
+    def test_each_kind_asks_for_its_keys_values_in_order_of_appearance(self, docs):
+        assert [doc["kind"] for doc in docs[:3]] == list(retrieval_calib.KINDS)
+        for doc in docs:
+            needles = needles_of(doc)
+            keys = {key for key, _ in needles}
+            asked = [value for key, value in needles if key == doc["key"]]
+            assert len(keys) == {"single": 1, "multikey": 4, "multivalue": 2}[doc["kind"]]
+            assert doc["target"] == " and ".join(asked)
+            assert len(asked) == (2 if doc["kind"] == "multivalue" else 1)
+
+    def test_the_query_does_not_repeat_a_needle(self, docs):
+        for doc in docs:
+            query = doc["input"].rsplit("\n", 2)[-2:]
+            for template in retrieval_calib.NEEDLES:
+                fixed_words = [part.strip() for part in re.split(r"\{\w+\}", template) if part.strip(" .")]
+                assert not any(part in "\n".join(query) for part in fixed_words), (template, query)
+
+    def test_the_haystack_holds_distractor_values_of_the_same_shape(self, docs):
+        for doc in docs:
+            numbers = set(re.findall(r"\b\d{5}\b", doc["input"]))
+            assert len(numbers - {value for _, value in needles_of(doc)}) >= 5
+
+    def test_prompts_fill_the_budget_and_depths_are_stratified(self, tokenizer, docs):
+        for doc in docs:
+            assert 1024 - 20 <= count_tokens(tokenizer, doc["input"] + " " + doc["target"]) <= 1024
+        assert [int(doc["depth"] * len(docs)) for doc in docs] == list(range(len(docs)))
+
+    def test_vocabulary_is_disjoint_from_the_eval_suite_and_the_old_calibration(self):
+        def vocabulary(prefixes: tuple[str, ...]) -> set[str]:
+            lists = [getattr(words, name) for name in dir(words) if name.startswith(prefixes)]
+            return {word for items in lists for item in items for word in words_of(item)}
+
+        ours = vocabulary(("RETRIEVAL_",))
+        assert ours & vocabulary(("EVAL_", "ESSAY_")) <= FUNCTION_WORDS
+        assert ours & vocabulary(("CALIB_",)) <= FUNCTION_WORDS
+
+    def test_same_seed_same_examples_other_seed_other_examples(self, tokenizer, docs):
+        again = retrieval_calib.examples.__wrapped__(tokenizer, 1024, 12, 0)
+        other = retrieval_calib.examples.__wrapped__(tokenizer, 1024, 12, 1)
+        assert again == docs
+        assert [doc["input"] for doc in other] != [doc["input"] for doc in docs]
+
+
+class TestDevSplit:
+    def test_documents_are_the_eval_formats_at_another_seed(self, tokenizer, tmp_path):
+        tokenizer.save_pretrained(tmp_path)
+        split = dev_split.dataset(tokenizer=str(tmp_path), dev_lengths=[1024], dev_samples=2)["test"]
+        assert len(split) == 2 * len(dev_split.VARIANTS)
+        first = eval_suite.example(dev_split.VARIANTS[0], tokenizer, 1024, 0, dev_split.DEFAULT_SEED)
+        assert split[0]["input"] == f"{first['input']} {first['gen_prefix']}"
+        assert split[0]["target"] == first["outputs"][0]
+        test_doc = eval_suite.example(dev_split.VARIANTS[0], tokenizer, 1024, 0, eval_suite.DEFAULT_SEED)
+        assert split[0]["target"] != test_doc["outputs"][0]
+
+    def test_the_test_seed_is_refused(self, tokenizer, tmp_path):
+        tokenizer.save_pretrained(tmp_path)
+        with pytest.raises(ValueError, match=r"bosch_niah_dev: metadata 'dev_seed' = 0 draws bosch_niah's test documents"):
+            dev_split.dataset(tokenizer=str(tmp_path), dev_lengths=[512], dev_samples=1, dev_seed=0)
+
+
+class TestCalibrationDiagnosisVariants:
+    def test_defaults_are_the_calibration_set_as_it_was(self, tokenizer):
+        plain = calibration.examples.__wrapped__(tokenizer, 1024, 4, 0)
+        explicit = calibration.examples.__wrapped__(tokenizer, 1024, 4, 0, "repeat", 0)
+        assert plain == explicit
+        assert all(doc["input"].endswith(calibration.QUERY.format(key=doc["key"])) for doc in plain)
+
+    def test_distractors_and_plain_query(self, tokenizer):
+        for doc in calibration.examples.__wrapped__(tokenizer, 1024, 4, 0, "plain", 3):
+            needles = re.findall(r"The vault code of (\w+ \w+) is (\d{6})\.", doc["input"])
+            assert len({key for key, _ in needles}) == 4 and (doc["key"], doc["target"]) in needles
+            assert doc["input"].endswith(calibration.PLAIN_QUERY.format(key=doc["key"]))
+
+    def test_an_unknown_query_style_is_refused(self, tokenizer, tmp_path):
+        tokenizer.save_pretrained(tmp_path)
+        with pytest.raises(ValueError, match=r"bosch_niah_calib: metadata 'calib_query' must be one of \['plain', 'repeat'\]"):
+            calibration.dataset(tokenizer=str(tmp_path), seq_len=1024, num_examples=1, calib_query="echo")
+
+
+def test_lm_eval_finds_the_new_tasks():
+    manager = TaskManager(include_path=str(TASKS_DIR))
+    assert {"bosch_retrieval_calib", "bosch_niah_dev"} <= set(manager.all_subtasks)
