@@ -12,10 +12,23 @@ upgrades the placeholder to the class (the registry allows exactly that upgrade)
 
 Why not register earlier: 0.4.13's ``get_model`` imports ``lm_eval.models`` only while the
 registry is empty, so an early ``bosch`` entry would hide every built-in model.
+
+Two more things, only in the ``lm_eval`` command itself (never in other programs):
+
+* ``--model bosch --model_args pretrained=toy`` (or ``toy-l``, or ``tokenizer=toy``) is rewritten
+  to the bundled model's directory before lm-eval reads its arguments: lm-eval hands
+  model_args to every task as metadata, and upstream tasks that build their documents with
+  the tokenizer (RULER's ``niah_*``) look it up by that name on the Hugging Face hub, which
+  failed after a minute of network retries. Only ``key=value`` arguments are rewritten (not
+  JSON ones, nor a ``--config`` file).
+* Our errors (:class:`bosch_eval.masks.MaskError` and its subclasses: bad model_args, a model
+  that cannot be used, an input longer than the model holds) end the command with one line,
+  ``lm_eval: error: <message>``, instead of the message at the bottom of a traceback.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 # `typing` is not loaded at interpreter start and importing it costs milliseconds;
@@ -29,6 +42,61 @@ if TYPE_CHECKING:
 MODEL_NAME = "bosch"
 MODEL_TARGET = "bosch_eval.model_adapters.bosch:BoschLM"  # must equal f"{cls.__module__}:{cls.__name__}"
 _WATCHED = "lm_eval.models"
+
+
+# Model args that name a model (the tokenizer is looked up by either).
+_MODEL_ARG_KEYS = ("pretrained", "tokenizer")
+
+
+def _is_lm_eval_cli(argv0: str) -> bool:
+    # The console script. `python -m lm_eval` cannot be told apart at interpreter start
+    # (sys.argv[0] is still "-m"), so it keeps lm-eval's own behaviour.
+    return os.path.basename(argv0) in ("lm_eval", "lm-eval")
+
+
+def resolve_bundled_aliases(argv: list[str]) -> list[str]:
+    """``argv`` of ``lm_eval --model bosch`` with ``pretrained=toy``-style arguments given as the
+    bundled model's directory (other argv unchanged)."""
+    try:
+        model = argv[argv.index("--model") + 1]
+    except (ValueError, IndexError):
+        return argv
+    if model != "bosch":
+        return argv
+    from bosch_eval.toy import BUNDLED_MODELS  # pathlib only: cheap
+
+    def rewrite(text: str) -> str:
+        if text.lstrip().startswith("{"):  # JSON model_args: left as given
+            return text
+        items = text.split(",")
+        for i, item in enumerate(items):
+            key, sep, value = item.partition("=")
+            if sep and key.strip() in _MODEL_ARG_KEYS and value.strip() in BUNDLED_MODELS:
+                items[i] = f"{key}={BUNDLED_MODELS[value.strip()]}"
+        return ",".join(items)
+
+    out = list(argv)
+    in_model_args = False
+    for i, arg in enumerate(out):
+        if arg in ("--model_args", "-a"):
+            in_model_args = True
+        elif arg.startswith("--model_args="):
+            out[i] = "--model_args=" + rewrite(arg.removeprefix("--model_args="))
+            in_model_args = False
+        elif arg.startswith("-"):
+            in_model_args = False
+        elif in_model_args:  # --model_args takes one or more values (nargs="+")
+            out[i] = rewrite(arg)
+    return out
+
+
+def _one_line_errors(exc_type: type[BaseException], exc: BaseException, tb: object) -> None:
+    """sys.excepthook of the ``lm_eval`` command: our errors in one line, the rest as before."""
+    masks = sys.modules.get("bosch_eval.masks")  # not loaded: the error cannot be ours
+    if masks is not None and isinstance(exc, masks.MaskError):
+        sys.stderr.write(f"lm_eval: error: {exc}\n")
+    else:
+        sys.__excepthook__(exc_type, exc, tb)  # type: ignore[arg-type]
 
 
 def register() -> None:
@@ -100,7 +168,13 @@ def _uninstall() -> None:
 
 
 def install() -> None:
-    """Arrange for :func:`register` to run once ``lm_eval.models`` has been imported."""
+    """Arrange for :func:`register` to run once ``lm_eval.models`` has been imported; in the
+    ``lm_eval`` command, also resolve bundled-model aliases and print our errors in one line."""
+    argv = getattr(sys, "argv", None)  # absent in some embedded interpreters
+    if argv and _is_lm_eval_cli(argv[0]):
+        sys.argv[:] = resolve_bundled_aliases(sys.argv)
+        if sys.excepthook is sys.__excepthook__:  # someone else's hook wins
+            sys.excepthook = _one_line_errors
     if _WATCHED in sys.modules:  # imported late, after lm-eval already filled its registry
         register()
     elif _FINDER not in sys.meta_path:

@@ -132,3 +132,46 @@ def test_stock_lm_eval_cli_runs_model_bosch(pth_file, tiny_model_dir, tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "bosch ({'pretrained'" in result.stdout and "|bosch_test_choice|" in result.stdout
+
+
+class TestLmEvalCommand:
+    """Only in the ``lm_eval`` command: bundled aliases become paths before lm-eval reads them
+    (its tasks look the tokenizer up by the pretrained= name), and our errors end in one line."""
+
+    TOY = str(Path(lm_eval_hook.__file__).parent / "toy" / "model")
+
+    @pytest.mark.parametrize(
+        ("argv", "expected"),
+        [
+            (["--model", "bosch", "--model_args", "pretrained=toy,mask=full"], ["--model", "bosch", "--model_args", "pretrained=TOY,mask=full"]),
+            (["--model", "bosch", "--model_args=mask=full,pretrained=toy"], ["--model", "bosch", "--model_args=mask=full,pretrained=TOY"]),
+            (["--model", "bosch", "-a", "pretrained=toy", "tokenizer=toy", "--tasks", "toy"], ["--model", "bosch", "-a", "pretrained=TOY", "tokenizer=TOY", "--tasks", "toy"]),
+            (["--model", "hf", "--model_args", "pretrained=toy"], ["--model", "hf", "--model_args", "pretrained=toy"]),
+            (["--model", "bosch", "--model_args", '{"pretrained": "toy"}'], ["--model", "bosch", "--model_args", '{"pretrained": "toy"}']),
+            (["--model", "bosch", "--model_args", "pretrained=toyish"], ["--model", "bosch", "--model_args", "pretrained=toyish"]),
+        ],
+    )  # fmt: skip
+    def test_bundled_aliases_become_paths(self, argv, expected):
+        resolved = lm_eval_hook.resolve_bundled_aliases(["lm_eval", *argv])
+        assert resolved == ["lm_eval", *(a.replace("TOY", self.TOY) for a in expected)]
+
+    def fake_lm_eval(self, tmp_path: Path, body: str) -> Path:
+        """A script named lm_eval: the start-up hook treats it as the lm_eval command."""
+        script = tmp_path / "lm_eval"
+        script.write_text(f"#!{sys.executable}\n{body}\n")
+        script.chmod(0o755)
+        return script
+
+    def test_argv_is_rewritten_at_interpreter_start(self, pth_file, tmp_path):
+        script = self.fake_lm_eval(tmp_path, "import json, sys; print(json.dumps(sys.argv[1:]))")
+        result = subprocess.run([str(script), "--model", "bosch", "--model_args", "pretrained=toy"], capture_output=True, text=True, check=True)
+        assert json.loads(result.stdout) == ["--model", "bosch", "--model_args", f"pretrained={self.TOY}"]
+
+    def test_our_errors_end_in_one_line_and_others_keep_the_traceback(self, pth_file, tmp_path):
+        script = self.fake_lm_eval(
+            tmp_path, "import sys\nfrom bosch_eval.masks import MaskError\nraise (MaskError if sys.argv[1] == 'ours' else KeyError)('kv_cache: expected one of')"
+        )
+        ours = subprocess.run([str(script), "ours"], capture_output=True, text=True)
+        assert ours.returncode == 1 and ours.stderr == "lm_eval: error: kv_cache: expected one of\n"
+        other = subprocess.run([str(script), "other"], capture_output=True, text=True)
+        assert other.returncode == 1 and "Traceback" in other.stderr and "KeyError" in other.stderr
