@@ -75,7 +75,8 @@ def test_cli_leaderboard(tmp_path, capsys):
     assert "*in-sample*" in table and "| bosch | 0.750 |" in table
     rows = json.loads((out / "leaderboard.json").read_text())["rows"]
     assert rows[1]["cells"]["bosch_niah_calib"]["ci"] is not None
-    assert (out / "pareto.png").stat().st_size > 0 and (out / "leaderboard.csv").is_file()
+    assert (out / "leaderboard.csv").is_file()
+    assert not (out / "pareto.png").exists() and "no task is held out" in table  # its one task is bosch's calibration task
 
     # A finished lm-eval output directory joins as an entry, nothing is re-run (--resume).
     import shutil
@@ -97,7 +98,7 @@ def test_cli_leaderboard(tmp_path, capsys):
 )
 def test_bad_entries_fail_naming_the_entry(tmp_path, entry, message, capsys):
     args = ["compare", "--model", "toy", "--model-args", "device=cpu", "--tasks", "bosch_niah_calib", "--metadata", json.dumps(FIELDS["metadata"]),
-            "--entry", entry, "--out", str(tmp_path)]  # fmt: skip
+            "--entry", "original=", "--entry", entry, "--out", str(tmp_path)]  # fmt: skip
     assert main(args) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()  # refused before any run
@@ -114,6 +115,111 @@ def test_mask_for_another_model_is_an_error(tmp_path, capsys):
     other = tmp_path / "other.json"
     HeadMask.from_rows([[0, 1]] * 2, 2, window=8).save(other)  # 2 layers × 2 groups; toy has 4 × 4
     args = ["compare", "--model", "toy", "--model-args", "device=cpu", "--tasks", "bosch_niah_calib",
-            "--entry", f"small=mask={other}", "--out", str(tmp_path / "out")]  # fmt: skip
+            "--entry", "original=", "--entry", f"small=mask={other}", "--out", str(tmp_path / "out")]  # fmt: skip
     assert main(args) == 2
     assert "entry 'small'" in capsys.readouterr().err
+
+
+def _cli(out, *extra, tasks=("bosch_niah_calib",), model_args="device=cpu,batch_size=4", entries=("original=",)):
+    args = ["compare", "--model", "toy", "--model-args", model_args, "--tasks", *tasks, "--metadata", json.dumps(FIELDS["metadata"])]
+    return [*args, *(a for e in entries for a in ("--entry", e)), "--out", str(out), *extra]
+
+
+def test_resume_evaluates_again_a_run_whose_inputs_changed(tmp_path, caplog):
+    # A new search writes another mask to the same path; the model's files change under the
+    # same directory: --resume must not keep the old rows.
+    import shutil
+
+    from bosch_eval.masks import HeadMask
+    from bosch_eval.toy import resolve_model
+
+    mask, model, out = tmp_path / "mask.json", tmp_path / "model", tmp_path / "cmp"
+    shutil.copy(MASK, mask)
+    shutil.copytree(resolve_model("toy"), model)
+    entries = [parse_entry(e) for e in ("original=", f"bosch=mask={mask}")]
+    local = lambda: build_spec({**FIELDS, "model": str(model)}, entries, "test")  # noqa: E731
+    assert runner.run_compare(local(), out, progress=False) == ["original", "bosch"]
+    assert runner.run_compare(local(), out, resume=True, progress=False) == []  # nothing changed
+
+    all_swa = HeadMask.from_rows([[0] * 4] * 4, 8, window=32)
+    all_swa.save(mask)
+    with caplog.at_level("WARNING", logger="bosch_eval.compare"):
+        assert runner.run_compare(local(), out, resume=True, progress=False) == ["bosch"]
+    assert f"run 'bosch' in {out}: mask file {mask} changed (sha256 " in caplog.text
+    record = json.loads((out / "runs" / "bosch" / "run.json").read_text())
+    assert record["mask"]["mask"] == [[0] * 4] * 4 and record["inputs"]["mask"]["file"] == str(mask)
+
+    caplog.clear()
+    (model / "generation_config.json").write_text((model / "generation_config.json").read_text() + "\n")
+    with caplog.at_level("WARNING", logger="bosch_eval.compare"):
+        assert runner.run_compare(local(), out, resume=True, progress=False) == ["original", "bosch"]
+    assert "the model changed (files generation_config.json)" in caplog.text
+
+
+def test_a_failed_compare_pins_no_settings(tmp_path, monkeypatch, capsys):
+    import lm_eval.evaluator
+
+    out = tmp_path / "cmp"
+    loads: list[int] = []
+    real_load = runner._load_model
+    monkeypatch.setattr(runner, "_load_model", lambda *a: loads.append(1) or real_load(*a))
+    assert main(_cli(out, tasks=["no_such_task_xyz"])) == 2
+    assert "no_such_task_xyz" in capsys.readouterr().err and loads == []  # checked before the model loads
+
+    real = lm_eval.evaluator.simple_evaluate
+
+    def cuda_failure(**kwargs):
+        raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr(lm_eval.evaluator, "simple_evaluate", cuda_failure)
+    with pytest.raises(RuntimeError, match="CUDA error"):
+        main(_cli(out, model_args="device=cpu,batch_size=64"))
+    monkeypatch.setattr(lm_eval.evaluator, "simple_evaluate", real)
+    assert main(_cli(out)) == 0  # the corrected command, on the same --out
+    assert json.loads((out / "compare.json").read_text())["settings"]["model_args"] == {"device": "cpu", "batch_size": "4"}
+    assert main(_cli(out, "--resume", "--limit", "2")) == 2  # a finished run pins them
+    assert "field 'limit' was None in this output directory, now 2" in capsys.readouterr().err
+
+
+def test_two_compares_on_one_out(tmp_path, monkeypatch, capsys):
+    """A holds --out (stopped in the middle of a run); B on the same --out stops before loading
+    the model, naming A, and leaves A's run in progress alone; A then finishes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "cmp"
+    entries = ("original=", "intr=layers=intr,ratio=0.5", "bme=layers=bme,ratio=0.5")
+    command = [sys.executable, "-m", "bosch_eval.cli", *_cli(out, entries=entries)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    first = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / ".partial").is_dir():
+            if first.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the first compare never started a run: {first.stderr.read() if first.poll() is not None else 'timeout'}")
+            time.sleep(0.02)
+        first.send_signal(signal.SIGSTOP)  # A holds --out and stands still
+        in_progress = sorted(p.name for p in (out / ".partial").iterdir())
+        loads: list[int] = []
+        monkeypatch.setattr(runner, "_load_model", lambda *a: loads.append(1))
+        assert main(_cli(out, "--resume", entries=entries)) == 2
+        assert f"another compare (PID {first.pid} on host" in capsys.readouterr().err and loads == []
+        assert sorted(p.name for p in (out / ".partial").iterdir()) == in_progress
+    finally:
+        first.send_signal(signal.SIGCONT)
+    assert first.wait(timeout=300) == 0, first.stderr.read()
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["bme", "intr", "original"]
+
+
+def test_reference_and_from_results_that_name_nothing(tmp_path, capsys):
+    assert main(_cli(tmp_path / "a", "--reference", "nosuch", entries=("original=", "intr=layers=intr,ratio=0.5"))) == 2
+    assert "--reference: 'nosuch' names no entry; expected one of ['original', 'intr']" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()  # refused before anything ran
+    assert main(_cli(tmp_path / "b", "--from-results", str(tmp_path / "nodir"))) == 2
+    assert f"--from-results {tmp_path / 'nodir'}: no such directory" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(_cli(tmp_path / "b", "--from-results", str(tmp_path / "empty"))) == 2
+    assert "no lm-eval results_*.json below it" in capsys.readouterr().err

@@ -208,3 +208,156 @@ def test_ruler_documents_do_not_depend_on_the_global_random_state():
         documents.append([doc["input"] for doc in task.eval_docs])
         assert random.random() == random.Random(seed).random()  # the caller's generator is left as it was
     assert documents[0] == documents[1]
+
+
+class TestEntryKeys:
+    """One set of keys: the adapter's own (bosch_eval.loader_args.loader_parameters)."""
+
+    @pytest.mark.parametrize(("text", "key"), [("x=mask=m.json,kv_bit=4", "kv_bit"), ("x=foo=1", "foo")])
+    def test_a_key_the_adapter_does_not_take_is_refused(self, text, key):
+        with pytest.raises(EntryError, match=rf"entry 'x': model_arg '{key}' is not one the bosch adapter takes; expected some of .*'kv_bits'"):
+            parse_entry(text)
+
+    def test_every_adapter_key_is_accepted(self):
+        from bosch_eval.loader_args import loader_parameters
+
+        for key in sorted(loader_parameters() - {"pretrained", "mask", "ranking", "layers", "ratio", "seed"}):
+            assert parse_entry(f"x={key}=1").load_args.keys() <= {key}
+
+    def test_a_key_added_to_the_adapter_is_accepted_without_a_second_list(self, monkeypatch):
+        import inspect
+
+        from bosch_eval.model_adapters.bosch import BoschLM
+
+        # A made-up key (issue 30 adds sink= this way), added to the adapter's signature only.
+        with pytest.raises(EntryError, match="'new_knob'"):
+            parse_entry("x=mask=m.json,new_knob=4")
+        signature = inspect.signature(BoschLM.__init__)
+        knob = inspect.Parameter("new_knob", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=0)
+        params = list(signature.parameters.values())
+        monkeypatch.setattr(BoschLM.__init__, "__signature__", signature.replace(parameters=[*params[:-1], knob, params[-1]]), raising=False)
+        assert parse_entry("x=mask=m.json,new_knob=4").load_args == {"new_knob": "4"}
+
+    def test_mask_full_is_the_original(self):
+        from bosch_eval.compare.runner import resolve_entry_mask
+        from bosch_eval.masks import ModelShape
+
+        entry = parse_entry("q=mask=full,kv_quant=logquant")
+        assert entry.is_original and entry.load_args == {"kv_quant": "logquant"}
+        mask = resolve_entry_mask(entry.model_args, ModelShape(2, 4, 2), 8, "toy")
+        assert mask.bits == ((1, 1), (1, 1)) and mask.window == 8
+        with pytest.raises(EntryError, match="mask=full keeps every group full"):
+            parse_entry("q=mask=full,ratio=0.5")
+
+    def test_shared_model_args_take_the_same_keys_but_no_mask_source(self):
+        from bosch_eval.compare.spec import build_spec
+
+        entries = [parse_entry("original=")]
+        assert build_spec({"model": "toy", "tasks": ["t"], "model_args": "device=cpu,dtype=float32"}, entries, "cli").model_args
+        with pytest.raises(EntryError, match="cli: model_args: model_arg 'kv_bit' is not one the bosch adapter takes"):
+            build_spec({"model": "toy", "tasks": ["t"], "model_args": "kv_bit=4"}, entries, "cli")
+        with pytest.raises(EntryError, match="model_arg 'mask' chooses a mask, so it goes in an entry"):
+            build_spec({"model": "toy", "tasks": ["t"], "model_args": {"mask": "m.json"}}, entries, "cli")
+
+
+class TestRunInputs:
+    """What a run pins (item: a mask file changed under the same path kept a stale row)."""
+
+    def test_a_model_directory_is_its_files_but_not_its_card(self, tmp_path):
+        import hashlib
+
+        from bosch_eval.compare.inputs import changed, model_identity, run_inputs
+
+        (tmp_path / "config.json").write_text("{}")
+        (tmp_path / "model.safetensors").write_bytes(b"weights")
+        (tmp_path / "README.md").write_text("card")
+        (tmp_path / ".cache").mkdir()
+        (tmp_path / ".cache" / "x").write_text("download state")
+        identity = model_identity(str(tmp_path))
+        assert identity == {"files": {"config.json": hashlib.sha256(b"{}").hexdigest(), "model.safetensors": hashlib.sha256(b"weights").hexdigest()}}
+        mask = HeadMask.from_rows([[0, 1]], 2, window=4)
+        before = run_inputs({}, mask, identity)
+        (tmp_path / "README.md").write_text("another card")
+        assert changed(before, run_inputs({}, mask, model_identity(str(tmp_path)))) == []
+        (tmp_path / "model.safetensors").write_bytes(b"retrained")
+        assert changed(before, run_inputs({}, mask, model_identity(str(tmp_path)))) == ["the model changed (files model.safetensors)"]
+
+    def test_mask_and_ranking_files_are_pinned_by_content(self, tmp_path):
+        from bosch_eval.compare.inputs import changed, run_inputs
+
+        path = tmp_path / "mask.json"
+        mask = HeadMask.from_rows([[0, 1]], 2, window=4)
+        mask.save(path)
+        before = run_inputs({"mask": str(path)}, mask, {})
+        assert changed(before, run_inputs({"mask": str(path)}, mask, {})) == []
+        other = HeadMask.from_rows([[0, 0]], 2, window=4)
+        other.save(path)
+        (reason,) = changed(before, run_inputs({"mask": str(path)}, other, {}))
+        assert reason.startswith(f"mask file {path} changed (sha256 {before['mask']['sha256'][:12]} → ")
+        assert changed(None, before) == ["its run.json pins no inputs (made by an older bosch-eval)"]
+        # layers= heuristics read no file: the bits they resolve to are pinned.
+        assert changed(run_inputs({}, mask, {}), run_inputs({}, other, {})) == [
+            "the mask resolves differently now (window 4 → 4, or other bits)"
+        ]
+
+
+class TestHeadline:
+    """The headline's CI, and the leaderboard without a held-out task."""
+
+    @staticmethod
+    def _entries():
+        def run(a, b):  # t1 is length-wise (512, 1024), t2 is not
+            samples = {"t1": [{"doc_id": i, "doc": {"max_length": 512 * (1 + i % 2)}, str(512 * (1 + i % 2)): v} for i, v in enumerate(a)],
+                       "t2": [{"doc_id": i, "acc": v} for i, v in enumerate(b)]}  # fmt: skip
+            t1 = {"512,none": float(np.mean(a[0::2])), "1024,none": float(np.mean(a[1::2]))}
+            return RunResults(results={"t1": t1, "t2": {"acc,none": float(np.mean(b))}}, samples=samples)
+
+        rng = np.random.default_rng(0)
+        ref_a, ref_b = rng.integers(0, 2, 40).astype(float), rng.integers(0, 2, 30).astype(float)
+        ent_a, ent_b = rng.integers(0, 2, 40).astype(float), rng.integers(0, 2, 30).astype(float)
+        mask = HeadMask.from_rows([[1, 1]], 2, window=4)
+        return [EntryRuns("original", [run(ref_a, ref_b)], {}, mask), EntryRuns("bosch", [run(ent_a, ent_b)], {}, mask)]
+
+    def test_one_task_headline_ci_is_its_cell_ci(self):
+        rows = build_rows(self._entries(), "original", 4, tasks=["t1"])
+        assert rows[1].headline_ci == rows[1].cells["t1"].ci and rows[0].headline_ci is None
+
+    def test_two_task_headline_ci_against_a_direct_bootstrap(self):
+        # Oracle: resample each (task, length) stratum directly, headline difference = the mean
+        # over tasks of each task's score difference (t1: mean over its two lengths).
+        entries = self._entries()
+        rows = build_rows(entries, "original", 4, tasks=["t1", "t2"])
+        ref, ent = entries[0].runs[0].samples, entries[1].runs[0].samples
+        d512 = np.array([e["512"] - r["512"] for e, r in zip(ent["t1"], ref["t1"]) if e["doc"]["max_length"] == 512])
+        d1024 = np.array([e["1024"] - r["1024"] for e, r in zip(ent["t1"], ref["t1"]) if e["doc"]["max_length"] == 1024])
+        d2 = np.array([e["acc"] - r["acc"] for e, r in zip(ent["t2"], ref["t2"])])
+        diff, low, high = rows[1].headline_ci
+        assert diff == pytest.approx((d512.mean() + d1024.mean()) / 4 + d2.mean() / 2)
+        score = lambda r: (np.mean(r["t1"]["512,none"] + r["t1"]["1024,none"]) / 2 + r["t2"]["acc,none"]) / 2  # noqa: E731
+        assert diff == pytest.approx(score(entries[1].runs[0].results) - score(entries[0].runs[0].results))
+        rng = np.random.default_rng(1)
+        draw = lambda d: rng.choice(d, d.size).mean()  # noqa: E731
+        boot = [(draw(d512) + draw(d1024)) / 4 + draw(d2) / 2 for _ in range(4000)]
+        assert low == pytest.approx(np.percentile(boot, 2.5), abs=0.02) and high == pytest.approx(np.percentile(boot, 97.5), abs=0.02)
+
+    def test_tied_points_share_one_label(self):
+        from bosch_eval.compare.leaderboard import Cell, Row, pareto_labels
+
+        rows = [Row(name, 1, 0.5, kv, {"t": Cell("acc", score)}) for name, kv, score in
+                [("apl", 0.50004, 0.8441), ("fisher", 0.5, 0.844), ("intr", 0.5, 0.812)]]  # fmt: skip
+        assert pareto_labels(rows, ["t"]) == {(0.5, 0.844): "apl\nfisher", (0.5, 0.812): "intr"}
+
+    def test_without_a_held_out_task_there_is_no_headline_and_no_plot(self, tmp_path):
+        from bosch_eval.compare.leaderboard import write_leaderboard
+
+        rows = build_rows(self._entries(), "original", 4, tasks=["t1"])
+        header = {"command": "bosch-eval compare ...", "versions": {}, "reference": "original", "kv_length": 4}
+        write_leaderboard(rows, ["t1", "t2"], tmp_path, header, ["t1"])
+        assert (tmp_path / "pareto.png").stat().st_size > 0
+        row = f"| bosch | 0.000 | 1.0000 | {rows[1].cells['t1'].mean:.3f} ({rows[1].headline_ci[0]:+.3f} ["
+        assert row in (tmp_path / "leaderboard.md").read_text()  # the headline with its CI
+        rows[1].cells["t1"].in_sample = True  # t1 is bosch's calibration task
+        write_leaderboard(rows, ["t1", "t2"], tmp_path, header, ["t1"])
+        table = (tmp_path / "leaderboard.md").read_text()
+        assert "no task is held out" in table and "mean over []" not in table and "headline |" not in table
+        assert not (tmp_path / "pareto.png").exists()  # the earlier plot does not stay beside this table

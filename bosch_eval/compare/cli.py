@@ -51,8 +51,8 @@ def _head_dim(model: str) -> int:
 
 
 def compare_main(args: argparse.Namespace) -> None:
-    from bosch_eval.compare.leaderboard import build_rows, from_compare_dir, from_results_dir, write_leaderboard
-    from bosch_eval.compare.runner import run_compare
+    from bosch_eval.compare.leaderboard import build_rows, column_order, from_compare_dir, from_results_dir, write_leaderboard
+    from bosch_eval.compare.runner import output_lock, run_compare
     from bosch_eval.compare.spec import build_spec, load_spec
 
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 and args.limit.is_integer() else args.limit)
@@ -73,12 +73,16 @@ def compare_main(args: argparse.Namespace) -> None:
     clash = [e.name for e in extra if e.name in names]
     if clash:
         raise EntryError(f"--from-results: {clash} has the name of an entry; rename the directory")
+    if spec.reference not in names + [e.name for e in extra]:
+        given = "--reference" if args.reference else "field 'reference' (default: original)"
+        raise EntryError(f"{given}: {spec.reference!r} names no entry; expected one of {names + [e.name for e in extra]}")
     head_dim = _head_dim(spec.model)  # the packed size of kv_quant entries depends on it
-    run_compare(spec, out, resume=args.resume)
-    entries = from_compare_dir(out, names) + extra
-    order = list(dict.fromkeys(name for e in entries for run in e.runs for name in run.results))
-    rows = build_rows(entries, spec.reference, spec.default_kv_length(), head_dim=head_dim)
-    header = {"command": " ".join(["bosch-eval", *args.argv]), "versions": _versions(), "reference": spec.reference,
-              "kv_length": spec.default_kv_length(), "settings": spec.settings()}  # fmt: skip
-    write_leaderboard(rows, order, out, header, spec.tasks)
+    with output_lock(out):  # the runs and the leaderboard: one writer
+        run_compare(spec, out, resume=args.resume, locked=True)
+        entries = from_compare_dir(out, names) + extra
+        order = column_order(entries)
+        rows = build_rows(entries, spec.reference, spec.default_kv_length(), head_dim=head_dim, tasks=spec.tasks)
+        header = {"command": " ".join(["bosch-eval", *args.argv]), "versions": _versions(), "reference": spec.reference,
+                  "kv_length": spec.default_kv_length(), "settings": spec.settings()}  # fmt: skip
+        write_leaderboard(rows, order, out, header, spec.tasks)
     print((out / "leaderboard.md").read_text())

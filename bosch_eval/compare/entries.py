@@ -8,7 +8,9 @@ An entry's model_args split in two:
   through to the adapter unchanged. Entries that differ here need a model of their own; the
   runner loads one per distinct set, so nothing an entry asks for is silently dropped.
 
-No mask source at all is the original model (every KV group full).
+No mask source at all (or ``mask=full``, the adapter's spelling) is the original model
+(every KV group full). Keys are checked against the ones the adapter takes
+(:func:`check_keys`), as ``search --model-args`` checks them.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ class Entry:
 
     @property
     def is_original(self) -> bool:
-        return not any(k in self.model_args for k in ("mask", "ranking", "layers"))
+        return self.model_args.get("mask") == "full" or not any(k in self.model_args for k in ("mask", "ranking", "layers"))
 
     def runs(self) -> list[tuple[str, dict[str, str]]]:
         """``(run name, model_args)`` per seed (``NAME@seed=S``), or the entry itself."""
@@ -72,6 +74,30 @@ def parse_model_args(text: str, where: str) -> dict[str, str]:
             raise EntryError(f"{where}: model_arg {key!r} is given twice")
         args[key] = value.strip()
     return args
+
+
+def check_keys(args: dict[str, str], where: str, sources: bool = True) -> None:
+    """Refuse a key the ``bosch`` adapter does not take (``kv_bit=4``, ``foo=1``) before
+    anything loads, instead of a TypeError from transformers at model load.
+
+    The keys are the adapter's own (:func:`bosch_eval.loader_args.loader_parameters`, read
+    from its signature and HFLM's), so a key added to the adapter is accepted here without
+    a second list. ``sources=False`` (the leaderboard's ``model_args``): the mask-source keys
+    are each entry's, not shared.
+
+    Raises:
+        EntryError: naming ``where``, the key and the keys expected.
+    """
+    from bosch_eval.loader_args import loader_parameters
+
+    known = loader_parameters() - {"pretrained"} - (set() if sources else set(SOURCE_KEYS))
+    for key in args:
+        if key == "pretrained":
+            raise EntryError(f"{where}: model_arg 'pretrained' belongs to the leaderboard ('model'), not here")
+        if not sources and key in SOURCE_KEYS:
+            raise EntryError(f"{where}: model_arg {key!r} chooses a mask, so it goes in an entry, not in every entry's model_args")
+        if key not in known:
+            raise EntryError(f"{where}: model_arg {key!r} is not one the bosch adapter takes; expected some of {sorted(known)}")
 
 
 def _parse_seeds(value: Any, where: str) -> tuple[int, ...]:
@@ -106,14 +132,15 @@ def make_entry(name: str, model_args: str | dict[str, Any], seeds: Any = None, w
         if seeds is not None:
             raise EntryError(f"{where}: seeds given both in 'args' and as 'seeds'")
         seeds = args.pop("seeds")
-    if "pretrained" in args:
-        raise EntryError(f"{where}: model_arg 'pretrained' belongs to the leaderboard ('model'), not to an entry")
+    check_keys(args, where)
     parsed_seeds = _parse_seeds(seeds, where) if seeds is not None else ()
     if parsed_seeds and "seed" in args:
         raise EntryError(f"{where}: give 'seed' or 'seeds', not both")
     if parsed_seeds and args.get("layers") != "rand":
         raise EntryError(f"{where}: field 'seeds' goes with layers=rand only (the only random source)")
     sources = [k for k in ("mask", "ranking", "layers") if k in args]
+    if args.get("mask") == "full" and ("ratio" in args or "seed" in args):
+        raise EntryError(f"{where}: mask=full keeps every group full; 'ratio' and 'seed' go with ranking= or layers=")
     if len(sources) > 1:
         raise EntryError(f"{where}: expected one mask source (mask=, ranking= or layers=), got {sources}")
     if "ratio" in args and not sources:

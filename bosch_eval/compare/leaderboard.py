@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bosch_eval.compare.entries import EntryError
 from bosch_eval.compare.kv_bytes import entry_kv_bytes
 from bosch_eval.compare.paired_ci import paired_bootstrap_ci
 from bosch_eval.compare.results import RunResults, doc_values, main_score, read_run
@@ -39,6 +40,7 @@ class Row:
     swa_ratio: float | None
     kv_bytes: float | None
     cells: dict[str, Cell] = field(default_factory=dict)
+    headline_ci: tuple[float, float, float] | None = None  # (difference, low, high) of the headline vs the reference
 
 
 @dataclass
@@ -79,9 +81,18 @@ def from_compare_dir(out: Path, entries_order: list[str]) -> list[EntryRuns]:
 
 
 def from_results_dir(directory: str | Path) -> EntryRuns:
-    """A finished lm-eval output directory (any model) as an entry named after the directory."""
+    """A finished lm-eval output directory (any model) as an entry named after the directory.
+
+    Raises:
+        EntryError: no such directory, or no readable lm-eval results below it.
+    """
     directory = Path(directory)
-    run = read_run(directory)
+    if not directory.is_dir():
+        raise EntryError(f"--from-results {directory}: no such directory; expected a finished lm-eval --output_path directory")
+    try:
+        run = read_run(directory)
+    except (FileNotFoundError, ValueError) as err:
+        raise EntryError(f"--from-results {directory}: {err}") from None
     bits = run.config.get("bosch_mask")
     mask = None
     if bits is not None:
@@ -95,10 +106,18 @@ def from_results_dir(directory: str | Path) -> EntryRuns:
     return EntryRuns(directory.name, [run], {}, mask)
 
 
-def build_rows(entries: list[EntryRuns], reference: str, kv_length: int | None, head_dim: int | None = None) -> list[Row]:
+def column_order(entries: list[EntryRuns]) -> list[str]:
+    """Every task and group any entry has a result for, in the order first seen."""
+    return list(dict.fromkeys(name for e in entries for run in e.runs for name in run.results))
+
+
+def build_rows(
+    entries: list[EntryRuns], reference: str, kv_length: int | None, head_dim: int | None = None, tasks: list[str] | None = None
+) -> list[Row]:
     """One row per entry; the CIs pair each entry's documents with the reference's.
 
-    ``head_dim`` (of the compared model) sizes the packed cache of ``kv_quant`` entries.
+    ``head_dim`` (of the compared model) sizes the packed cache of ``kv_quant`` entries;
+    ``tasks`` (those asked for) decide the headline columns, whose mean gets a CI too.
     """
     ref = next((e for e in entries if e.name == reference), None)
     rows = []
@@ -118,9 +137,14 @@ def build_rows(entries: list[EntryRuns], reference: str, kv_length: int | None, 
             cell = Cell(scores[0][0], statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None)
             cell.in_sample = bool(_members(name, groups) & calib)
             if ref is not None and entry is not ref and all(name in run.samples for run in entry.runs + ref.runs):
-                cell.ci, cell.n_docs = _ci(entry, ref, name, cell.metric)
+                cell.ci, cell.n_docs = _ci(entry, ref, [name], cell.metric)
             row.cells[name] = cell
         rows.append(row)
+    held = headline_columns(rows, column_order(entries), tasks or [])
+    for entry, row in zip(entries, rows):
+        if held and ref is not None and entry is not ref and all(n in row.cells and row.cells[n].ci for n in held):
+            metrics = [row.cells[n].metric for n in held]
+            row.headline_ci = _ci(entry, ref, held, metrics)[0]
     return rows
 
 
@@ -129,11 +153,24 @@ def _mean_docs(runs: list[RunResults], task: str, metric: str) -> dict[Any, floa
     return {key: math.fsum(v[key] for v in per_run) / len(per_run) for key in per_run[0]}
 
 
-def _ci(entry: EntryRuns, ref: EntryRuns, task: str, metric: str) -> tuple[tuple[float, float, float] | None, int | None]:
-    ref_metric = main_score(ref.runs[0].results.get(task, {}))
-    if ref_metric is None or ref_metric[0] != metric:
-        return None, None
-    diff, low, high, n = paired_bootstrap_ci(_mean_docs(entry.runs, task, metric), _mean_docs(ref.runs, task, metric))
+def _ci(entry: EntryRuns, ref: EntryRuns, tasks: list[str], metric: str | list[str]) -> tuple[tuple[float, float, float] | None, int | None]:
+    """The paired CI of the unweighted mean over ``tasks`` (one task: its score), each task's
+    lengths weighted as its score weighs them."""
+    metrics = [metric] * len(tasks) if isinstance(metric, str) else metric
+    entry_docs: dict[tuple[Any, int], float] = {}
+    ref_docs: dict[tuple[Any, int], float] = {}
+    weights: dict[Any, float] = {}
+    for task, name in zip(tasks, metrics):
+        ref_metric = main_score(ref.runs[0].results.get(task, {}))
+        if ref_metric is None or ref_metric[0] != name:
+            return None, None
+        mine, theirs = _mean_docs(entry.runs, task, name), _mean_docs(ref.runs, task, name)
+        strata = {key[0] for key in mine}
+        for stratum in strata:
+            weights[(task, stratum)] = 1 / (len(tasks) * len(strata))
+        entry_docs |= {((task, key[0]), key[1]): value for key, value in mine.items()}
+        ref_docs |= {((task, key[0]), key[1]): value for key, value in theirs.items()}
+    diff, low, high, n = paired_bootstrap_ci(entry_docs, ref_docs, weights=weights)
     return (diff, low, high), n
 
 
@@ -146,6 +183,11 @@ def headline(row: Row, names: list[str]) -> float | None:
 def held_out_columns(rows: list[Row], order: list[str]) -> list[str]:
     """Columns no entry scored in-sample."""
     return [n for n in order if not any(r.cells.get(n) and r.cells[n].in_sample for r in rows)]
+
+
+def headline_columns(rows: list[Row], order: list[str], tasks: list[str]) -> list[str]:
+    """The headline's columns: the main ones (:func:`main_columns`) no entry scored in-sample."""
+    return held_out_columns(rows, main_columns(order, tasks))
 
 
 def _fmt(cell: Cell | None) -> str:
@@ -175,7 +217,11 @@ def _table(rows: list[Row], columns: list[str], with_headline: list[str] | None)
         cells = f"| {row.entry} | {row.swa_ratio:.3f} | {'–' if row.kv_bytes is None else f'{row.kv_bytes:.4f}'} | "
         if with_headline is not None:
             score = headline(row, with_headline)
-            cells += f"{'–' if score is None else f'{score:.3f}'} | "
+            if score is None:
+                cells += "– | "
+            else:
+                ci = row.headline_ci
+                cells += f"{score:.3f}" + (f" ({ci[0]:+.3f} [{ci[1]:+.3f}, {ci[2]:+.3f}])" if ci else "") + " | "
         lines.append(cells + " | ".join(_fmt(row.cells.get(n)) for n in columns) + " |")
     return lines
 
@@ -187,13 +233,17 @@ def write_leaderboard(rows: list[Row], order: list[str], out: Path, header: dict
     table and the headline (held-out ones only); subtasks follow in a second table.
     """
     main = main_columns(order, tasks)
-    held = held_out_columns(rows, main)
+    held = headline_columns(rows, order, tasks)
     rest = [name for name in order if name not in main]
     kv_t = header.get("kv_length")
+    if held:
+        headline_text = f"Headline: mean over {held} (with the paired CI of its difference)."
+    else:
+        headline_text = "No headline and no Pareto plot: every task asked for is some entry's calibration task (in-sample), so no task is held out."
     lines = [f"$ {header['command']}", "", f"versions: {json.dumps(header['versions'])}", "",
              f"Cells: score ± sd over seeds (difference to `{header['reference']}` [95% CI], {CI_METHOD}). "
              f"*in-sample*: the entry's mask was searched on this task. KV bytes: relative to the original at T = {kv_t}. "
-             f"Headline: mean over {held}.", "", *_table(rows, main, held)]  # fmt: skip
+             f"{headline_text}", "", *_table(rows, main, held or None)]  # fmt: skip
     if rest:
         lines += ["", "Subtasks and subgroups:", "", *_table(rows, rest, None)]
     (out / "leaderboard.md").write_text("\n".join(lines) + "\n")
@@ -208,27 +258,47 @@ def write_leaderboard(rows: list[Row], order: list[str], out: Path, header: dict
                     writer.writerow([row.entry, row.swa_ratio, row.kv_bytes, name, c.metric, c.mean, c.sd, *ci, c.n_docs, c.in_sample])
     payload = {**header, "ci_method": CI_METHOD, "headline_columns": held, "rows": [asdict(r) for r in rows]}
     (out / "leaderboard.json").write_text(json.dumps(payload, indent=1) + "\n")
-    plot_pareto(rows, held, out / "pareto.png", kv_t)
+    if held:
+        plot_pareto(rows, held, out / "pareto.png", kv_t, header["reference"])
+    else:
+        (out / "pareto.png").unlink(missing_ok=True)  # an earlier run's plot would no longer match the table
 
 
-def plot_pareto(rows: list[Row], held: list[str], path: Path, kv_length: int | None) -> None:
-    """Headline score vs KV bytes; the Pareto front (no entry both smaller and better) joined."""
+def pareto_labels(rows: list[Row], held: list[str]) -> dict[tuple[float, float], str]:
+    """One label per plotted position: rows tied as the table prints them (KV bytes to 4
+    places, headline to 3) share a position, so their names go in one label, one a line,
+    instead of being drawn over each other."""
+    labels: dict[tuple[float, float], list[str]] = {}
+    for row in rows:
+        score = headline(row, held)
+        if row.kv_bytes is not None and score is not None:
+            labels.setdefault((round(row.kv_bytes, 4), round(score, 3)), []).append(row.entry)
+    return {position: "\n".join(names) for position, names in labels.items()}
+
+
+def plot_pareto(rows: list[Row], held: list[str], path: Path, kv_length: int | None, reference: str) -> None:
+    """Headline score vs KV bytes, each point with the 95% CI of its difference to the
+    reference (drawn around its score); the Pareto front (no entry both smaller and better) joined."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = [(r.kv_bytes, headline(r, held), r.entry) for r in rows if r.kv_bytes is not None and headline(r, held) is not None]
+    points = [(r.kv_bytes, headline(r, held), r.headline_ci) for r in rows if r.kv_bytes is not None and headline(r, held) is not None]
     fig, ax = plt.subplots(figsize=(6, 4.5))
-    for x, y, name in points:
-        ax.scatter(x, y, color="tab:blue")
-        ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    front = sorted(p for p in points if not any(q[0] <= p[0] and q[1] >= p[1] and q[:2] != p[:2] for q in points))
+    ci_label: str | None = f"95% CI of the difference to {reference}, around the score"
+    for x, y, ci in points:
+        yerr = None if ci is None else [[ci[0] - ci[1]], [ci[2] - ci[0]]]
+        label, ci_label = (ci_label, None) if ci is not None else (None, ci_label)  # one legend entry
+        ax.errorbar(x, y, yerr=yerr, fmt="o", color="tab:blue", ecolor="tab:gray", elinewidth=1, capsize=3, label=label)
+    for (x, y), label in pareto_labels(rows, held).items():
+        ax.annotate(label, (x, y), textcoords="offset points", xytext=(5, 0), va="center", fontsize=8)
+    front = sorted((x, y) for x, y, _ in points if not any(q[0] <= x and q[1] >= y and q[:2] != (x, y) for q in points))
     if front:
         ax.plot([p[0] for p in front], [p[1] for p in front], color="tab:red", lw=1, label="Pareto front")
-        ax.legend()
+    ax.legend(fontsize=8)
     ax.set_xlabel(f"KV-cache bytes relative to the original (T = {kv_length})")
-    ax.set_ylabel("headline score (held-out tasks)")
+    ax.set_ylabel(f"headline score (mean over {len(held)} held-out task{'s' * (len(held) > 1)})")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -5,7 +5,9 @@ Method: paired percentile bootstrap with a fixed seed. Documents are matched by
 documents of every stratum (with replacement, within the stratum) and recomputes the
 score difference as the task computes its score: the unweighted mean over strata of the
 per-stratum mean differences (a stratum is a context length for RULER-style tasks, whose
-score is the mean over lengths; a single stratum otherwise).
+score is the mean over lengths; a single stratum otherwise). A mean over tasks (the
+leaderboard's headline) is the same with strata ``(task, length)`` weighted
+``1 / (tasks × the task's lengths)``.
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ def paired_bootstrap_ci(
     iters: int = DEFAULT_ITERS,
     seed: int = DEFAULT_SEED,
     level: float = 0.95,
+    weights: Mapping[Hashable, float] | None = None,
 ) -> tuple[float, float, float, int]:
     """Difference ``entry − reference`` and its ``level`` interval.
 
     Args:
         entry: per-document values keyed by ``(stratum, doc_id)``.
         reference: the same for the reference entry.
+        weights: the weight of each stratum's mean difference (default: equal, summing to 1).
 
     Returns:
         ``(difference, low, high, n)`` with ``n`` the number of paired documents.
@@ -46,14 +50,14 @@ def paired_bootstrap_ci(
     strata: dict[Hashable, list[float]] = {}
     for key in sorted(entry, key=str):
         strata.setdefault(key[0], []).append(entry[key] - reference[key])
+    weight = {s: 1 / len(strata) for s in strata} if weights is None else weights
     rng = np.random.default_rng(seed)
-    point = float(np.mean([np.mean(d) for d in strata.values()]))
+    point = float(sum(weight[s] * np.mean(d) for s, d in strata.items()))
     replicates = np.zeros(iters)
-    for diffs in strata.values():
+    for stratum, diffs in strata.items():
         values = np.asarray(diffs)
         picks = rng.integers(0, len(values), size=(iters, len(values)))
-        replicates += values[picks].mean(axis=1)
-    replicates /= len(strata)
+        replicates += weight[stratum] * values[picks].mean(axis=1)
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(replicates, [tail, 100 - tail])
     return point, float(low), float(high), len(entry)

@@ -31,6 +31,7 @@ def read_run(directory: str | Path) -> RunResults:
 
     Raises:
         FileNotFoundError: no ``results_*.json`` below it.
+        ValueError: a results or samples file that is not JSON (naming it).
     """
     directory = Path(directory)
     files = sorted(directory.rglob("results_*.json"))
@@ -38,14 +39,22 @@ def read_run(directory: str | Path) -> RunResults:
         raise FileNotFoundError(f"{directory}: no lm-eval results_*.json below it")
     run = RunResults()
     for path in files:
-        data = json.loads(path.read_text())
+        data = _read_json(path)
         run.results.update(data.get("results", {}))
         run.group_subtasks.update(data.get("group_subtasks", {}))
         run.config = run.config or data.get("config", {})
     for path in sorted(directory.rglob("samples_*.jsonl")):
         task = path.name[len("samples_") :].rsplit("_", 1)[0]
-        run.samples[task] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        run.samples[task] = [_read_json(path, line) for line in path.read_text().splitlines() if line.strip()]
     return run
+
+
+def _read_json(path: Path, text: str | None = None) -> Any:
+    """``text`` (default: the file's content) as JSON, or a ValueError naming ``path``."""
+    try:
+        return json.loads(path.read_text() if text is None else text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
 
 
 def _metrics(row: dict[str, Any]) -> dict[str, float]:

@@ -2,29 +2,57 @@
 
 Layout under ``out``::
 
-    compare.json          the settings (a resume must match them)
+    compare.json          the settings of the finished runs (a resume must match them)
     runs/<run>/           one finished run: lm-eval's results_*.json and samples_*.jsonl
-                          (one pair per task) and run.json (entry, mask, window)
+                          (one pair per task) and run.json (entry, mask, window, inputs)
     .partial/<run>/       the run in progress; moved to runs/ when its last task is done
+    .bosch-compare.lock   one comparison per ``out`` at a time (:mod:`bosch_eval.outdir_lock`)
 
 Killing the run loses at most the run in progress (``.partial`` is cleared on restart);
-``resume=True`` skips finished runs, and a finished run is never overwritten.
+``resume=True`` skips finished runs whose pinned inputs (:mod:`bosch_eval.compare.inputs`)
+are unchanged and evaluates the others again. The settings are pinned when the first run
+finishes, not before: a comparison that fails before that (an unknown task, a CUDA error)
+leaves nothing that refuses the corrected command.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bosch_eval.compare.doc_selection import samples_for_limit
 from bosch_eval.compare.entries import Entry, EntryError
+from bosch_eval.compare.inputs import changed, model_identity, run_inputs
 from bosch_eval.compare.spec import CompareSpec
 from bosch_eval.masks import HeadMask, MaskError, ModelShape
+from bosch_eval.outdir_lock import OutputLock
 
 RUN_FILE = "run.json"
+SETTINGS_FILE = "compare.json"
+
+log = logging.getLogger("bosch_eval.compare")
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run: its entry, name, model_args, the mask it applies and what it depends on."""
+
+    entry: Entry
+    run: str
+    args: dict[str, str]
+    mask: HeadMask
+    inputs: dict[str, Any]
+
+
+def output_lock(out: str | Path) -> OutputLock:
+    """The one-writer lock of a comparison's output directory."""
+    return OutputLock(out, "compare", EntryError)
 
 
 def planned_runs(spec: CompareSpec) -> list[tuple[Entry, str, dict[str, str]]]:
@@ -32,35 +60,9 @@ def planned_runs(spec: CompareSpec) -> list[tuple[Entry, str, dict[str, str]]]:
     return [(entry, run, args) for entry in spec.entries for run, args in entry.runs()]
 
 
-def check_out_dir(spec: CompareSpec, out: Path, resume: bool) -> set[str]:
-    """Prepare ``out``; return the runs already finished (to skip).
-
-    Raises:
-        EntryError: finished runs exist without ``resume``, or ``out`` was made with
-            other settings, or a finished run was made with other model_args.
-    """
-    settings_file = out / "compare.json"
-    finished = {p.name for p in (out / "runs").iterdir() if (p / RUN_FILE).is_file()} if (out / "runs").is_dir() else set()
-    if settings_file.is_file():
-        saved = json.loads(settings_file.read_text())["settings"]
-        for key, value in spec.settings().items():
-            if saved.get(key) != value:
-                raise EntryError(f"{out}: field {key!r} was {saved.get(key)!r} in this output directory, now {value!r}; use another --out")
-    if finished and not resume:
-        raise EntryError(f"{out}: {len(finished)} runs are already finished ({sorted(finished)[:3]}...); pass --resume or another --out")
-    for entry, run, args in planned_runs(spec):
-        if run in finished:
-            saved_args = json.loads((out / "runs" / run / RUN_FILE).read_text())["model_args"]
-            if saved_args != args:
-                raise EntryError(f"entry {entry.name!r}: field 'args' is {args} but run {run!r} in {out} was made with {saved_args}")
-    out.mkdir(parents=True, exist_ok=True)
-    settings_file.write_text(json.dumps({"settings": spec.settings()}, indent=1) + "\n")
-    shutil.rmtree(out / ".partial", ignore_errors=True)  # the run a kill interrupted
-    return finished
-
-
-def validate_entries(spec: CompareSpec) -> None:
-    """Resolve every run's mask against the model's shape before anything is loaded or written.
+def plan_runs(spec: CompareSpec) -> list[PlannedRun]:
+    """Resolve every run's mask against the model's shape, and pin its inputs, before
+    anything is loaded or written.
 
     Raises:
         EntryError: naming the entry and the field (a missing file, a mask for another model,
@@ -73,14 +75,67 @@ def validate_entries(spec: CompareSpec) -> None:
 
     path = resolve_model(spec.model)
     shape = ModelShape.from_config(AutoConfig.from_pretrained(path))
-    for entry, _, args in planned_runs(spec):
+    model = model_identity(path, spec.model_args.get("revision"))
+    plan = []
+    for entry, run, args in planned_runs(spec):
         try:
-            resolve_entry_mask(args, shape, model_defaults(path).window, spec.model)
+            mask = resolve_entry_mask(args, shape, model_defaults(path).window, spec.model)
+            plan.append(PlannedRun(entry, run, args, mask, run_inputs(args, mask, model)))
         except (MaskError, OSError) as err:
             raise EntryError(f"entry {entry.name!r}: {err}") from None
+    return plan
 
 
-def _load_model(spec: CompareSpec, load_args: dict[str, str]) -> tuple[Any, ModelShape, int | None, str]:
+def check_out_dir(spec: CompareSpec, out: Path, resume: bool, plan: list[PlannedRun]) -> set[str]:
+    """Prepare ``out`` (its lock held); return the finished runs to skip.
+
+    A finished run whose inputs changed is not skipped: it is evaluated again (and replaced
+    when done), and the log says why.
+
+    Raises:
+        EntryError: finished runs exist without ``resume``, or they were made with other
+            settings, or a finished run was made with other model_args.
+    """
+    finished = {p.name for p in (out / "runs").iterdir() if (p / RUN_FILE).is_file()} if (out / "runs").is_dir() else set()
+    settings_file = out / SETTINGS_FILE
+    if finished and settings_file.is_file():
+        saved = json.loads(settings_file.read_text())["settings"]
+        for key, value in spec.settings().items():
+            if saved.get(key) != value:
+                raise EntryError(f"{out}: field {key!r} was {saved.get(key)!r} in this output directory, now {value!r}; use another --out")
+    if finished and not resume:
+        raise EntryError(f"{out}: {len(finished)} runs are already finished ({sorted(finished)[:3]}...); pass --resume or another --out")
+    skip = set()
+    for item in plan:
+        if item.run not in finished:
+            continue
+        record = json.loads((out / "runs" / item.run / RUN_FILE).read_text())
+        if record["model_args"] != item.args:
+            made = record["model_args"]
+            raise EntryError(f"entry {item.entry.name!r}: field 'args' is {item.args} but run {item.run!r} in {out} was made with {made}")
+        reasons = changed(record.get("inputs"), item.inputs)
+        if reasons:
+            log.warning("run %r in %s: %s; evaluating it again", item.run, out, "; ".join(reasons))
+        else:
+            skip.add(item.run)
+    shutil.rmtree(out / ".partial", ignore_errors=True)  # the run a kill interrupted
+    return skip
+
+
+def _finish_run(spec: CompareSpec, out: Path, item: PlannedRun, partial: Path) -> None:
+    """Pin the settings (first run) and move the run into ``runs/``, replacing a stale one."""
+    record = {"entry": item.entry.name, "run": item.run, "model_args": item.args, "mask": item.mask.to_json(),
+              "window": item.mask.window, "inputs": item.inputs}  # fmt: skip
+    (partial / RUN_FILE).write_text(json.dumps(record, indent=1) + "\n")
+    (out / SETTINGS_FILE).write_text(json.dumps({"settings": spec.settings()}, indent=1) + "\n")
+    (out / "runs").mkdir(exist_ok=True)
+    # A killed process between these two leaves no run, which the next resume evaluates.
+    shutil.rmtree(out / "runs" / item.run, ignore_errors=True)
+    os.replace(partial, out / "runs" / item.run)
+
+
+def _load_model(spec: CompareSpec, load_args: dict[str, str]) -> Any:
+    """The ``bosch`` adapter with every group full; each run then swaps its mask in."""
     from lm_eval.utils import simple_parse_args_string
     from transformers import AutoConfig
 
@@ -90,11 +145,9 @@ def _load_model(spec: CompareSpec, load_args: dict[str, str]) -> tuple[Any, Mode
 
     path = resolve_model(spec.model)
     shape = ModelShape.from_config(AutoConfig.from_pretrained(path))
-    default_window = model_defaults(path).window
-    full = HeadMask.uniform(shape, full=True, window=default_window or 1, method="original")
+    full = HeadMask.uniform(shape, full=True, window=model_defaults(path).window or 1, method="original")
     kwargs = simple_parse_args_string(",".join(f"{k}={v}" for k, v in {**spec.model_args, **load_args}.items()))
-    lm = BoschLM(pretrained=path, mask=full, **kwargs)
-    return lm, shape, default_window, path
+    return BoschLM(pretrained=path, mask=full, **kwargs)
 
 
 def resolve_entry_mask(args: dict[str, str], shape: ModelShape, default_window: int | None, model: str) -> HeadMask:
@@ -108,9 +161,10 @@ def resolve_entry_mask(args: dict[str, str], shape: ModelShape, default_window: 
                 source[key] = kind(source[key])
             except ValueError:
                 raise MaskError(f"{key}: expected {'a number' if kind is float else 'an integer'}, got {source[key]!r}") from None
-    if not any(k in source for k in ("mask", "ranking", "layers")):
+    if source.get("mask") == "full" or not any(k in source for k in ("mask", "ranking", "layers")):
+        # mask=full is the adapter's spelling of no head mask (e.g. a KV-quantized original).
         window = int(source.get("window", default_window or 1))
-        return HeadMask.uniform(shape, full=True, window=window, method="original")
+        return HeadMask.uniform(shape, full=True, window=window, method="full" if "mask" in source else "original")
     mask, _ = resolve_mask(shape, default_window=default_window, model_name=model, **source)
     return mask
 
@@ -135,58 +189,63 @@ def _build_tasks(spec: CompareSpec, path: str) -> tuple[Any, dict[str, list[Any]
     return manager, objects, leaves
 
 
-def run_compare(spec: CompareSpec, out: str | Path, resume: bool = False, progress: bool = True) -> list[str]:
-    """Evaluate every planned run not yet finished; return the names of the runs evaluated."""
+def run_compare(spec: CompareSpec, out: str | Path, resume: bool = False, progress: bool = True, locked: bool = False) -> list[str]:
+    """Evaluate every planned run not yet finished (with these inputs); return their names.
+
+    ``locked``: the caller already holds :func:`output_lock` on ``out`` (it writes more there).
+
+    Raises:
+        EntryError: a bad entry or task, another comparison running on ``out``, or ``out``
+            holding runs this comparison cannot continue (see :func:`check_out_dir`).
+    """
     from lm_eval.evaluator import simple_evaluate
     from lm_eval.loggers import EvaluationTracker
     from tqdm import tqdm
 
-    out = Path(out)
-    validate_entries(spec)
-    finished = check_out_dir(spec, out, resume)
-    todo = [(e, r, a) for e, r, a in planned_runs(spec) if r not in finished]
-    groups: dict[tuple[tuple[str, str], ...], list[tuple[Entry, str, dict[str, str]]]] = {}
-    for item in todo:
-        groups.setdefault(tuple(sorted(item[0].load_args.items())), []).append(item)
-    bar = tqdm(total=len(todo) * len(spec.tasks), disable=not progress, desc="compare", unit="task")
-    done: list[str] = []
-    for load_key, items in groups.items():
-        lm, shape, default_window, path = _load_model(spec, dict(load_key))
-        manager, objects, leaves = _build_tasks(spec, path)
-        samples = {name: samples_for_limit(tasks, spec.limit) for name, tasks in leaves.items()}
-        for entry, run, args in items:
-            try:
-                mask = resolve_entry_mask(args, shape, default_window, spec.model)
-            except MaskError as err:
-                raise EntryError(f"entry {entry.name!r}: {err}") from None
-            lm.set_mask(mask)
-            partial = out / ".partial" / run
-            partial.mkdir(parents=True)
-            for index, task in enumerate(spec.tasks):
-                bar.set_description(f"compare {len(done) + len(finished) + 1}/{len(planned_runs(spec))} {run} · {task}")
-                tracker = EvaluationTracker(output_path=str(partial))
-                results = simple_evaluate(
-                    model=lm,
-                    model_args=",".join(f"{k}={v}" for k, v in {"pretrained": spec.model, **spec.model_args, **args}.items()),
-                    tasks=objects[task],
-                    task_manager=manager,
-                    samples=samples[task],
-                    gen_kwargs=spec.gen_kwargs,
-                    bootstrap_iters=spec.bootstrap_iters,
-                    log_samples=True,
-                    evaluation_tracker=tracker,
-                )
-                logged = results.pop("samples")
-                tracker.save_results_aggregated(results=results, samples=logged)
-                for name in results["configs"]:
-                    tracker.save_results_samples(task_name=name, samples=logged[name])
-                bar.update(1)
-            record = {"entry": entry.name, "run": run, "model_args": args, "mask": mask.to_json(), "window": mask.window}
-            (partial / RUN_FILE).write_text(json.dumps(record, indent=1) + "\n")
-            (out / "runs").mkdir(exist_ok=True)
-            os.replace(partial, out / "runs" / run)
-            done.append(run)
-        del lm
-    bar.close()
-    return done
+    from bosch_eval.toy import resolve_model
 
+    out = Path(out)
+    plan = plan_runs(spec)
+    with contextlib.nullcontext() if locked else output_lock(out):
+        finished = check_out_dir(spec, out, resume, plan)
+        todo = [item for item in plan if item.run not in finished]
+        if not todo:
+            return []
+        # Task names and metadata are checked before minutes of model loading.
+        manager, objects, leaves = _build_tasks(spec, resolve_model(spec.model))
+        samples = {name: samples_for_limit(tasks, spec.limit) for name, tasks in leaves.items()}
+        groups: dict[tuple[tuple[str, str], ...], list[PlannedRun]] = {}
+        for item in todo:
+            groups.setdefault(tuple(sorted(item.entry.load_args.items())), []).append(item)
+        bar = tqdm(total=len(todo) * len(spec.tasks), disable=not progress, desc="compare", unit="task")
+        done: list[str] = []
+        for load_key, items in groups.items():
+            lm = _load_model(spec, dict(load_key))
+            for item in items:
+                lm.set_mask(item.mask)
+                partial = out / ".partial" / item.run
+                partial.mkdir(parents=True)
+                for task in spec.tasks:
+                    bar.set_description(f"compare {len(done) + len(finished) + 1}/{len(plan)} {item.run} · {task}")
+                    tracker = EvaluationTracker(output_path=str(partial))
+                    results = simple_evaluate(
+                        model=lm,
+                        model_args=",".join(f"{k}={v}" for k, v in {"pretrained": spec.model, **spec.model_args, **item.args}.items()),
+                        tasks=objects[task],
+                        task_manager=manager,
+                        samples=samples[task],
+                        gen_kwargs=spec.gen_kwargs,
+                        bootstrap_iters=spec.bootstrap_iters,
+                        log_samples=True,
+                        evaluation_tracker=tracker,
+                    )
+                    logged = results.pop("samples")
+                    tracker.save_results_aggregated(results=results, samples=logged)
+                    for name in results["configs"]:
+                        tracker.save_results_samples(task_name=name, samples=logged[name])
+                    bar.update(1)
+                _finish_run(spec, out, item, partial)
+                done.append(item.run)
+            del lm
+        bar.close()
+    return done

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.compare.entries import Entry, EntryError, check_unique, default_seeds, make_entry, parse_entry, parse_model_args
+from bosch_eval.compare.entries import Entry, EntryError, check_keys, check_unique, default_seeds, make_entry, parse_entry, parse_model_args
 
 FIELDS = ("model", "model_args", "tasks", "metadata", "limit", "gen_kwargs", "seeds", "reference", "kv_length", "entries",
           "include_path", "bootstrap_iters")  # fmt: skip
@@ -112,6 +112,7 @@ def build_spec(data: dict[str, Any], entries: list[Entry], where: str) -> Compar
         raise EntryError(f"{where}: field 'model' is required (HF id, path, or toy)")
     model_args = data.get("model_args") or {}
     model_args = parse_model_args(model_args, f"{where}: model_args") if isinstance(model_args, str) else {k: str(v) for k, v in model_args.items()}
+    check_keys(model_args, f"{where}: model_args", sources=False)
     tasks = data.get("tasks") or []
     tasks = [tasks] if isinstance(tasks, str) else list(tasks)
     seeds = tuple(int(s) for s in data.get("seeds") or ())
