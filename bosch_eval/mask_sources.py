@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape, check_ratio, check_window
+from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape, check_ratio, check_sinks, check_window
 from bosch_eval.search.layer_heuristics import layer_heuristic_mask
 
 log = logging.getLogger("bosch_eval")
@@ -24,15 +24,17 @@ def resolve_mask(
     window: Any = None,
     default_window: int | None = None,
     model_name: str | None = None,
+    sinks: Any = None,
 ) -> tuple[HeadMask, str]:
     """Build the mask asked for and check it fits ``shape``.
 
     Exactly one of ``mask``, ``ranking`` or ``layers`` must be given; ``ratio`` goes with
     ``ranking`` and ``layers`` only, ``seed`` with ``layers=rand`` only. ``window``
-    overrides the window the mask or ranking carries.
+    overrides the window the mask or ranking carries, ``sinks`` its attention sinks (S).
 
     Returns:
-        The mask (its ``window`` set to the effective W) and a name for it in messages.
+        The mask (its ``window`` and ``sinks`` set to the effective W and S) and a name
+        for it in messages.
 
     Raises:
         MaskError: naming the argument or file that is wrong and what was expected.
@@ -49,6 +51,8 @@ def resolve_mask(
         raise MaskError(f"seed: only layers=rand is random; seed={seed!r} would be ignored")
     if window is not None:
         window = check_window(window, "window")
+    if sinks is not None:
+        sinks = check_sinks(sinks, "sink")
 
     if mask is not None:
         source = str(mask) if not isinstance(mask, HeadMask) else "mask"
@@ -74,5 +78,5 @@ def resolve_mask(
         )
     if window is None and result.window is None:
         log.info("%s: window=%d from %s's bosch_defaults.json (pass window=W to choose)", source, effective_window, model_name)
-    return result.with_meta(window=effective_window), source
+    return result.with_meta(window=effective_window, sinks=result.sinks if sinks is None else sinks), source
 

@@ -8,6 +8,8 @@ model_args (besides everything HFLM accepts):
 * ``ranking=FILE,ratio=R``: a ``bosch-ranking/1`` file, its ⌈R·L·G⌉ most local groups to SWA;
 * ``layers=intr|bme|rand,ratio=R[,seed=S]``: a layer heuristic (``seed`` for ``rand``);
 * ``window=W``: overrides the window stored in the mask or ranking;
+* ``sink=S``: attention-sink positions every SWA query also sees besides its window
+  (overrides the mask's own ``sinks``; default 0, :mod:`bosch_eval.local_window`);
 * ``attn_backend=auto|sdpa|blocked|flash_attention_2``;
 * ``kv_cache=hybrid|dynamic``: generation keeps only ``W − 1`` positions for SWA groups
   (``hybrid``, default) or every position (``dynamic``, transformers' default cache);
@@ -91,7 +93,7 @@ LM_EVAL_CLI_DEFAULT_DEVICE = "cuda:0"
 log = logging.getLogger("bosch_eval")
 
 
-def _head_mask(config: Any, model_name: str | None, *, window: int | None, **sources: Any) -> tuple[HeadMask, str]:
+def _head_mask(config: Any, model_name: str | None, *, window: int | None, sink: int | None = None, **sources: Any) -> tuple[HeadMask, str]:
     """The mask asked for, checked against ``config`` (a hybrid checkpoint restores its own)."""
     if isinstance(sources["mask"], str) and sources["mask"] == "full":  # no head mask: the original attention everywhere
         sources["mask"] = HeadMask.uniform(ModelShape.from_config(config), full=True, window=window or 1, method="full")
@@ -101,6 +103,7 @@ def _head_mask(config: Any, model_name: str | None, *, window: int | None, **sou
     head_mask, source = resolve_mask(
         ModelShape.from_config(config),
         window=window,
+        sinks=sink,
         default_window=model_defaults(model_name).window if model_name else None,
         model_name=model_name,
         **sources,
@@ -158,6 +161,7 @@ class BoschLM(HFLM):
         ratio: float | None = None,
         seed: int | None = None,
         window: int | None = None,
+        sink: int | None = None,
         attn_backend: str = "auto",
         kv_cache: str = "hybrid",
         memoize_tokens: bool = False,
@@ -198,7 +202,7 @@ class BoschLM(HFLM):
         # task -> (doc ids scored after left truncation, longest input in tokens); see get_model_info.
         self.truncated: dict[str, tuple[set[int], int]] = {}
         self._token_memo: dict[tuple[str, bool | None, int | None], array] = {}
-        sources = dict(mask=mask, ranking=ranking, layers=layers, ratio=ratio, seed=seed, window=window)
+        sources = dict(mask=mask, ranking=ranking, layers=layers, ratio=ratio, seed=seed, window=window, sink=sink)
         quant_args = dict(kv_quant=kv_quant, kv_bits=kv_bits, kv_window=kv_window, kv_group_size=kv_group_size)
         if isinstance(pretrained, str):
             pretrained = resolve_model(pretrained)  # "toy": the bundled model; a missing model fails here
@@ -216,6 +220,7 @@ class BoschLM(HFLM):
         if self.backend != "causal":
             raise MaskError(f"bosch: hybrid attention needs a decoder-only (causal) model, got backend={self.backend!r}")
         self._window_override = window
+        self._sink_override = sink
         if not isinstance(pretrained, str):  # a preloaded model: its own config
             config, name = self.model.config, getattr(self.model.config, "_name_or_path", None)
             head_mask, source = _head_mask(config, name, **sources)
@@ -327,10 +332,11 @@ class BoschLM(HFLM):
             self.prefix_cache.vary_from(layer)
 
     def set_mask(self, mask: HeadMask) -> None:
-        """Swap the head mask in place (no reload, no weight copy). A ``window=`` given
-        at construction still overrides the mask's own window."""
+        """Swap the head mask in place (no reload, no weight copy). A ``window=`` or
+        ``sink=`` given at construction still overrides the mask's own."""
         window = self._window_override if self._window_override is not None else mask.window
-        self.hybrid.set_mask(mask, window)
+        sinks = self._sink_override if self._sink_override is not None else mask.sinks
+        self.hybrid.set_mask(mask, window, sinks)
 
     # lm-eval's request types, with the progress bars off when ``progress_bars`` is, and no
     # input silently cut to fit (see _check_fits).
@@ -420,6 +426,7 @@ class BoschLM(HFLM):
         info.update(
             bosch_swa_ratio=mask.swa_ratio,
             bosch_window=self.hybrid.window,
+            bosch_sinks=self.hybrid.sinks,
             bosch_method=mask.method,
             bosch_attn_backend=self.hybrid.backend,
             bosch_kv_cache=self.kv_cache,
@@ -487,7 +494,7 @@ class BoschLM(HFLM):
             ):
                 if self.prefix_cache is not None:
                     logits = self.prefix_cache.run(
-                        lambda ids: logits_at(self.model, ids, positions), input_ids, self.hybrid.mask, self.hybrid.window
+                        lambda ids: logits_at(self.model, ids, positions), input_ids, self.hybrid.mask, self.hybrid.local
                     )
                 elif self.kv_quant is None:
                     logits = logits_at(self.model, input_ids, positions)

@@ -14,11 +14,18 @@ from bosch_eval.random_model import FAMILIES, random_model
 from tests.conftest import left_padded_batch
 
 WINDOW = 5
-CPU_BACKENDS = ["sdpa", "blocked"]
+CPU_BACKENDS = ["sdpa", "blocked", "flex"]
 REFERENCE = "bosch_test_dense_band_reference"
 
 
-def random_mask(model, seed: int) -> HeadMask:
+@pytest.fixture(autouse=True)
+def eager_flex(monkeypatch):
+    """Flex runs eagerly here: compiled, every new sequence length is a compile (tens of
+    seconds on CPU); the compiled path has its own test in test_swa_kernels."""
+    monkeypatch.setattr("bosch_eval.swa_kernels.flex.compile_policy", False)
+
+
+def random_mask(model, seed: int, sinks: int = 0) -> HeadMask:
     """A mask with every kind of layer: all full, all SWA and mixed."""
     shape = ModelShape.from_config(model.config)
     generator = torch.Generator().manual_seed(seed)
@@ -26,11 +33,12 @@ def random_mask(model, seed: int) -> HeadMask:
     rows[0] = [1] * shape.num_kv_heads
     rows[1] = [0] * shape.num_kv_heads
     rows[2] = [(g + seed) % 2 for g in range(shape.num_kv_heads)]
-    return HeadMask.from_rows(rows, shape.num_heads, window=WINDOW)
+    return HeadMask.from_rows(rows, shape.num_heads, window=WINDOW, sinks=sinks)
 
 
 def dense_band_reference(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    """Eager attention over every head with an explicit [T, S] band for the SWA heads."""
+    """Eager attention over every head with an explicit [T, K] band for the SWA heads:
+    key j is seen iff j ≤ t and (j < sinks or t − j < W), written out here, not imported."""
     mask: HeadMask = module.reference_mask
     heads_per_group = getattr(module, "num_key_value_groups", 1)  # GPT-2 (MHA) has none
     key = key.repeat_interleave(heads_per_group, dim=1)
@@ -41,7 +49,7 @@ def dense_band_reference(module, query, key, value, attention_mask, scaling, dro
     allowed = attention_mask.expand(query.shape[0], query.shape[1], q_len, kv_len).clone()
     for head, bit in enumerate(mask.query_head_bits()[module.layer_idx]):
         if not bit:
-            allowed[:, head] &= (lag >= 0) & (lag < mask.window)
+            allowed[:, head] &= (lag >= 0) & ((lag < mask.window) | (torch.arange(kv_len)[None, :] < mask.sinks))
     # float64 inside, so the oracle's own rounding stays far below the tolerance.
     scores = (query.double() @ key.double().transpose(2, 3)) * scaling
     # Padding queries see no key at all; zero them so their NaNs cannot leak via value rows.
@@ -104,17 +112,37 @@ def test_whole_layer_swa_matches_transformers_sliding_layers(family, backend):
     torch.testing.assert_close(got[attention.bool()], expected[attention.bool()], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("sinks", [0, 3])
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_per_group_masks_match_dense_band_reference(family, backend):
+def test_per_group_masks_match_dense_band_reference(family, backend, sinks):
     model = random_model(family, seed=3)
     ids, attention = left_padded_batch(model.config.vocab_size, [40, 26, 9], seed=4)
     for seed in range(2):
-        mask = random_mask(model, seed)
+        mask = random_mask(model, seed, sinks)
         expected = reference_logits(model, mask, ids, attention)
         hybridize(model, mask, backend=backend)
         got = logits(model, ids, attention)
         torch.testing.assert_close(got[attention.bool()], expected[attention.bool()], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_sinks_covering_the_sequence_are_full_attention(backend):
+    model = random_model("qwen3")
+    ids, _ = left_padded_batch(model.config.vocab_size, [40])
+    full = logits(model, ids)
+    hybridize(model, HeadMask.uniform(ModelShape.from_config(model.config), full=False, window=WINDOW, sinks=40), backend=backend)
+    torch.testing.assert_close(logits(model, ids), full, atol=1e-5, rtol=0)
+    hybrid_state(model).set_mask(hybrid_state(model).mask, sinks=2)  # and fewer sinks are not
+    assert (logits(model, ids) - full).abs().max() > 1e-3
+
+
+def test_sinks_are_saved_with_the_mask_in_the_config():
+    model = random_model("qwen3")
+    hybridize(model, random_mask(model, 0), sinks=4)
+    assert model.config.bosch_mask["sinks"] == 4 and hybrid_state(model).local.sinks == 4
+    hybrid_state(model).set_mask(random_mask(model, 1), sinks=0)
+    assert "sinks" not in model.config.bosch_mask  # files without sinks stay as before
 
 
 def test_the_window_changes_the_output():
@@ -145,10 +173,11 @@ def test_mask_swaps_in_place_reproduce_outputs_and_leave_weights_untouched():
     assert all(torch.equal(p, weights[name]) for name, p in model.named_parameters())
 
 
-def test_greedy_decoding_with_cache_matches_recomputation():
+@pytest.mark.parametrize("sinks", [0, 2])
+def test_greedy_decoding_with_cache_matches_recomputation(sinks):
     """The SWA kernels place queries correctly when keys come from a cache."""
     model = random_model("qwen3")
-    hybridize(model, random_mask(model, 0), backend="blocked")
+    hybridize(model, random_mask(model, 0, sinks), backend="blocked")
     ids, _ = left_padded_batch(model.config.vocab_size, [12])
     generated = model.generate(ids, max_new_tokens=8, do_sample=False, min_new_tokens=8)
     recomputed = ids
@@ -204,6 +233,12 @@ def test_flash_backend_matches_dense_band_reference(family):
         # bf16 activations: compare at bf16 resolution.
         torch.testing.assert_close(got[attention.bool()], expected[attention.bool()], atol=5e-2, rtol=5e-2)
         model.set_attn_implementation("sdpa")
+    # Sinks: flash's windowed call merged with the sink keys by log-sum-exp (unpadded rows).
+    mask = random_mask(model, 0, sinks=3)
+    expected = reference_logits(model.float(), mask, ids[:1], attention[:1])
+    model.to(torch.bfloat16)
+    hybridize(model, mask, backend="flash_attention_2")
+    torch.testing.assert_close(logits(model, ids[:1], attention[:1]).float(), expected, atol=5e-2, rtol=5e-2)
 
 
 def test_layer_split_runs_of_consecutive_groups():

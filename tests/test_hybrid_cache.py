@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from bosch_eval.hybrid_attention import hybridize
 from bosch_eval.hybrid_cache import HybridCache, HybridHeadLayer, kv_cache_bytes
+from bosch_eval.kv_quant.formula import kv_cache_bytes_formula
 from bosch_eval.masks import HeadMask, ModelShape
 from bosch_eval.random_model import random_model
 from bosch_eval.toy import model_path
@@ -22,10 +23,10 @@ MASKS = {
 }
 
 
-def hybrid_model(rows, backend="blocked", source="random"):
+def hybrid_model(rows, backend="blocked", source="random", sinks=0):
     """A 4-layer, 8-head, 4-KV-group model: random weights, or the bundled toy model (same shape)."""
     model = random_model("qwen3", num_layers=4, seed=5) if source == "random" else AutoModelForCausalLM.from_pretrained(model_path())
-    hybridize(model, HeadMask.from_rows(rows, 8, window=WINDOW), backend=backend)
+    hybridize(model, HeadMask.from_rows(rows, 8, window=WINDOW, sinks=sinks), backend=backend)
     return model
 
 
@@ -40,10 +41,10 @@ def greedy_by_recomputation(model, ids, attention, new_tokens):
     return ids
 
 
-@pytest.mark.parametrize("source", ["random", "toy"])
+@pytest.mark.parametrize(("source", "sinks"), [("random", 0), ("toy", 0), ("random", 3), ("toy", 4)])
 @pytest.mark.parametrize("mask", sorted(MASKS))
-def test_greedy_generation_with_hybrid_cache_equals_recomputation(mask, source):
-    model = hybrid_model(MASKS[mask], source=source)
+def test_greedy_generation_with_hybrid_cache_equals_recomputation(mask, source, sinks):
+    model = hybrid_model(MASKS[mask], source=source, sinks=sinks)
     ids, attention = left_padded_batch(model.config.vocab_size, [11, 5, 17], seed=2)
     cache = HybridCache.for_model(model)
     generated = model.generate(
@@ -53,22 +54,39 @@ def test_greedy_generation_with_hybrid_cache_equals_recomputation(mask, source):
     assert torch.equal(generated, greedy_by_recomputation(model, ids, attention, 64))
     swa_layers = [layer for layer in cache.layers if isinstance(layer, HybridHeadLayer)]
     assert len(swa_layers) == sum(not all(row) for row in MASKS[mask])
-    assert all(layer.swa_keys.shape[2] == WINDOW - 1 for layer in swa_layers)
+    assert all(layer.swa_keys.shape[2] == sinks + WINDOW - 1 for layer in swa_layers)
 
 
+@pytest.mark.parametrize("backend", ["sdpa", "blocked", "flex"])
+def test_decoding_past_the_sinks_and_window_equals_recomputation(backend, monkeypatch):
+    """Every backend on the cache's non-contiguous SWA keys (sinks, then the recent run)."""
+    monkeypatch.setattr("bosch_eval.swa_kernels.flex.compile_policy", False)
+    model = hybrid_model(MASKS["mixed"], backend, sinks=2)
+    ids, attention = left_padded_batch(model.config.vocab_size, [13, 6], seed=6)
+    generated = model.generate(
+        input_ids=ids, attention_mask=attention, past_key_values=HybridCache.for_model(model), max_new_tokens=20,
+        min_new_tokens=20, do_sample=False, pad_token_id=0,
+    )  # fmt: skip
+    assert torch.equal(generated, greedy_by_recomputation(model, ids, attention, 20))
+
+
+@pytest.mark.parametrize("sinks", [0, 2, 50])
 @pytest.mark.parametrize("length", [3, WINDOW - 1, WINDOW, 40])
-def test_cache_bytes_equal_the_formula_and_the_memory_held(length):
-    model = hybrid_model(MASKS["mixed"])
+def test_cache_bytes_equal_the_formula_and_the_memory_held(length, sinks):
+    model = hybrid_model(MASKS["mixed"], sinks=sinks)
     ids, _ = left_padded_batch(model.config.vocab_size, [length, length], seed=3)
     cache = HybridCache.for_model(model)
     with torch.no_grad():
         model(input_ids=ids, past_key_values=cache, use_cache=True)
     head_dim, dtype_size, batch = model.config.head_dim, 4, 2
     expected = sum(
-        (row.count(1) * length + row.count(0) * min(length, WINDOW - 1)) * 2 * head_dim * dtype_size * batch
+        (row.count(1) * length + row.count(0) * (min(length, sinks) + min(max(length - sinks, 0), WINDOW - 1)))
+        * 2 * head_dim * dtype_size * batch
         for row in MASKS["mixed"]
     )
     assert kv_cache_bytes(cache) == expected
+    formula = kv_cache_bytes_formula(MASKS["mixed"], 4, 4, head_dim, length, window=WINDOW, dtype_bytes=dtype_size, batch=batch, sinks=sinks)
+    assert formula == expected
     # ... and that is the memory held: no stored tensor is a view that pins the model's states.
     for layer in cache.layers:
         if isinstance(layer, HybridHeadLayer):

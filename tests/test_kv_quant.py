@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from bosch_eval.hybrid_attention import hybridize
+from bosch_eval.hybrid_attention import hybrid_state, hybridize
 from bosch_eval.hybrid_cache import HybridCache, HybridHeadLayer, kv_cache_bytes
 from bosch_eval.kv_quant import fused as fused_module
 from bosch_eval.kv_quant.config import KVQuantConfig, parse_kv_quant
@@ -188,14 +188,16 @@ class TestCache:
 
     @pytest.mark.parametrize("rows", [ALL_FULL, MIXED], ids=["full", "mixed"])
     @pytest.mark.parametrize("method, bits, window, length", [("logquant", 2, 4, 3), ("logquant", 2, 4, 12), ("logquant", 4, 4, 45), ("kivi", 2, 3, 41)])
-    def test_bytes_equal_the_formula(self, rows, method, bits, window, length):
+    @pytest.mark.parametrize("sinks", [0, 3])
+    def test_bytes_equal_the_formula(self, rows, method, bits, window, length, sinks):
         model = quantized_model(rows)
+        hybrid_state(model).set_mask(hybrid_state(model).mask, sinks=sinks)  # sinks compose with the quantized store
         config = KVQuantConfig(method, bits, window, 8)
         cache = HybridCache.for_model(model, config)
         ids = torch.randint(3, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(7))
         with torch.no_grad():
             model(input_ids=ids, past_key_values=cache, use_cache=True)
-        expected = kv_cache_bytes_formula(rows, 4, 4, model.config.head_dim, length, window=8, kv_quant=config, dtype_bytes=4)
+        expected = kv_cache_bytes_formula(rows, 4, 4, model.config.head_dim, length, window=8, kv_quant=config, dtype_bytes=4, sinks=sinks)
         assert kv_cache_bytes(cache) == expected
 
     def test_quantized_bytes_are_below_full_precision(self):

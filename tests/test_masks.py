@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from bosch_eval.local_window import LocalWindow
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape, ceil_count, check_ratio
 from bosch_eval.search.layer_heuristics import LAYER_HEURISTICS, layer_heuristic_mask
 
@@ -36,6 +37,21 @@ class TestHeadMask:
         loaded = HeadMask.load(tmp_path / "m.json")
         assert loaded == mask
         assert json.loads((tmp_path / "m.json").read_text())["swa_ratio"] == pytest.approx(4 / 12)
+
+    def test_sinks_are_optional_in_the_file(self, tmp_path):
+        plain = HeadMask.from_rows([[1, 0]], 4, window=32)
+        assert "sinks" not in plain.to_json() and plain.sinks == 0  # files without sinks read and write as before
+        with_sinks = plain.with_meta(sinks=4)
+        with_sinks.save(tmp_path / "m.json")
+        loaded = HeadMask.load(tmp_path / "m.json")
+        assert loaded == with_sinks and loaded.local == LocalWindow(32, 4) and loaded != plain
+        data = with_sinks.to_json() | {"sinks": -1}
+        with pytest.raises(MaskError, match=r"m.json: field 'sinks': expected an integer >= 0"):
+            HeadMask.from_json(data, "m.json")
+
+    def test_a_rankings_sinks_go_to_its_masks(self):
+        ranking = HeadRanking(((0.1, 0.9),), "higher", "fisher", 2, window=8, sinks=2)
+        assert HeadRanking.from_json(ranking.to_json()).to_mask(0.5).local == LocalWindow(8, 2)
 
     def test_save_creates_the_folder(self, tmp_path):
         mask = HeadMask.from_rows([[1, 0]], 2, window=4)

@@ -1,0 +1,38 @@
+"""sink=S from the user to the model: the adapter's model_arg, mask sources, the KV-bytes
+column of a comparison entry."""
+
+from __future__ import annotations
+
+import pytest
+
+from bosch_eval.compare.kv_bytes import entry_kv_bytes
+from bosch_eval.local_window import LocalWindow
+from bosch_eval.mask_sources import resolve_mask
+from bosch_eval.masks import HeadMask, MaskError, ModelShape
+from bosch_eval.model_adapters.bosch import BoschLM
+
+SHAPE = ModelShape(2, 4, 2)
+
+
+def test_sink_overrides_the_masks_own_and_survives_mask_swaps(tiny_model_dir, tmp_path):
+    HeadMask.from_rows([[1, 0, 1, 0], [0, 0, 0, 0], [1, 1, 1, 0]], 8, window=6, sinks=2).save(tmp_path / "mask.json")
+    from_file = BoschLM(pretrained=str(tiny_model_dir), device="cpu", mask=str(tmp_path / "mask.json"))
+    assert from_file.hybrid.local == LocalWindow(6, 2)
+    lm = BoschLM(pretrained=str(tiny_model_dir), device="cpu", mask=str(tmp_path / "mask.json"), sink=5)
+    assert lm.hybrid.local == LocalWindow(6, 5) and lm.get_model_info()["bosch_sinks"] == 5
+    lm.set_mask(HeadMask.from_rows([[0, 0, 0, 0], [0, 1, 1, 1], [1, 1, 1, 1]], 8, window=6))  # sink= from construction still wins
+    assert lm.hybrid.local == LocalWindow(6, 5)
+
+
+def test_bad_sink_names_the_argument():
+    with pytest.raises(MaskError, match="sink: expected an integer >= 0"):
+        resolve_mask(SHAPE, layers="intr", ratio=0.5, window=4, sinks=-2)
+    mask, _ = resolve_mask(SHAPE, layers="intr", ratio=0.5, window=4, sinks=3)
+    assert mask.local == LocalWindow(4, 3)
+
+
+def test_an_entrys_sink_counts_in_its_kv_bytes():
+    mask = HeadMask.from_rows([[0, 0], [0, 0]], 4, window=9)  # every group SWA: 8 positions each
+    assert entry_kv_bytes({}, mask, 9, 100) == pytest.approx(8 / 100)
+    assert entry_kv_bytes({"sink": "4"}, mask, 9, 100) == pytest.approx(12 / 100)
+    assert entry_kv_bytes({}, mask.with_meta(sinks=4), 9, 100) == pytest.approx(12 / 100)
