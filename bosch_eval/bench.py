@@ -281,6 +281,7 @@ def run_bench(
     window: int | None = None,
     chunk: int | None = None,
     repeats: int = 3,
+    sinks: int = 0,
 ) -> list[BenchRow]:
     """Measure the original model and each hybrid configuration at each length.
 
@@ -288,6 +289,7 @@ def run_bench(
         configs: ``(label, ratio or mask[, kv_quant])``; a ratio gets :func:`balanced_mask`;
             ``None`` with a ``kv_quant``: quantization alone on the original attention.
         window: W for ratio configs; default ``T // 32`` (the paper's T/W) per length.
+        sinks: S attention sinks for ratio configs (a mask config keeps its own).
         repeats: timed runs per configuration (medians are reported), plus one run that
             measures the attention share.
     """
@@ -299,7 +301,7 @@ def run_bench(
     rows = []
     for length in lengths:
         w = window or max(1, length // 32)
-        masks = [(c[0], c[1] if isinstance(c[1], HeadMask) or c[1] is None else balanced_mask(shape, c[1], w)) for c in configs]
+        masks = [(c[0], c[1] if isinstance(c[1], HeadMask) or c[1] is None else balanced_mask(shape, c[1], w).with_meta(sinks=sinks)) for c in configs]
         ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length)).to(device)
         configurations: list[tuple[str, HeadMask | None]] = [("original", None), *masks]
         timings: dict[str, list[tuple[float, float, int, int]]] = {}
@@ -326,6 +328,7 @@ def run_bench(
                     kv_bytes_formula=kv_cache_bytes_formula(
                         mask.bits if mask else None, shape.num_layers, shape.num_kv_heads, head_dim, length,
                         window=(mask.window or w) if mask else None, kv_quant=quant.get(label), dtype_bytes=dtype_bytes,
+                        sinks=mask.sinks if mask else 0,
                     ),  # fmt: skip
                     decode_peak_bytes=decode_peaks[label],
                 )

@@ -11,7 +11,7 @@ from bosch_eval.analyze.cli import add_analyze_parser
 from bosch_eval.compare.cli import add_compare_parser
 from bosch_eval.compare.entries import EntryError
 from bosch_eval.export_cli import add_export_parser
-from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
+from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape, check_sinks
 from bosch_eval.model_check import model_config
 from bosch_eval.search.import_cli import add_import_parser
 from bosch_eval.search.rank_cli import add_rank_parser
@@ -91,6 +91,8 @@ def _bench(args: argparse.Namespace) -> None:
 
     if args.mask:
         mask = HeadMask.load(args.mask)
+        if args.sink is not None:
+            mask = mask.with_meta(sinks=check_sinks(args.sink, "--sink"))
         if not args.model.startswith("random:"):  # a mask for another model fails before the weights load
             mask.check_fits(ModelShape.from_config(model_config(resolve_model(args.model))), args.mask, args.model)
     model = _bench_model(args)
@@ -101,7 +103,8 @@ def _bench(args: argparse.Namespace) -> None:
     configs += _kv_quant_configs(args, model, configs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = run_bench(model, configs, args.lengths, args.decode_tokens, args.window, args.chunk, args.repeats)
+    sinks = check_sinks(args.sink or 0, "--sink")
+    rows = run_bench(model, configs, args.lengths, args.decode_tokens, args.window, args.chunk, args.repeats, sinks)
     report = {"command": " ".join(["bosch-eval", *args.argv]), "environment": environment(), "rows": rows_as_json(rows)}
     budget = int(args.memory_budget_gb * 2**30) if args.memory_budget_gb else None
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -113,7 +116,7 @@ def _bench(args: argparse.Namespace) -> None:
     if args.windows:
         ratio = args.ratios[-1]
         shape = ModelShape.from_config(model.config)
-        sweep_configs = [(f"ρ={ratio:g} W={w}", balanced_mask(shape, ratio, w)) for w in args.windows]
+        sweep_configs = [(f"ρ={ratio:g} W={w}", balanced_mask(shape, ratio, w).with_meta(sinks=sinks)) for w in args.windows]
         sweep = run_bench(model, sweep_configs, [max(args.lengths)], args.decode_tokens, None, args.chunk, args.repeats)
         report["window_sweep"] = rows_as_json(sweep)
         table += "\n\nWindow sweep\n" + ratio_table(sweep)
@@ -176,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192], help="sequence lengths T")
     bench.add_argument("--window", type=int, help="SWA window W for --ratios (default T/32 per length)")
     bench.add_argument("--windows", type=int, nargs="+", help="also sweep these windows at the largest T (Fig. 6)")
+    bench.add_argument("--sink", type=int, help="attention sinks S of the SWA groups (default: the mask's, else 0); counted in the KV bytes")
     bench.add_argument("--decode-tokens", type=int, default=16, help="greedy decode steps timed after the prefill")
     bench.add_argument("--chunk", type=int, help="prefill in chunks of C tokens (default: one pass)")
     bench.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")

@@ -174,7 +174,9 @@ def search_model(
             provenance = dict(
                 result.provenance(), calibration=calibration, seed=settings.seed, versions=_versions(), processes=state.num_processes
             )
-            mask = result.mask.with_meta(window=window, model=model, provenance=provenance)
+            # --model-args sink=S ran every score with S sinks: the mask file says so.
+            sinks = int((model_args or {}).get("sink") or 0)
+            mask = result.mask.with_meta(window=window, sinks=sinks, model=model, provenance=provenance)
             mask.save(out / "mask.json")
             (out / "report.md").write_text(render_report(result, model, window, calibration))
         state.wait_for_everyone()

@@ -120,13 +120,14 @@ def load_model(settings: TrainSettings, device: torch.device) -> tuple[Any, Any,
         mask, source = saved, f"{path}/config.json"
     else:
         args = simple_parse_args_string(settings.mask_source)
-        unknown = set(args) - {"mask", "ranking", "layers", "ratio", "seed", "window"}
+        unknown = set(args) - {"mask", "ranking", "layers", "ratio", "seed", "window", "sink"}
         if unknown:
-            raise MaskError(f"--mask-source: unknown keys {sorted(unknown)}; expected mask, ranking, layers, ratio, seed, window")
+            raise MaskError(f"--mask-source: unknown keys {sorted(unknown)}; expected mask, ranking, layers, ratio, seed, window, sink")
+        sinks = args.pop("sink", None)
         mask, source = resolve_mask(
-            ModelShape.from_config(model.config), **args, default_window=model_defaults(path).window, model_name=settings.model
+            ModelShape.from_config(model.config), **args, sinks=sinks, default_window=model_defaults(path).window, model_name=settings.model
         )
-        if saved is not None and (saved.bits, saved.window) != (mask.bits, mask.window):
+        if saved is not None and (saved.bits, saved.window, saved.sinks) != (mask.bits, mask.window, mask.sinks):
             raise MaskError(f"--mask-source {settings.mask_source}: differs from the mask saved in {path}/config.json; drop it to train with the saved one")
     model.to(device)
     hybridize(model, mask, backend=settings.attn_backend, source=source)
