@@ -13,6 +13,7 @@ from bosch_eval.compare.entries import EntryError
 from bosch_eval.export_cli import add_export_parser
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape, check_sinks
 from bosch_eval.model_check import model_config
+from bosch_eval.search.calib_check_cli import CalibCheckError, add_calib_check_parser
 from bosch_eval.search.import_cli import add_import_parser
 from bosch_eval.search.rank_cli import add_rank_parser
 from bosch_eval.search.search_cli import ERRORS as SEARCH_ERRORS
@@ -210,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_parser(commands)
     add_compare_parser(commands)
     add_analyze_parser(commands)
+    add_calib_check_parser(commands)
     add_export_parser(commands)
     return parser
 
@@ -220,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = argv
     try:
         args.run(args)
-    except (MaskError, EntryError, *SEARCH_ERRORS) as err:
+    except (MaskError, EntryError, CalibCheckError, *SEARCH_ERRORS) as err:
         print(f"bosch-eval: error: {err}", file=sys.stderr)
         return 2
     return 0

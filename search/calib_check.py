@@ -1,0 +1,168 @@
+"""Is a calibration set fit for the search? A panel of masks scored on it and on a dev split.
+
+The search optimizes whatever S() measures and finds shortcuts no static ranking exploits
+(issue 29: on toy-l, BOSCH's masks scored highest on ``bosch_niah_calib`` and among the
+lowest held out). Before a user spends GPU hours, this check scores one panel of masks on
+the calibration task and on a development task (never the test set) and says, per SWA
+ratio, whether the calibration ranks masks the way the development split does.
+
+The panel (:func:`build_panel`): two anchors (all full, all SWA), one probe per layer (that
+layer's groups SWA, the rest full: the Stage-1 drop), and per ratio every given ranking,
+the layer heuristics (INTR, BME, RAND) and ``random`` uniformly drawn masks.
+
+Per ratio (:func:`summarize`): the spread of the random masks on the calibration set, the
+share of the ratio's masks at or above S(full) (saturation), and Spearman's rank
+correlation between calibration and development scores over the ratio's masks, with a
+percentile-bootstrap CI over masks. The verdict, first rule that holds:
+
+* ``not solvable``: S(full) on the calibration set is below ``solvable`` (0.8): the model
+  cannot do the task with every head, so the scores cannot say which heads it needs;
+* ``saturated``: at least ``saturated_share`` (1/4) of the ratio's masks score at or above
+  S(full): the search cannot tell them apart and returns whichever it meets first;
+* ``predictive``: Spearman ≥ ``predictive`` (0.8);
+* ``not predictive``: otherwise (including scores that do not vary).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from bosch_eval.masks import HeadMask, HeadRanking, ModelShape, ceil_count
+from bosch_eval.search.layer_heuristics import layer_heuristic_mask
+
+LAYER_HEURISTICS = ("intr", "bme", "rand")
+SOLVABLE = 0.8
+SATURATED_SHARE = 0.25
+PREDICTIVE = 0.8
+BOOTSTRAP = 2000
+
+
+@dataclass(frozen=True)
+class PanelMask:
+    """One mask of the panel; ``ratio`` is None for the anchors and layer probes."""
+
+    name: str
+    kind: str  # anchor | probe | ranking | layers | random | given
+    ratio: float | None
+    mask: HeadMask
+
+
+def build_panel(
+    shape: ModelShape,
+    window: int,
+    ratios: Sequence[float],
+    rankings: Mapping[str, HeadRanking],
+    random_count: int,
+    given: Mapping[str, HeadMask] | None = None,
+) -> list[PanelMask]:
+    """Anchors, per-layer probes, then per ratio: rankings, layer heuristics, random masks.
+
+    ``given`` masks (e.g. earlier search results) join the ratio nearest their SWA ratio.
+    Random mask ``i`` at ratio ρ is the same on every run (seeded by ρ and ``i``).
+    """
+    full, swa = HeadMask.uniform(shape, full=True, window=window), HeadMask.uniform(shape, full=False, window=window)
+    panel = [PanelMask("full", "anchor", None, full), PanelMask("all-swa", "anchor", None, swa)]
+    for layer in range(shape.num_layers):
+        groups = {(layer, group) for group in range(shape.num_kv_heads)}
+        panel.append(PanelMask(f"probe-L{layer}", "probe", None, HeadMask.from_swa_groups(shape, groups, window=window)))
+    cells = [(layer, group) for layer in range(shape.num_layers) for group in range(shape.num_kv_heads)]
+    for ratio in ratios:
+        for name, ranking in rankings.items():
+            panel.append(PanelMask(f"{name}-r{ratio}", "ranking", ratio, ranking.to_mask(ratio, window=window)))
+        for name in LAYER_HEURISTICS:
+            mask = layer_heuristic_mask(name, shape, ratio, seed=0).with_meta(window=window)
+            panel.append(PanelMask(f"{name}-r{ratio}", "layers", ratio, mask))
+        count = ceil_count(ratio, len(cells))
+        for index in range(random_count):
+            swa_cells = set(random.Random(f"calib-check/{ratio}/{index}").sample(cells, count))
+            panel.append(PanelMask(f"random{index}-r{ratio}", "random", ratio, HeadMask.from_swa_groups(shape, swa_cells, window=window)))
+    for name, mask in (given or {}).items():
+        nearest = min(ratios, key=lambda ratio: abs(ratio - mask.swa_ratio))
+        panel.append(PanelMask(name, "given", nearest, mask.with_meta(window=window)))
+    return panel
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties); NaN when either side is constant."""
+    rx, ry = _ranks(x), _ranks(y)
+    if np.std(rx) == 0 or np.std(ry) == 0:
+        return math.nan
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def bootstrap_ci(x: Sequence[float], y: Sequence[float], iters: int = BOOTSTRAP, seed: int = 0) -> tuple[float, float]:
+    """95% percentile-bootstrap CI of :func:`spearman` over resampled masks (NaN draws dropped)."""
+    rng = np.random.default_rng(seed)
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    draws = [spearman(xs[idx], ys[idx]) for idx in rng.integers(0, len(xs), size=(iters, len(xs)))]
+    finite = [value for value in draws if not math.isnan(value)]
+    if not finite:
+        return math.nan, math.nan
+    return float(np.percentile(finite, 2.5)), float(np.percentile(finite, 97.5))
+
+
+@dataclass(frozen=True)
+class RatioSummary:
+    """What the check says about one SWA ratio."""
+
+    ratio: float
+    masks: int
+    random_spread: float
+    saturated_share: float
+    spearman: float
+    ci: tuple[float, float]
+    verdict: str
+
+
+def summarize(
+    panel: Sequence[PanelMask],
+    calib: Mapping[str, float],
+    dev: Mapping[str, float],
+    *,
+    solvable: float = SOLVABLE,
+    saturated_share: float = SATURATED_SHARE,
+    predictive: float = PREDICTIVE,
+) -> list[RatioSummary]:
+    """One :class:`RatioSummary` per ratio of the panel, in the panel's order."""
+    full = calib["full"]
+    ratios = list(dict.fromkeys(item.ratio for item in panel if item.ratio is not None))
+    out = []
+    for ratio in ratios:
+        names = [item.name for item in panel if item.ratio == ratio]
+        randoms = [calib[item.name] for item in panel if item.ratio == ratio and item.kind == "random"]
+        x, y = [calib[name] for name in names], [dev[name] for name in names]
+        share = sum(score >= full for score in x) / len(x)
+        rho = spearman(x, y)
+        if full < solvable:
+            verdict = "not solvable"
+        elif share >= saturated_share:
+            verdict = "saturated"
+        elif not math.isnan(rho) and rho >= predictive:
+            verdict = "predictive"
+        else:
+            verdict = "not predictive"
+        spread = max(randoms) - min(randoms) if randoms else math.nan
+        out.append(RatioSummary(ratio, len(names), spread, share, rho, bootstrap_ci(x, y), verdict))
+    return out
+
+
+def layer_drops(panel: Sequence[PanelMask], scores: Mapping[str, float]) -> dict[int, float]:
+    """S(full) − S(layer ℓ all SWA) per layer: Stage 1's view of where the task lives."""
+    probes = [item.name for item in panel if item.kind == "probe"]
+    return {int(name.removeprefix("probe-L")): scores["full"] - scores[name] for name in probes}
+
+
+def _ranks(values: Sequence[float]) -> np.ndarray:
+    array = np.asarray(values, dtype=float)
+    order = np.argsort(array, kind="stable")
+    ranks = np.empty(len(array))
+    ranks[order] = np.arange(len(array), dtype=float)
+    for value in np.unique(array):  # ties share their average rank
+        tied = array == value
+        ranks[tied] = ranks[tied].mean()
+    return ranks

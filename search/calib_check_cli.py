@@ -1,0 +1,186 @@
+"""``bosch-eval calib-check``: score the check's panel of masks on a calibration and a dev task.
+
+    bosch-eval calib-check --model toy-l --calib bosch_niah_calib --dev bosch_niah_dev \
+        --dev-metadata '{"dev_lengths": [512, 1024]}' --ranking fisher=fisher.json --out check
+
+Every score is appended to ``<out>/scores.jsonl`` as it is made, so a killed check resumes
+where it stopped (the settings in ``<out>/settings.json`` must match); ``check.json`` and
+``report.md`` are written at the end, the command and versions first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from bosch_eval.masks import HeadMask, HeadRanking, check_ratio
+from bosch_eval.outdir_lock import OutputLock
+from bosch_eval.search.calib_check import PanelMask, RatioSummary, build_panel, layer_drops, summarize
+from bosch_eval.search.objective import DEFAULT_TASKS, CalibrationObjective, build_objective
+
+DEFAULT_DEV = "bosch_niah_dev"
+
+
+class CalibCheckError(ValueError):
+    """A calib-check setting or output directory that cannot be used."""
+
+
+def add_calib_check_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "calib-check",
+        help="is a calibration set fit for the search? masks scored on it and on a dev split, per ratio",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", required=True, help="HF id or local directory; toy / toy-l are the bundled models")
+    parser.add_argument("--calib", default=DEFAULT_TASKS[0], help=f"calibration task (default {DEFAULT_TASKS[0]})")
+    parser.add_argument("--calib-metadata", type=json.loads, default={}, help="JSON metadata for the calibration task")
+    parser.add_argument("--dev", default=DEFAULT_DEV, help=f"development task, never the test set (default {DEFAULT_DEV})")
+    parser.add_argument("--dev-metadata", type=json.loads, default={}, help="JSON metadata for the dev task")
+    parser.add_argument("--ratios", type=float, nargs="+", default=[0.5, 0.75, 0.875], help="SWA ratios to check")
+    parser.add_argument("--random", type=int, default=20, help="random masks per ratio")
+    parser.add_argument("--ranking", action="append", default=[], metavar="NAME=FILE", help="a bosch-ranking/1 file (repeatable)")
+    parser.add_argument("--mask", action="append", default=[], metavar="NAME=FILE", help="a bosch-mask/1 file to place (repeatable)")
+    parser.add_argument("--window", type=int, help="SWA window (default: the model's bosch_defaults.json)")
+    parser.add_argument("--calib-len", type=int, help="calibration length in tokens (default: bosch_defaults.json)")
+    parser.add_argument("--calib-examples", type=int, help="calibration examples (default 64)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--batch-size", type=int, default=8, help="lm-eval batch size")
+    parser.add_argument("--out", type=Path, required=True, help="output directory (resumed when its settings match)")
+    parser.set_defaults(run=run_from_args)
+    return parser
+
+
+def run_from_args(args: argparse.Namespace) -> None:
+    ratios = [check_ratio(ratio, "--ratios") for ratio in args.ratios]
+    if args.random < 2:
+        raise CalibCheckError(f"--random: expected at least 2 random masks per ratio (their spread is reported), got {args.random}")
+    rankings = {name: HeadRanking.load(path) for name, path in _named_files(args.ranking, "--ranking")}
+    given = {name: HeadMask.load(path) for name, path in _named_files(args.mask, "--mask")}
+    settings = {key: _plain(getattr(args, key)) for key in (
+        "model", "calib", "calib_metadata", "dev", "dev_metadata", "ratios", "random", "ranking", "mask", "window",
+        "calib_len", "calib_examples")}  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    with OutputLock(args.out, "calib-check", CalibCheckError):
+        _pin_settings(args.out / "settings.json", settings)
+        calib = build_objective(
+            args.model, tasks=[args.calib], window=args.window, calib_len=args.calib_len, calib_examples=args.calib_examples,
+            metadata=args.calib_metadata, device=args.device, batch_size=args.batch_size,
+        )  # fmt: skip
+        dev = CalibrationObjective(calib.lm, [args.dev], metadata={**_model_metadata(calib), **args.dev_metadata})
+        panel = build_panel(calib.shape, calib.lm.head_mask.window, ratios, rankings, args.random, given)
+        scores = score_panel(panel, {"calib": calib, "dev": dev}, args.out / "scores.jsonl")
+        report = make_report(panel, scores, settings, " ".join(["bosch-eval", *map(shlex.quote, args.argv)]))
+        (args.out / "check.json").write_text(json.dumps(report, indent=1) + "\n")
+        (args.out / "report.md").write_text(render(report))
+    print(render(report))
+
+
+def score_panel(panel: list[PanelMask], objectives: dict[str, CalibrationObjective], journal: Path) -> dict[str, dict[str, float]]:
+    """Every panel mask's score on every objective, resumed from and appended to ``journal``."""
+    scores: dict[str, dict[str, float]] = {side: {} for side in objectives}
+    if journal.is_file():
+        for line in journal.read_text().splitlines():
+            record = json.loads(line)
+            scores[record["side"]][record["name"]] = record["score"]
+    todo = [(item, side) for item in panel for side in objectives if item.name not in scores[side]]
+    with journal.open("a") as out, tqdm(total=len(panel) * len(objectives), initial=len(panel) * len(objectives) - len(todo), desc="calib-check") as bar:
+        for item, side in todo:
+            score = objectives[side](item.mask)
+            scores[side][item.name] = score
+            out.write(json.dumps({"side": side, "name": item.name, "score": score}) + "\n")
+            out.flush()
+            bar.update()
+    return scores
+
+
+def make_report(panel: list[PanelMask], scores: dict[str, dict[str, float]], settings: dict[str, Any], command: str) -> dict[str, Any]:
+    calib, dev = scores["calib"], scores["dev"]
+    return {
+        "command": command,
+        "versions": {name: version(name) for name in ("bosch-eval", "lm_eval", "torch", "transformers")},
+        "settings": settings,
+        "full": {"calib": calib["full"], "dev": dev["full"]},
+        "all_swa": {"calib": calib["all-swa"], "dev": dev["all-swa"]},
+        "layer_drops": {"calib": layer_drops(panel, calib), "dev": layer_drops(panel, dev)},
+        "ratios": [_summary_json(summary) for summary in summarize(panel, calib, dev)],
+        "masks": [{"name": item.name, "kind": item.kind, "ratio": item.ratio, "calib": calib[item.name], "dev": dev[item.name]} for item in panel],
+    }
+
+
+def render(report: dict[str, Any]) -> str:
+    settings = report["settings"]
+    lines = [
+        f"$ {report['command']}", "", f"versions: {json.dumps(report['versions'])}", "",
+        f"calibration `{settings['calib']}` {json.dumps(settings['calib_metadata'])}; development `{settings['dev']}` "
+        f"{json.dumps(settings['dev_metadata'])}",
+        "", f"S(full) calib {report['full']['calib']:.3f} / dev {report['full']['dev']:.3f}; "
+        f"S(all SWA) calib {report['all_swa']['calib']:.3f} / dev {report['all_swa']['dev']:.3f}", "",
+        "Layer drops, S(full) − S(layer all SWA) (Stage 1's view):", "",
+        "| layer | " + " | ".join(str(layer) for layer in report["layer_drops"]["calib"]) + " |",
+        "|---|" + "---|" * len(report["layer_drops"]["calib"]),
+        *(f"| {side} | " + " | ".join(f"{drop:+.3f}" for drop in report["layer_drops"][side].values()) + " |" for side in ("calib", "dev")),
+        "", "| ratio | masks | random spread (calib) | share ≥ S(full) | Spearman calib~dev [95% CI] | verdict |",
+        "|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for row in report["ratios"]:
+        low, high = row["ci"]
+        lines.append(
+            f"| {row['ratio']} | {row['masks']} | {row['random_spread']:.3f} | {row['saturated_share']:.2f} | "
+            f"{_number(row['spearman'])} [{_number(low)}, {_number(high)}] | **{row['verdict']}** |"
+        )
+    lines += ["", "| mask | ratio | calib | dev |", "|---|---|---|---|"]
+    lines += [f"| {m['name']} | {m['ratio'] if m['ratio'] is not None else ''} | {m['calib']:.3f} | {m['dev']:.3f} |" for m in report["masks"]]
+    return "\n".join(lines) + "\n"
+
+
+def _summary_json(summary: RatioSummary) -> dict[str, Any]:
+    return {"ratio": summary.ratio, "masks": summary.masks, "random_spread": summary.random_spread,
+            "saturated_share": summary.saturated_share, "spearman": _finite(summary.spearman),
+            "ci": [_finite(value) for value in summary.ci], "verdict": summary.verdict}  # fmt: skip
+
+
+def _pin_settings(path: Path, settings: dict[str, Any]) -> None:
+    """The first run pins its settings; a later run with other settings is refused, naming them."""
+    if path.is_file():
+        pinned = json.loads(path.read_text())
+        changed = sorted(key for key in settings.keys() | pinned.keys() if settings.get(key) != pinned.get(key))
+        if changed:
+            raise CalibCheckError(f"{path}: this output directory was made with other settings ({', '.join(changed)}); use another --out")
+        return
+    path.write_text(json.dumps(settings, indent=1) + "\n")
+
+
+def _named_files(items: list[str], flag: str) -> list[tuple[str, str]]:
+    pairs = []
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise CalibCheckError(f"{flag}: expected NAME=FILE, got {item!r}")
+        pairs.append((name, path))
+    return pairs
+
+
+def _model_metadata(objective: CalibrationObjective) -> dict[str, Any]:
+    """The tokenizer/model keys the dev task sizes its prompts with (as the calibration got them)."""
+    return {key: objective.metadata[key] for key in ("pretrained", "tokenizer") if key in objective.metadata}
+
+
+def _plain(value: Any) -> Any:
+    return str(value) if isinstance(value, Path) else value
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}"
+

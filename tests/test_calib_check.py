@@ -1,0 +1,142 @@
+"""``bosch-eval calib-check``: the panel, the statistics and verdicts on constructed scores,
+and one run end to end on the bundled toy model (resume, settings pinned)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+from bosch_eval.cli import main
+from bosch_eval.masks import HeadMask, HeadRanking, ModelShape
+from bosch_eval.search.calib_check import bootstrap_ci, build_panel, layer_drops, spearman, summarize
+from bosch_eval.search.calib_check_cli import score_panel
+
+SHAPE = ModelShape(num_layers=4, num_heads=8, num_kv_heads=4)
+
+
+def ranking() -> HeadRanking:
+    scores = [[float(layer * 4 + group) for group in range(4)] for layer in range(4)]
+    return HeadRanking(method="synthetic", scores=scores, more_local="higher", num_heads=8)
+
+
+class TestPanel:
+    def test_anchors_probes_then_each_ratios_masks(self):
+        panel = build_panel(SHAPE, 32, [0.5, 0.75], {"syn": ranking()}, random_count=3)
+        names = [item.name for item in panel]
+        assert names[:6] == ["full", "all-swa", "probe-L0", "probe-L1", "probe-L2", "probe-L3"]
+        assert names[6:13] == ["syn-r0.5", "intr-r0.5", "bme-r0.5", "rand-r0.5", "random0-r0.5", "random1-r0.5", "random2-r0.5"]
+        for item in panel:
+            assert item.mask.window == 32
+            if item.ratio is not None:
+                assert item.mask.swa_ratio == item.ratio
+        probe = panel[3].mask  # layer 1 all SWA, the rest full
+        assert [sum(row) for row in probe.bits] == [4, 0, 4, 4]
+
+    def test_random_masks_are_the_same_on_every_run_and_differ_from_each_other(self):
+        first, again = (build_panel(SHAPE, 32, [0.5], {}, random_count=4) for _ in range(2))
+        randoms = [item.mask.bits for item in first if item.kind == "random"]
+        assert randoms == [item.mask.bits for item in again if item.kind == "random"]
+        assert len({json.dumps(mask) for mask in randoms}) == 4
+
+    def test_a_given_mask_joins_the_nearest_ratio(self):
+        given = HeadMask.from_swa_groups(SHAPE, {(0, 0), (1, 1), (2, 2), (3, 3), (3, 0), (2, 0), (1, 0), (0, 1)}, window=16)
+        panel = build_panel(SHAPE, 32, [0.5, 0.875], {}, random_count=2, given={"mine": given})
+        assert (panel[-1].name, panel[-1].ratio, panel[-1].mask.window) == ("mine", 0.5, 32)
+
+
+class TestStatistics:
+    def test_spearman_equals_scipys_with_ties(self):
+        rng = np.random.default_rng(0)
+        for _ in range(5):
+            x, y = rng.integers(0, 4, 12).astype(float), rng.integers(0, 4, 12).astype(float)
+            assert spearman(x, y) == pytest.approx(spearmanr(x, y).statistic)
+
+    def test_constant_scores_have_no_correlation(self):
+        assert math.isnan(spearman([0.5, 0.5, 0.5], [0.1, 0.2, 0.3]))
+
+    def test_bootstrap_ci_brackets_a_strong_correlation(self):
+        x = list(range(30))
+        low, high = bootstrap_ci(x, [value + (3 if value % 2 else -3) for value in x])
+        assert 0.8 < low <= spearman(x, x) and high <= 1.0
+
+
+def panel_scores(calib_of, dev_of, full=0.9):
+    panel = build_panel(SHAPE, 32, [0.5], {}, random_count=20)
+    calib, dev = {"full": full, "all-swa": 0.0}, {"full": 0.9, "all-swa": 0.0}
+    for index, item in enumerate(panel[2:]):
+        calib[item.name], dev[item.name] = calib_of(index), dev_of(index)
+    return panel, calib, dev
+
+
+class TestVerdicts:
+    def test_a_predictive_calibration_passes(self):
+        panel, calib, dev = panel_scores(lambda i: i / 40, lambda i: i / 40 + (0.01 if i % 2 else 0))
+        (summary,) = summarize(panel, calib, dev)
+        assert summary.verdict == "predictive" and summary.spearman > 0.95 and summary.masks == 23
+
+    def test_a_saturated_calibration_is_flagged(self):
+        # every other mask scores at S(full) on the calibration; the dev split still separates them
+        panel, calib, dev = panel_scores(lambda i: 0.9 if i % 2 else i / 40, lambda i: i / 40)
+        (summary,) = summarize(panel, calib, dev)
+        assert summary.verdict == "saturated" and summary.saturated_share >= 0.25
+
+    def test_a_calibration_that_ranks_masks_otherwise_is_not_predictive(self):
+        panel, calib, dev = panel_scores(lambda i: i / 40, lambda i: ((i * 7) % 24) / 40)
+        (summary,) = summarize(panel, calib, dev)
+        assert summary.verdict == "not predictive"
+
+    def test_a_calibration_the_model_cannot_solve_says_so_first(self):
+        panel, calib, dev = panel_scores(lambda i: i / 400, lambda i: i / 40, full=0.05)
+        assert summarize(panel, calib, dev)[0].verdict == "not solvable"
+
+    def test_layer_drops_are_full_minus_each_probe(self):
+        panel = build_panel(SHAPE, 32, [0.5], {}, random_count=2)
+        scores = {"full": 0.9, "probe-L0": 0.2, "probe-L1": 0.9, "probe-L2": 0.95, "probe-L3": 0.0}
+        assert layer_drops(panel, scores) == pytest.approx({0: 0.7, 1: 0.0, 2: -0.05, 3: 0.9})
+
+
+def test_scores_are_journaled_and_a_resumed_run_scores_nothing_twice(tmp_path: Path):
+    panel = build_panel(SHAPE, 32, [0.5], {}, random_count=2)
+    calls: list[str] = []
+
+    def objective(side: str):
+        def score(mask: HeadMask) -> float:
+            calls.append(side)
+            if len(calls) == 5:
+                raise KeyboardInterrupt  # killed mid-run
+            return mask.swa_ratio
+
+        return score
+
+    journal = tmp_path / "scores.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        score_panel(panel, {"calib": objective("calib"), "dev": objective("dev")}, journal)
+    assert len(journal.read_text().splitlines()) == 4
+    scores = score_panel(panel, {"calib": objective("calib"), "dev": objective("dev")}, journal)
+    assert len(calls) == 5 + 2 * len(panel) - 4
+    assert len(journal.read_text().splitlines()) == 2 * len(panel)
+    assert scores["calib"]["all-swa"] == 1.0 and scores["dev"]["full"] == 0.0
+
+
+@pytest.mark.slow
+def test_calib_check_end_to_end_on_the_toy_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    out = tmp_path / "check"
+    argv = ["calib-check", "--model", "toy", "--calib-len", "256", "--calib-examples", "4", "--ratios", "0.5",
+            "--random", "2", "--dev-metadata", '{"dev_lengths": [384], "dev_samples": 1}', "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads((out / "check.json").read_text())
+    assert [row["ratio"] for row in report["ratios"]] == [0.5]
+    assert report["ratios"][0]["verdict"] in {"not solvable", "saturated", "predictive", "not predictive"}
+    assert {m["name"] for m in report["masks"]} >= {"full", "all-swa", "probe-L3", "intr-r0.5", "random1-r0.5"}
+    assert "Spearman calib~dev" in (out / "report.md").read_text()
+    lines = (out / "scores.jsonl").read_text()
+    assert main(argv) == 0  # resumed: nothing scored again
+    assert (out / "scores.jsonl").read_text() == lines
+    capsys.readouterr()
+    assert main([item if item != "2" else "3" for item in argv]) == 2  # --random 3
+    assert "made with other settings (random)" in capsys.readouterr().err
