@@ -18,8 +18,10 @@ read from the upstream repositories, not guessed; none of their code is used her
     the raw values (their order is finer than the clipped ones, which would all tie at 0)
     and only reject non-finite ones. A ``config.json`` beside the file (the run's
     arguments: ``sink_size``, ``recent_size``, ``model_name``, ...) is recorded in the
-    provenance when present; its streaming window (sink + recent) is not our SWA window,
-    so ``window`` is left to the user.
+    provenance when present; its streaming heads see ``sink_size`` first tokens and
+    ``recent_size`` recent ones, which is our local window with sinks: when the sidecar gives
+    them, the ranking carries ``sinks = sink_size`` and (unless ``window`` is passed)
+    ``window = recent_size``.
 
 ``prulong`` — PruLong ``masks.tsv``
     Source: princeton-pli/PruLong, ``prulong/save_prulong_masks.py`` (writes
@@ -33,7 +35,9 @@ read from the upstream repositories, not guessed; none of their code is used her
     imported as a **mask**; a ranking of 0/1 would only break ties arbitrarily.
     Non-binary cells are an error (continuous gates belong to ``--format duo``). A
     ``config.json`` beside the file (the checkpoint's config: ``local_window_size``,
-    ``sink_size``, ``toggle_type``) is recorded in the provenance when present.
+    ``sink_size``, ``toggle_type``) is recorded in the provenance when present, and its
+    ``sink_size`` / ``local_window_size`` become the mask's sinks and (unless ``window`` is
+    passed) window. Without a sidecar, sinks stay 0: no size is guessed.
 
 ``retrieval-json`` — Retrieval-Head / RazorAttention style JSON score files
     Source: nightdessert/Retrieval_Head, ``head_score/*.json`` (written by
@@ -183,6 +187,18 @@ def _provenance(fmt: str, path: Path, per_query_head: bool) -> dict[str, Any]:
     return provenance
 
 
+def _local_sizes(provenance: dict[str, Any], window_key: str, window: int | None) -> dict[str, int | None]:
+    """``window`` and ``sinks`` from the sidecar's sink/window sizes; an explicit ``window`` wins."""
+    sidecar = provenance.get("sidecar_config", {})
+    where = sidecar.get("file", "config.json")
+    sinks = sidecar.get("sink_size", 0)
+    if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
+        raise MaskError(f"{where}: field 'sink_size' is {sinks!r}, expected an integer >= 0")
+    if window is None and sidecar.get(window_key) is not None:
+        window = check_window(sidecar[window_key], f"{where}: field '{window_key}'")
+    return {"window": None if window is None else check_window(window), "sinks": sinks}
+
+
 # -- importers ----------------------------------------------------------------------------
 def import_duo(
     path: str | Path, shape: ModelShape, *, model: str | None = None, window: int | None = None
@@ -197,14 +213,15 @@ def import_duo(
     """
     path = Path(path)
     grid, per_query = _per_group(read_tsv_grid(path, "gate value"), shape, path, "gate values", model)
+    provenance = _provenance("duo", path, per_query)
     return HeadRanking(
         tuple(tuple(row) for row in grid),
         more_local="lower",
         method="duoattention",
         num_heads=shape.num_heads,
-        window=None if window is None else check_window(window),
         model=model,
-        provenance=_provenance("duo", path, per_query),
+        provenance=provenance,
+        **_local_sizes(provenance, "recent_size", window),
     )
 
 
@@ -229,13 +246,14 @@ def import_prulong(
                     f"{path}: line {layer + 1}, KV group {group}: its {shape.group_size} query heads disagree "
                     "(expected one decision per group: under GQA only a whole group can use SWA)"
                 )
+    provenance = _provenance("prulong", path, per_query)
     return HeadMask.from_rows(
         [[int(value) for value in row] for row in grid],
         shape.num_heads,
-        window=None if window is None else check_window(window),
         model=model,
         method="prulong",
-        provenance=_provenance("prulong", path, per_query),
+        provenance=provenance,
+        **_local_sizes(provenance, "local_window_size", window),
     )
 
 

@@ -96,7 +96,13 @@ class TestDuo:
         ranking = import_duo(write_duo(tmp_path / "full_attention_heads.tsv", GATES), SHAPE)
         sidecar = ranking.provenance["sidecar_config"]
         assert (sidecar["sink_size"], sidecar["recent_size"], sidecar["lr"]) == (128, 256, 0.02)
-        assert "seed" not in sidecar and ranking.window is None
+        assert "seed" not in sidecar
+        # Its streaming heads (sink_size first + recent_size last tokens) are our window with sinks.
+        assert (ranking.window, ranking.sinks) == (256, 128)
+        assert import_duo(tmp_path / "full_attention_heads.tsv", SHAPE, window=64).window == 64  # an explicit window wins
+        (tmp_path / "config.json").unlink()
+        bare = import_duo(tmp_path / "full_attention_heads.tsv", SHAPE)
+        assert (bare.window, bare.sinks) == (None, 0)  # no sidecar: nothing guessed
 
     @pytest.mark.parametrize(
         "rows, expected",
@@ -174,6 +180,7 @@ class TestPruLong:
         mask = import_prulong(write_prulong(tmp_path / "masks.tsv", self.BITS), SHAPE)
         assert mask.provenance["sidecar_config"]["local_window_size"] == 1024
         assert "hidden_size" not in mask.provenance["sidecar_config"]
+        assert (mask.window, mask.sinks) == (1024, 128)
 
 
 class TestRetrievalJson:
