@@ -73,6 +73,7 @@ from bosch_eval.checkpoint import saved_kv_quant, saved_mask, set_saved_kv_quant
 from bosch_eval.hybrid_attention import HybridAttention, hybridize
 from bosch_eval.hybrid_cache import HybridCache
 from bosch_eval.kv_quant.config import KVQuantConfig, parse_kv_quant
+from bosch_eval.lm_eval_logs import quiet_per_length_warnings
 from bosch_eval.mask_sources import resolve_mask
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
 from bosch_eval.device import pick_device
@@ -179,6 +180,7 @@ class BoschLM(HFLM):
     ) -> None:
         if kv_cache not in KV_CACHES:
             raise MaskError(f"kv_cache: expected one of {list(KV_CACHES)}, got {kv_cache!r}")
+        quiet_per_length_warnings()  # RULER-style tasks' per-length metrics, expected (see the module)
         if kwargs.get("tp_plan") is not None:
             # Under tensor parallelism each rank's attention holds a shard of the heads, but the
             # hybrid attention picks KV groups by their global index: slices past the shard would
