@@ -11,7 +11,8 @@ from lm_eval.tasks import TaskManager
 
 from bosch_eval.random_model import train_tokenizer
 from bosch_eval.tasks import TASKS_DIR
-from bosch_eval.tasks.niah import calibration, dev_split, eval_suite, retrieval_calib, words
+from bosch_eval.search.objective import CalibrationObjective
+from bosch_eval.tasks.niah import calibration, dev_split, eval_suite, retrieval_calib, tiebreak, words
 from bosch_eval.tasks.niah.haystack import count_tokens
 
 FUNCTION_WORDS = {"a", "and", "at", "for", "in", "is", "it", "of", "the", "to", "was", "with", "from", "by", "what", "are"}
@@ -124,3 +125,33 @@ class TestCalibrationDiagnosisVariants:
 def test_lm_eval_finds_the_new_tasks():
     manager = TaskManager(include_path=str(TASKS_DIR))
     assert {"bosch_retrieval_calib", "bosch_niah_dev"} <= set(manager.all_subtasks)
+
+
+class TestTiebreak:
+    @pytest.mark.parametrize("n", [1, 4, 64, 1000])
+    def test_one_more_correct_example_outweighs_any_probabilities(self, n):
+        doc = {"num_examples": n}
+        value = lambda ll, greedy: tiebreak.process_results(doc, [(ll, greedy)])["acc_tiebreak"]  # noqa: E731
+        k = n - 1  # k correct examples, all others wrong
+        better = (k + 1) * value(-50.0, True) + (n - k - 1) * value(-50.0, False)  # sure of nothing
+        worse = k * value(0.0, True) + (n - k) * value(-1e-9, False)  # sure of every answer
+        assert better > worse
+
+    def test_equal_accuracy_is_ordered_by_the_answers_probability(self):
+        doc = {"num_examples": 64}
+        low, high = (tiebreak.process_results(doc, [(ll, False)]) for ll in (-3.0, -0.5))
+        assert low["acc"] == high["acc"] == 0.0 and 0.0 <= low["acc_tiebreak"] < high["acc_tiebreak"] <= 1.0
+        assert tiebreak.process_results(doc, [(0.0, True)]) == {"acc": 1.0, "acc_tiebreak": 1.0}
+
+    @pytest.mark.slow
+    def test_the_search_objective_races_on_it_and_keeps_acc(self):
+        from bosch_eval.masks import HeadMask
+        from bosch_eval.search.objective import build_objective
+
+        plain = build_objective("toy", calib_len=256, calib_examples=4)
+        tie = CalibrationObjective(plain.lm, ["bosch_niah_calib"], metadata=plain.metadata, metric="acc_tiebreak")
+        assert tie.racing_problem() is None
+        full = HeadMask.uniform(plain.shape, full=True, window=32)
+        acc, score = plain(full), tie(full)
+        weight = tiebreak.tiebreak_weight(4)
+        assert (1 - weight) * acc <= score <= (1 - weight) * acc + weight

@@ -111,7 +111,8 @@ def _example(
 
     what = f"{TASK} at seq_len={seq_len}"
     n, length = fit(lambda n: f"{prompt(n)} {value}", tokenizer, haystack.costs, seq_len, what)
-    return {"input": prompt(n), "target": value, "key": key, "depth": depth, "length": length, "seq_len": seq_len}
+    return {"input": prompt(n), "target": value, "key": key, "depth": depth, "length": length, "seq_len": seq_len,
+            "num_examples": num_examples}
 
 
 def _query_setting(metadata: dict[str, Any]) -> str:

@@ -112,7 +112,8 @@ def _example(
 
     what = f"{TASK} at seq_len={seq_len}"
     n, length = fit(lambda n: f"{prompt(n)} {target}", tokenizer, haystack.costs, seq_len, what)
-    return {"input": prompt(n), "target": target, "key": asked, "kind": kind, "depth": depth, "length": length, "seq_len": seq_len}
+    return {"input": prompt(n), "target": target, "key": asked, "kind": kind, "depth": depth, "length": length, "seq_len": seq_len,
+            "num_examples": num_examples}
 
 
 def _distinct_keys(rng: random.Random, count: int) -> list[str]:

@@ -1,0 +1,32 @@
+"""``acc_tiebreak``: accuracy with the answer's probability as a tie-break (issue 29, a
+named deviation from the paper's Eq. 4, selected with ``--calib-metric acc_tiebreak``).
+
+Why: with 64 examples and a 0/1 metric, many masks of a sub-problem score exactly the
+same S, and the search keeps the first one it met (39–133 distinct masks shared the
+winning S in toy-l's Stage 3 journals), so the answer depends on evaluation order.
+Here an example is worth ``(1 − ε)·acc + ε·p``, where ``p`` is the probability the model
+gives the whole target (``exp`` of lm-eval's loglikelihood) and ``ε = 1 / (2(N + 1))``
+for a set of N examples. Then one more correct example always outweighs any change in
+the probabilities (``(1 − ε)/N > ε``), so masks are ordered by accuracy first and, among
+equal accuracies, by how sure the model is of the answers. Each value stays in [0, 1]
+and the task aggregates with lm-eval's mean, so racing stays exact.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def tiebreak_weight(num_examples: int) -> float:
+    """ε for a set of ``num_examples``: small enough that accuracy always decides first."""
+    return 1.0 / (2 * (num_examples + 1))
+
+
+def process_results(doc: dict[str, Any], results: list[tuple[float, bool]]) -> dict[str, float]:
+    """lm-eval ``process_results`` of a one-continuation loglikelihood task: ``acc`` as
+    lm-eval computes it, and ``acc_tiebreak``."""
+    ((loglikelihood, is_greedy),) = results
+    acc = float(is_greedy)
+    weight = tiebreak_weight(doc["num_examples"])
+    return {"acc": acc, "acc_tiebreak": (1 - weight) * acc + weight * math.exp(loglikelihood)}
