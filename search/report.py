@@ -7,6 +7,7 @@ from typing import Any
 
 from bosch_eval.search.cost import estimate_calls, render_cost
 from bosch_eval.search.pipeline import SearchResult
+from bosch_eval.search.saturation import stage1_saturation
 
 
 def render_report(result: SearchResult, model: str, window: int, calibration: Mapping[str, Any]) -> str:
@@ -70,7 +71,8 @@ def render_report(result: SearchResult, model: str, window: int, calibration: Ma
                 "",
                 f"Stage 2 assigned {result.stage2.assigned_groups} SWA groups for a target of {result.stage2.target_groups}.",
             ]
-        lines.append("")
+        saturation = stage1_saturation(result.stage1_scores, anchors.all_full, anchors.higher_is_better)
+        lines += ["", f"{'**Saturated.** ' if saturation.saturated else ''}{saturation.message()}.", ""]
     lines += [
         "## Sub-problems (in search order)",
         "",
