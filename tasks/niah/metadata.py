@@ -69,6 +69,20 @@ def model_tokenizer(metadata: dict[str, Any], task: str) -> PreTrainedTokenizerB
     return get_tokenizer(resolve_model(name, check=False))  # a tokenizer-only directory has no config.json
 
 
+def calibration_settings(metadata: dict[str, Any], task: str) -> dict[str, Any]:
+    """The settings every calibration set reads: ``tokenizer``, ``seq_len`` (default: the
+    model's ``calib_len``, else 32768; checked against the model's length), ``num_examples``
+    (64, the paper's) and ``seed`` (``calib_seed``, 0)."""
+    seq_len = int_setting(metadata, "seq_len", default_lengths(metadata, "seq_len", (32768,), task)[0], task)
+    check_lengths(metadata, (seq_len,), task, "seq_len")
+    return {
+        "tokenizer": model_tokenizer(metadata, task),
+        "seq_len": seq_len,
+        "num_examples": int_setting(metadata, "num_examples", 64, task),
+        "seed": int_setting(metadata, "calib_seed", 0, task, minimum=0),
+    }
+
+
 def int_setting(metadata: dict[str, Any], key: str, default: int, task: str, minimum: int = 1) -> int:
     """``metadata[key]`` as an int >= ``minimum`` (model args arrive as strings or numbers)."""
     value = metadata.get(key, default)

@@ -38,12 +38,9 @@ from transformers import PreTrainedTokenizerBase
 
 from bosch_eval.tasks.niah import words
 from bosch_eval.tasks.niah.haystack import Haystack, fit
-from bosch_eval.tasks.niah.metadata import check_lengths, default_lengths, int_setting, model_tokenizer
+from bosch_eval.tasks.niah.metadata import calibration_settings
 
 TASK = "bosch_retrieval_calib"
-DEFAULT_SEQ_LEN = 32768
-DEFAULT_NUM_EXAMPLES = 64
-DEFAULT_SEED = 0
 KINDS = ("single", "multikey", "multivalue")  # example i is KINDS[i % 3]
 
 INSTRUCTION = "Below is a page from a botanic garden's registry. Some lines record permits issued to people."
@@ -69,15 +66,7 @@ _ENTRIES = (
 
 def dataset(**metadata: Any) -> dict[str, datasets.Dataset]:
     """lm-eval ``custom_dataset``: the calibration examples as the ``test`` split."""
-    tokenizer = model_tokenizer(metadata, TASK)
-    seq_len = int_setting(metadata, "seq_len", default_lengths(metadata, "seq_len", (DEFAULT_SEQ_LEN,), TASK)[0], TASK)
-    check_lengths(metadata, (seq_len,), TASK, "seq_len")
-    docs = examples(
-        tokenizer,
-        seq_len=seq_len,
-        num_examples=int_setting(metadata, "num_examples", DEFAULT_NUM_EXAMPLES, TASK),
-        seed=int_setting(metadata, "calib_seed", DEFAULT_SEED, TASK, minimum=0),
-    )
+    docs = examples(**calibration_settings(metadata, TASK))
     return {"test": datasets.Dataset.from_list(list(docs))}
 
 
