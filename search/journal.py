@@ -17,6 +17,15 @@ calibration examples scored): the best S it could still have reached, never a sc
 answers the same question again on resume; it is not reported as a score, and a mask with a
 bound may later get a score record.
 
+A ``values`` record holds per-example values a racing search scored, written as soon as
+they are scored (before the race decides anything)::
+
+    {"key": "1100/0110/...", "task": "bosch_niah_calib", "values": {"3": 1.0, "17": 0.0}}
+
+A resumed search answers every (mask, task, example) in them instead of scoring it again,
+so it replays the killed search's races (bounds and ties as they were decided) and goes on
+from the last example scored.
+
 The header holds what determines a mask's score (model, window, calibration): resuming
 under another one would mix scores of different problems, so it is refused, naming the
 field. The search's own settings (ratio, seed, buckets, ...) decide which masks are asked
@@ -109,6 +118,8 @@ class Journal:
         self._records: list[dict[str, Any]] = []
         self._scores: dict[str, float] = {}
         self._bounds: dict[str, dict[str, Any]] = {}
+        self._bound_pairs: set[tuple[str, int, float]] = set()  # (key, examples, bound) of every bound record
+        self._values: dict[str, dict[str, dict[int, float]]] = {}  # key -> task -> document -> value
         self._loaded = 0  # records read from the file (the rest were appended by this run)
         self._opened = time.perf_counter()
         if self.path.exists() and self._load(resume):
@@ -135,6 +146,15 @@ class Journal:
     def bounds(self) -> dict[str, float]:
         """The last bound journaled for each mask racing stopped early (score records not included)."""
         return {key: float(record["bound"]) for key, record in self._bounds.items()}
+
+    @property
+    def examples(self) -> dict[str, dict[str, dict[int, float]]]:
+        """Every per-example value journaled: ``{key: {task: {document: value}}}`` (copies)."""
+        return {key: {task: dict(docs) for task, docs in tasks.items()} for key, tasks in self._values.items()}
+
+    def has_bound(self, key: str, bound: float, examples: int) -> bool:
+        """Whether a bound record of ``key`` after ``examples`` examples with this bound is journaled."""
+        return (key, int(examples), float(bound)) in self._bound_pairs
 
     def __len__(self) -> int:
         return len(self._records)
@@ -163,14 +183,35 @@ class Journal:
         the best S it could still have reached (on disk when this returns)."""
         self._write(key, "bound", bound, {"examples": int(examples), **fields})
 
-    def _write(self, key: str, kind: str, value: float, fields: Mapping[str, Any]) -> None:
+    def append_values(self, key: str, task: str, values: Mapping[int, float]) -> None:
+        """Record per-example values of mask ``key`` on ``task``, ``{document: value}`` (on
+        disk when this returns).
+
+        Raises:
+            JournalError: a document of it is journaled with another value, or the values
+                are not numbers.
+        """
+        if not isinstance(task, str) or not task:
+            raise JournalError(f"{self.path}: the task of values of mask {key} must be a non-empty string, got {task!r}")
+        problem = _values_problem(values)
+        if problem is not None:
+            raise JournalError(f"{self.path}: values of mask {key} on {task}: {problem}")
+        known = self._values.get(key, {}).get(task, {})
+        for doc, value in values.items():
+            if int(doc) in known and known[int(doc)] != float(value):
+                raise JournalError(
+                    f"{self.path}: mask {key}, {task} document {doc} is journaled with value {known[int(doc)]!r}, not {value!r}"
+                )
+        self._write(key, "values", {str(int(doc)): float(value) for doc, value in values.items()}, {"task": task}, check=False)
+
+    def _write(self, key: str, kind: str, value: Any, fields: Mapping[str, Any], check: bool = True) -> None:
         if not isinstance(key, str) or not key:
             raise JournalError(f"{self.path}: a record key must be a non-empty string, got {key!r}")
-        if key in self._scores:
+        if check and key in self._scores:
             raise JournalError(f"{self.path}: mask {key} is already journaled (score {self._scores[key]!r})")
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if check and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise JournalError(f"{self.path}: the {kind} of mask {key} must be a number, got {value!r}")
-        record = {"key": key, kind: float(value), **fields}
+        record = {"key": key, kind: value if kind == "values" else float(value), **fields}
         if self.wall_time:
             record["wall_s"] = round(self.prior_wall_s + time.perf_counter() - self._opened, 3)
         try:
@@ -216,7 +257,15 @@ class Journal:
         for number, line in enumerate(lines[1:], start=2):
             problem = _line_problem(line, number)
             record = json.loads(line) if problem is None else None
-            if record is not None and record["key"] in self._scores and "score" in record:
+            if record is not None and "values" in record:
+                known = self._values.get(record["key"], {}).get(record["task"], {})
+                clash = next((doc for doc, value in record["values"].items() if known.get(int(doc), value) != value), None)
+                if clash is not None:
+                    problem = (
+                        f"mask {record['key']}, {record['task']} document {clash} appears twice with different values "
+                        f"({known[int(clash)]!r} and {record['values'][clash]!r})"
+                    )
+            elif record is not None and record["key"] in self._scores and "score" in record:
                 if float(record["score"]) == self._scores[record["key"]]:
                     copies += 1  # the same evaluation written twice: nothing is lost or contradicted
                     continue
@@ -265,6 +314,12 @@ class Journal:
 
     def _add(self, record: dict[str, Any]) -> None:
         self._records.append(record)
+        if "values" in record:
+            docs = self._values.setdefault(record["key"], {}).setdefault(record["task"], {})
+            docs.update((int(doc), float(value)) for doc, value in record["values"].items())
+            return
+        if "bound" in record and "score" not in record:
+            self._bound_pairs.add((record["key"], int(record["examples"]), float(record["bound"])))
         if "score" in record:
             self._scores[record["key"]] = float(record["score"])
             self._bounds.pop(record["key"], None)
@@ -318,6 +373,12 @@ def _line_problem(line: bytes, number: int) -> str | None:
         return "expected a JSON object"
     if not isinstance(value.get("key"), str) or not value["key"]:
         return "field 'key' is missing or not a non-empty string"
+    if "values" in value:
+        if not isinstance(value.get("task"), str) or not value["task"]:
+            return "field 'task' is missing or not a non-empty string"
+        if not isinstance(value["values"], dict) or not all(doc.isdigit() for doc in value["values"]):
+            return "field 'values' is not an object of document index -> value"
+        return _values_problem(value["values"])
     if "bound" in value and "score" not in value:
         bound, examples = value["bound"], value.get("examples")
         if isinstance(bound, bool) or not isinstance(bound, (int, float)):
@@ -328,4 +389,14 @@ def _line_problem(line: bytes, number: int) -> str | None:
     score = value.get("score")
     if isinstance(score, bool) or not isinstance(score, (int, float)):
         return f"field 'score' is {score!r}, expected a number"
+    return None
+
+
+def _values_problem(values: Mapping[Any, Any]) -> str | None:
+    """What is wrong with per-example values ``{document: value}``, or None."""
+    if not values:
+        return "no values"
+    for doc, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"document {doc}: value {value!r}, expected a number"
     return None

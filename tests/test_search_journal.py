@@ -311,3 +311,49 @@ class TestReadOnly:
         journal.append("0", 0.25)
         assert [r["key"] for r in journal.records] == ["1", "0"]
         assert path.read_bytes() == damaged
+
+
+class TestExampleValues:
+    """Per-example values of a racing search: what a resume replays instead of scoring."""
+
+    def test_values_and_bounds_read_back(self, tmp_path: Path) -> None:
+        path = tmp_path / "j.jsonl"
+        journal = Journal(path, HEADER, resume=False)
+        journal.append_values("10/01", "calib", {3: 1.0, 17: 0.0})
+        journal.append_values("10/01", "calib", {5: 1.0})
+        journal.append_bound("10/01", 0.75, examples=3)
+        assert lines_of(path)[1] == {"key": "10/01", "values": {"3": 1.0, "17": 0.0}, "task": "calib"}
+        again = Journal(path, HEADER, resume=True)
+        assert again.examples == {"10/01": {"calib": {3: 1.0, 17: 0.0, 5: 1.0}}}
+        assert again.records == [] and again.bounds == {"10/01": 0.75}
+        assert again.has_bound("10/01", 0.75, 3) and not again.has_bound("10/01", 0.75, 4)
+
+    def test_a_document_with_another_value_is_refused(self, tmp_path: Path) -> None:
+        journal = Journal(tmp_path / "j.jsonl", HEADER, resume=False)
+        journal.append_values("10", "calib", {3: 1.0})
+        journal.append_values("10", "calib", {3: 1.0})  # the same value again contradicts nothing
+        with pytest.raises(JournalError, match="mask 10, calib document 3 is journaled with value 1.0, not 0.0"):
+            journal.append_values("10", "calib", {3: 0.0})
+
+    def test_a_contradicting_values_record_is_damage_named_by_line(self, tmp_path: Path) -> None:
+        path = tmp_path / "j.jsonl"
+        Journal(path, HEADER, resume=False).append_values("10", "calib", {3: 1.0})
+        with path.open("a") as handle:
+            handle.write(json.dumps({"key": "10", "task": "calib", "values": {"3": 0.0}}) + "\n")
+            handle.write(json.dumps({"key": "11", "score": 0.5}) + "\n")
+        with pytest.raises(JournalError, match="line 3: mask 10, calib document 3 appears twice with different values"):
+            Journal(path, HEADER, resume=True)
+
+    @pytest.mark.parametrize(
+        ("record", "message"),
+        [({"key": "1", "values": {"0": 1.0}}, "field 'task'"), ({"key": "1", "task": "t", "values": {"a": 1.0}}, "document index"),
+         ({"key": "1", "task": "t", "values": {"0": "1"}}, "document 0: value '1'"), ({"key": "1", "task": "t", "values": {}}, "no values")],
+    )  # fmt: skip
+    def test_a_bad_values_record_is_named(self, tmp_path: Path, record: dict, message: str) -> None:
+        path = tmp_path / "j.jsonl"
+        Journal(path, HEADER, resume=False).append("0", 0.5)
+        with path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+            handle.write(json.dumps({"key": "11", "score": 0.5}) + "\n")
+        with pytest.raises(JournalError, match=f"line 3: .*{message}"):
+            Journal(path, HEADER, resume=True)
