@@ -10,7 +10,9 @@ from typing import Any
 from bosch_eval.analyze.cli import add_analyze_parser
 from bosch_eval.compare.cli import add_compare_parser
 from bosch_eval.compare.entries import EntryError
+from bosch_eval.device import pick_device
 from bosch_eval.export_cli import add_export_parser
+from bosch_eval.lm_eval_logs import quiet_per_length_warnings
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape, check_sinks
 from bosch_eval.model_check import model_config
 from bosch_eval.search.calib_check_cli import CalibCheckError, add_calib_check_parser
@@ -71,6 +73,7 @@ def _bench_model(args: argparse.Namespace) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     dtype = getattr(torch, args.dtype)
+    device = pick_device(args.device, "--device")  # before minutes of loading
     if args.model.startswith("random:"):
         name = args.model.removeprefix("random:")
         if name not in RANDOM_CONFIGS:
@@ -81,7 +84,7 @@ def _bench_model(args: argparse.Namespace) -> Any:
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(resolve_model(args.model), dtype=dtype, attn_implementation="sdpa")
-    return model.to(args.device).eval()
+    return model.to(device).eval()
 
 
 def _bench(args: argparse.Namespace) -> None:
@@ -106,7 +109,7 @@ def _bench(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     sinks = check_sinks(args.sink or 0, "--sink")
     rows = run_bench(model, configs, args.lengths, args.decode_tokens, args.window, args.chunk, args.repeats, sinks)
-    report = {"command": " ".join(["bosch-eval", *args.argv]), "environment": environment(), "rows": rows_as_json(rows)}
+    report = {"command": " ".join(["bosch-eval", *args.argv]), "environment": environment(next(model.parameters()).device), "rows": rows_as_json(rows)}
     budget = int(args.memory_budget_gb * 2**30) if args.memory_budget_gb else None
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     table = ratio_table(rows, budget, weights) if args.kv_quant else ratio_table(rows)
@@ -184,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--decode-tokens", type=int, default=16, help="greedy decode steps timed after the prefill")
     bench.add_argument("--chunk", type=int, help="prefill in chunks of C tokens (default: one pass)")
     bench.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
-    bench.add_argument("--device", default="cpu", help="cpu or cuda")
+    bench.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when torch sees a GPU, else cpu)")
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype")
     bench.add_argument("--kv-quant", help="also benchmark KV quantization: comma-separated logquant,kivi (alone and on each mask)")
     bench.add_argument("--kv-bits", type=int, default=2, help="bits per quantized element with --kv-quant (2 or 4)")
@@ -220,6 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
+    quiet_per_length_warnings()  # compare and search build lm-eval tasks before any adapter exists
     try:
         args.run(args)
     except (MaskError, EntryError, CalibCheckError, *SEARCH_ERRORS) as err:

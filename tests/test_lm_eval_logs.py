@@ -13,10 +13,12 @@ LENGTH_NOISE = [
     "[niah_single_1] No aggregation function defined for metric 512. Using mean.",
     "[niah_single_1] Metrics were not scored on the same number of documents (1024,none=32, 4096,none=64, 512,none=32). "
     "Each metric was aggregated over only the documents that produced it; reporting 64 as the evaluated sample count.",
+    "[bosch_niah_single_1] Metrics were not scored on the same number of documents (1024,none=20, 512,none=20, score,none=40). ...",
 ]
 REAL = [
     "[my_task] No aggregation function defined for metric f1. Using mean.",
     "[my_task] Metrics were not scored on the same number of documents (acc,none=10, f1,none=7). Each metric ...",
+    "[my_task] Metrics were not scored on the same number of documents (score,none=10, f1,none=7). ...",
 ]
 
 
