@@ -46,6 +46,8 @@ def journal(out: Path) -> tuple[dict[str, float], dict[str, float]]:
     scores, bounds = {}, {}
     for line in (out / "journal.jsonl").read_text().splitlines()[1:]:
         record = json.loads(line)
+        if "values" in record:
+            continue  # per-example values (what a resume replays), not a mask's outcome
         (scores if "score" in record else bounds)[record["key"]] = record.get("score", record.get("bound"))
     return scores, bounds
 

@@ -68,7 +68,7 @@ import torch
 
 from bosch_eval.masks import HeadMask, ModelShape
 from bosch_eval.model_defaults import model_defaults
-from bosch_eval.search.racing import DEFAULT_RACE_CHUNK, RaceBound, Racer, Tally
+from bosch_eval.search.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound, Racer, Tally
 from bosch_eval.toy import resolve_model
 
 if TYPE_CHECKING:
@@ -173,9 +173,27 @@ class CalibrationObjective:
         if isinstance(payload, str):
             raise ObjectiveError(payload)
         score, values = payload
-        for name, task_values in values.items():
-            self._racer().order.record(name, task_values)
+        if values:
+            self._racer().learn(mask, values)
         return score
+
+    def recall(self, mask: HeadMask) -> float | None:
+        """What ``self(mask)`` answers, from per-example values scored before (in a race, or
+        journaled by a killed search), with no lm-eval call; None when some are missing.
+
+        Raises:
+            ObjectiveError: racing cannot apply (:meth:`racing_problem`).
+        """
+        return self._racer().recall(mask, self.metric)
+
+    def use_memo(self, memo: ExampleMemo) -> None:
+        """Answer every (mask, example) ``memo`` knows from it, and add every value scored
+        from here on to it (the search journals them).
+
+        Raises:
+            ObjectiveError: racing cannot apply (:meth:`racing_problem`).
+        """
+        self._racer().memo = memo
 
     def race(self, mask: HeadMask, can_win: Callable[[float], bool]) -> float | RaceBound:
         """S(z) of ``mask`` scored ``race_chunk`` examples at a time (hardest first), or a

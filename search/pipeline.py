@@ -159,6 +159,7 @@ def run_search(
     higher_is_better: bool = True,
     racing: bool = False,
     bounds: dict[str, float] | None = None,
+    examples: dict[str, dict[str, dict[int, float]]] | None = None,
 ) -> SearchResult:
     """Find a head mask with SWA ratio ``settings.ratio`` that optimizes ``score_fn``.
 
@@ -173,13 +174,15 @@ def run_search(
         racing: stop candidates early that provably cannot win (``score_fn`` needs a
             ``race`` method, see :class:`ScoreBook`); the mask and every full score stay the same.
         bounds: journaled racing bounds of masks stopped early, keyed by ``mask_key``.
+        examples: journaled per-example values, ``{mask_key: {task: {document: value}}}``:
+            a racing search replays the masks they cover and never scores them again.
 
     Raises:
         SearchError: settings that do not fit ``shape``, or anchors that cannot rank masks.
     """
     validate_for_shape(settings, shape)
     started = time.perf_counter()
-    book = ScoreBook(score_fn, shape, known, journal, racing=racing, bounds=bounds)
+    book = ScoreBook(score_fn, shape, known, journal, racing=racing, bounds=bounds, examples=examples)
     full = HeadMask.uniform(shape, full=True).bits
     swa = HeadMask.uniform(shape, full=False).bits
     all_swa = book.score(swa, "anchor")
@@ -229,9 +232,9 @@ def run_search(
     result.subproblems.extend(outcome.subproblems)
     result.mask = HeadMask(outcome.bits, shape.num_heads, method=_method_name(settings.variant))
     result.score = book.score(outcome.bits, "final")
-    result.evaluations = len(book.known) + len(book.bounds)
+    result.evaluations = book.evaluations
     result.new_evaluations = book.new_evaluations
-    result.pruned = len(book.bounds)
+    result.pruned = book.pruned
     result.costs = book.costs
     result.wall_s = time.perf_counter() - started
     return result

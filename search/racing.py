@@ -12,15 +12,22 @@ Examples are scored hardest first: in decreasing order of how far below the best
 they fell for the masks scored before (:class:`ExampleOrder`). Any order gives the same
 answers (a bound holds whatever was scored first); this one makes a weak candidate show
 its misses in the first chunk instead of the last.
+
+Every per-example value scored is remembered (:class:`ExampleMemo`, journaled by the
+search): a (mask, example) pair is scored once per search, resumes included. A resumed
+search replays the killed one's calls with their values from the memo, so its schedule,
+its example order, its bounds and its ties come out exactly as they did, and it scores
+only the examples the killed search had not reached.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bosch_eval.masks import HeadMask
+from bosch_eval.search.journal import mask_key
 
 DEFAULT_RACE_CHUNK = 8  # examples per chunk; smaller stops sooner but pays lm-eval's per-call overhead more often
 
@@ -124,6 +131,40 @@ class ExampleOrder:
 
 # Per-example values of several (mask, task, document indices) items at once.
 ScoreChunks = Callable[[list[tuple[HeadMask, str, list[int]]]], list[Mapping[int, float]]]
+# Told of values scored for the first time: (mask key, task, {document: value}).
+OnNewValues = Callable[[str, str, dict[int, float]], None]
+
+
+class ExampleMemo:
+    """Per-example values scored so far, by mask key, task and document.
+
+    Args:
+        values: values known before (a resumed journal's): ``{key: {task: {doc: value}}}``.
+        on_new: called with the values of each (mask, task) scored for the first time
+            (the search journals them); a document already known is never passed again.
+    """
+
+    def __init__(self, values: Mapping[str, Mapping[str, Mapping[int, float]]] | None = None, on_new: OnNewValues | None = None) -> None:
+        self.values: dict[str, dict[str, dict[int, float]]] = {
+            key: {task: dict(docs) for task, docs in tasks.items()} for key, tasks in (values or {}).items()
+        }
+        self.on_new = on_new
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.values
+
+    def known(self, key: str, task: str, docs: Iterable[int]) -> dict[int, float]:
+        """The values of ``docs`` known for ``key`` on ``task`` (those not known are left out)."""
+        seen = self.values.get(key, {}).get(task, {})
+        return {doc: seen[doc] for doc in docs if doc in seen}
+
+    def add(self, key: str, task: str, values: Mapping[int, float]) -> None:
+        """Remember ``values``; a document known before keeps its first value."""
+        seen = self.values.setdefault(key, {}).setdefault(task, {})
+        new = {int(doc): float(value) for doc, value in values.items() if int(doc) not in seen}
+        seen.update(new)
+        if new and self.on_new is not None:
+            self.on_new(key, task, new)
 
 
 class Racer:
@@ -141,7 +182,8 @@ class Racer:
             masks at once (mask-parallel), or parts of one mask's chunk (data-parallel).
 
     Attributes:
-        examples_scored: examples forwarded so far.
+        examples_scored: examples forwarded so far (not those answered from ``memo``).
+        memo: per-example values scored so far; a chunk's known examples are answered from it.
     """
 
     def __init__(
@@ -161,6 +203,29 @@ class Racer:
         self.chunk = chunk
         self.order = ExampleOrder(higher_is_better)
         self.examples_scored = 0
+        self.memo = ExampleMemo()
+
+    def learn(self, mask: HeadMask, values: Mapping[str, Mapping[int, float]]) -> None:
+        """Take in the per-example values of a plain (unraced) call of ``mask``: every task's
+        values, ``{task: {doc: value}}``. They order the examples of later races."""
+        key = mask_key(mask.bits)
+        for task, task_values in values.items():
+            self.memo.add(key, task, task_values)
+            self.order.record(task, task_values)
+
+    def recall(self, mask: HeadMask, metric: str = "S") -> float | None:
+        """What a plain call of ``mask`` answers, from the memo, with the same effect on the
+        example order (:meth:`learn`); None when some example of it was never scored."""
+        key = mask_key(mask.bits)
+        tally = Tally(self.sizes, self.higher_is_better)
+        for task, size in self.sizes.items():
+            values = self.memo.known(key, task, range(size))
+            if len(values) < size:
+                return None
+            tally.add(task, values, metric)
+        for task, values in tally.values.items():
+            self.order.record(task, values)
+        return self.exact(tally)
 
     def race(self, mask: HeadMask, can_win: Callable[[float], bool], metric: str = "S") -> float | RaceBound:
         """S(z) of ``mask``, or a :class:`RaceBound` as soon as ``can_win(best S still reachable)`` is False."""
@@ -216,17 +281,29 @@ class Racer:
         return [outcome for outcome in outcomes if outcome is not None]
 
     def _add_round(self, entries: Sequence[tuple[Tally, HeadMask, str, list[int]]], metric: str) -> None:
-        """Score one chunk of each (tally, mask, task, indices) entry: one item per entry, or
-        per part of a chunk when there are fewer entries than processes."""
-        parts = max(1, -(-self.processes // len(entries)))
-        items, owners = [], []
+        """Add one chunk of each (tally, mask, task, indices) entry: the examples the memo
+        knows from it, the rest scored, one item per entry, or per part of a chunk when
+        there are fewer entries to score than processes."""
+        missing = []
         for tally, mask, task, indices in entries:
+            key = mask_key(mask.bits)
+            known = self.memo.known(key, task, indices)
+            if known:
+                tally.add(task, known, metric)
+            if len(known) < len(indices):
+                missing.append((tally, mask, key, task, [doc for doc in indices if doc not in known]))
+        if not missing:
+            return
+        parts = max(1, -(-self.processes // len(missing)))
+        items, owners = [], []
+        for tally, mask, key, task, indices in missing:
             pieces = min(parts, len(indices))
             items += [(mask, task, indices[start::pieces]) for start in range(pieces)]
-            owners += [(tally, task)] * pieces
+            owners += [(tally, key, task)] * pieces
             self.examples_scored += len(indices)
-        for (tally, task), values in zip(owners, self.score_chunks(items), strict=True):
-            tally.add(task, values, metric)
+        for (tally, key, task), values in zip(owners, self.score_chunks(items), strict=True):
+            tally.add(task, values, metric)  # checks the values before the memo (and the journal) keeps them
+            self.memo.add(key, task, values)
 
     def _learn(self, tallies: Sequence[Tally]) -> None:
         """Update the example order after a race (never during one: every mask of a race sees the same order)."""

@@ -45,7 +45,7 @@ from bosch_eval.search.optimizers import METHODS
 from bosch_eval.outdir_lock import OutputLock
 from bosch_eval.search.pipeline import VARIANTS, SearchResult, SearchSettings, run_search, validate_for_shape
 from bosch_eval.search.report import render_report
-from bosch_eval.search.racing import DEFAULT_RACE_CHUNK, RaceBound
+from bosch_eval.search.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound
 from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, SearchError
 from bosch_eval.search.stage2 import DEFAULT_BUCKETS
 from bosch_eval.search.stages import QUOTAS, ScoreBook
@@ -152,7 +152,7 @@ def search_model(
         header = {"model": model, "window": window, "calibration": calibration, "settings": settings.to_json()}
         if model_args:  # they can change every score (revision, peft, quantization): a resume must match them
             header["model_args"] = {key: str(value) for key, value in model_args.items()}
-        journal, known, bounds = _open_journal(out / "journal.jsonl", header, resume, state)
+        journal, known, bounds, examples = _open_journal(out / "journal.jsonl", header, resume, state)
         score_fn = _AnchorLog(objective) if progress and state.is_main_process else objective
         if settings.ratio in (0.0, 1.0):
             result = _only_mask(score_fn, objective.shape, settings, known, journal)
@@ -167,6 +167,7 @@ def search_model(
                 higher_is_better=objective.higher_is_better,
                 racing=racing,
                 bounds=bounds,
+                examples=examples,
             )
         result.work = objective.work()
         if state.is_main_process:
@@ -234,6 +235,12 @@ class _AnchorLog:
     def race_many(self, masks: list[HeadMask], rule_out: Callable[[list[tuple[float, float]]], set[int]]) -> list[float | RaceBound]:
         return self.objective.race_many(masks, rule_out)
 
+    def recall(self, mask: HeadMask) -> float | None:
+        return self.objective.recall(mask)
+
+    def use_memo(self, memo: ExampleMemo) -> None:
+        self.objective.use_memo(memo)
+
     def vary_layers_from(self, layer: int | None) -> None:
         self.objective.vary_layers_from(layer)
 
@@ -255,23 +262,24 @@ def _on_main_then_everywhere(state: PartialState, action: Callable[[], None] | N
 
 def _open_journal(
     path: Path, header: dict[str, Any], resume: bool, state: PartialState
-) -> tuple[Journal | None, dict[str, float], dict[str, float]]:
-    """The main process opens the journal; every process gets its scores and racing bounds (one broadcast)."""
+) -> tuple[Journal | None, dict[str, float], dict[str, float], dict[str, dict[str, dict[int, float]]]]:
+    """The main process opens the journal; every process gets its scores, racing bounds and
+    per-example values (one broadcast: every process must replay the same races)."""
     journal: Journal | None = None
     payload: list[Any] = [None]
     if state.is_main_process:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             journal = Journal(path, header, resume=resume, reusable=("settings",), wall_time=True)
-            payload = [({record["key"]: record["score"] for record in journal.records}, journal.bounds)]
+            payload = [({record["key"]: record["score"] for record in journal.records}, journal.bounds, journal.examples)]
         except JournalError as err:
             payload = [str(err)]  # every process must raise, not wait for a broadcast that never comes
     if state.num_processes > 1:
         broadcast_object_list(payload, from_process=0)
     if isinstance(payload[0], str):
         raise JournalError(payload[0])
-    known, bounds = payload[0]
-    return journal, known, bounds
+    known, bounds, examples = payload[0]
+    return journal, known, bounds, examples
 
 
 def _versions() -> dict[str, str]:

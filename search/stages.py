@@ -17,7 +17,9 @@ its Eq. 5 penalty would allow if read alone): four layers at r = 0.5 may then en
 Every S(z) goes through a :class:`ScoreBook`: a mask already scored (in this run or in the
 journal of a killed one) is never evaluated again, and a new score is journaled before the
 next evaluation starts. Replaying a search with the same seed therefore takes exactly the
-same steps and reaches the same mask.
+same steps and reaches the same mask. A racing search also journals every per-example
+value as it is scored; its resume replays the killed run's calls from those values (the same
+races, bounds and ties) instead of looking scores up, and scores only what was never scored.
 
 Doing less work without changing the answer (issue 18): with ``racing`` the book scores a
 candidate of an exhaustive or (1+1)-EA sub-problem only until it provably cannot beat the
@@ -42,9 +44,9 @@ import numpy as np
 from tqdm import tqdm
 
 from bosch_eval.masks import HeadMask, ModelShape, ceil_count
-from bosch_eval.search.journal import Journal, mask_key
+from bosch_eval.search.journal import Journal, JournalError, mask_key
 from bosch_eval.search.optimizers import Bound, Cutoff, SubProblem, choose_method, minimize
-from bosch_eval.search.racing import RaceBound, ruled_out
+from bosch_eval.search.racing import ExampleMemo, RaceBound, ruled_out
 from bosch_eval.search.scoring import Anchors, subproblem_loss, swa_share
 
 log = logging.getLogger("bosch_eval.search")
@@ -53,13 +55,22 @@ Bits = tuple[tuple[int, ...], ...]
 Cell = tuple[int, int]  # (layer, KV group)
 
 
+RACING_METHODS = ("race", "race_many", "recall", "use_memo")
+
+
 class ScoreBook:
     """S(z) for every mask the search asks about, each evaluated at most once.
 
-    ``racing=True`` needs a score function with ``race(mask, can_win)`` and
-    ``race_many(masks, rule_out)`` (:class:`CalibrationObjective`); ``bounds`` are journaled :class:`RaceBound` scores
-    of masks stopped early. A score function with ``vary_layers_from(layer)`` is told, before
-    each sub-problem, the lowest layer its candidates differ in (``None`` afterwards).
+    ``racing=True`` needs a score function with ``race(mask, can_win)``,
+    ``race_many(masks, rule_out)``, ``recall(mask)`` and ``use_memo(memo)``
+    (:class:`CalibrationObjective`). ``known``, ``bounds`` and ``examples`` are what a
+    resumed journal holds: scores, :class:`RaceBound` scores of masks stopped early, and
+    per-example values. A racing book replays every mask whose examples are journaled:
+    the search asks for it where the killed run did and the score function answers from
+    the values (no model call), so the example order, the races and their bounds come out
+    as they did. Other journaled masks are looked up. A score function with
+    ``vary_layers_from(layer)`` is told, before each sub-problem, the lowest layer its
+    candidates differ in (``None`` afterwards).
     """
 
     def __init__(
@@ -70,40 +81,70 @@ class ScoreBook:
         journal: Journal | None = None,
         racing: bool = False,
         bounds: dict[str, float] | None = None,
+        examples: dict[str, dict[str, dict[int, float]]] | None = None,
     ) -> None:
-        if racing and not all(callable(getattr(score_fn, name, None)) for name in ("race", "race_many")):
-            raise TypeError(f"racing: the score function {score_fn!r} has no race() and race_many() methods")
+        if racing and not all(callable(getattr(score_fn, name, None)) for name in RACING_METHODS):
+            raise TypeError(f"racing: the score function {score_fn!r} lacks one of the methods {', '.join(RACING_METHODS)}")
         self.score_fn = score_fn
         self.shape = shape
         self.known = dict(known or {})
         self.journal = journal  # None on non-main processes: only the main process writes
         self.racing = racing
         self.bounds = dict(bounds or {})  # mask key -> best S it could still reach
+        # Journaled masks the run replays when it reaches them (until then, not known: the
+        # killed run did not know them at this point either).
+        self._unreplayed: dict[str, float] = {}
+        self._unreplayed_bounds: dict[str, float] = {}
+        if racing:
+            memo = ExampleMemo(examples, on_new=self._journal_values)
+            score_fn.use_memo(memo)  # type: ignore[attr-defined]
+            self._unreplayed = {key: self.known.pop(key) for key in list(self.known) if key in memo}
+            self._unreplayed_bounds = {key: self.bounds.pop(key) for key in list(self.bounds) if key in memo}
         self.new_evaluations = 0
         self.costs: dict[str, dict[str, float]] = {}  # per stage: calls, pruned, seconds (this run)
-        self.on_score: Callable[[float | None], None] | None = None  # progress hook
+        self.on_score: Callable[[float | None, Bits], None] | None = None  # progress hook: S (None: a bound) and the mask
+
+    @property
+    def evaluations(self) -> int:
+        """Distinct masks evaluated, by this run or the journal it resumed (scored or stopped early)."""
+        scored = self.known.keys() | self._unreplayed.keys()
+        return len(scored) + len((self.bounds.keys() | self._unreplayed_bounds.keys()) - scored)
+
+    @property
+    def pruned(self) -> int:
+        """Of :attr:`evaluations`, the masks racing stopped early that never got a score."""
+        scored = self.known.keys() | self._unreplayed.keys()
+        return len((self.bounds.keys() | self._unreplayed_bounds.keys()) - scored)
+
+    def _journal_values(self, key: str, task: str, values: dict[int, float]) -> None:
+        if self.journal is not None:
+            self.journal.append_values(key, task, values)
 
     def score(self, bits: Bits, stage: str) -> float:
         key = mask_key(bits)
+        mask = HeadMask(bits, self.shape.num_heads)
         score = self.known.get(key)
+        if score is None and self.racing:
+            # A plain call whose every example is known (replayed, or scored before a kill
+            # cut its score record) is answered from them, with the call's effect on the order.
+            recalled = self.score_fn.recall(mask)  # type: ignore[attr-defined]
+            if recalled is not None:
+                score = self._record(key, float(recalled), stage, 0.0)
+        if score is None and key in self._unreplayed:
+            score = self.known[key] = self._unreplayed.pop(key)  # journaled without its examples: looked up
         if score is None:
             started = time.perf_counter()
-            score = float(self.score_fn(HeadMask(bits, self.shape.num_heads)))
-            seconds = time.perf_counter() - started
-            self.known[key] = score
-            self.new_evaluations += 1
-            self._count(stage, seconds, pruned=False)
-            if self.journal is not None:
-                self.journal.append(key, score, stage=stage, seconds=round(seconds, 3))
+            score = float(self.score_fn(mask))
+            score = self._record(key, score, stage, time.perf_counter() - started)
         if self.on_score is not None:
-            self.on_score(score)
+            self.on_score(score, bits)
         return score
 
     def race(self, bits: Bits, stage: str, can_win: Callable[[float], bool]) -> float | RaceBound:
         """S(z) of ``bits``, or a :class:`RaceBound` once ``can_win(best S still reachable)`` is False.
 
         A mask stopped before answers again from its bound while the bound still rules it
-        out; otherwise it is scored again from its first example.
+        out; otherwise it is raced again (its examples scored before come from the memo).
         """
         key = mask_key(bits)
         if key in self.known:
@@ -112,7 +153,10 @@ class ScoreBook:
             return RaceBound(self.bounds[key], examples=0)
         started = time.perf_counter()
         outcome = self.score_fn.race(HeadMask(bits, self.shape.num_heads), can_win)  # type: ignore[attr-defined]
-        return self._keep(key, outcome, stage, time.perf_counter() - started)
+        outcome = self._record(key, outcome, stage, time.perf_counter() - started)
+        if self.on_score is not None:
+            self.on_score(None if isinstance(outcome, RaceBound) else outcome, bits)
+        return outcome
 
     def race_many(self, bits_list: Sequence[Bits], stage: str, loss_of: Callable[[int, float], float]) -> list[float | RaceBound]:
         """S(z) of each mask, raced together: exact for the first mask of least loss
@@ -137,31 +181,49 @@ class ScoreBook:
             raced = self.score_fn.race_many(masks, rule_out)  # type: ignore[attr-defined]
             seconds = (time.perf_counter() - started) / len(todo)  # the race's time, shared
             for position, outcome in zip(todo, raced, strict=True):
-                outcomes[position] = self._keep(keys[position], outcome, stage, seconds)
+                outcomes[position] = self._record(keys[position], outcome, stage, seconds)
+                if self.on_score is not None:
+                    self.on_score(None if isinstance(outcome, RaceBound) else outcomes[position], bits_list[position])
         # Masks scored before cost nothing here and do not move the progress bar.
         return [outcomes[i] if i in outcomes else self.known[keys[i]] for i in range(len(keys))]
 
-    def _keep(self, key: str, outcome: float | RaceBound, stage: str, seconds: float) -> float | RaceBound:
-        """Journal and count one raced evaluation."""
-        self.new_evaluations += 1
-        self._count(stage, seconds, pruned=isinstance(outcome, RaceBound))
+    def _record(self, key: str, outcome: float | RaceBound, stage: str, seconds: float) -> float | RaceBound:
+        """Keep, count and journal one outcome; one the journal holds already (a replay) is
+        neither journaled again nor counted as new.
+
+        Raises:
+            JournalError: a replayed score differs from the journaled one.
+        """
         if isinstance(outcome, RaceBound):
             self.bounds[key] = outcome.score
-            if self.journal is not None:
-                self.journal.append_bound(key, outcome.score, outcome.examples, stage=stage, seconds=round(seconds, 3))
-            if self.on_score is not None:
-                self.on_score(None)
+            self._unreplayed_bounds.pop(key, None)
+            # Already journaled: this bound (a replay), or a score (a resume under other
+            # settings races a mask the journal scored; its examples all came from the memo).
+            journaled = key in self._unreplayed or (
+                self.journal is not None and self.journal.has_bound(key, outcome.score, outcome.examples)
+            )
+            if not journaled:
+                self._count(stage, seconds, pruned=True)
+                if self.journal is not None:
+                    self.journal.append_bound(key, outcome.score, outcome.examples, stage=stage, seconds=round(seconds, 3))
             return outcome
         score = float(outcome)
+        journaled = self._unreplayed.pop(key, None)
+        if journaled is not None and journaled != score:
+            raise JournalError(
+                f"mask {key}: its journaled examples give S = {score!r}, but the journal's score is {journaled!r}; "
+                "the journal is damaged, or its examples were scored under another calibration"
+            )
         self.known[key] = score
         self.bounds.pop(key, None)
-        if self.journal is not None:
-            self.journal.append(key, score, stage=stage, seconds=round(seconds, 3))
-        if self.on_score is not None:
-            self.on_score(score)
+        if journaled is None:
+            self._count(stage, seconds, pruned=False)
+            if self.journal is not None:
+                self.journal.append(key, score, stage=stage, seconds=round(seconds, 3))
         return score
 
     def _count(self, stage: str, seconds: float, pruned: bool) -> None:
+        self.new_evaluations += 1
         row = self.costs.setdefault(stage, {"calls": 0, "pruned": 0, "seconds": 0.0})
         row["calls"] += 1
         row["pruned"] += int(pruned)
@@ -354,14 +416,24 @@ def quota_blocks(groups: int, ones_per_layer: int, layers: int, quota: str) -> t
 
 
 class StageProgress:
-    """A tqdm bar for one stage plus a log line per sub-problem (best score, evaluations, ETA)."""
+    """A tqdm bar for one stage plus a log line per sub-problem (best score, evaluations, ETA).
 
-    def __init__(self, stage: str, total: int, book: ScoreBook, enabled: bool, higher_is_better: bool = True) -> None:
+    "Best" is the best *complete* mask: one with as many SWA groups as the stage's result
+    (``complete_swa``). A stage's earlier sub-problems score partial masks, with fewer SWA
+    groups and so a higher S than any complete mask can reach; their best is shown apart,
+    labelled partial, so that it is not read as what the search will end with.
+    """
+
+    def __init__(
+        self, stage: str, total: int, book: ScoreBook, enabled: bool, higher_is_better: bool = True, *, complete_swa: int
+    ) -> None:
         self.stage = stage
         self.total = total
         self.done = 0
         self.sign = 1.0 if higher_is_better else -1.0  # best = the highest sign·S
-        self.best = -math.inf
+        self.complete_swa = complete_swa
+        self.best: float | None = None  # of complete masks
+        self.best_partial: float | None = None
         self.started = time.perf_counter()
         self.bar = tqdm(total=total, desc=f"BOSCH {stage}", unit="eval", disable=not enabled)
         self.enabled = enabled
@@ -375,24 +447,39 @@ class StageProgress:
         self.book.on_score = None
         self.bar.close()
 
-    def update(self, score: float | None) -> None:
-        """One evaluation done; ``None`` for a mask racing stopped early (no score)."""
+    def update(self, score: float | None, bits: Bits) -> None:
+        """One evaluation of the mask ``bits`` done; ``None`` for a mask racing stopped early (no score)."""
         self.done += 1
-        if score is not None and (self.best == -math.inf or self.sign * score > self.sign * self.best):
-            self.best = score
+        if score is not None:
+            if sum(row.count(0) for row in bits) == self.complete_swa:
+                self.best = self._better(self.best, score)
+            else:
+                self.best_partial = self._better(self.best_partial, score)
         self.bar.update(1)
-        self.bar.set_postfix(best=f"{self.best:.4f}", refresh=False)
+        self.bar.set_postfix_str(self._bests(), refresh=False)
+
+    def _better(self, best: float | None, score: float) -> float:
+        return score if best is None or self.sign * score > self.sign * best else best
+
+    def _bests(self) -> str:
+        text = f"best={_shown(self.best)}"
+        return text if self.best_partial is None else f"{text}, best partial={_shown(self.best_partial)}"
 
     def report(self, result: SubResult) -> None:
         if not self.enabled:
             return
         elapsed = time.perf_counter() - self.started
         eta = elapsed / max(self.done, 1) * max(self.total - self.done, 0)
+        partial = "" if self.best_partial is None else f", best partial {_shown(self.best_partial)}"
         log.info(
-            "%s layers %s: S=%.4f with %d/%d SWA (%s, %d evals); best so far %.4f; %d/%d evals; ETA %.0f s",
-            self.stage, list(result.layers), result.score, result.converted, result.variables,
-            result.method, result.evaluations, self.best, self.done, self.total, eta,
+            "%s layers %s: S=%.4f with %d/%d SWA (%s, %d evals); best complete (%d SWA groups) %s%s; %d/%d evals; ETA %.0f s",
+            self.stage, list(result.layers), result.score, result.converted, result.variables, result.method,
+            result.evaluations, self.complete_swa, _shown(self.best), partial, self.done, self.total, eta,
         )  # fmt: skip
+
+
+def _shown(score: float | None) -> str:
+    return "none yet" if score is None else f"{score:.4f}"
 
 
 def _chunks(layers: Sequence[int], max_layers: int) -> list[list[int]]:
@@ -434,7 +521,8 @@ def stage1(
     bits: Bits = HeadMask.uniform(shape, full=True).bits
     scores = [0.0] * shape.num_layers
     outcome = StageOutcome(bits)
-    with StageProgress("stage 1", total, book, progress, settings.higher_is_better) as bar:
+    complete = sum(ones for layer_blocks in blocks for _, ones in layer_blocks)
+    with StageProgress("stage 1", total, book, progress, settings.higher_is_better, complete_swa=complete) as bar:
         for layers, layer_blocks, budget in zip(problems, blocks, budgets, strict=True):
             label = "stage1/" + ",".join(map(str, layers))
             bits, result = solve(
@@ -482,7 +570,8 @@ def stage3(
         expected_evaluations(b, settings.budget_per_layer * len(layers), settings.optimizer)
         for b, (_, layers) in zip(blocks, problems, strict=True)
     )
-    with StageProgress("stage 3", total, book, progress, settings.higher_is_better) as bar:
+    complete = sum(row.count(0) for row in bits) + sum(ones for layer_blocks in blocks for _, ones in layer_blocks)
+    with StageProgress("stage 3", total, book, progress, settings.higher_is_better, complete_swa=complete) as bar:
         for (ratio, layers), layer_blocks in zip(problems, blocks, strict=True):
             label = f"stage3/{ratio}/" + ",".join(map(str, layers))
             bits, result = solve(
@@ -512,7 +601,8 @@ def layer_level(
     k = ceil_count(ratio, shape.num_layers)
     budget = settings.budget_per_layer * shape.num_layers
     total = expected_evaluations(((len(variables), k),), budget, settings.optimizer)
-    with StageProgress("layer search", total, book, progress, settings.higher_is_better) as bar:
+    complete = k * shape.num_kv_heads
+    with StageProgress("layer search", total, book, progress, settings.higher_is_better, complete_swa=complete) as bar:
         bits, result = solve(
             book, anchors, HeadMask.uniform(shape, full=True).bits, variables, ((len(variables), k),), ratio, budget, settings, "layer", "layer"
         )
@@ -548,7 +638,8 @@ def refine(
         expected_evaluations(((shape.num_kv_heads, bits[layer].count(0)),), settings.budget_per_layer, settings.optimizer)
         for layer in order
     )
-    with StageProgress("refine", total, book, progress, settings.higher_is_better) as bar:
+    complete = sum(row.count(0) for row in bits)  # refinement keeps every layer's count
+    with StageProgress("refine", total, book, progress, settings.higher_is_better, complete_swa=complete) as bar:
         for number in range(1, passes + 1):
             improved = False
             for layer in order:

@@ -18,6 +18,10 @@ from bosch_eval.search.racing import Racer, RaceBound, Tally, ruled_out
 SHAPE = ModelShape(num_layers=4, num_heads=8, num_kv_heads=4)
 
 
+class Killed(Exception):
+    """A simulated kill -9: raised from the score function, nothing after it runs."""
+
+
 class ExampleObjective:
     """A synthetic S(z): the mean of 0/1 per-example values that depend on the mask.
 
@@ -26,13 +30,16 @@ class ExampleObjective:
     differ, tie, and some are far apart.
     """
 
-    def __init__(self, examples: int = 24, seed: int = 0, chunk: int = 4, processes: int = 1) -> None:
+    def __init__(
+        self, examples: int = 24, seed: int = 0, chunk: int = 4, processes: int = 1, kill_after: int | None = None
+    ) -> None:
         rng = random.Random(seed)
         cells = [(layer, group) for layer in range(SHAPE.num_layers) for group in range(SHAPE.num_kv_heads)]
         self.needs = [rng.sample(cells, 3) for _ in range(examples)]
         self.racer = Racer({"t": examples}, True, self._chunks, self._exact, chunk, processes)
         self.items: list[int] = []  # items per score_chunks call
         self.examples_scored = 0
+        self.kill_after = kill_after  # scoring calls (plain calls and rounds of chunks) before a simulated kill
 
     def value(self, mask: HeadMask, example: int) -> float:
         kept = sum(mask.bits[layer][group] for layer, group in self.needs[example])
@@ -40,13 +47,30 @@ class ExampleObjective:
         return float(kept >= 2) if not noise else float(kept >= 1)
 
     def __call__(self, mask: HeadMask) -> float:
+        # As CalibrationObjective: a plain call's per-example values order the racer's examples.
+        self._spend()
         self.examples_scored += len(self.needs)
-        return sum(self.value(mask, e) for e in range(len(self.needs))) / len(self.needs)
+        values = {e: self.value(mask, e) for e in range(len(self.needs))}
+        self.racer.learn(mask, {"t": values})
+        return sum(values.values()) / len(values)
 
     def _chunks(self, items: list[tuple[HeadMask, str, list[int]]]) -> list[dict[int, float]]:
+        self._spend()
         self.examples_scored += sum(len(indices) for _, _, indices in items)
         self.items.append(len(items))
         return [{e: self.value(mask, e) for e in indices} for mask, _, indices in items]
+
+    def _spend(self) -> None:
+        if self.kill_after is not None:
+            if self.kill_after == 0:
+                raise Killed  # before the call scores anything, as a kill before its values reach the journal
+            self.kill_after -= 1
+
+    def recall(self, mask):  # noqa: ANN001, ANN201 - the ScoreBook protocol
+        return self.racer.recall(mask)
+
+    def use_memo(self, memo):  # noqa: ANN001, ANN201
+        self.racer.memo = memo
 
     def _exact(self, tally: Tally) -> float:
         values = tally.in_document_order("t")
@@ -113,7 +137,11 @@ class TestRaceMany:
     def race(per_mask: list[list[float]], chunk: int = 4) -> tuple[list, list[int]]:
         """Race masks whose per-example values are given; returns the outcomes and the
         examples scored per mask."""
-        masks = [HeadMask.uniform(SHAPE, full=bool(n % 2)) for n in range(len(per_mask))]  # stand-ins, told apart by identity
+        cells = [(layer, group) for layer in range(SHAPE.num_layers) for group in range(SHAPE.num_kv_heads)]
+        masks = [  # stand-ins with distinct bits (the racer remembers values by mask), one SWA group each
+            HeadMask(tuple(tuple(int((layer, group) != cells[n]) for group in range(SHAPE.num_kv_heads)) for layer in range(SHAPE.num_layers)), SHAPE.num_heads)
+            for n in range(len(per_mask))
+        ]  # fmt: skip
         scored = [0] * len(per_mask)
 
         def score_chunks(items):  # noqa: ANN001, ANN202
@@ -237,18 +265,102 @@ class TestSearch:
     def test_resume_from_a_journal_with_bounds(self, tmp_path) -> None:  # noqa: ANN001
         settings = SearchSettings(ratio=0.75, budget_per_layer=10)
         path = tmp_path / "journal.jsonl"
-        first = run_search(ExampleObjective(), SHAPE, settings, journal=Journal(path, {"m": 1}, resume=False), progress=False, racing=True)
-        journal = Journal(path, {"m": 1}, resume=True)
-        again = run_search(
-            ExampleObjective(), SHAPE, settings, known={r["key"]: r["score"] for r in journal.records},
-            journal=journal, bounds=journal.bounds, progress=False, racing=True,
-        )  # fmt: skip
+        first = resumed_search(path, ExampleObjective(), settings, resume=False)
+        again = resumed_search(path, ExampleObjective(), settings, resume=True)
         assert again.mask.bits == first.mask.bits and again.score == first.score
         assert again.new_evaluations < first.new_evaluations
 
     def test_racing_needs_race_methods(self) -> None:
         with pytest.raises(TypeError, match="race"):
             run_search(lambda mask: 0.5, SHAPE, SearchSettings(ratio=0.5), progress=False, racing=True)
+
+
+def resumed_search(path, objective: ExampleObjective, settings: SearchSettings, resume: bool = True):  # noqa: ANN001, ANN201
+    """A racing search journaled at ``path``, given what the journal holds (as the search CLI does)."""
+    journal = Journal(path, {"m": 1}, resume=resume)
+    known = {record["key"]: record["score"] for record in journal.records}
+    return run_search(
+        objective, SHAPE, settings, known=known, journal=journal, bounds=journal.bounds, examples=journal.examples,
+        progress=False, racing=True,
+    )  # fmt: skip
+
+
+def journal_records(path) -> list[str]:  # noqa: ANN001
+    """Every record of a journal, without its timings, as comparable strings."""
+    records = [json.loads(line) for line in path.read_text().splitlines()[1:]]
+    return [json.dumps({k: v for k, v in r.items() if k not in ("seconds", "wall_s")}, sort_keys=True) for r in records]
+
+
+class TestResume:
+    """A resumed search makes the decisions the original made, from the journal, and scores
+    nothing the journal holds: no (mask, example) pair twice, whenever it was killed."""
+
+    SETTINGS = SearchSettings(ratio=0.5, seed=5, budget_per_layer=10)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def uninterrupted(cls, tmp_path_factory) -> tuple:  # noqa: ANN001
+        path = tmp_path_factory.mktemp("whole") / "journal.jsonl"
+        objective = ExampleObjective(seed=5)
+        result = resumed_search(path, objective, cls.SETTINGS, resume=False)
+        return result, journal_records(path), objective.examples_scored
+
+    def test_a_finished_search_resumed_scores_nothing_and_writes_nothing(self, uninterrupted, tmp_path) -> None:  # noqa: ANN001
+        result, records, _ = uninterrupted
+        path = tmp_path / "journal.jsonl"
+        path.write_text("\n".join([json.dumps({"journal": "bosch-journal/1", "header": {"m": 1}}), *records]) + "\n")
+        before = path.read_text()
+        objective = ExampleObjective(seed=5)
+        again = resumed_search(path, objective, self.SETTINGS)
+        assert objective.examples_scored == 0 and again.new_evaluations == 0
+        assert path.read_text() == before
+        assert (again.mask.bits, again.score, again.pruned, again.evaluations) == (
+            result.mask.bits, result.score, result.pruned, result.evaluations,
+        )  # fmt: skip
+
+    @pytest.mark.parametrize("kill_after", [1, 2, 3, 7, 19, 60])
+    def test_killed_again_and_again_it_ends_with_the_uninterrupted_journal(self, uninterrupted, tmp_path, kill_after) -> None:  # noqa: ANN001
+        result, records, examples = uninterrupted
+        path = tmp_path / "journal.jsonl"
+        scored, runs, resume = 0, 0, False
+        while True:
+            objective = ExampleObjective(seed=5, kill_after=kill_after)
+            runs += 1
+            try:
+                final = resumed_search(path, objective, self.SETTINGS, resume=resume)
+                break
+            except Killed:
+                resume = True
+            finally:
+                scored += objective.examples_scored
+        assert runs > 1
+        resumed = journal_records(path)
+        assert len(resumed) == len(set(resumed)) and sorted(resumed) == sorted(records)
+        pairs = [
+            (record["key"], record["task"], doc)
+            for record in map(json.loads, resumed) if "values" in record
+            for doc in record["values"]
+        ]  # fmt: skip
+        assert len(pairs) == len(set(pairs))  # no (mask, example) pair scored twice
+        assert scored == examples
+        assert (final.mask.bits, final.score) == (result.mask.bits, result.score)
+
+    def test_a_resume_under_another_seed_scores_no_journaled_example_again(self, uninterrupted, tmp_path) -> None:  # noqa: ANN001
+        _, records, _ = uninterrupted
+        path = tmp_path / "journal.jsonl"
+        path.write_text("\n".join([json.dumps({"journal": "bosch-journal/1", "header": {"m": 1}}), *records]) + "\n")
+        other = SearchSettings(ratio=0.5, seed=6, budget_per_layer=10)
+        fresh_fn, resumed_fn = ExampleObjective(seed=5), ExampleObjective(seed=5)
+        fresh = run_search(fresh_fn, SHAPE, other, progress=False, racing=True)
+        resumed = resumed_search(path, resumed_fn, other)
+        assert (resumed.mask.bits, resumed.score) == (fresh.mask.bits, fresh.score)
+        assert resumed_fn.examples_scored < fresh_fn.examples_scored
+        pairs = [
+            (record["key"], record["task"], doc)
+            for record in map(json.loads, journal_records(path)) if "values" in record
+            for doc in record["values"]
+        ]  # fmt: skip
+        assert len(pairs) == len(set(pairs))
 
 
 class TestJournalBounds:
