@@ -14,6 +14,7 @@ tests). Variants (paper §3.4):
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -22,9 +23,12 @@ from typing import Any
 from bosch_eval.masks import HeadMask, ModelShape, ceil_count, check_ratio
 from bosch_eval.search.journal import Journal
 from bosch_eval.search.optimizers import METHODS, NOMAD_MAX_VARIABLES
+from bosch_eval.search.saturation import stage1_saturation
 from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, SearchError
 from bosch_eval.search.stage2 import DEFAULT_BUCKETS, Stage2Result, assign_layer_ratios
 from bosch_eval.search.stages import QUOTAS, ScoreBook, StageSettings, SubResult, layer_level, refine, stage1, stage3
+
+log = logging.getLogger("bosch_eval.search")
 
 VARIANTS = ("bosch", "single", "multi", "layer")
 
@@ -211,6 +215,8 @@ def run_search(
         outcome, result.stage1_scores = stage1(
             book, anchors, shape, settings.ratio, stage_settings, layers_per_problem, progress
         )
+        saturation = stage1_saturation(result.stage1_scores, anchors.all_full, higher_is_better)
+        (log.warning if saturation.saturated else log.info)("stage 1: %s", saturation.message())
         if settings.variant == "bosch":
             result.subproblems.extend(outcome.subproblems)
             result.stage2 = assign_layer_ratios(

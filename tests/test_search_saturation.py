@@ -18,3 +18,20 @@ def test_a_calibration_with_drops_in_most_layers_is_not():
 
 def test_lower_is_better_metrics_count_the_other_way():
     assert stage1_saturation([10.0, 12.0, 9.5], all_full=10.0, higher_is_better=False).no_drop_layers == (0, 2)
+
+
+def test_the_search_logs_a_saturated_stage_1(caplog):
+    """Every layer of a synthetic objective keeps S(full) at ρ = 0.5: the search warns after Stage 1."""
+    import logging
+
+    from bosch_eval.masks import ModelShape
+    from bosch_eval.search.pipeline import SearchSettings, run_search
+
+    shape = ModelShape(num_layers=2, num_heads=4, num_kv_heads=2)
+    score = lambda mask: 1.0 if mask.num_swa_groups <= 2 else 0.5 if mask.num_swa_groups < 4 else 0.0  # noqa: E731
+    with caplog.at_level(logging.INFO, logger="bosch_eval.search"):
+        run_search(score, shape, SearchSettings(ratio=0.5, budget_per_layer=4, buckets=(0.0, 0.5, 1.0)), progress=False)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "stage 1:" in r.getMessage()]
+    assert warnings == ["stage 1: 2 of 2 layers lose nothing in Stage 1 (layers 0, 1): the calibration set is saturated at "
+                        "this ratio, so Stage 2 cannot order those layers and Stage 3 will choose among equal scores; "
+                        "check it with `bosch-eval calib-check` before trusting the mask"]  # fmt: skip
