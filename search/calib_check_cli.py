@@ -51,7 +51,7 @@ def add_calib_check_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--window", type=int, help="SWA window (default: the model's bosch_defaults.json)")
     parser.add_argument("--calib-len", type=int, help="calibration length in tokens (default: bosch_defaults.json)")
     parser.add_argument("--calib-examples", type=int, help="calibration examples (default 64)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--device", help="cpu or cuda (default: cuda when torch sees a GPU, else cpu)")
     parser.add_argument("--batch-size", type=int, default=8, help="lm-eval batch size")
     parser.add_argument("--out", type=Path, required=True, help="output directory (resumed when its settings match)")
     parser.set_defaults(run=run_from_args)
