@@ -43,7 +43,7 @@ TOY_SHAPE = dict(num_layers=4, hidden_size=128, intermediate_size=384, num_atten
 
 def model_dir(scratch: Path) -> tuple[str, str]:
     """The toy model's directory, or a random one of its shape; and a label for it."""
-    from bosch_eval.toy import model_path
+    from bosch_eval.model_check import model_path
 
     try:
         return str(model_path()), "bundled toy model"

@@ -44,7 +44,7 @@ def load_model() -> tuple[Any, Any, str, int | None]:
 
     from bosch_eval.model_defaults import model_defaults
     from bosch_eval.random_model import random_model, train_tokenizer
-    from bosch_eval.toy import model_path
+    from bosch_eval.model_check import model_path
 
     try:
         path = model_path()

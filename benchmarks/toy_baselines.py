@@ -42,7 +42,7 @@ from bosch_eval.search.layer_heuristics import layer_heuristic_mask
 from bosch_eval.search.objective import build_objective
 from bosch_eval.search.rankers import METHOD_NAMES
 from bosch_eval.search.rankers.driver import compute_ranking
-from bosch_eval.toy import model_path
+from bosch_eval.model_check import model_path
 
 HEURISTICS = {"rand": (0, 1, 2), "bme": (0,), "intr": (0,)}
 SEARCHED = ("bosch", "single")

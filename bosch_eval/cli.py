@@ -14,13 +14,12 @@ from bosch_eval.device import pick_device
 from bosch_eval.export_cli import add_export_parser
 from bosch_eval.lm_eval_logs import quiet_per_length_warnings
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape, check_sinks
-from bosch_eval.model_check import model_config
+from bosch_eval.model_check import BUNDLED_MODELS, model_config, resolve_model
 from bosch_eval.search.calib_check_cli import CalibCheckError, add_calib_check_parser
 from bosch_eval.search.import_cli import add_import_parser
 from bosch_eval.search.rank_cli import add_rank_parser
 from bosch_eval.search.search_cli import ERRORS as SEARCH_ERRORS
 from bosch_eval.search.search_cli import add_search_parser
-from bosch_eval.toy import BUNDLED_MODELS, resolve_model
 from bosch_eval.train.cli import add_train_parser
 
 FULL, SWA = "█", "·"
@@ -149,7 +148,7 @@ def _kv_quant_configs(args: argparse.Namespace, model: Any, configs: list) -> li
 
 
 def _toy_model(args: argparse.Namespace) -> None:
-    from bosch_eval.toy import model_path
+    from bosch_eval.model_check import model_path
 
     print(model_path(args.name))
 

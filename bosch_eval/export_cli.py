@@ -10,9 +10,8 @@ from bosch_eval.checkpoint import CONFIG_FIELD, saved_mask
 from bosch_eval.export import CONVENTIONS, export_transformers, write_serving
 from bosch_eval.mask_sources import resolve_mask
 from bosch_eval.masks import HeadMask, MaskError, ModelShape, check_window
-from bosch_eval.model_check import model_config
+from bosch_eval.model_check import model_config, resolve_model
 from bosch_eval.model_defaults import model_defaults
-from bosch_eval.toy import resolve_model
 
 TARGETS = ("transformers", "serving")
 

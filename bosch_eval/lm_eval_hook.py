@@ -63,7 +63,7 @@ def resolve_bundled_aliases(argv: list[str]) -> list[str]:
         return argv
     if model != "bosch":
         return argv
-    from bosch_eval.toy import BUNDLED_MODELS  # pathlib only: cheap
+    from bosch_eval.model_check import BUNDLED_MODELS  # no torch: a few ms, lm_eval command only
 
     def rewrite(text: str) -> str:
         if text.lstrip().startswith("{"):  # JSON model_args: left as given

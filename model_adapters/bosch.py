@@ -77,12 +77,11 @@ from bosch_eval.lm_eval_logs import quiet_per_length_warnings
 from bosch_eval.mask_sources import resolve_mask
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
 from bosch_eval.device import pick_device
-from bosch_eval.model_check import ModelError, check_causal_decoder, model_config
+from bosch_eval.model_check import ModelError, check_causal_decoder, model_config, resolve_model
 from bosch_eval.model_defaults import model_defaults
 from bosch_eval.model_adapters.compressed_scoring import continuation_logits_through_cache
 from bosch_eval.model_adapters.continuation_logits import logits_at, scored_positions
 from bosch_eval.prefix_cache import PrefixActivations
-from bosch_eval.toy import resolve_model
 from bosch_eval.transformers_compat import cache_argument
 
 

@@ -38,7 +38,7 @@ from bosch_eval.search.journal import Journal, JournalError, mask_key
 from bosch_eval.search.objective import ObjectiveError, build_objective
 from bosch_eval.outdir_lock import OutputLock
 from bosch_eval.search.scoring import SearchError
-from bosch_eval.toy import resolve_model
+from bosch_eval.model_check import resolve_model
 
 # A user who points this at a real model gets an error, not a run of years.
 DEFAULT_MAX_MASKS = 5000

@@ -69,7 +69,7 @@ import torch
 from bosch_eval.masks import HeadMask, ModelShape
 from bosch_eval.model_defaults import model_defaults
 from bosch_eval.search.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound, Racer, Tally
-from bosch_eval.toy import resolve_model
+from bosch_eval.model_check import bundled_alias, resolve_model
 
 if TYPE_CHECKING:
     from lm_eval.api.group import Group
@@ -631,8 +631,6 @@ def _metric_value(row: Mapping[str, Any], metric: str) -> float | None:
 def _portable(value: Any) -> Any:
     """A bundled toy model's directory as its alias: a journal written in one checkout then
     resumes in another (the directory differs, the model does not)."""
-    from bosch_eval.toy import bundled_alias
-
     return (isinstance(value, str) and bundled_alias(value)) or value
 
 

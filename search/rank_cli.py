@@ -99,7 +99,7 @@ def method_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def resolve_model(name: str) -> str:
     """``toy`` → the bundled checkpoint's directory; anything else after checking it exists."""
-    from bosch_eval.toy import resolve_model as resolve
+    from bosch_eval.model_check import resolve_model as resolve
 
     return resolve(name)
 

@@ -35,7 +35,7 @@ from accelerate.utils import broadcast_object_list
 from bosch_eval.loader_args import parse_model_args
 from bosch_eval.masks import HeadMask, MaskError, ModelShape
 from bosch_eval.device import pick_device
-from bosch_eval.model_check import IGNORE_FLAG, IGNORE_METADATA, check_length, model_config
+from bosch_eval.model_check import IGNORE_FLAG, IGNORE_METADATA, check_length, model_config, resolve_model
 from bosch_eval.model_defaults import model_defaults
 from bosch_eval.prefix_cache import DEFAULT_BUDGET_MB as DEFAULT_PREFIX_CACHE_MB
 from bosch_eval.search.cost import estimate_calls
@@ -50,7 +50,6 @@ from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, Sea
 from bosch_eval.search.stage2 import DEFAULT_BUCKETS
 from bosch_eval.search.stages import QUOTAS, ScoreBook
 from bosch_eval.tasks.niah.haystack import TemplateTooLong
-from bosch_eval.toy import resolve_model
 
 DEFAULT_CALIB_TASK = "bosch_niah_calib"
 DEFAULT_CALIB_LEN = 32768  # bosch_niah_calib's own default (tasks/niah/calibration.py)

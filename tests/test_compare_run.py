@@ -131,7 +131,7 @@ def test_resume_evaluates_again_a_run_whose_inputs_changed(tmp_path, caplog):
     import shutil
 
     from bosch_eval.masks import HeadMask
-    from bosch_eval.toy import resolve_model
+    from bosch_eval.model_check import resolve_model
 
     mask, model, out = tmp_path / "mask.json", tmp_path / "model", tmp_path / "cmp"
     shutil.copy(MASK, mask)

@@ -197,7 +197,7 @@ def test_ruler_documents_do_not_depend_on_the_global_random_state():
     import random
 
     from bosch_eval.search.objective import _task_manager, load_task
-    from bosch_eval.toy import resolve_model
+    from bosch_eval.model_check import resolve_model
 
     path = resolve_model("toy")
     manager = _task_manager(["niah_single_1"], None, {"pretrained": path, "tokenizer": path, "max_seq_lengths": [512]})

@@ -20,7 +20,7 @@ from bosch_eval.export import ExportError, export_transformers, serving_json, sl
 from bosch_eval.hybrid_attention import hybridize
 from bosch_eval.masks import HeadMask, ModelShape
 from bosch_eval.random_model import FAMILIES, save_random_checkpoint, train_tokenizer
-from bosch_eval.toy import resolve_model
+from bosch_eval.model_check import resolve_model
 
 FIXTURE_TASKS = Path(__file__).parent / "fixtures" / "tasks"
 WINDOW = 4

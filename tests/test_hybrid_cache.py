@@ -12,7 +12,7 @@ from bosch_eval.hybrid_cache import HybridCache, HybridHeadLayer, kv_cache_bytes
 from bosch_eval.kv_quant.formula import kv_cache_bytes_formula
 from bosch_eval.masks import HeadMask, ModelShape
 from bosch_eval.random_model import random_model
-from bosch_eval.toy import model_path
+from bosch_eval.model_check import model_path
 from tests.conftest import left_padded_batch
 
 WINDOW = 8

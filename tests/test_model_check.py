@@ -12,8 +12,7 @@ import pytest
 
 from bosch_eval.cli import main
 from bosch_eval.masks import HeadMask, MaskError, ModelShape
-from bosch_eval.model_check import ModelError, check_length, check_model_exists, max_positions, model_config
-from bosch_eval.toy import model_path, resolve_model
+from bosch_eval.model_check import ModelError, check_length, check_model_exists, max_positions, model_config, model_path, resolve_model
 
 
 class TestExistence:

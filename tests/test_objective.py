@@ -279,7 +279,7 @@ class TestOnTheTrainedToyModel:
         return build_objective("toy", calib_examples=16, batch_size=4)
 
     def test_masks_score_differently_and_as_a_fresh_simple_evaluate(self, toy):
-        from bosch_eval.toy import resolve_model
+        from bosch_eval.model_check import resolve_model
 
         assert toy.higher_is_better is True and toy.metric == "acc"
         shape = toy.shape

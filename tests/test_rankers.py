@@ -452,10 +452,10 @@ class TestRankCommand:
             rank(["--method", "dcam", "--model", str(model_with_defaults), "--calib-len", "1024", "--out", out])
 
     def test_toy_resolves_to_the_bundled_checkpoint(self, tmp_path: Path) -> None:
-        with mock.patch.dict("bosch_eval.toy.BUNDLED_MODELS", toy=tmp_path), pytest.raises(MaskError, match="model 'toy': .*missing"):
+        with mock.patch.dict("bosch_eval.model_check.BUNDLED_MODELS", toy=tmp_path), pytest.raises(MaskError, match="model 'toy': .*missing"):
             resolve_model("toy")
         (tmp_path / "model.safetensors").write_bytes(b"")
-        with mock.patch.dict("bosch_eval.toy.BUNDLED_MODELS", toy=tmp_path):
+        with mock.patch.dict("bosch_eval.model_check.BUNDLED_MODELS", toy=tmp_path):
             assert resolve_model("toy") == str(tmp_path)
         (tmp_path / "config.json").write_text("{}")
         assert resolve_model(str(tmp_path)) == str(tmp_path)  # an existing checkpoint directory, as given

@@ -43,8 +43,7 @@ def _versions() -> dict[str, str]:
 
 
 def _head_dim(model: str) -> int:
-    from bosch_eval.model_check import model_config
-    from bosch_eval.toy import resolve_model
+    from bosch_eval.model_check import model_config, resolve_model
 
     config = model_config(resolve_model(model))
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

@@ -71,7 +71,7 @@ def plan_runs(spec: CompareSpec) -> list[PlannedRun]:
     from transformers import AutoConfig
 
     from bosch_eval.model_defaults import model_defaults
-    from bosch_eval.toy import resolve_model
+    from bosch_eval.model_check import resolve_model
 
     path = resolve_model(spec.model)
     shape = ModelShape.from_config(AutoConfig.from_pretrained(path))
@@ -141,7 +141,7 @@ def _load_model(spec: CompareSpec, load_args: dict[str, str]) -> Any:
 
     from bosch_eval.model_adapters.bosch import BoschLM
     from bosch_eval.model_defaults import model_defaults
-    from bosch_eval.toy import resolve_model
+    from bosch_eval.model_check import resolve_model
 
     path = resolve_model(spec.model)
     shape = ModelShape.from_config(AutoConfig.from_pretrained(path))
@@ -202,7 +202,7 @@ def run_compare(spec: CompareSpec, out: str | Path, resume: bool = False, progre
     from lm_eval.loggers import EvaluationTracker
     from tqdm import tqdm
 
-    from bosch_eval.toy import resolve_model
+    from bosch_eval.model_check import resolve_model
 
     out = Path(out)
     plan = plan_runs(spec)

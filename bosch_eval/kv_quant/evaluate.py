@@ -28,7 +28,7 @@ from lm_eval.tasks import TaskManager
 from bosch_eval.model_defaults import model_defaults
 from bosch_eval.search.objective import DEFAULT_CALIB_EXAMPLES
 from bosch_eval.tasks import TASKS_DIR
-from bosch_eval.toy import resolve_model
+from bosch_eval.model_check import resolve_model
 from bosch_eval.toy.evaluate import RULER_LENGTHS, ruler_indices
 
 

@@ -105,7 +105,7 @@ def load_model(settings: TrainSettings, device: torch.device) -> tuple[Any, Any,
     from bosch_eval.masks import ModelShape
     from bosch_eval.model_defaults import model_defaults
     from bosch_eval.rope_scaling import scaled_config
-    from bosch_eval.toy import resolve_model
+    from bosch_eval.model_check import resolve_model
 
     path = resolve_model(settings.model)
     extra: dict[str, Any] = {}
@@ -270,7 +270,7 @@ def _save_state(accelerator: Any, out: Path, step: int, keep: int) -> None:
 def _export(accelerator: Any, model: Any, tokenizer: Any, path: Path, settings: TrainSettings, progress: Progress) -> None:
     """A hybrid checkpoint (mask in ``config.json``), tokenizer, model defaults and ``training.json``."""
     from bosch_eval.model_defaults import DEFAULTS_FILE
-    from bosch_eval.toy import resolve_model
+    from bosch_eval.model_check import resolve_model
 
     state_dict = accelerator.get_state_dict(model)  # gathers FSDP shards; every process must call it
     if accelerator.is_main_process:
