@@ -7,8 +7,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from bosch_eval.layer_heuristics import layer_heuristic_mask
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape, check_ratio, check_sinks, check_window
-from bosch_eval.search.layer_heuristics import layer_heuristic_mask
 
 log = logging.getLogger("bosch_eval")
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bosch_eval.layer_heuristics import layer_heuristic_mask
 from bosch_eval.masks import HeadMask, HeadRanking, ModelShape, ceil_count
-from bosch_eval.search.layer_heuristics import layer_heuristic_mask
 
 LAYER_HEURISTICS = ("intr", "bme", "rand")
 SOLVABLE = 0.8
