@@ -43,7 +43,7 @@ def loader_parameters(adapter: bool = True) -> set[str]:
     """Every argument name the ``bosch`` adapter's loader takes (``adapter=False``: HFLM's alone)."""
     from lm_eval.models.huggingface import HFLM
 
-    from bosch_eval.model_adapters.bosch import BoschLM
+    from bosch_eval.model_adapters.bosch import BoschLM  # lazy: torch and lm-eval load only when asked
 
     names = set()
     for cls in (BoschLM, HFLM) if adapter else (HFLM,):

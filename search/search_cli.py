@@ -32,7 +32,7 @@ from typing import Any
 from accelerate import PartialState
 from accelerate.utils import broadcast_object_list
 
-from bosch_eval.loader_args import parse_model_args
+from bosch_eval.model_adapters.loader_args import parse_model_args
 from bosch_eval.masks import HeadMask, MaskError, ModelShape
 from bosch_eval.device import pick_device
 from bosch_eval.model_check import IGNORE_FLAG, IGNORE_METADATA, check_length, model_config, resolve_model

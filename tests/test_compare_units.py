@@ -211,7 +211,7 @@ def test_ruler_documents_do_not_depend_on_the_global_random_state():
 
 
 class TestEntryKeys:
-    """One set of keys: the adapter's own (bosch_eval.loader_args.loader_parameters)."""
+    """One set of keys: the adapter's own (bosch_eval.model_adapters.loader_args.loader_parameters)."""
 
     @pytest.mark.parametrize(("text", "key"), [("x=mask=m.json,kv_bit=4", "kv_bit"), ("x=foo=1", "foo")])
     def test_a_key_the_adapter_does_not_take_is_refused(self, text, key):
@@ -219,7 +219,7 @@ class TestEntryKeys:
             parse_entry(text)
 
     def test_every_adapter_key_is_accepted(self):
-        from bosch_eval.loader_args import loader_parameters
+        from bosch_eval.model_adapters.loader_args import loader_parameters
 
         for key in sorted(loader_parameters() - {"pretrained", "mask", "ranking", "layers", "ratio", "seed"}):
             assert parse_entry(f"x={key}=1").load_args.keys() <= {key}

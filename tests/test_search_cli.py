@@ -199,7 +199,7 @@ def test_model_args_reach_the_loader_and_pin_the_journal(finished: tuple[Path, P
 
 
 def test_model_args_are_typed_as_lm_eval_types_them() -> None:
-    from bosch_eval.loader_args import parse_model_args
+    from bosch_eval.model_adapters.loader_args import parse_model_args
 
     assert parse_model_args("parallelize=True,revision=v2,max_batch_size=8") == {"parallelize": True, "revision": "v2", "max_batch_size": 8}
     assert parse_model_args(None) == {}

@@ -80,7 +80,7 @@ def check_keys(args: dict[str, str], where: str, sources: bool = True) -> None:
     """Refuse a key the ``bosch`` adapter does not take (``kv_bit=4``, ``foo=1``) before
     anything loads, instead of a TypeError from transformers at model load.
 
-    The keys are the adapter's own (:func:`bosch_eval.loader_args.loader_parameters`, read
+    The keys are the adapter's own (:func:`bosch_eval.model_adapters.loader_args.loader_parameters`, read
     from its signature and HFLM's), so a key added to the adapter is accepted here without
     a second list. ``sources=False`` (the leaderboard's ``model_args``): the mask-source keys
     are each entry's, not shared.
@@ -88,7 +88,7 @@ def check_keys(args: dict[str, str], where: str, sources: bool = True) -> None:
     Raises:
         EntryError: naming ``where``, the key and the keys expected.
     """
-    from bosch_eval.loader_args import loader_parameters
+    from bosch_eval.model_adapters.loader_args import loader_parameters
 
     known = loader_parameters() - {"pretrained"} - (set() if sources else set(SOURCE_KEYS))
     for key in args:
