@@ -20,6 +20,7 @@ from typing import Any
 
 from bosch_eval.masks import MaskError
 from bosch_eval.search.rankers import METHOD_NAMES
+from bosch_eval.tasks.niah.calibration_sets import CALIBRATION_SETS, DEFAULT_CALIBRATION
 
 # Method settings on the command line: flag destination -> (method, option name).
 _METHOD_OPTIONS = {
@@ -57,6 +58,10 @@ def add_rank_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="allow a --calib-len past the config's max_position_embeddings (a config that understates the context)",
     )
     parser.add_argument("--seed", type=int, default=0, help="calibration seed (Razor: probe seed); default 0")
+    parser.add_argument(
+        "--calib-task", default=DEFAULT_CALIBRATION, choices=sorted(CALIBRATION_SETS),
+        help=f"the calibration set the method reads (not Razor); default {DEFAULT_CALIBRATION}",
+    )
     parser.add_argument("--block-size", type=int, default=64, help="query rows per streamed attention block")
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when torch sees a GPU, else cpu)")
     parser.add_argument(
@@ -146,6 +151,7 @@ def rank_main(args: argparse.Namespace) -> None:
             calib_examples=args.calib_examples,
             calib_len=calib_len,
             calib_seed=args.seed,
+            calib_task=args.calib_task,
             block_size=args.block_size,
             device=device,
             dtype=getattr(torch, args.compute_dtype),

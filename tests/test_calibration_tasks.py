@@ -155,3 +155,14 @@ class TestTiebreak:
         acc, score = plain(full), tie(full)
         weight = tiebreak.tiebreak_weight(4)
         assert (1 - weight) * acc <= score <= (1 - weight) * acc + weight
+
+
+def test_the_calibration_set_registry_names_each_modules_task():
+    import importlib
+
+    from bosch_eval.tasks.niah.calibration_sets import CALIBRATION_SETS, calibration_examples
+
+    for task, module in CALIBRATION_SETS.items():
+        assert importlib.import_module(f"bosch_eval.tasks.niah.{module}").TASK == task
+    with pytest.raises(ValueError, match=r"calibration task 'bosch_niah': expected one of \['bosch_niah_calib', 'bosch_retrieval_calib'\]"):
+        calibration_examples("bosch_niah", None, 1024, 1, 0)

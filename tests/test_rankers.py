@@ -428,6 +428,17 @@ class TestRankCommand:
         assert ranking.window == 4 and ranking.provenance["calib_seed"] == 2
         assert ranking.provenance["settings"] == {"block": 16, "gamma": 0.5, "proxy_heads": [1, 3]}
 
+    def test_the_calibration_set_is_chosen_and_recorded(self, model_with_defaults: Path, tmp_path: Path) -> None:
+        scores = {}
+        for task in ("bosch_niah_calib", "bosch_retrieval_calib"):
+            out = tmp_path / f"{task}.json"
+            rank(["--method", "dcam", "--model", str(model_with_defaults), "--calib-examples", "1", "--calib-task", task,
+                  "--out", str(out)])  # fmt: skip
+            ranking = HeadRanking.load(out)
+            assert ranking.provenance["calib_task"] == task
+            scores[task] = ranking.scores
+        assert scores["bosch_niah_calib"] != scores["bosch_retrieval_calib"]  # other texts, other statistics
+
     def test_model_args_load_through_lm_eval_with_the_same_result(self, model_with_defaults: Path, tmp_path: Path) -> None:
         common = ["--method", "dcam", "--model", str(model_with_defaults), "--calib-examples", "1"]
         rank([*common, "--out", str(tmp_path / "plain.json")])

@@ -15,19 +15,19 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from bosch_eval.search.rankers.blocks import AttentionBlock
+from bosch_eval.tasks.niah.calibration_sets import DEFAULT_CALIBRATION, calibration_examples
 
 
 def calibration_ids(
-    tokenizer: PreTrainedTokenizerBase, length: int, num_examples: int, seed: int
+    tokenizer: PreTrainedTokenizerBase, length: int, num_examples: int, seed: int, task: str = DEFAULT_CALIBRATION
 ) -> list[torch.Tensor]:
-    """Token ids of the ``bosch_niah_calib`` examples (paper B.4), one ``[T]`` tensor each.
+    """Token ids of a calibration set's examples (``bosch_niah_calib`` by default, paper B.4),
+    one ``[T]`` tensor each.
 
     Each text is ``input + " " + target`` encoded as lm-eval encodes a prompt (no special
     tokens), so the answer tokens are the last ones and ``T ≤ length``.
     """
-    from bosch_eval.tasks.niah.calibration import examples
-
-    docs = examples(tokenizer, seq_len=length, num_examples=num_examples, seed=seed)
+    docs = calibration_examples(task, tokenizer, length, num_examples, seed)
     return [
         torch.tensor(tokenizer(f"{doc['input']} {doc['target']}", add_special_tokens=False)["input_ids"])
         for doc in docs
@@ -48,7 +48,7 @@ class Ranker(ABC):
     name: ClassVar[str]
     more_local: ClassVar[str]
     needs_grad: ClassVar[bool] = False
-    inputs: ClassVar[str] = "bosch_niah_calib examples (input + ' ' + target)"
+    inputs: ClassVar[str] = "calibration examples (input + ' ' + target)"
 
     def __init__(self, num_layers: int, num_heads: int, window: int) -> None:
         self.num_layers = num_layers
@@ -56,10 +56,11 @@ class Ranker(ABC):
         self.window = window
 
     def sequences(
-        self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, num: int, length: int, seed: int
+        self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, num: int, length: int, seed: int,
+        task: str = DEFAULT_CALIBRATION,
     ) -> list[torch.Tensor]:
-        """The inputs the method reads: by default the calibration examples."""
-        return calibration_ids(tokenizer, length, num, seed)
+        """The inputs the method reads: by default the examples of calibration set ``task``."""
+        return calibration_ids(tokenizer, length, num, seed, task)
 
     def first_row(self, length: int) -> int:
         """The first query row the method reads in a sequence of ``length`` tokens."""

@@ -27,6 +27,7 @@ from bosch_eval.search.rankers.apl import APL
 from bosch_eval.search.rankers.base import Ranker
 from bosch_eval.search.rankers.blocks import query_blocks
 from bosch_eval.search.rankers.capture import capture_attention
+from bosch_eval.tasks.niah.calibration_sets import DEFAULT_CALIBRATION
 from bosch_eval.search.rankers.mass import DCAM, Fisher
 from bosch_eval.search.rankers.proxy import Proxy
 from bosch_eval.search.rankers.qada import QAdA
@@ -127,6 +128,7 @@ def compute_ranking(
     calib_examples: int,
     calib_len: int,
     calib_seed: int = 0,
+    calib_task: str = DEFAULT_CALIBRATION,
     block_size: int = DEFAULT_BLOCK_SIZE,
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
@@ -144,6 +146,7 @@ def compute_ranking(
         calib_examples: number of calibration examples (Razor: probes).
         calib_len: tokens per calibration example (Razor: probe length 4·⌊T/4⌋).
         calib_seed: seed of the calibration examples (Razor: of the probes).
+        calib_task: the calibration set whose examples the method reads (not Razor).
         block_size: query rows per streamed block, Bq.
         device: where to run; the model is moved there (default: where it is).
         dtype: precision of the attention blocks (accumulators are float64).
@@ -166,7 +169,7 @@ def compute_ranking(
     started = time.perf_counter()
     try:
         vocab_size = model.get_input_embeddings().num_embeddings
-        sequences = ranker.sequences(tokenizer, vocab_size, calib_examples, calib_len, calib_seed)
+        sequences = ranker.sequences(tokenizer, vocab_size, calib_examples, calib_len, calib_seed, calib_task)
         head_scores = run_ranker(ranker, model, sequences, block_size, dtype)
     finally:
         model.train(was_training)
@@ -178,6 +181,7 @@ def compute_ranking(
         "calib_examples": calib_examples,
         "calib_len": calib_len,
         "calib_seed": calib_seed,
+        "calib_task": calib_task,
         "inputs": ranker.inputs,
         "sequence_lengths": sorted({int(ids.shape[0]) for ids in sequences}),
         "settings": ranker.settings(),

@@ -35,6 +35,7 @@ from transformers import PreTrainedTokenizerBase
 from bosch_eval.masks import MaskError
 from bosch_eval.search.rankers.base import Ranker
 from bosch_eval.search.rankers.blocks import AttentionBlock
+from bosch_eval.tasks.niah.calibration_sets import DEFAULT_CALIBRATION
 
 
 def repeated_probes(
@@ -64,8 +65,10 @@ class Razor(Ranker):
         self.rows = torch.zeros(num_layers, dtype=torch.float64)
 
     def sequences(
-        self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, num: int, length: int, seed: int
+        self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, num: int, length: int, seed: int,
+        task: str = DEFAULT_CALIBRATION,
     ) -> list[torch.Tensor]:
+        """Repeated random probes: Razor reads no calibration set, so ``task`` is not used."""
         if length < 8:
             raise MaskError(f"razor: the probe needs a calibration length of at least 8 tokens, got {length}")
         self.period = length // 4
