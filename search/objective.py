@@ -52,39 +52,45 @@ unweighted mean over its children (recursively), and for a tag, over its tasks.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import importlib.metadata
-import logging
 import math
 import os
-import random
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-
+from bosch_eval.lm_eval_session import (
+    FEWSHOT_SEED,
+    LmEvalError,
+    global_rng_kept,
+    load_task,
+    merge_task_dicts,
+    metric_direction,
+    metric_value,
+    no_context_bars,
+    quiet,
+    task_manager,
+    templates_compiled_once,
+)
 from bosch_eval.masks import HeadMask, ModelShape
+from bosch_eval.model_check import bundled_alias, resolve_model
 from bosch_eval.model_defaults import model_defaults
 from bosch_eval.search.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound, Racer, Tally
-from bosch_eval.model_check import bundled_alias, resolve_model
 
 if TYPE_CHECKING:
     from lm_eval.api.group import Group
-    from lm_eval.tasks import TaskDict, TaskManager
+    from lm_eval.tasks import TaskDict
 
     from bosch_eval.model_adapters.bosch import BoschLM
 
 DEFAULT_TASKS = ("bosch_niah_calib",)
 DEFAULT_CALIB_EXAMPLES = 64
-FEWSHOT_SEED = 1234  # simple_evaluate's default fewshot_random_seed (lm_eval.defaults)
 EVALUATE_PATH = "lm_eval.evaluator.evaluate"
 
 
-class ObjectiveError(ValueError):
-    """A calibration task, metric or result that cannot give S(z)."""
+# A calibration task, metric or result that cannot give S(z): the lm-eval session's error,
+# under the name the search's callers catch.
+ObjectiveError = LmEvalError
 
 
 class CalibrationObjective:
@@ -136,13 +142,13 @@ class CalibrationObjective:
         self._racer_memo: Racer | None = None
         lm.memoize_tokens = True
         lm.progress_bars = False  # the search's own bar counts calls; lm-eval's would print per call
-        self._task_manager = _task_manager(self.tasks, self.include_path, self.metadata)
+        self._task_manager = task_manager(self.tasks, self.include_path, self.metadata)
         self._loaded = {name: load_task(self._task_manager, name) for name in self.tasks}
-        self.task_dict: TaskDict = _merge(self._loaded.values())
+        self.task_dict: TaskDict = merge_task_dicts(self._loaded.values())
         for task in self.task_dict["tasks"].values():
             if task.get_config("num_fewshot") is None:
                 task.set_config(key="num_fewshot", value=0)  # as simple_evaluate does
-        self.higher_is_better = _metric_direction(self.task_dict["tasks"], metric)
+        self.higher_is_better = metric_direction(self.task_dict["tasks"], metric)
         self._racing_problem = self._why_not_raceable()  # the tasks are fixed from here on
 
     @property
@@ -347,7 +353,7 @@ class CalibrationObjective:
         """lm-eval's ``evaluate`` of the current mask (results on rank 0, None elsewhere)."""
         from lm_eval.evaluator import evaluate
 
-        with _global_rng_kept(), _quiet("lm_eval"), _no_context_bars(), _templates_compiled_once():
+        with global_rng_kept(), quiet("lm_eval"), no_context_bars(), templates_compiled_once():
             for task in task_dict["tasks"].values():
                 task.set_fewshot_seed(seed=FEWSHOT_SEED)
             return evaluate(
@@ -389,7 +395,7 @@ class CalibrationObjective:
         return math.fsum(values) / len(values)
 
     def _name_score(self, name: str, results: Mapping[str, Mapping[str, Any]], loaded: TaskDict) -> float:
-        value = _metric_value(results.get(name, {}), self.metric)
+        value = metric_value(results.get(name, {}), self.metric)
         if value is not None:
             return value
         groups = loaded.get("groups", {})
@@ -402,14 +408,14 @@ class CalibrationObjective:
     def _group_mean(self, group: Group, results: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Group]) -> float:
         values = []
         for child in group.child_names:
-            value = _metric_value(results.get(child, {}), self.metric)
+            value = metric_value(results.get(child, {}), self.metric)
             if value is None and child in groups:
                 value = self._group_mean(groups[child], results, groups)
             values.append(self._leaf(child, results) if value is None else value)
         return _mean(values)
 
     def _leaf(self, name: str, results: Mapping[str, Mapping[str, Any]]) -> float:
-        value = _metric_value(results.get(name, {}), self.metric)
+        value = metric_value(results.get(name, {}), self.metric)
         if value is None:
             reported = sorted(k for k in results.get(name, {}) if "," in k and "_stderr" not in k)
             raise ObjectiveError(
@@ -538,96 +544,6 @@ def launch_state(device: str = "cpu") -> Any:
 
 
 # -- helpers ------------------------------------------------------------------------------
-def _task_manager(tasks: Sequence[str], include_path: str | None, metadata: Mapping[str, Any]) -> TaskManager:
-    """A TaskManager that knows ``tasks``; lm-eval's own ~11 s index only when needed."""
-    from lm_eval.tasks import TaskManager
-
-    from bosch_eval.tasks import TASKS_DIR
-
-    paths = [str(TASKS_DIR)] + ([include_path] if include_path else [])
-    light = TaskManager(include_path=paths, include_defaults=False, metadata=dict(metadata))
-    if all(name in light.all_tasks or Path(name).is_file() for name in tasks):
-        return light
-    manager = TaskManager(include_path=paths, metadata=dict(metadata))
-    unknown = [name for name in tasks if name not in manager.all_tasks and not Path(name).is_file()]
-    if unknown:
-        where = f" or in {include_path}" if include_path else " (add --include-path for your own)"
-        raise ObjectiveError(f"tasks: {unknown} are not lm-eval tasks, groups or tags{where}")
-    return manager
-
-
-def load_task(manager: TaskManager, name: str) -> TaskDict:
-    """``manager.load([name])`` with the global generators seeded as ``simple_evaluate`` seeds them.
-
-    lm-eval's RULER tasks draw their needles from Python's global ``random`` while they build
-    their documents: built without a seed, every process scores other documents (a resumed
-    search, a comparison resumed with more entries, two leaderboards of one YAML). Seeded per
-    task name, a task's documents do not depend on which tasks are built before it. The
-    caller's generator state is restored afterwards.
-    """
-    from lm_eval.defaults import DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED
-
-    with _global_rng_kept():
-        random.seed(DEFAULT_RANDOM_SEED)
-        np.random.seed(DEFAULT_OTHER_SEED)
-        torch.manual_seed(DEFAULT_OTHER_SEED)
-        return manager.load([name])
-
-
-def _merge(loaded: Iterable[TaskDict]) -> TaskDict:
-    tasks: dict[str, Any] = {}
-    groups: dict[str, Any] = {}
-    group_map: dict[str, list[str]] = {}
-    for part in loaded:
-        tasks.update(part["tasks"])
-        groups.update(part.get("groups", {}))
-        group_map.update(part.get("group_map", {}))
-    return {"tasks": tasks, "groups": groups, "group_map": group_map}
-
-
-def _metric_direction(tasks: Mapping[str, Any], metric: str) -> bool:
-    """lm-eval's ``higher_is_better`` of ``metric`` (``name`` or ``name,filter``), the same in every task.
-
-    A task's ``higher_is_better()`` holds its ``metric_list`` entry's value, or lm-eval's
-    registry default for a metric it knows; a metric with neither cannot be optimized.
-    """
-    name = metric.split(",")[0]
-    directions: dict[str, bool] = {}
-    for task_name, task in tasks.items():
-        declared = task.higher_is_better() or {}
-        if name not in declared:
-            raise ObjectiveError(
-                f"metric: task {task_name!r} computes no {name!r} (its metrics: {sorted(declared)}); "
-                "pass --calib-metric with one of those"
-            )
-        direction = declared[name]
-        if not isinstance(direction, bool):
-            raise ObjectiveError(
-                f"metric: {name!r} of task {task_name!r} declares no higher_is_better (got {direction!r}), so the search "
-                "cannot tell whether to raise or lower it; set 'higher_is_better' in the task's metric_list entry"
-            )
-        directions[task_name] = direction
-    if len(set(directions.values())) > 1:
-        raise ObjectiveError(f"metric: {name!r} is higher-is-better in some calibration tasks and not in others: {directions}")
-    return next(iter(directions.values()))
-
-
-def _metric_value(row: Mapping[str, Any], metric: str) -> float | None:
-    """``row[metric]`` for ``name,filter``; for a bare name, its only filter's value."""
-    if "," in metric:
-        value = row.get(metric)
-    elif f"{metric},none" in row:
-        value = row[f"{metric},none"]
-    else:
-        keys = [key for key in row if key.split(",")[0] == metric]
-        if len(keys) > 1:
-            raise ObjectiveError(f"metric: {metric!r} is reported under several filters {sorted(keys)}; name one")
-        value = row[keys[0]] if keys else None
-    if value is None or isinstance(value, str):
-        return None
-    return float(value)
-
-
 def _portable(value: Any) -> Any:
     """A bundled toy model's directory as its alias: a journal written in one checkout then
     resumes in another (the directory differs, the model does not)."""
@@ -646,64 +562,3 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     return str(value)
-
-
-@contextlib.contextmanager
-def _global_rng_kept() -> Iterator[None]:
-    """Restore Python's, numpy's and torch's global generators afterwards: the search draws
-    from its own generators, and a task that seeds or draws must not change them."""
-    python, numpy_state, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    try:
-        yield
-    finally:
-        random.setstate(python)
-        np.random.set_state(numpy_state)
-        torch.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
-
-
-@contextlib.contextmanager
-def _no_context_bars() -> Iterator[None]:
-    """No "building contexts" bar per task and call: lm-eval 0.4.13 draws one in
-    ``Task.build_all_requests`` with no switch to turn it off, and thousands of them would
-    tangle with the search's stage bar. The module's ``tqdm`` is swapped for a disabled
-    one during the call and restored after it."""
-    import lm_eval.api.task as task_module
-
-    bar = task_module.tqdm
-    task_module.tqdm = functools.partial(bar, disable=True)
-    try:
-        yield
-    finally:
-        task_module.tqdm = bar
-
-
-@contextlib.contextmanager
-def _templates_compiled_once() -> Iterator[None]:
-    """lm-eval 0.4.13 compiles a task's Jinja templates (``doc_to_text``, ``doc_to_target``)
-    again for every document of every call (``utils.apply_template``: ``env.from_string``),
-    ~2 ms each, 8% of a toy-model call. During the call, each template string is compiled
-    once, in lm-eval's own environment, and rendered as lm-eval renders it."""
-    import lm_eval.utils as utils
-
-    apply = utils.apply_template
-    compiled = functools.lru_cache(maxsize=256)(utils.env.from_string)
-    utils.apply_template = lambda template, doc: compiled(template).render(**doc)
-    try:
-        yield
-    finally:
-        utils.apply_template = apply
-
-
-@contextlib.contextmanager
-def _quiet(logger_name: str) -> Iterator[None]:
-    """lm-eval logs a few INFO lines per evaluation; thousands of calls would bury the search's log."""
-    logger = logging.getLogger(logger_name)
-    level = logger.level
-    logger.setLevel(max(level, logging.WARNING))
-    try:
-        yield
-    finally:
-        logger.setLevel(level)

@@ -196,11 +196,11 @@ def test_ruler_documents_do_not_depend_on_the_global_random_state():
     # unseeded, a comparison resumed in another process scored other documents than its first part.
     import random
 
-    from bosch_eval.search.objective import _task_manager, load_task
+    from bosch_eval.lm_eval_session import load_task, task_manager
     from bosch_eval.model_check import resolve_model
 
     path = resolve_model("toy")
-    manager = _task_manager(["niah_single_1"], None, {"pretrained": path, "tokenizer": path, "max_seq_lengths": [512]})
+    manager = task_manager(["niah_single_1"], None, {"pretrained": path, "tokenizer": path, "max_seq_lengths": [512]})
     documents = []
     for seed in (1, 2):
         random.seed(seed)

@@ -171,13 +171,13 @@ def resolve_entry_mask(args: dict[str, str], shape: ModelShape, default_window: 
 
 def _build_tasks(spec: CompareSpec, path: str) -> tuple[Any, dict[str, list[Any]], dict[str, dict[str, Any]]]:
     """The TaskManager, each task name's objects and its leaf Tasks (built once)."""
-    from bosch_eval.search.objective import ObjectiveError, _task_manager, load_task
+    from bosch_eval.lm_eval_session import LmEvalError, load_task, task_manager
 
     # Synthetic tasks (RULER, bosch_niah*) size their documents with the model's tokenizer.
     metadata = {"pretrained": path, "tokenizer": path} | dict(spec.metadata)
     try:
-        manager = _task_manager(spec.tasks, spec.include_path, metadata)
-    except ObjectiveError as err:
+        manager = task_manager(spec.tasks, spec.include_path, metadata)
+    except LmEvalError as err:
         raise EntryError(str(err)) from None
     objects: dict[str, list[Any]] = {}
     leaves: dict[str, dict[str, Any]] = {}
