@@ -1,4 +1,5 @@
-"""Layer-level baselines (paper §3.4): whole layers become SWA, exactly ⌈ρL⌉ of them.
+"""Baseline masks. Layer level (paper §3.4): whole layers become SWA, exactly ⌈ρL⌉ of them;
+head level: :func:`random_masks`, ⌈ρ·L·G⌉ KV groups drawn at random.
 
 Each builder is ``(shape, ratio, seed) -> HeadMask``; a SWA layer has all its KV groups
 set to 0. With ``n_full = L − ⌈ρL⌉`` full-attention layers:
@@ -72,3 +73,13 @@ def layer_heuristic_mask(name: str, shape: ModelShape, ratio: float, seed: int =
     if name not in LAYER_HEURISTICS:
         raise MaskError(f"layers: unknown layer heuristic {name!r}, expected one of {sorted(LAYER_HEURISTICS)}")
     return LAYER_HEURISTICS[name](shape, ratio, seed)
+
+
+def random_masks(shape: ModelShape, ratio: float, seeds: range, window: int) -> list[HeadMask]:
+    """GQA-consistent random masks: ⌈ρ·L·G⌉ KV groups drawn uniformly per seed."""
+    groups = [(layer, group) for layer in range(shape.num_layers) for group in range(shape.num_kv_heads)]
+    count = ceil_count(ratio, len(groups))
+    return [
+        HeadMask.from_swa_groups(shape, set(random.Random(seed).sample(groups, count)), window=window, method=f"random:{seed}")
+        for seed in seeds
+    ]

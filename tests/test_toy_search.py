@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
+from bosch_eval.layer_heuristics import random_masks
 from bosch_eval.search.objective import build_objective
 from bosch_eval.search.pipeline import SearchSettings, run_search
-from bosch_eval.toy.evaluate import random_masks
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ set -euo pipefail
 step=${1:?usage: results/toy_l/commands.sh train|check|rank|search RATIO|compare}
 case $step in
   train)   examples/train_toy_l.sh ;;  # writes bosch_eval/toy/model_l
-  check)   python -m bosch_eval.toy.evaluate --model bosch_eval/toy/model_l --out results/toy_l/checks \
+  check)   python benchmarks/toy_model_checks.py --model bosch_eval/toy/model_l --out results/toy_l/checks \
              --random-ratios 0.5 0.75 ;;
   rank)    for method in dcam apl proxy qada razor fisher; do
              bosch-eval rank --method $method --model toy-l --out results/toy_l/rankings/$method.json

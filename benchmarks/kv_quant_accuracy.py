@@ -1,12 +1,12 @@
 """Accuracy of KV quantization on a model, next to the 16-bit cache and a BOSCH mask.
 
-    python -m bosch_eval.kv_quant.evaluate --model toy --mask results/toy_search/bosch-r0.75/mask.json \\
+    python benchmarks/kv_quant_accuracy.py --model toy --mask results/toy_search/bosch-r0.75/mask.json \\
         --kv-window 32 --out results/kv_quant
 
 Configurations: the original cache, LogQuant 2-bit, KiVi 2-bit (same full-precision
 budget), the BOSCH mask, and the BOSCH mask + LogQuant. Tasks: upstream ``niah_single_1``
 (generation) scored per length on the first N documents of each length (lm-eval's
-``--limit`` would keep only the first length's; ``bosch_eval.toy.evaluate`` does the same),
+``--limit`` would keep only the first length's; ``benchmarks/toy_model_checks.py`` does the same),
 and ``bosch_niah_calib`` (loglikelihood, the search's calibration set: in-sample for a
 searched mask).
 """
@@ -24,12 +24,12 @@ from typing import Any
 
 import lm_eval
 from lm_eval.tasks import TaskManager
+from toy_model_checks import RULER_LENGTHS, ruler_indices  # benchmarks/ is sys.path[0] when run as a script
 
 from bosch_eval.model_defaults import model_defaults
 from bosch_eval.search.objective import DEFAULT_CALIB_EXAMPLES
 from bosch_eval.tasks import TASKS_DIR
 from bosch_eval.model_check import resolve_model
-from bosch_eval.toy.evaluate import RULER_LENGTHS, ruler_indices
 
 
 def configurations(mask: str, bits: int, kv_window: int) -> list[tuple[str, str]]:
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
         rows[label] = {"model_args": model_args, **score(model, model_args, calib_len, args.ruler_samples)}
         print(label, rows[label], flush=True)
     report = {
-        "command": shlex.join([sys.executable, "-m", "bosch_eval.kv_quant.evaluate", *(sys.argv[1:] if argv is None else argv)]),
+        "command": shlex.join([sys.executable, "benchmarks/kv_quant_accuracy.py", *(sys.argv[1:] if argv is None else argv)]),
         "versions": {name: version(name) for name in ("bosch-eval", "lm_eval", "torch", "transformers")},
         "calib_len": calib_len,
         "rows": rows,

@@ -1,6 +1,6 @@
 """Measure what the toy model's card promises, with lm-eval, and write it down.
 
-    python -m bosch_eval.toy.evaluate --model bosch_eval/toy/model --out results/toy_model
+    python benchmarks/toy_model_checks.py --model bosch_eval/toy/model --out results/toy_model
 
 1. ``bosch_niah_calib`` (64 examples at the card's calibration length, scored by the
    search's objective): full attention, every KV group SWA, and 20 random masks at
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import shlex
 import sys
 import time
@@ -26,22 +25,13 @@ from typing import Any
 
 import lm_eval
 
-from bosch_eval.masks import HeadMask, ModelShape, ceil_count
+from bosch_eval.layer_heuristics import random_masks
+from bosch_eval.masks import HeadMask
 from bosch_eval.model_defaults import model_defaults
 from bosch_eval.search.objective import build_objective
 
 RULER_LENGTHS = (512, 1024)
 RULER_DOCS_PER_LENGTH = 500  # lm-eval's niah_utils generates this many per length
-
-
-def random_masks(shape: ModelShape, ratio: float, seeds: range, window: int) -> list[HeadMask]:
-    """GQA-consistent random masks: ⌈ρ·L·G⌉ KV groups drawn uniformly per seed."""
-    groups = [(layer, group) for layer in range(shape.num_layers) for group in range(shape.num_kv_heads)]
-    count = ceil_count(ratio, len(groups))
-    return [
-        HeadMask.from_swa_groups(shape, set(random.Random(seed).sample(groups, count)), window=window, method=f"random:{seed}")
-        for seed in seeds
-    ]
 
 
 def calibration_scores(model: str, calib_len: int, window: int, ratios: list[float], random_count: int) -> dict[str, Any]:
@@ -102,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
 
     started = time.time()
     report = {
-        "command": shlex.join([sys.executable, "-m", "bosch_eval.toy.evaluate", *(sys.argv[1:] if argv is None else argv)]),
+        "command": shlex.join([sys.executable, "benchmarks/toy_model_checks.py", *(sys.argv[1:] if argv is None else argv)]),
         "versions": {name: version(name) for name in ("bosch-eval", "lm_eval", "torch", "transformers")},
         "window": window,
         "calib_len": calib_len,
