@@ -37,6 +37,7 @@ def task_manager(tasks: Sequence[str], include_path: str | None, metadata: Mappi
     """A TaskManager that knows ``tasks``; lm-eval's own ~11 s index only when needed."""
     from lm_eval.tasks import TaskManager
 
+    # Only tasks/__init__.py runs (a Path constant): our task folder's location, data not code.
     from bosch_eval.tasks import TASKS_DIR
 
     paths = [str(TASKS_DIR)] + ([include_path] if include_path else [])
