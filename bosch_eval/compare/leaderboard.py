@@ -1,5 +1,5 @@
 """The leaderboard: per entry, score per task and group, SWA ratio, KV bytes, mean ± sd over
-seeds, paired 95% CI of the difference to the reference, and in-sample flags; written as
+seeds, paired 95% CI of the difference to the reference, in-sample and truncated flags; written as
 md/csv/json plus a Pareto plot (headline score vs KV bytes)."""
 
 from __future__ import annotations
@@ -19,6 +19,11 @@ from bosch_eval.compare.results import RunResults, doc_values, main_score, read_
 from bosch_eval.masks import HeadMask
 
 CI_METHOD = "paired percentile bootstrap over the same documents (stratified by length), 10000 resamples, seed 0"
+TRUNCATED_LEGEND = (
+    "*truncated*: some of the task's documents were longer than the model's max_length and were scored after "
+    "lm-eval's left truncation (allow_truncation=true; counts in the run's results, config.bosch_truncated): "
+    "not the task's score."
+)
 
 
 @dataclass
@@ -31,6 +36,7 @@ class Cell:
     ci: tuple[float, float, float] | None = None  # (difference, low, high) vs the reference
     n_docs: int | None = None
     in_sample: bool = False
+    truncated: bool = False  # some documents were scored after left truncation (allow_truncation)
 
 
 @dataclass
@@ -129,6 +135,7 @@ def build_rows(
         row = Row(entry.name, len(entry.runs), 0.0 if mask is None else mask.swa_ratio, kv)
         calib = calibration_tasks(mask)
         groups = {k: v for run in entry.runs for k, v in run.group_subtasks.items()}
+        truncated = {task for run in entry.runs for task in run.truncated}
         for name in entry.runs[0].results:
             scores = [main_score(run.results.get(name, {})) for run in entry.runs]
             if any(s is None for s in scores):
@@ -136,6 +143,7 @@ def build_rows(
             values = [s[1] for s in scores]
             cell = Cell(scores[0][0], statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None)
             cell.in_sample = bool(_members(name, groups) & calib)
+            cell.truncated = bool(_members(name, groups) & truncated)
             if ref is not None and entry is not ref and all(name in run.samples for run in entry.runs + ref.runs):
                 cell.ci, cell.n_docs = _ci(entry, ref, [name], cell.metric)
             row.cells[name] = cell
@@ -196,7 +204,12 @@ def _fmt(cell: Cell | None) -> str:
     text = f"{cell.mean:.3f}" + (f" ± {cell.sd:.3f}" if cell.sd is not None else "")
     if cell.ci is not None:
         text += f" ({cell.ci[0]:+.3f} [{cell.ci[1]:+.3f}, {cell.ci[2]:+.3f}])"
-    return text + (" *in-sample*" if cell.in_sample else "")
+    return text + (" *in-sample*" if cell.in_sample else "") + (" *truncated*" if cell.truncated else "")
+
+
+def headline_truncated(row: Row, names: list[str]) -> bool:
+    """Whether any of the headline's columns is a truncated cell of ``row``."""
+    return any(row.cells[n].truncated for n in names if n in row.cells)
 
 
 def main_columns(order: list[str], tasks: list[str]) -> list[str]:
@@ -221,7 +234,8 @@ def _table(rows: list[Row], columns: list[str], with_headline: list[str] | None)
                 cells += "– | "
             else:
                 ci = row.headline_ci
-                cells += f"{score:.3f}" + (f" ({ci[0]:+.3f} [{ci[1]:+.3f}, {ci[2]:+.3f}])" if ci else "") + " | "
+                cells += f"{score:.3f}" + (f" ({ci[0]:+.3f} [{ci[1]:+.3f}, {ci[2]:+.3f}])" if ci else "")
+                cells += (" *truncated*" if headline_truncated(row, with_headline) else "") + " | "
         lines.append(cells + " | ".join(_fmt(row.cells.get(n)) for n in columns) + " |")
     return lines
 
@@ -240,22 +254,23 @@ def write_leaderboard(rows: list[Row], order: list[str], out: Path, header: dict
         headline_text = f"Headline: mean over {held} (with the paired CI of its difference)."
     else:
         headline_text = "No headline and no Pareto plot: every task asked for is some entry's calibration task (in-sample), so no task is held out."
+    legend = [TRUNCATED_LEGEND, ""] if any(cell.truncated for row in rows for cell in row.cells.values()) else []
     lines = [f"$ {header['command']}", "", f"versions: {json.dumps(header['versions'])}", "",
              f"Cells: score ± sd over seeds (difference to `{header['reference']}` [95% CI], {CI_METHOD}). "
              f"*in-sample*: the entry's mask was searched on this task. KV bytes: relative to the original at T = {kv_t}. "
-             f"{headline_text}", "", *_table(rows, main, held or None)]  # fmt: skip
+             f"{headline_text}", "", *legend, *_table(rows, main, held or None)]  # fmt: skip
     if rest:
         lines += ["", "Subtasks and subgroups:", "", *_table(rows, rest, None)]
     (out / "leaderboard.md").write_text("\n".join(lines) + "\n")
     with open(out / "leaderboard.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["entry", "swa_ratio", "kv_bytes", "task", "metric", "mean", "sd", "diff", "ci_low", "ci_high", "n_docs", "in_sample"])
+        writer.writerow(["entry", "swa_ratio", "kv_bytes", "task", "metric", "mean", "sd", "diff", "ci_low", "ci_high", "n_docs", "in_sample", "truncated"])
         for row in rows:
             for name in order:
                 c = row.cells.get(name)
                 if c is not None:
                     ci = c.ci or (None, None, None)
-                    writer.writerow([row.entry, row.swa_ratio, row.kv_bytes, name, c.metric, c.mean, c.sd, *ci, c.n_docs, c.in_sample])
+                    writer.writerow([row.entry, row.swa_ratio, row.kv_bytes, name, c.metric, c.mean, c.sd, *ci, c.n_docs, c.in_sample, c.truncated])
     payload = {**header, "ci_method": CI_METHOD, "headline_columns": held, "rows": [asdict(r) for r in rows]}
     (out / "leaderboard.json").write_text(json.dumps(payload, indent=1) + "\n")
     if held:
@@ -272,7 +287,8 @@ def pareto_labels(rows: list[Row], held: list[str]) -> dict[tuple[float, float],
     for row in rows:
         score = headline(row, held)
         if row.kv_bytes is not None and score is not None:
-            labels.setdefault((round(row.kv_bytes, 4), round(score, 3)), []).append(row.entry)
+            name = row.entry + (" (truncated)" if headline_truncated(row, held) else "")
+            labels.setdefault((round(row.kv_bytes, 4), round(score, 3)), []).append(name)
     return {position: "\n".join(names) for position, names in labels.items()}
 
 
@@ -296,7 +312,8 @@ def plot_pareto(rows: list[Row], held: list[str], path: Path, kv_length: int | N
     front = sorted((x, y) for x, y, _ in points if not any(q[0] <= x and q[1] >= y and q[:2] != (x, y) for q in points))
     if front:
         ax.plot([p[0] for p in front], [p[1] for p in front], color="tab:red", lw=1, label="Pareto front")
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[1]:  # no points, or none with a CI and no front: nothing to list
+        ax.legend(fontsize=8)
     ax.set_xlabel(f"KV-cache bytes relative to the original (T = {kv_length})")
     ax.set_ylabel(f"headline score (mean over {len(held)} held-out task{'s' * (len(held) > 1)})")
     fig.tight_layout()

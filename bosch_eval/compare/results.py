@@ -5,6 +5,8 @@ lengths), the mean over its per-length metrics (upstream RULER reports only ``"5
 ``"1024"``, ...; ``-1`` marks a length with no documents), else ``acc``, else its first
 metric. Per-document values carry a stratum (the document's length for length-wise
 tasks), matching how the score averages them (see :mod:`bosch_eval.compare.paired_ci`).
+Tasks the ``bosch`` adapter scored after left truncation (``allow_truncation=true``) are
+read from each file's ``config.bosch_truncated``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ class RunResults:
     group_subtasks: dict[str, list[str]] = field(default_factory=dict)
     samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
+    # leaf task -> {"documents", "longest_input_tokens", "max_length"}: scored after left truncation
+    truncated: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def read_run(directory: str | Path) -> RunResults:
@@ -43,10 +47,22 @@ def read_run(directory: str | Path) -> RunResults:
         run.results.update(data.get("results", {}))
         run.group_subtasks.update(data.get("group_subtasks", {}))
         run.config = run.config or data.get("config", {})
+        run.truncated.update(_truncated_tasks(data))
     for path in sorted(directory.rglob("samples_*.jsonl")):
         task = path.name[len("samples_") :].rsplit("_", 1)[0]
         run.samples[task] = [_read_json(path, line) for line in path.read_text().splitlines() if line.strip()]
     return run
+
+
+def _truncated_tasks(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The file's own leaf tasks that ``config.bosch_truncated`` names.
+
+    An adapter reused across evaluations (``compare`` loads the model once) lists every task
+    it truncated so far, so an earlier evaluation's tasks are left to that evaluation's file.
+    """
+    truncated = (data.get("config") or {}).get("bosch_truncated") or {}
+    own = data.get("configs") or data.get("results") or {}
+    return {task: info for task, info in truncated.items() if task in own}
 
 
 def _read_json(path: Path, text: str | None = None) -> Any:
