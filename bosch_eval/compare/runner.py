@@ -30,6 +30,7 @@ from bosch_eval.compare.doc_selection import samples_for_limit
 from bosch_eval.compare.entries import Entry, EntryError
 from bosch_eval.compare.inputs import changed, model_identity, run_inputs
 from bosch_eval.compare.spec import CompareSpec
+from bosch_eval.device import AUTO, pick_device
 from bosch_eval.masks import HeadMask, MaskError, ModelShape
 from bosch_eval.outdir_lock import OutputLock
 
@@ -147,6 +148,7 @@ def _load_model(spec: CompareSpec, load_args: dict[str, str]) -> Any:
     shape = ModelShape.from_config(AutoConfig.from_pretrained(path))
     full = HeadMask.uniform(shape, full=True, window=model_defaults(path).window or 1, method="original")
     kwargs = simple_parse_args_string(",".join(f"{k}={v}" for k, v in {**spec.model_args, **load_args}.items()))
+    kwargs.setdefault("progress_bars", False)  # lm-eval's bar per request type; compare shows its own per task
     return BoschLM(pretrained=path, mask=full, **kwargs)
 
 
@@ -217,6 +219,10 @@ def run_compare(spec: CompareSpec, out: str | Path, resume: bool = False, progre
         groups: dict[tuple[tuple[str, str], ...], list[PlannedRun]] = {}
         for item in todo:
             groups.setdefault(tuple(sorted(item.entry.load_args.items())), []).append(item)
+        for key in groups:  # the one "no device given" line before the bar starts, not in the middle of it
+            device = {**spec.model_args, **dict(key)}.get("device")
+            if device in (None, AUTO):
+                pick_device(device)
         bar = tqdm(total=len(todo) * len(spec.tasks), disable=not progress, desc="compare", unit="task")
         done: list[str] = []
         for load_key, items in groups.items():
