@@ -48,16 +48,21 @@ def test_only_per_length_warnings_are_dropped(message, shown):
     assert logged(message) == ([message] if shown else [])
 
 
-def test_the_metadata_hint_is_dropped():
+HINT = ": Custom kwargs can be passed to `--metadata` in console (as json string) or to the TaskManager.\nFor example"
+
+
+def test_the_metadata_hint_is_dropped_for_ruler_and_our_tasks_only():
+    """The filter stays installed for the rest of the process: other tasks keep their hint."""
     quiet_per_length_warnings()
     logger, handler = logging.getLogger("lm_eval.api.task"), Collect()
     logger.addHandler(handler)
     try:
-        logger.warning("niah_single_1: Custom kwargs can be passed to `--metadata` in console (as json string) or to the TaskManager.\nFor example")
+        for task in ["niah_single_1", "ruler_vt", "bosch_niah_single_1", "babilong_qa1", "other_task"]:
+            logger.warning(task + HINT)
         logger.warning("niah_single_1: something else")
     finally:
         logger.removeHandler(handler)
-    assert handler.messages == ["niah_single_1: something else"]
+    assert handler.messages == ["babilong_qa1" + HINT, "other_task" + HINT, "niah_single_1: something else"]
 
 
 def test_the_adapter_installs_the_filter(tiny_model_dir):
