@@ -98,11 +98,6 @@ def main_score(row: dict[str, Any]) -> tuple[str, float] | None:
     return name, metrics[name]
 
 
-def length_scores(row: dict[str, Any]) -> dict[int, float]:
-    """Per-length metrics of a results row (RULER-style tasks), without the -1 placeholders."""
-    return {int(k): v for k, v in _metrics(row).items() if k.isdigit() and v != -1}
-
-
 def doc_values(samples: list[dict[str, Any]], metric: str) -> dict[tuple[Any, int], float]:
     """``(stratum, doc_id) → value`` of ``metric`` (as :func:`main_score` names it)."""
     values = {}
