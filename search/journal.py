@@ -202,7 +202,10 @@ class Journal:
                 raise JournalError(
                     f"{self.path}: mask {key}, {task} document {doc} is journaled with value {known[int(doc)]!r}, not {value!r}"
                 )
-        self._write(key, "values", {str(int(doc)): float(value) for doc, value in values.items()}, {"task": task}, check=False)
+        # In document order: the same record whatever order the values were scored or
+        # gathered in (N processes hand back a chunk's documents rank by rank).
+        in_order = sorted((int(doc), float(value)) for doc, value in values.items())
+        self._write(key, "values", {str(doc): value for doc, value in in_order}, {"task": task}, check=False)
 
     def _write(self, key: str, kind: str, value: Any, fields: Mapping[str, Any], check: bool = True) -> None:
         if not isinstance(key, str) or not key:

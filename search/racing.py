@@ -296,12 +296,17 @@ class Racer:
             return
         parts = max(1, -(-self.processes // len(missing)))
         items, owners = [], []
-        for tally, mask, key, task, indices in missing:
+        for number, (_, mask, _, task, indices) in enumerate(missing):
             pieces = min(parts, len(indices))
             items += [(mask, task, indices[start::pieces]) for start in range(pieces)]
-            owners += [(tally, key, task)] * pieces
+            owners += [number] * pieces
             self.examples_scored += len(indices)
-        for (tally, key, task), values in zip(owners, self.score_chunks(items), strict=True):
+        # A chunk split among processes is put back together before the memo sees it: one
+        # memo entry (one journal record) per chunk, as one process writes, whatever N is.
+        scored: list[dict[int, float]] = [{} for _ in missing]
+        for number, values in zip(owners, self.score_chunks(items), strict=True):
+            scored[number].update(values)
+        for (tally, _, key, task, _), values in zip(missing, scored, strict=True):
             tally.add(task, values, metric)  # checks the values before the memo (and the journal) keeps them
             self.memo.add(key, task, values)
 

@@ -335,6 +335,12 @@ class TestExampleValues:
         with pytest.raises(JournalError, match="mask 10, calib document 3 is journaled with value 1.0, not 0.0"):
             journal.append_values("10", "calib", {3: 0.0})
 
+    def test_values_are_written_in_document_order(self, tmp_path: Path) -> None:
+        # N processes gather a chunk's documents rank by rank; the record is the one process's.
+        path = tmp_path / "journal.jsonl"
+        Journal(path, HEADER, resume=False).append_values("10", "calib", {17: 0.0, 3: 1.0, 8: 1.0})
+        assert path.read_text().splitlines()[1].startswith('{"key": "10", "values": {"3": 1.0, "8": 1.0, "17": 0.0}')
+
     def test_a_contradicting_values_record_is_damage_named_by_line(self, tmp_path: Path) -> None:
         path = tmp_path / "j.jsonl"
         Journal(path, HEADER, resume=False).append_values("10", "calib", {3: 1.0})

@@ -239,13 +239,15 @@ class TestSearch:
         assert raced_fn.examples_scored < plain_fn.examples_scored
 
     @pytest.mark.parametrize("processes", [2, 3, 8])
-    def test_items_shared_among_processes_change_nothing(self, processes: int) -> None:
+    def test_items_shared_among_processes_change_nothing(self, processes: int, tmp_path) -> None:  # noqa: ANN001
         one, many = ExampleObjective(seed=6), ExampleObjective(seed=6, processes=processes)
         settings = SearchSettings(ratio=0.5, seed=6, budget_per_layer=10)
-        first = run_search(one, SHAPE, settings, progress=False, racing=True)
-        second = run_search(many, SHAPE, settings, progress=False, racing=True)
+        first = resumed_search(tmp_path / "one.jsonl", one, settings, resume=False)
+        second = resumed_search(tmp_path / "many.jsonl", many, settings, resume=False)
         assert (first.mask.bits, first.score, first.pruned) == (second.mask.bits, second.score, second.pruned)
         assert one.examples_scored == many.examples_scored
+        # The same journal: a chunk split among processes is one values record, as with one.
+        assert journal_records(tmp_path / "many.jsonl") == journal_records(tmp_path / "one.jsonl")
         # Every round gives each process an item: several masks, or parts of one chunk.
         assert min(many.items) >= min(processes, 4) and max(one.items) > 1
 
