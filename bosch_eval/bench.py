@@ -296,7 +296,7 @@ def run_bench(
     shape = ModelShape.from_config(model.config)
     device = model.device
     quant = {c[0]: c[2] for c in configs if len(c) > 2}
-    head_dim = getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
+    head_dim = ModelShape.head_dim_of(model.config)
     dtype_bytes = next(model.parameters()).element_size()
     rows = []
     for length in lengths:

@@ -136,7 +136,7 @@ def _kv_quant_configs(args: argparse.Namespace, model: Any, configs: list) -> li
     from bosch_eval.bench import kv_quant_label
     from bosch_eval.kv_quant.config import parse_kv_quant
 
-    head_dim = getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
+    head_dim = ModelShape.head_dim_of(model.config)
     extra = []
     for method in args.kv_quant.split(","):
         kv = parse_kv_quant(method, args.kv_bits, args.kv_window, args.kv_group_size, head_dim=head_dim)

@@ -96,6 +96,13 @@ class ModelShape:
         kv_heads = getattr(text, "num_key_value_heads", None) or heads
         return cls(text.num_hidden_layers, heads, kv_heads)
 
+    @staticmethod
+    def head_dim_of(config: Any) -> int:
+        """D, one head's width, from a transformers config (multimodal configs: their text
+        part): ``head_dim``, else ``hidden_size // num_attention_heads`` (configs that omit it)."""
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        return getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+
     @property
     def group_size(self) -> int:
         """Query heads per KV group (H / G)."""

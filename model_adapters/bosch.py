@@ -125,8 +125,7 @@ def _kv_quant_settings(
     if kv_quant is None and (kv_bits, kv_window, kv_group_size) == (None, None, None):
         settings = saved_kv_quant(config, f"{model_name}/config.json")
     else:
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        settings = parse_kv_quant(kv_quant, kv_bits, kv_window, kv_group_size, head_dim=head_dim)
+        settings = parse_kv_quant(kv_quant, kv_bits, kv_window, kv_group_size, head_dim=ModelShape.head_dim_of(config))
     if settings is not None and kv_cache != "hybrid":
         raise MaskError(f"kv_cache: kv_quant={settings.method} stores its KV in the hybrid cache; got kv_cache={kv_cache!r}")
     return settings

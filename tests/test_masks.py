@@ -25,6 +25,16 @@ def mask_json(**changes):
     return data
 
 
+class TestModelShape:
+    def test_head_dim_of_a_config_with_and_without_head_dim(self):
+        from transformers import LlamaConfig
+
+        assert ModelShape.head_dim_of(LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=32)) == 32
+        config = LlamaConfig(hidden_size=64, num_attention_heads=4)
+        del config.head_dim  # configs that omit it: hidden_size // num_attention_heads
+        assert ModelShape.head_dim_of(config) == 16
+
+
 class TestHeadMask:
     def test_ratio_and_query_head_expansion(self):
         mask = HeadMask.from_rows([[1, 0], [0, 0]], num_heads=4)

@@ -43,10 +43,10 @@ def _versions() -> dict[str, str]:
 
 
 def _head_dim(model: str) -> int:
+    from bosch_eval.masks import ModelShape
     from bosch_eval.model_check import model_config, resolve_model
 
-    config = model_config(resolve_model(model))
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return ModelShape.head_dim_of(model_config(resolve_model(model)))
 
 
 def compare_main(args: argparse.Namespace) -> None:
