@@ -127,16 +127,18 @@ def render(report: dict[str, Any]) -> str:
         "| layer | " + " | ".join(str(layer) for layer in report["layer_drops"]["calib"]) + " |",
         "|---|" + "---|" * len(report["layer_drops"]["calib"]),
         *(f"| {side} | " + " | ".join(f"{drop:+.3f}" for drop in report["layer_drops"][side].values()) + " |" for side in ("calib", "dev")),
-        "", "| ratio | masks | random spread (calib) | share ≥ S(full) | Spearman calib~dev [95% CI] | verdict |",
-        "|---|---|---|---|---|---|",
+        "", "| ratio | masks | random spread (calib) | share ≥ S(full) | Spearman calib~dev [95% CI] | top regret (dev) | verdict |",
+        "|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for row in report["ratios"]:
         low, high = row["ci"]
         lines.append(
             f"| {row['ratio']} | {row['masks']} | {row['random_spread']:.3f} | {row['saturated_share']:.2f} | "
-            f"{_number(row['spearman'])} [{_number(low)}, {_number(high)}] | **{row['verdict']}** |"
+            f"{_number(row['spearman'])} [{_number(low)}, {_number(high)}] | {row['top_regret']:.3f} | **{row['verdict']}** |"
         )
-    lines += ["", "| mask | ratio | calib | dev |", "|---|---|---|---|"]
+    lines += ["", "Top regret: the best dev score at the ratio minus the dev score of the calibration's favourite mask "
+              "(the mean over equal favourites): what a search that finds that favourite gives up on the dev task.",
+              "", "| mask | ratio | calib | dev |", "|---|---|---|---|"]
     lines += [f"| {m['name']} | {m['ratio'] if m['ratio'] is not None else ''} | {m['calib']:.3f} | {m['dev']:.3f} |" for m in report["masks"]]
     return "\n".join(lines) + "\n"
 
@@ -144,7 +146,8 @@ def render(report: dict[str, Any]) -> str:
 def _summary_json(summary: RatioSummary) -> dict[str, Any]:
     return {"ratio": summary.ratio, "masks": summary.masks, "random_spread": summary.random_spread,
             "saturated_share": summary.saturated_share, "spearman": _finite(summary.spearman),
-            "ci": [_finite(value) for value in summary.ci], "verdict": summary.verdict}  # fmt: skip
+            "ci": [_finite(value) for value in summary.ci], "top_regret": summary.top_regret,
+            "verdict": summary.verdict}  # fmt: skip
 
 
 def _pin_settings(path: Path, settings: dict[str, Any]) -> None:

@@ -65,8 +65,8 @@ class TestStatistics:
         assert 0.8 < low <= spearman(x, x) and high <= 1.0
 
 
-def panel_scores(calib_of, dev_of, full=0.9):
-    panel = build_panel(SHAPE, 32, [0.5], {}, random_count=20)
+def panel_scores(calib_of, dev_of, full=0.9, random_count=20):
+    panel = build_panel(SHAPE, 32, [0.5], {}, random_count=random_count)
     calib, dev = {"full": full, "all-swa": 0.0}, {"full": 0.9, "all-swa": 0.0}
     for index, item in enumerate(panel[2:]):
         calib[item.name], dev[item.name] = calib_of(index), dev_of(index)
@@ -89,6 +89,19 @@ class TestVerdicts:
         panel, calib, dev = panel_scores(lambda i: i / 40, lambda i: ((i * 7) % 24) / 40)
         (summary,) = summarize(panel, calib, dev)
         assert summary.verdict == "not predictive"
+
+    def test_a_calibration_whose_favourite_fails_on_dev_is_flagged_despite_the_correlation(self):
+        # 43 masks ranked alike on both tasks, except the calibration's favourite, which the dev task scores 0
+        panel, calib, dev = panel_scores(lambda i: 0.85 if i == 42 else i / 100, lambda i: 0.0 if i == 42 else i / 100, random_count=40)
+        (summary,) = summarize(panel, calib, dev)
+        assert summary.spearman >= 0.8 and summary.top_regret == pytest.approx(0.46)  # the best dev mask (i = 46) scores 0.46
+        assert summary.verdict == "not predictive at the top"
+
+    def test_equal_favourites_count_by_their_mean_dev_score(self):
+        # the ratio's masks are i = 4 … 26 (after four probes); two favourites, i = 25 and 26
+        panel, calib, dev = panel_scores(lambda i: 0.8 if i >= 25 else i / 100, lambda i: 0.0 if i == 26 else i / 100)
+        (summary,) = summarize(panel, calib, dev)
+        assert summary.top_regret == pytest.approx(0.25 - (0.25 + 0.0) / 2)
 
     def test_a_calibration_the_model_cannot_solve_says_so_first(self):
         panel, calib, dev = panel_scores(lambda i: i / 400, lambda i: i / 40, full=0.05)
