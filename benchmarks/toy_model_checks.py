@@ -25,6 +25,7 @@ from typing import Any
 
 import lm_eval
 
+from bosch_eval.doc_selection import per_length_indices
 from bosch_eval.layer_heuristics import random_masks
 from bosch_eval.masks import HeadMask
 from bosch_eval.model_defaults import model_defaults
@@ -51,7 +52,8 @@ def calibration_scores(model: str, calib_len: int, window: int, ratios: list[flo
 def ruler_indices(samples_per_length: int) -> list[int]:
     """Document indices of the first ``samples_per_length`` RULER documents of each length
     (lm-eval orders them by length, so a plain ``--limit`` would keep only the first length)."""
-    return [length * RULER_DOCS_PER_LENGTH + i for length in range(len(RULER_LENGTHS)) for i in range(samples_per_length)]
+    lengths = [length for length in RULER_LENGTHS for _ in range(RULER_DOCS_PER_LENGTH)]  # niah_utils' order
+    return per_length_indices(lengths, samples_per_length)
 
 
 def ruler_scores(model: str, window: int, samples_per_length: int) -> dict[str, dict[str, float]]:

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from bosch_eval.compare.doc_selection import limited_indices
 from bosch_eval.compare.entries import EntryError, parse_entry
 from bosch_eval.compare.kv_bytes import entry_kv_bytes, relative_kv_bytes
 from bosch_eval.kv_quant.config import parse_kv_quant
@@ -19,6 +18,7 @@ from bosch_eval.compare.leaderboard import EntryRuns, build_rows
 from bosch_eval.compare.paired_ci import paired_bootstrap_ci
 from bosch_eval.compare.results import RunResults, main_score
 from bosch_eval.compare.spec import load_spec
+from bosch_eval.doc_selection import limited_indices, per_length_indices
 from bosch_eval.hybrid_attention import hybridize
 from bosch_eval.hybrid_cache import HybridCache, kv_cache_bytes
 from bosch_eval.masks import HeadMask
@@ -147,6 +147,7 @@ def test_limit_applies_per_length():
     assert limited_indices(docs, 2) == [0, 1, 4, 5]  # lm-eval's limit would keep [0, 1]
     assert limited_indices(docs, 0.5) == [0, 1, 4, 5]
     assert limited_indices([{"q": 1}] * 5, 2) == [0, 1]
+    assert per_length_indices([512] * 3 + [1024] * 3, 1) == [0, 3]  # benchmarks/ give the lengths directly
 
 
 def _run(scores, docs=None):

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.compare.doc_selection import samples_for_limit
 from bosch_eval.compare.entries import Entry, EntryError
 from bosch_eval.compare.inputs import changed, model_identity, run_inputs
 from bosch_eval.compare.spec import CompareSpec
 from bosch_eval.device import AUTO, pick_device
+from bosch_eval.doc_selection import samples_for_limit
 from bosch_eval.masks import HeadMask, MaskError, ModelShape
 from bosch_eval.outdir_lock import OutputLock
 
