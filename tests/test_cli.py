@@ -47,6 +47,7 @@ def test_errors_exit_2_with_message(ranking_file, tmp_path, capsys, argv, messag
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_console_script_is_installed():
     executable = Path(sys.executable).parent / "bosch-eval"
     assert executable.exists(), f"no {executable}: install the package (pip install -e .)"

@@ -44,6 +44,7 @@ def pth_file() -> Path:
     )
 
 
+@pytest.mark.slow
 def test_hook_is_active_at_start_and_imports_nothing_heavy(pth_file, tmp_path):
     state = python_json(
         "import json, sys; print(json.dumps({'hook': 'bosch_eval.lm_eval_hook' in sys.modules,"
@@ -55,6 +56,7 @@ def test_hook_is_active_at_start_and_imports_nothing_heavy(pth_file, tmp_path):
     assert state["heavy"] == []
 
 
+@pytest.mark.slow
 def test_lingering_pth_without_package_is_silent(pth_file, tmp_path):
     """An uninstalled bosch_eval must not make every interpreter start print errors."""
     line = pth_file.read_text(encoding="utf-8").strip()
@@ -64,6 +66,7 @@ def test_lingering_pth_without_package_is_silent(pth_file, tmp_path):
     assert result.returncode == 0 and result.stderr == "", result.stderr
 
 
+@pytest.mark.slow
 def test_registry_has_builtin_models_and_lazy_bosch(pth_file, tmp_path):
     """0.4.13's get_model imports lm_eval.models only while the registry is empty: bosch must not pre-empt it."""
     state = python_json(
@@ -96,6 +99,7 @@ print(json.dumps({"before": before, "hf": f"{hf.__module__}:{hf.__name__}", "pla
     assert state["upgraded"]
 
 
+@pytest.mark.slow
 def test_importing_the_adapter_first_upgrades_the_placeholder(pth_file, tmp_path):
     """``@register_model("bosch")`` meets our placeholder (its own HFLM import loads lm_eval.models): no duplicate error."""
     state = python_json(
@@ -162,11 +166,13 @@ class TestLmEvalCommand:
         script.chmod(0o755)
         return script
 
+    @pytest.mark.slow
     def test_argv_is_rewritten_at_interpreter_start(self, pth_file, tmp_path):
         script = self.fake_lm_eval(tmp_path, "import json, sys; print(json.dumps(sys.argv[1:]))")
         result = subprocess.run([str(script), "--model", "bosch", "--model_args", "pretrained=toy"], capture_output=True, text=True, check=True)
         assert json.loads(result.stdout) == ["--model", "bosch", "--model_args", f"pretrained={self.TOY}"]
 
+    @pytest.mark.slow
     def test_our_errors_end_in_one_line_and_others_keep_the_traceback(self, pth_file, tmp_path):
         script = self.fake_lm_eval(
             tmp_path, "import sys\nfrom bosch_eval.masks import MaskError\nraise (MaskError if sys.argv[1] == 'ours' else KeyError)('kv_cache: expected one of')"

@@ -24,6 +24,8 @@ from tests.objective_worker import CALIB_METADATA, score_masks, write_tasks
 WORKER = Path(__file__).with_name("objective_worker.py")
 PROCESSES = 2
 
+pytestmark = pytest.mark.slow  # spawns accelerate processes
+
 
 def free_port() -> int:
     with socket.socket() as sock:

@@ -471,6 +471,7 @@ class TestRankCommand:
         (tmp_path / "config.json").write_text("{}")
         assert resolve_model(str(tmp_path)) == str(tmp_path)  # an existing checkpoint directory, as given
 
+    @pytest.mark.slow
     def test_parser_import_is_cheap(self) -> None:
         code = "import sys, bosch_eval.search.rank_cli; print('torch' in sys.modules)"
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

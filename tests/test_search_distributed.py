@@ -24,6 +24,8 @@ from tests.objective_worker import write_tasks
 from tests.test_objective_distributed import PROCESSES, free_port
 from tests.test_search_cli import search_args
 
+pytestmark = pytest.mark.slow  # spawns accelerate processes
+
 
 def journal(out: Path) -> list[tuple[str, float]]:
     lines = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]

@@ -151,6 +151,7 @@ class TestResumeAfterAKill:
         assert [(r["key"], r["score"]) for r in journal.records] == [("k0", 0.0), ("k1", 0.125), ("k9", 0.25)]
         assert "ignored 1 repeated record" in caplog.text
 
+    @pytest.mark.slow
     def test_sigkill_loses_nothing_that_was_acknowledged(self, tmp_path: Path) -> None:
         """A child appends in a loop and prints each key once append returned; we kill -9 it, twice."""
         path = tmp_path / "j.jsonl"

@@ -36,6 +36,7 @@ class TestOutputLock:
         with OutputLock(tmp_path / "out", "search", JournalError):  # free again
             pass
 
+    @pytest.mark.slow
     def test_a_lock_held_by_another_live_process(self, tmp_path: Path) -> None:
         code = f"from bosch_eval.outdir_lock import OutputLock; OutputLock({str(tmp_path)!r}, 'search', RuntimeError).acquire(); print('held', flush=True); input()"
         child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -49,6 +50,7 @@ class TestOutputLock:
         with OutputLock(tmp_path, "search", JournalError):  # the kernel released it when the holder died
             pass
 
+    @pytest.mark.slow
     def test_a_lock_left_by_a_killed_process_is_taken_over_naming_its_pid(self, tmp_path: Path, caplog) -> None:
         code = f"import os; from bosch_eval.outdir_lock import OutputLock; OutputLock({str(tmp_path)!r}, 'search', RuntimeError).acquire(); os.kill(os.getpid(), 9)"
         dead = subprocess.run([sys.executable, "-c", code], check=False)
@@ -60,6 +62,7 @@ class TestOutputLock:
         assert f"taking over the lock left by PID {left['pid']} on host" in caplog.text
 
 
+@pytest.mark.slow
 def test_two_searches_on_one_out(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A is stopped while it holds --out; B, started on the same --out with --resume, stops
     with a message naming A; A finishes; the journal is valid and resumes with nothing to do."""

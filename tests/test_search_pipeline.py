@@ -191,6 +191,7 @@ print("MASK", [list(row) for row in result.mask.bits])
 """
 
 
+@pytest.mark.slow
 def test_sigkill_midway_then_resume_gives_the_uninterrupted_mask(tmp_path: Path) -> None:
     reference = run_search(planted(), SHAPE, SearchSettings(ratio=0.5), progress=False)
     path = tmp_path / "journal.jsonl"

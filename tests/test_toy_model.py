@@ -52,6 +52,7 @@ def test_defaults_and_card_are_shipped(name):
     assert "bosch-eval toy-model --path" in (model_path(name) / "README.md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BUNDLED_MODELS))
 def test_cli_prints_the_path(name):
     command = [sys.executable, "-m", "bosch_eval.cli", "toy-model", "--path", "--name", name]

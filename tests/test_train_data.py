@@ -82,6 +82,7 @@ def test_state_dict_resumes_at_the_same_token(tokenizer, tmp_path, spec):
     assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
 
 
+@pytest.mark.slow
 def test_an_unreachable_hub_dataset_is_an_error_naming_data():
     """No hub here: the offline switch makes the failure immediate and deterministic."""
     import os

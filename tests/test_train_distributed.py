@@ -18,6 +18,7 @@ from tests.test_objective_distributed import PROCESSES, free_port
 from tests.test_train import MASK_SOURCE, settings_for
 
 
+@pytest.mark.slow  # spawns accelerate processes
 def test_two_processes_train_like_one(tiny_model_dir, tmp_path):
     settings = settings_for(tiny_model_dir, steps=3)
     command = [
