@@ -69,13 +69,13 @@ def run_from_args(args: argparse.Namespace) -> None:
         "calib_len", "calib_examples")}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     with OutputLock(args.out, "calib-check", CalibCheckError):
-        _pin_settings(args.out / "settings.json", settings)
         calib = build_objective(
             args.model, tasks=[args.calib], window=args.window, calib_len=args.calib_len, calib_examples=args.calib_examples,
             metadata=args.calib_metadata, device=args.device, batch_size=args.batch_size,
         )  # fmt: skip
         dev = CalibrationObjective(calib.lm, [args.dev], metadata={**_model_metadata(calib), **args.dev_metadata})
         panel = build_panel(calib.shape, calib.lm.head_mask.window, ratios, rankings, args.random, given)
+        _pin_settings(args.out / "settings.json", settings)  # only once the tasks and masks are known to be good
         scores = score_panel(panel, {"calib": calib, "dev": dev}, args.out / "scores.jsonl")
         report = make_report(panel, scores, settings, " ".join(["bosch-eval", *map(shlex.quote, args.argv)]))
         (args.out / "check.json").write_text(json.dumps(report, indent=1) + "\n")

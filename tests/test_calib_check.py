@@ -153,3 +153,15 @@ def test_calib_check_end_to_end_on_the_toy_model(tmp_path: Path, capsys: pytest.
     capsys.readouterr()
     assert main([item if item != "2" else "3" for item in argv]) == 2  # --random 3
     assert "made with other settings (random)" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_failed_check_pins_no_settings(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    out = tmp_path / "check"
+    common = ["calib-check", "--model", "toy", "--calib-len", "256", "--calib-examples", "2", "--ratios", "0.5",
+              "--random", "2", "--dev-metadata", '{"dev_lengths": [384], "dev_samples": 1}', "--out", str(out)]  # fmt: skip
+    assert main([*common, "--calib", "no_such_task"]) == 2
+    assert "no_such_task" in capsys.readouterr().err
+    assert not (out / "settings.json").exists()
+    assert main(common) == 0  # the corrected command is not refused
+
