@@ -1,0 +1,58 @@
+"""``bosch-eval mask``: inspect a mask file, or build one from a ranking."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from bosch_eval.masks import HeadMask, HeadRanking, MaskError
+
+FULL, SWA = "█", "·"
+
+
+def format_mask(mask: HeadMask, source: str) -> str:
+    """A readable summary of a mask: model, L×G grid, ratio, window, method."""
+    shape = mask.shape
+    total = shape.num_layers * shape.num_kv_heads
+    lines = [
+        source,
+        f"  model      {mask.model or '(not recorded)'}",
+        f"  shape      L={shape.num_layers} layers × G={shape.num_kv_heads} KV groups (H={shape.num_heads} query heads)",
+        f"  SWA ratio  {mask.swa_ratio:.4f} ({mask.num_swa_groups} of {total} KV groups)",
+        f"  window     {mask.window if mask.window is not None else '(not set)'}",
+        f"  method     {mask.method or '(not recorded)'}",
+        f"  grid       one row per layer, one column per KV group ({FULL} full, {SWA} SWA)",
+    ]
+    width = len(str(shape.num_layers - 1))
+    for layer, row in enumerate(mask.bits):
+        lines.append(f"  layer {layer:>{width}}    {''.join(FULL if bit else SWA for bit in row)}")
+    return "\n".join(lines)
+
+
+def _mask_show(args: argparse.Namespace) -> None:
+    print(format_mask(HeadMask.load(args.file), args.file))
+
+
+def _mask_from_ranking(args: argparse.Namespace) -> None:
+    mask = HeadRanking.load(args.ranking).to_mask(args.ratio, window=args.window)
+    mask = mask.with_meta(provenance={**mask.provenance, "ranking_file": args.ranking})
+    if mask.window is None:
+        raise MaskError(f"{args.ranking}: field 'window' is missing; pass --window W")
+    mask.save(args.out)
+    print(format_mask(mask, args.out))
+
+
+def add_mask_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``mask show`` and ``mask from-ranking`` to the ``bosch-eval`` subcommands."""
+    parser = subparsers.add_parser("mask", help="inspect and build head masks")
+    mask = parser.add_subparsers(dest="mask_command", required=True)
+    show = mask.add_parser("show", help="print a summary of a bosch-mask/1 file")
+    show.add_argument("file", help="path of a bosch-mask/1 JSON file")
+    show.set_defaults(run=_mask_show)
+    from_ranking = mask.add_parser("from-ranking", help="turn the most local groups of a ranking into SWA")
+    from_ranking.add_argument("ranking", help="path of a bosch-ranking/1 JSON file")
+    from_ranking.add_argument("--ratio", type=float, required=True, help="share of KV groups to turn into SWA, in [0, 1]")
+    from_ranking.add_argument("--window", type=int, help="SWA window W (default: the ranking's)")
+    from_ranking.add_argument("--out", required=True, help="where to write the bosch-mask/1 file")
+    from_ranking.set_defaults(run=_mask_from_ranking)
+    return parser
