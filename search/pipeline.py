@@ -26,7 +26,8 @@ from bosch_eval.search.optimizers import METHODS, NOMAD_MAX_VARIABLES
 from bosch_eval.search.saturation import stage1_saturation
 from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, SearchError
 from bosch_eval.search.stage2 import DEFAULT_BUCKETS, Stage2Result, assign_layer_ratios
-from bosch_eval.search.stages import QUOTAS, ScoreBook, StageSettings, SubResult, layer_level, refine, stage1, stage3
+from bosch_eval.search.score_book import ScoreBook
+from bosch_eval.search.stages import QUOTAS, StageSettings, SubResult, layer_level, refine, stage1, stage3
 
 log = logging.getLogger("bosch_eval.search")
 

@@ -48,7 +48,8 @@ from bosch_eval.search.report import render_report
 from bosch_eval.search.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound
 from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, SearchError
 from bosch_eval.search.stage2 import DEFAULT_BUCKETS
-from bosch_eval.search.stages import QUOTAS, ScoreBook
+from bosch_eval.search.score_book import ScoreBook
+from bosch_eval.search.stages import QUOTAS
 from bosch_eval.tasks.niah.haystack import TemplateTooLong
 
 DEFAULT_CALIB_TASK = "bosch_niah_calib"

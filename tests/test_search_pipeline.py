@@ -19,7 +19,8 @@ from bosch_eval.masks import HeadMask, ModelShape, ceil_count
 from bosch_eval.search.journal import Journal, mask_key
 from bosch_eval.search.pipeline import SearchSettings, default_chunk_layers, run_search
 from bosch_eval.search.scoring import Anchors, SearchError, subproblem_loss
-from bosch_eval.search.stages import Bits, ScoreBook, StageSettings, refine, stage3
+from bosch_eval.search.score_book import Bits, ScoreBook
+from bosch_eval.search.stages import StageSettings, refine, stage3
 
 SHAPE = ModelShape(num_layers=4, num_heads=8, num_kv_heads=4)
 

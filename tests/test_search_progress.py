@@ -9,7 +9,8 @@ import pytest
 
 from bosch_eval.masks import HeadMask
 from bosch_eval.search.pipeline import SearchSettings, run_search
-from bosch_eval.search.stages import ScoreBook, StageProgress
+from bosch_eval.search.score_book import ScoreBook
+from bosch_eval.search.stages import StageProgress
 from tests.test_search_racing import SHAPE, ExampleObjective
 
 
