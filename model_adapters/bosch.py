@@ -440,27 +440,31 @@ class BoschLM(HFLM):
         )
         return info
 
+    # Why HFLM's whole loop is copied rather than one hook overridden: HFLM log-softmaxes all of
+    # `_model_call`'s [B, T, V] output before `_select_cont_toks` slices the continuation out, and
+    # `_model_call` gets only the padded ids, not where each continuation lies. At a 150k vocabulary
+    # and 32k tokens that is ~19 GB a row in fp32 for the few positions scored. lm-eval 0.4.13 and
+    # 0.5.0.dev1 share that loop; what of it is used here is pinned by tests/test_hflm_privates.py,
+    # the scores by test_all_full_mask_scores_like_hflm. Only _continuation_log_probs differs.
     def _loglikelihood_tokens(
         self,
         requests: list[tuple[tuple[str, str], list[int], list[int]]],
         disable_tqdm: bool = False,
         override_bs: int | None = None,
     ) -> list[tuple[float, bool]]:
-        """HFLM's scoring loop (same ordering, batching, truncation and caching), but
-        logits are computed only at the positions that predict continuation tokens."""
+        """HFLM's scoring loop (same ordering, batching, truncation and caching), but logits
+        are computed only at the positions that predict continuation tokens."""
         collator = Collator(
             requests,
             sort_fn=lambda req: (-len(req[1] + req[2]), tuple(req[1] + req[2])),
             group_by="contexts" if self.logits_cache else None,
-            # Requests that share context + continuation[:-1] reuse one forward pass.
-            group_fn=lambda req: req[-2] + req[-1][:-1],
+            group_fn=lambda req: req[-2] + req[-1][:-1],  # same context + continuation[:-1]: one forward pass
         )
         if self.batch_size == "auto" and not override_bs:
             self.batch_sizes = {}  # detect again for these requests, as HFLM does
             batches = collator.get_batched(n=0, batch_fn=self._batch_scheduler if len(collator) else None)
         else:
             batches = collator.get_batched(n=override_bs if self.batch_size == "auto" else self.batch_size)
-
         requests_by_args = getattr(self, "_requests_by_args", {})
         # The model sees (context + continuation)[:-1]: more than max_length tokens are cut.
         self._check_fits(
@@ -475,49 +479,40 @@ class BoschLM(HFLM):
         results: list[tuple[float, bool]] = []
         progress = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0, desc="Running loglikelihood requests")
         for batch in batches:
-            # Left-truncate to max_length + 1 tokens and drop the last: HFLM's causal input.
-            inputs = [(context + continuation)[-(self.max_length + 1) :][:-1] for _, context, continuation in batch]
-            continuations = [continuation for _, _, continuation in batch]
-            input_ids = pad_and_concat(
-                max(map(len, inputs)),
-                [torch.tensor(row, dtype=torch.long, device=self.device) for row in inputs],
-                padding_side="right",
-            )  # [B, T]
-            positions = scored_positions([len(row) for row in inputs], [len(c) for c in continuations], self.device)
-            with (
-                torch.no_grad(),
-                torch.autocast(
-                    device_type=self.device.type,
-                    dtype=self.mixed_precision_dtype,
-                    enabled=self.mixed_precision_dtype is not None,
-                ),
-            ):
-                if self.prefix_cache is not None:
-                    logits = self.prefix_cache.run(
-                        lambda ids: logits_at(self.model, ids, positions), input_ids, self.hybrid.mask, self.hybrid.local
-                    )
-                elif self.kv_quant is None:
-                    logits = logits_at(self.model, input_ids, positions)
-                else:
-                    logits = self._logits_through_compressed_cache(inputs, continuations)
-                log_probs = F.log_softmax(logits, dim=-1, dtype=self.softmax_dtype)
-            for (request, context, _), row_log_probs, continuation in zip(batch, log_probs, continuations, strict=True):
-                row_log_probs = row_log_probs[: len(continuation)].unsqueeze(0)  # [1, k, V]
-                greedy = row_log_probs.argmax(dim=-1)
-                for request, cont_tokens, cached in collator.get_cache(
-                    req_str=request, cxt_toks=context, cont_toks=continuation, logits=row_log_probs
-                ):
+            log_probs = self._continuation_log_probs([context + continuation for _, context, continuation in batch], [c for *_, c in batch])
+            for (request, context, continuation), row in zip(batch, log_probs, strict=True):
+                row = row[: len(continuation)].unsqueeze(0)  # [1, k, V]
+                greedy = row.argmax(dim=-1)
+                for request, cont_tokens, cached in collator.get_cache(req_str=request, cxt_toks=context, cont_toks=continuation, logits=row):
                     target = torch.tensor(cont_tokens, dtype=torch.long, device=self.device)[None]  # [1, k']
-                    # Same-context requests may score a shorter suffix of the continuation.
-                    is_greedy = bool((greedy[:, -target.shape[1] :] == target).all())
-                    log_likelihood = float(cached[:, -target.shape[1] :].gather(2, target[..., None]).sum())
-                    answer = (log_likelihood, is_greedy)
+                    k = target.shape[1]  # same-context requests may score a shorter suffix of the continuation
+                    answer = (float(cached[:, -k:].gather(2, target[..., None]).sum()), bool((greedy[:, -k:] == target).all()))
                     results.append(answer)
                     if request is not None:
                         self.cache_hook.add_partial("loglikelihood", request, answer)
                     progress.update(1)
         progress.close()
         return collator.get_original(results)
+
+    def _continuation_log_probs(self, sequences: list[list[int]], continuations: list[list[int]]) -> torch.Tensor:
+        """``[B, k_max, V]`` log-probabilities at the positions that predict each row's
+        continuation (``sequences``: context + continuation; rows past their ``k`` are padding)."""
+        inputs = [row[-(self.max_length + 1) :][:-1] for row in sequences]  # HFLM's causal input: left-truncated, last dropped
+        input_ids = pad_and_concat(
+            max(map(len, inputs)), [torch.tensor(row, dtype=torch.long, device=self.device) for row in inputs], padding_side="right"
+        )  # [B, T]
+        positions = scored_positions([len(row) for row in inputs], [len(c) for c in continuations], self.device)
+        with (
+            torch.no_grad(),
+            torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype, enabled=self.mixed_precision_dtype is not None),
+        ):
+            if self.prefix_cache is not None:
+                logits = self.prefix_cache.run(lambda ids: logits_at(self.model, ids, positions), input_ids, self.hybrid.mask, self.hybrid.local)
+            elif self.kv_quant is None:
+                logits = logits_at(self.model, input_ids, positions)
+            else:
+                logits = self._logits_through_compressed_cache(inputs, continuations)
+            return F.log_softmax(logits, dim=-1, dtype=self.softmax_dtype)
 
     def _logits_through_compressed_cache(self, inputs: list[list[int]], continuations: list[list[int]]) -> torch.Tensor:
         """``[B, k_max, V]`` logits, each row prefilled, compressed, then its continuation
