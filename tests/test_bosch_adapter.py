@@ -39,7 +39,8 @@ def requests() -> list[Instance]:
         ("A needle hides in the haystack:", " 7 3 1."),
         ("A needle", " hides in the haystack: 7 3 1. The quick brown fox jumps over the lazy dog."),
     ]
-    return [Instance("loglikelihood", {}, pair, idx) for idx, pair in enumerate(pairs)]
+    # By keyword: lm-eval 0.5 reorders Instance's fields and requires task_name and doc_id (0.4 reads them from metadata).
+    return [Instance(request_type="loglikelihood", doc={}, arguments=pair, idx=idx, task_name=None, doc_id=None) for idx, pair in enumerate(pairs)]
 
 
 @pytest.fixture
@@ -75,7 +76,8 @@ def test_logits_are_built_only_for_scored_positions(lms):
 
 def test_rolling_loglikelihood_goes_through_the_same_scoring(lms):
     hf, bosch = lms
-    text = [Instance("loglikelihood_rolling", {}, ("The quick brown fox jumps over the lazy dog. " * 6,), 0)]
+    args = ("The quick brown fox jumps over the lazy dog. " * 6,)
+    text = [Instance(request_type="loglikelihood_rolling", doc={}, arguments=args, idx=0, task_name=None, doc_id=None)]
     torch.testing.assert_close(
         torch.tensor(bosch.loglikelihood_rolling(text)), torch.tensor(hf.loglikelihood_rolling(text)), atol=1e-4, rtol=0
     )
@@ -105,7 +107,10 @@ def test_preloaded_model_and_model_info(tiny_model_dir):
 def generation_requests() -> list[Instance]:
     prompts = ["The quick brown fox", "A needle hides in the haystack: the special magic number is", "What"]
     kwargs = {"until": ["\n\n"], "max_gen_toks": 24, "do_sample": False}
-    return [Instance("generate_until", {}, (prompt, kwargs), idx) for idx, prompt in enumerate(prompts)]
+    return [
+        Instance(request_type="generate_until", doc={}, arguments=(prompt, kwargs), idx=idx, task_name=None, doc_id=None)
+        for idx, prompt in enumerate(prompts)
+    ]
 
 
 def test_generation_on_the_hybrid_cache_equals_the_dynamic_cache(tiny_model_dir, lms):
@@ -280,7 +285,11 @@ def test_an_encoder_is_refused_as_not_a_causal_decoder(tmp_path):
 
 
 def _instances(kind: str, args: list[tuple], task: str = "long_task") -> list[Instance]:
-    return [Instance(kind, {}, a, idx, metadata=(task, idx, 1)) for idx, a in enumerate(args)]
+    # By keyword; metadata for lm-eval 0.4, task_name and doc_id for 0.5 (required fields there).
+    return [
+        Instance(request_type=kind, doc={}, arguments=a, idx=idx, metadata=(task, idx, 1), task_name=task, doc_id=idx)
+        for idx, a in enumerate(args)
+    ]
 
 
 class TestInputsLongerThanTheModel:

@@ -98,4 +98,6 @@ def test_lm_eval_cli_style_string_arguments(tiny_model_dir):
         f"pretrained={tiny_model_dir},mask=full,kv_quant=logquant,kv_bits=2,kv_window=4,kv_group_size=16", {"device": "cpu", "batch_size": 2}
     )
     assert lm.kv_quant == KVQuantConfig("logquant", 2, 4, 16)
-    assert len(lm.loglikelihood([Instance("loglikelihood", {}, ("A needle hides in the haystack:", " 7 3 1."), 0)])) == 1
+    pair = ("A needle hides in the haystack:", " 7 3 1.")
+    request = Instance(request_type="loglikelihood", doc={}, arguments=pair, idx=0, task_name=None, doc_id=None)
+    assert len(lm.loglikelihood([request])) == 1
