@@ -40,7 +40,7 @@ model_args (besides everything HFLM accepts):
 which (:func:`bosch_eval.device.pick_device`); a device that does not exist is an error.
 
 Under ``accelerate launch --num_processes N`` (GPUs or ``--cpu``, one node or many) each
-process scores its 1/N of the requests; see :meth:`BoschLM._shard_over_processes`.
+process scores its 1/N of the requests; see :func:`bosch_eval.launch.shard_over_processes`.
 
 Programmatic use (search mode): ``BoschLM(pretrained=<loaded model>, tokenizer=..., mask=...)``
 then :meth:`BoschLM.set_mask` to swap masks without reloading.
@@ -48,20 +48,13 @@ then :meth:`BoschLM.set_mask` to swap masks without reloading.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import functools
 import logging
-import os
-import warnings
 from array import array
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from accelerate import Accelerator, PartialState
 from lm_eval.api.instance import Instance
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
@@ -73,6 +66,7 @@ from bosch_eval.checkpoint import saved_kv_quant, saved_mask, set_saved_kv_quant
 from bosch_eval.hybrid_attention import HybridAttention, hybridize
 from bosch_eval.hybrid_cache import HybridCache
 from bosch_eval.kv_quant.config import KVQuantConfig, parse_kv_quant
+from bosch_eval.launch import join_cpu_processes, shard_over_processes
 from bosch_eval.lm_eval_logs import quiet_per_length_warnings
 from bosch_eval.mask_sources import resolve_mask
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
@@ -129,22 +123,6 @@ def _kv_quant_settings(
     if settings is not None and kv_cache != "hybrid":
         raise MaskError(f"kv_cache: kv_quant={settings.method} stores its KV in the hybrid cache; got kv_cache={kv_cache!r}")
     return settings
-
-
-def launched_processes() -> int:
-    """How many processes the launcher started (``WORLD_SIZE``; 1 outside a launcher)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-@functools.cache
-def destroy_process_group_at_exit() -> None:
-    """Tear the launch's process group down when the interpreter exits (registered once).
-
-    Left to interpreter shutdown, gloo's threads can be destroyed while still joinable and
-    the process aborts ("terminate called without an active exception"), failing the
-    whole launch after every score was written.
-    """
-    atexit.register(PartialState().destroy_process_group)
 
 
 @register_model("bosch")
@@ -213,10 +191,9 @@ class BoschLM(HFLM):
             head_mask, source = _head_mask(config, pretrained, **sources)
             self.kv_quant: KVQuantConfig | None = _kv_quant_settings(config, pretrained, kv_cache, **quant_args)
         self._apply_rope_scaling(pretrained, rope_scaling, rope_factor, rope_original_max_positions, kwargs)
-        if launched_processes() > 1 and str(kwargs.get("device", "")).startswith("cpu"):
-            PartialState(cpu=True)  # before HFLM's Accelerator(): CPU processes join over gloo
+        join_cpu_processes(str(kwargs.get("device", "")))  # before HFLM's Accelerator()
         super().__init__(pretrained=pretrained, **kwargs)
-        self._shard_over_processes()
+        shard_over_processes(self)
         if self.backend != "causal":
             raise MaskError(f"bosch: hybrid attention needs a decoder-only (causal) model, got backend={self.backend!r}")
         self._window_override = window
@@ -258,37 +235,6 @@ class BoschLM(HFLM):
             pretrained, factor, original, revision=kwargs.get("revision", "main"), trust_remote_code=bool(kwargs.get("trust_remote_code", False))
         )
 
-    def _shard_over_processes(self) -> None:
-        """Under ``accelerate launch`` with N > 1 processes, make lm-eval give each process
-        its own 1/N of the documents (``rank`` = global process index, ``world_size`` = N).
-
-        HFLM (lm-eval 0.4.13) turns data parallelism on only when more than one GPU is
-        visible, so CPU processes (gloo) and one-GPU nodes each scored every document;
-        it takes ``local_process_index`` as the rank, so across nodes two processes
-        scored the same shard and gathered duplicates; and it keeps world size 1 for a
-        preloaded model. lm-eval's ``evaluate`` reaches the processes through
-        ``lm.accelerator`` (gather, barrier) and ``torch.distributed`` (gather_object).
-        The device stays HFLM's: the accelerator's (``cuda:<local index>`` on GPU nodes,
-        ``cpu`` under ``--cpu``) for a model loaded by name, the model's own when preloaded.
-        """
-        state = PartialState()
-        if state.num_processes <= 1:
-            if launched_processes() > 1:
-                warnings.warn(
-                    f"bosch: launched as {launched_processes()} processes, but accelerate's state was created "
-                    "for one (a PartialState()/Accelerator() without cpu=True on a machine without GPUs); "
-                    "every process will score every request. Pass device=cpu to the adapter, or create "
-                    "PartialState(cpu=True) first.",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-            return
-        destroy_process_group_at_exit()
-        if getattr(self, "accelerator", None) is None:
-            self.accelerator = Accelerator()  # shares the launch's process group
-        self._rank = state.process_index
-        self._world_size = state.num_processes
-
     def tok_encode(
         self, string: str, add_special_tokens: bool | None = None, left_truncate_len: int | None = None, **kwargs: Any
     ) -> list[int]:
@@ -313,17 +259,6 @@ class BoschLM(HFLM):
     @property
     def head_mask(self) -> HeadMask:
         return self.hybrid.mask
-
-    @contextlib.contextmanager
-    def alone(self) -> Iterator[None]:
-        """Meanwhile lm-eval sees one process: this process scores every request it is given,
-        with no sharding and no collectives (the search's mask-parallel evaluation)."""
-        rank, world = self._rank, self._world_size
-        self._rank, self._world_size = 0, 1
-        try:
-            yield
-        finally:
-            self._rank, self._world_size = rank, world
 
     def vary_layers_from(self, layer: int | None) -> None:
         """The masks scored next differ only in layers >= ``layer`` (None: no promise), so

@@ -16,9 +16,9 @@ from lm_eval.api.task import ConfigurableTask
 from lm_eval.tasks import TaskManager
 
 from bosch_eval.masks import HeadMask
-from bosch_eval.model_adapters import bosch as bosch_adapter
 from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.tasks import TASKS_DIR
+from bosch_eval import launch
 from bosch_eval.search.objective import EVALUATE_PATH, CalibrationObjective, ObjectiveError, build_objective, launch_state
 from bosch_eval.search.racing import RaceBound
 from tests.objective_worker import CALIB_METADATA, DOT_TASK, PLAIN_GROUP, PPL_TASK, WINDOW, masks, write_tasks
@@ -202,8 +202,8 @@ class TestDataParallelAdapter:
         state = mock.Mock(num_processes=8, process_index=5, local_process_index=1)  # 2 nodes × 4
         accelerator = mock.Mock(name="Accelerator()", unwrap_model=lambda model: model)
         with (
-            mock.patch.object(bosch_adapter, "PartialState", return_value=state),
-            mock.patch.object(bosch_adapter, "Accelerator", return_value=accelerator),
+            mock.patch.object(launch, "PartialState", return_value=state),
+            mock.patch.object(launch, "Accelerator", return_value=accelerator),
         ):
             lm = BoschLM(pretrained=str(tiny_model_dir), device="cpu", layers="intr", ratio=0.0, window=WINDOW)
         assert (lm.rank, lm.world_size) == (5, 8)
