@@ -131,7 +131,7 @@ def main() -> None:
     from lm_eval.tasks import TaskManager
 
     from bosch_eval.model_defaults import model_defaults
-    from bosch_eval.search.objective import build_objective
+    from bosch_eval.search.objective_loading import build_objective
     from bosch_eval.tasks import TASKS_DIR
 
     with tempfile.TemporaryDirectory() as scratch:

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from bosch_eval.search.pipeline import SearchSettings
-from bosch_eval.search.search_cli import search_model
+from bosch_eval.search.api import search_model
 
 SETTINGS = {
     "off": {"racing": False, "prefix_cache_mb": 0},

@@ -39,7 +39,7 @@ from bosch_eval.layer_heuristics import layer_heuristic_mask
 from bosch_eval.masks import HeadMask, HeadRanking, ModelShape, ceil_count
 from bosch_eval.model_defaults import model_defaults
 from bosch_eval.search.importers import import_duo
-from bosch_eval.search.objective import build_objective
+from bosch_eval.search.objective_loading import build_objective
 from bosch_eval.search.rankers import METHOD_NAMES
 from bosch_eval.search.rankers.driver import compute_ranking
 from bosch_eval.model_check import model_path

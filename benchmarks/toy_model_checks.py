@@ -29,7 +29,7 @@ from bosch_eval.doc_selection import per_length_indices
 from bosch_eval.layer_heuristics import random_masks
 from bosch_eval.masks import HeadMask
 from bosch_eval.model_defaults import model_defaults
-from bosch_eval.search.objective import build_objective
+from bosch_eval.search.objective_loading import build_objective
 
 RULER_LENGTHS = (512, 1024)
 RULER_DOCS_PER_LENGTH = 500  # lm-eval's niah_utils generates this many per length

@@ -23,7 +23,8 @@ from tqdm import tqdm
 from bosch_eval.masks import HeadMask, HeadRanking, check_ratio
 from bosch_eval.outdir_lock import OutputLock
 from bosch_eval.search.calib_check import PanelMask, RatioSummary, build_panel, layer_drops, summarize
-from bosch_eval.search.objective import DEFAULT_TASKS, CalibrationObjective, build_objective
+from bosch_eval.search.objective import DEFAULT_TASKS, CalibrationObjective
+from bosch_eval.search.objective_loading import build_objective
 
 DEFAULT_DEV = "bosch_niah_dev"
 

@@ -35,7 +35,8 @@ from tqdm import tqdm
 from bosch_eval.masks import HeadMask, MaskError, ModelShape, ceil_count, check_ratio
 from bosch_eval.model_defaults import model_defaults
 from bosch_eval.search.journal import Journal, JournalError, mask_key
-from bosch_eval.search.objective import ObjectiveError, build_objective
+from bosch_eval.search.objective import ObjectiveError
+from bosch_eval.search.objective_loading import build_objective
 from bosch_eval.outdir_lock import OutputLock
 from bosch_eval.search.scoring import SearchError
 from bosch_eval.model_check import resolve_model

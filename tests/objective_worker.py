@@ -72,7 +72,7 @@ def masks(shape: ModelShape) -> list[HeadMask]:
 
 def score_masks(model_dir: str, task_dir: str) -> dict[str, Any]:
     """Build the objective once, score :func:`masks`, record what this process scored."""
-    from bosch_eval.search.objective import build_objective
+    from bosch_eval.search.objective_loading import build_objective
 
     objective = build_objective(
         model_dir,

@@ -19,7 +19,9 @@ from bosch_eval.masks import HeadMask
 from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.tasks import TASKS_DIR
 from bosch_eval import launch
-from bosch_eval.search.objective import EVALUATE_PATH, CalibrationObjective, ObjectiveError, build_objective, launch_state
+from bosch_eval.launch import launch_state
+from bosch_eval.search.objective import EVALUATE_PATH, CalibrationObjective, ObjectiveError
+from bosch_eval.search.objective_loading import build_objective
 from bosch_eval.search.racing import RaceBound
 from tests.objective_worker import CALIB_METADATA, DOT_TASK, PLAIN_GROUP, PPL_TASK, WINDOW, masks, write_tasks
 

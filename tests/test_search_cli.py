@@ -131,7 +131,7 @@ def test_settings_the_config_refutes_fail_before_the_weights_load(
 ) -> None:
     model_dir, task_dir, _ = finished
     args = search_args(model_dir, task_dir, tmp_path / "run") + extra
-    with mock.patch("bosch_eval.search.search_cli.build_objective", side_effect=AssertionError("loaded the model")):
+    with mock.patch("bosch_eval.search.api.build_objective", side_effect=AssertionError("loaded the model")):
         assert main(args) == 2
     assert re.search(message, capsys.readouterr().err)
     assert not (tmp_path / "run" / "journal.jsonl").exists()

@@ -19,7 +19,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 from bosch_eval.masks import HeadMask, HeadRanking
-from bosch_eval.search.objective import CalibrationObjective, build_objective
+from bosch_eval.search.objective import CalibrationObjective
+from bosch_eval.search.objective_loading import build_objective
 
 ROOT = Path("results/toy_l")
 VARIANTS = {"seed0": {}, "seed1": {"calib_seed": 1}, "plain": {"calib_query": "plain"}, "distract3": {"calib_distractors": 3}}

@@ -17,7 +17,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 from bosch_eval.masks import HeadMask
-from bosch_eval.search.objective import CalibrationObjective, build_objective
+from bosch_eval.search.objective import CalibrationObjective
+from bosch_eval.search.objective_loading import build_objective
 
 DEV = {"dev_lengths": [512, 1024], "dev_samples": 8}
 
