@@ -6,8 +6,8 @@ import argparse
 from typing import Any
 
 from bosch_eval.device import pick_device
-from bosch_eval.masks import HeadMask, MaskError, ModelShape, check_sinks
-from bosch_eval.model_check import model_config, resolve_model
+from bosch_eval.masks import HeadMask, ModelShape, check_sinks
+from bosch_eval.model_check import ModelError, model_config, resolve_model
 
 # Random-weight models for timing (no download). attn-heavy: hidden width 128 against 16 heads
 # × 128, so attention is ~80% of the prefill at T = 8192 (the bench's "attention share").
@@ -28,7 +28,7 @@ def _bench_model(args: argparse.Namespace) -> Any:
     if args.model.startswith("random:"):
         name = args.model.removeprefix("random:")
         if name not in RANDOM_CONFIGS:
-            raise MaskError(f"--model: unknown random config {name!r}, expected one of {sorted(RANDOM_CONFIGS)}")
+            raise ModelError(f"--model: unknown random config {name!r}, expected one of {sorted(RANDOM_CONFIGS)}")
         fields = dict(RANDOM_CONFIGS[name])
         config = AutoConfig.for_model(fields.pop("model_type"), attn_implementation="sdpa", **fields)
         torch.manual_seed(0)

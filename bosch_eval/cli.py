@@ -8,17 +8,15 @@ from collections.abc import Sequence
 
 from bosch_eval.analyze.cli import add_analyze_parser
 from bosch_eval.compare.cli import add_compare_parser
-from bosch_eval.compare.entries import EntryError
 from bosch_eval.bench_cli import add_bench_parser
 from bosch_eval.export_cli import add_export_parser
+from bosch_eval.errors import BoschError
 from bosch_eval.lm_eval_logs import quiet_per_length_warnings
 from bosch_eval.mask_cli import add_mask_parser
-from bosch_eval.masks import MaskError
 from bosch_eval.model_check import BUNDLED_MODELS
-from bosch_eval.search.calib_check_cli import CalibCheckError, add_calib_check_parser
+from bosch_eval.search.calib_check_cli import add_calib_check_parser
 from bosch_eval.search.import_cli import add_import_parser
 from bosch_eval.search.rank_cli import add_rank_parser
-from bosch_eval.search.search_cli import ERRORS as SEARCH_ERRORS
 from bosch_eval.search.search_cli import add_search_parser
 from bosch_eval.train.cli import add_train_parser
 
@@ -69,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet_per_length_warnings()  # compare and search build lm-eval tasks before any adapter exists
     try:
         args.run(args)
-    except (MaskError, EntryError, CalibCheckError, *SEARCH_ERRORS) as err:
+    except BoschError as err:
         print(f"bosch-eval: error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -31,7 +31,8 @@ import torch
 from bosch_eval.checkpoint import CONFIG_FIELD as MASK_FIELD
 from bosch_eval.hybrid_attention import hybridize
 from bosch_eval.kv_quant.config import CONFIG_FIELD as KV_QUANT_FIELD
-from bosch_eval.masks import HeadMask, MaskError
+from bosch_eval.errors import BoschError
+from bosch_eval.masks import HeadMask
 
 SERVING_FORMAT = "bosch-serving/1"
 CONVENTIONS = ("inclusive", "exclusive")
@@ -44,7 +45,7 @@ _CHECKED_POSITIONS = 16
 _MAX_DISTANCE_RATIO = 0.1
 
 
-class ExportError(MaskError):
+class ExportError(BoschError):
     """A mask or model that the chosen export target cannot represent."""
 
 

@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from bosch_eval.checkpoint import CONFIG_FIELD, saved_mask
-from bosch_eval.export import CONVENTIONS, export_transformers, write_serving
+from bosch_eval.export import CONVENTIONS, ExportError, export_transformers, write_serving
 from bosch_eval.mask_sources import resolve_mask
 from bosch_eval.masks import HeadMask, MaskError, ModelShape, check_window
 from bosch_eval.model_check import model_config, resolve_model
@@ -54,7 +54,7 @@ def _export(args: argparse.Namespace) -> None:
         mask = mask.with_meta(model=args.model)  # heuristic and ranking masks name no model
     if args.to == "transformers":
         if args.model is None:
-            raise MaskError("export --to transformers: pass --model M, the checkpoint whose weights are exported")
+            raise ExportError("export --to transformers: pass --model M, the checkpoint whose weights are exported")
         out = export_transformers(resolve_model(args.model), mask, args.out, source)
         print(f"{out}: transformers checkpoint (layer_types, sliding_window={mask.window}); load with AutoModelForCausalLM")
     else:

@@ -28,8 +28,10 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask, sdpa_mask
 
+from bosch_eval.errors import SettingsError
 from bosch_eval.local_window import LocalWindow, LocalWindowError
 from bosch_eval.masks import HeadMask, MaskError, ModelShape, check_window
+from bosch_eval.model_check import ModelError
 from bosch_eval.swa_kernels import BACKENDS as KERNELS
 from bosch_eval.swa_kernels import Backend
 
@@ -122,7 +124,7 @@ class HybridAttention:
 
     def __init__(self, mask: HeadMask, window: int, backend: str, config: Any = None, sinks: int = 0) -> None:
         if backend not in KERNELS:
-            raise MaskError(f"attn_backend: expected one of {backend_names()}, got {backend!r}")
+            raise SettingsError(f"attn_backend: expected one of {backend_names()}, got {backend!r}")
         self.backend = backend
         self.kernels: Backend = KERNELS[backend]
         self.config = config
@@ -305,10 +307,10 @@ def resolve_backend(backend: str, device: torch.device) -> str:
             return "flash_attention_2" if KERNELS["flash_attention_2"].unavailable(device) is None else "sdpa"
         return "blocked"
     if backend not in KERNELS:
-        raise MaskError(f"attn_backend: expected one of {backend_names()}, got {backend!r}")
+        raise SettingsError(f"attn_backend: expected one of {backend_names()}, got {backend!r}")
     reason = KERNELS[backend].unavailable(device)
     if reason is not None:
-        raise MaskError(f"attn_backend: {backend!r} {reason}")
+        raise SettingsError(f"attn_backend: {backend!r} {reason}")
     return backend
 
 
@@ -344,8 +346,9 @@ def hybridize(
         sinks: S; defaults to the mask's own ``sinks``.
 
     Raises:
-        MaskError: the mask does not fit the model, no window is known, or the backend
-            cannot run on the model's device.
+        MaskError: the mask does not fit the model, or no window is known.
+        SettingsError: the backend cannot run on the model's device.
+        ModelError: the model does not dispatch attention through transformers.
     """
     shape = ModelShape.from_config(model.config)
     model_name = getattr(model.config, "_name_or_path", None) or type(model).__name__
@@ -368,7 +371,7 @@ def hybridize(
     # the unpatched attention under a mask would silently measure the wrong model.
     model.set_attn_implementation(implementation)
     if model.config._attn_implementation != implementation:
-        raise MaskError(
+        raise ModelError(
             f"{type(model).__name__} does not dispatch attention through transformers' AttentionInterface; "
             "it cannot run a hybrid mask"
         )

@@ -21,7 +21,7 @@ Two more things, only in the ``lm_eval`` command itself (never in other programs
   the tokenizer (RULER's ``niah_*``) look it up by that name on the Hugging Face hub, which
   failed after a minute of network retries. Only ``key=value`` arguments are rewritten (not
   JSON ones, nor a ``--config`` file).
-* Our errors (:class:`bosch_eval.masks.MaskError` and its subclasses: bad model_args, a model
+* Our errors (:class:`bosch_eval.errors.BoschError` and its subclasses: bad model_args, a model
   that cannot be used, an input longer than the model holds) end the command with one line,
   ``lm_eval: error: <message>``, instead of the message at the bottom of a traceback.
 """
@@ -92,8 +92,8 @@ def resolve_bundled_aliases(argv: list[str]) -> list[str]:
 
 def _one_line_errors(exc_type: type[BaseException], exc: BaseException, tb: object) -> None:
     """sys.excepthook of the ``lm_eval`` command: our errors in one line, the rest as before."""
-    masks = sys.modules.get("bosch_eval.masks")  # not loaded: the error cannot be ours
-    if masks is not None and isinstance(exc, masks.MaskError):
+    errors = sys.modules.get("bosch_eval.errors")  # not loaded: the error cannot be ours
+    if errors is not None and isinstance(exc, errors.BoschError):
         sys.stderr.write(f"lm_eval: error: {exc}\n")
     else:
         sys.__excepthook__(exc_type, exc, tb)  # type: ignore[arg-type]

@@ -29,11 +29,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from bosch_eval.errors import BoschError
+
 # (batch, head, q_idx, kv_idx) -> bool, or a bool tensor when the indices are tensors.
 MaskFunction = Callable[[Any, Any, Any, Any], Any]
 
 
-class LocalWindowError(ValueError):
+class LocalWindowError(BoschError):
     """A window or sink count that cannot be used."""
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bosch_eval.errors import BoschError
 from bosch_eval.local_window import LocalWindow
 
 MASK_FORMAT = "bosch-mask/1"
@@ -38,7 +39,7 @@ RANKING_FORMAT = "bosch-ranking/1"
 _CEIL_SLACK = 1e-9
 
 
-class MaskError(ValueError):
+class MaskError(BoschError):
     """A mask, ranking or ratio that cannot be used as given."""
 
 

@@ -23,14 +23,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.masks import MaskError
+from bosch_eval.errors import BoschError
 
 IGNORE_FLAG = "--ignore-max-positions"
 IGNORE_METADATA = "ignore_max_positions"
 
 
-class ModelError(MaskError):
-    """A model that does not exist, or a length it cannot hold."""
+class ModelError(BoschError):
+    """A model that does not exist or cannot be used, or a length it cannot hold."""
 
 
 TOY_DIR = Path(__file__).resolve().parent / "toy"

@@ -12,7 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from bosch_eval.masks import MaskError, check_window
+from bosch_eval.errors import SettingsError
+from bosch_eval.masks import check_window
 
 DEFAULTS_FILE = "bosch_defaults.json"
 
@@ -33,14 +34,14 @@ def model_defaults(model: str | Path) -> ModelDefaults:
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as err:
-        raise MaskError(f"{path}: not valid JSON ({err})") from err
+        raise SettingsError(f"{path}: not valid JSON ({err})") from err
     if not isinstance(data, dict):
-        raise MaskError(f"{path}: expected a JSON object with 'window' and 'calib_len', got {type(data).__name__}")
+        raise SettingsError(f"{path}: expected a JSON object with 'window' and 'calib_len', got {type(data).__name__}")
     unknown = set(data) - {"window", "calib_len"}
     if unknown:
-        raise MaskError(f"{path}: unknown fields {sorted(unknown)}; expected 'window', 'calib_len'")
+        raise SettingsError(f"{path}: unknown fields {sorted(unknown)}; expected 'window', 'calib_len'")
     window = check_window(data["window"], f"{path}: field 'window'") if "window" in data else None
     calib_len = data.get("calib_len")
     if calib_len is not None and (not isinstance(calib_len, int) or isinstance(calib_len, bool) or calib_len < 1):
-        raise MaskError(f"{path}: field 'calib_len' must be a positive integer, got {calib_len!r}")
+        raise SettingsError(f"{path}: field 'calib_len' must be a positive integer, got {calib_len!r}")
     return ModelDefaults(window=window, calib_len=calib_len)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bosch_eval.masks import MaskError
+from bosch_eval.errors import SettingsError
+from bosch_eval.model_check import ModelError
 
 ROPE_SCALINGS = ("yarn",)
 
@@ -29,32 +30,32 @@ def check_rope_args(scaling: str | None, factor: Any, original_max_positions: An
     model_args), for the messages.
 
     Raises:
-        MaskError: a factor or length without a scaling, an unknown scaling, a factor
+        SettingsError: a factor or length without a scaling, an unknown scaling, a factor
             below 1 or a non-positive length.
     """
     scaling_name, factor_name, original_name = names
     if scaling is None:
         given = [name for name, value in ((factor_name, factor), (original_name, original_max_positions)) if value is not None]
         if given:
-            raise MaskError(f"{', '.join(given)}: only used with {scaling_name}=yarn, which was not given")
+            raise SettingsError(f"{', '.join(given)}: only used with {scaling_name}=yarn, which was not given")
         return None, None, None
     if scaling not in ROPE_SCALINGS:
-        raise MaskError(f"{scaling_name}: expected one of {list(ROPE_SCALINGS)}, got {scaling!r}")
+        raise SettingsError(f"{scaling_name}: expected one of {list(ROPE_SCALINGS)}, got {scaling!r}")
     if factor is None:
-        raise MaskError(f"{factor_name}: {scaling_name}={scaling} needs a factor F >= 1 (context grows F times)")
+        raise SettingsError(f"{factor_name}: {scaling_name}={scaling} needs a factor F >= 1 (context grows F times)")
     try:
         factor = float(factor)
     except (TypeError, ValueError):
-        raise MaskError(f"{factor_name}: expected a number >= 1, got {factor!r}") from None
+        raise SettingsError(f"{factor_name}: expected a number >= 1, got {factor!r}") from None
     if not factor >= 1.0:
-        raise MaskError(f"{factor_name}: expected a number >= 1, got {factor!r}")
+        raise SettingsError(f"{factor_name}: expected a number >= 1, got {factor!r}")
     if original_max_positions is not None:
         try:
             original_max_positions = int(original_max_positions)
         except (TypeError, ValueError):
-            raise MaskError(f"{original_name}: expected a positive integer, got {original_max_positions!r}") from None
+            raise SettingsError(f"{original_name}: expected a positive integer, got {original_max_positions!r}") from None
         if original_max_positions < 1:
-            raise MaskError(f"{original_name}: expected a positive integer, got {original_max_positions!r}")
+            raise SettingsError(f"{original_name}: expected a positive integer, got {original_max_positions!r}")
     return scaling, factor, original_max_positions
 
 
@@ -69,16 +70,16 @@ def apply_yarn(config: Any, factor: float, original_max_positions: int | None = 
         source: how to name the config in messages.
 
     Raises:
-        MaskError: the config has no RoPE parameters, per-layer-type ones, or is already scaled.
+        ModelError: the config has no RoPE parameters, per-layer-type ones, or is already scaled.
     """
     config.standardize_rope_params()  # moves a legacy rope_theta / rope_scaling into rope_parameters
     rope = getattr(config, "rope_parameters", None)
     if not rope or "rope_theta" not in rope:
-        raise MaskError(f"{source}: field 'rope_parameters' has no 'rope_theta'; this model does not use RoPE")
+        raise ModelError(f"{source}: field 'rope_parameters' has no 'rope_theta'; this model does not use RoPE")
     if config.nested_rope_parameter_keys(rope):
-        raise MaskError(f"{source}: field 'rope_parameters' is set per layer type ({sorted(rope)}); YaRN here supports one flat RoPE")
+        raise ModelError(f"{source}: field 'rope_parameters' is set per layer type ({sorted(rope)}); YaRN here supports one flat RoPE")
     if rope.get("rope_type", "default") != "default":
-        raise MaskError(
+        raise ModelError(
             f"{source}: field 'rope_parameters' already has rope_type={rope['rope_type']!r} "
             f"(factor {rope.get('factor')}); expected 'default' (an unscaled model) to apply YaRN to"
         )

@@ -69,6 +69,7 @@ from bosch_eval.kv_quant.config import KVQuantConfig, parse_kv_quant
 from bosch_eval.launch import join_cpu_processes, shard_over_processes
 from bosch_eval.lm_eval_logs import quiet_per_length_warnings
 from bosch_eval.mask_sources import resolve_mask
+from bosch_eval.errors import SettingsError
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
 from bosch_eval.device import pick_device
 from bosch_eval.model_check import ModelError, check_causal_decoder, model_config, resolve_model
@@ -121,7 +122,7 @@ def _kv_quant_settings(
     else:
         settings = parse_kv_quant(kv_quant, kv_bits, kv_window, kv_group_size, head_dim=ModelShape.head_dim_of(config))
     if settings is not None and kv_cache != "hybrid":
-        raise MaskError(f"kv_cache: kv_quant={settings.method} stores its KV in the hybrid cache; got kv_cache={kv_cache!r}")
+        raise SettingsError(f"kv_cache: kv_quant={settings.method} stores its KV in the hybrid cache; got kv_cache={kv_cache!r}")
     return settings
 
 
@@ -155,24 +156,24 @@ class BoschLM(HFLM):
         **kwargs: Any,
     ) -> None:
         if kv_cache not in KV_CACHES:
-            raise MaskError(f"kv_cache: expected one of {list(KV_CACHES)}, got {kv_cache!r}")
+            raise SettingsError(f"kv_cache: expected one of {list(KV_CACHES)}, got {kv_cache!r}")
         quiet_per_length_warnings()  # RULER-style tasks' per-length metrics, expected (see the module)
         if kwargs.get("tp_plan") is not None:
             # Under tensor parallelism each rank's attention holds a shard of the heads, but the
             # hybrid attention picks KV groups by their global index: slices past the shard would
             # be silently empty. Refused rather than run wrong.
-            raise MaskError(
+            raise SettingsError(
                 f"tp_plan={kwargs['tp_plan']!r}: tensor parallelism is not supported by --model bosch (the hybrid "
                 "attention selects KV groups by global index; a tensor-parallel rank holds only its shard of the "
                 "heads); use parallelize=True to spread the layers over GPUs, or several processes for data parallelism"
             )
         for name, flag in (("memoize_tokens", memoize_tokens), ("progress_bars", progress_bars), ("allow_truncation", allow_truncation)):
             if not isinstance(flag, bool):
-                raise MaskError(f"{name}: expected True or False, got {flag!r}")
+                raise SettingsError(f"{name}: expected True or False, got {flag!r}")
         if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, int) or prefix_cache_mb < 0:
-            raise MaskError(f"prefix_cache_mb: expected a whole number of megabytes >= 0 (0 = no cache), got {prefix_cache_mb!r}")
+            raise SettingsError(f"prefix_cache_mb: expected a whole number of megabytes >= 0 (0 = no cache), got {prefix_cache_mb!r}")
         if prefix_cache_mb and kv_quant not in (None, "none"):
-            raise MaskError("prefix_cache_mb: not with kv_quant (compressed scoring runs its own prefill per request)")
+            raise SettingsError("prefix_cache_mb: not with kv_quant (compressed scoring runs its own prefill per request)")
         self.kv_cache = kv_cache
         self.memoize_tokens = memoize_tokens
         self.progress_bars = progress_bars
@@ -195,7 +196,7 @@ class BoschLM(HFLM):
         super().__init__(pretrained=pretrained, **kwargs)
         shard_over_processes(self)
         if self.backend != "causal":
-            raise MaskError(f"bosch: hybrid attention needs a decoder-only (causal) model, got backend={self.backend!r}")
+            raise ModelError(f"bosch: hybrid attention needs a decoder-only (causal) model, got backend={self.backend!r}")
         self._window_override = window
         self._sink_override = sink
         if not isinstance(pretrained, str):  # a preloaded model: its own config
@@ -228,9 +229,9 @@ class BoschLM(HFLM):
         if scaling is None:
             return
         if not isinstance(pretrained, str):
-            raise MaskError("rope_scaling: needs pretrained= as a name or path (a loaded model's rotary embedding is already built)")
+            raise SettingsError("rope_scaling: needs pretrained= as a name or path (a loaded model's rotary embedding is already built)")
         if "config" in kwargs:
-            raise MaskError("rope_scaling: cannot be combined with an explicit config=")
+            raise SettingsError("rope_scaling: cannot be combined with an explicit config=")
         kwargs["config"] = scaled_config(
             pretrained, factor, original, revision=kwargs.get("revision", "main"), trust_remote_code=bool(kwargs.get("trust_remote_code", False))
         )

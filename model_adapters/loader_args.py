@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from bosch_eval.masks import MaskError
+from bosch_eval.errors import SettingsError
 
 # Set by the search from its own flags, or by the search itself (a mask per call).
 RESERVED = {
@@ -56,7 +56,7 @@ def parse_model_args(text: str | None, flag: str = "--model-args", adapter: bool
     values typed as lm-eval types them.
 
     Raises:
-        MaskError: a key the loader does not take, or one the command sets itself.
+        SettingsError: a key the loader does not take, or one the command sets itself.
     """
     if not text:
         return {}
@@ -65,13 +65,13 @@ def parse_model_args(text: str | None, flag: str = "--model-args", adapter: bool
     try:
         args = simple_parse_args_string(text)
     except ValueError as err:
-        raise MaskError(f"{flag}: expected k=v,k=v (as lm_eval --model_args), got {text!r} ({err})") from None
+        raise SettingsError(f"{flag}: expected k=v,k=v (as lm_eval --model_args), got {text!r} ({err})") from None
     known = loader_parameters(adapter)
     for key in args:
         if key in RESERVED:
-            raise MaskError(f"{flag}: {key!r} is set by {RESERVED[key]}, not here")
+            raise SettingsError(f"{flag}: {key!r} is set by {RESERVED[key]}, not here")
         if key == "attn_implementation":
-            raise MaskError(f"{flag}: 'attn_implementation' is the hybrid attention's; choose its kernel with attn_backend=")
+            raise SettingsError(f"{flag}: 'attn_implementation' is the hybrid attention's; choose its kernel with attn_backend=")
         if key not in known:
-            raise MaskError(f"{flag}: the model loader takes no argument {key!r}; expected some of {sorted(known - set(RESERVED))}")
+            raise SettingsError(f"{flag}: the model loader takes no argument {key!r}; expected some of {sorted(known - set(RESERVED))}")
     return args

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bosch_eval.search.search_cli import ERRORS, add_search_arguments, run_from_args
+from bosch_eval.errors import BoschError
+from bosch_eval.search.search_cli import add_search_arguments, run_from_args
 
 
 def main() -> int:
@@ -13,7 +14,7 @@ def main() -> int:
     add_search_arguments(parser)
     try:
         run_from_args(parser.parse_args())
-    except ERRORS as err:
+    except BoschError as err:
         print(f"bosch_eval.search: error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -20,6 +20,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from bosch_eval.errors import BoschError
 from bosch_eval.masks import HeadMask, HeadRanking, check_ratio
 from bosch_eval.outdir_lock import OutputLock
 from bosch_eval.search.calib_check import PanelMask, RatioSummary, build_panel, layer_drops, summarize
@@ -29,7 +30,7 @@ from bosch_eval.search.objective_loading import build_objective
 DEFAULT_DEV = "bosch_niah_dev"
 
 
-class CalibCheckError(ValueError):
+class CalibCheckError(BoschError):
     """A calib-check setting or output directory that cannot be used."""
 
 

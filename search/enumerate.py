@@ -32,10 +32,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from bosch_eval.masks import HeadMask, MaskError, ModelShape, ceil_count, check_ratio
+from bosch_eval.errors import BoschError
+from bosch_eval.masks import HeadMask, ModelShape, ceil_count, check_ratio
 from bosch_eval.model_defaults import model_defaults
 from bosch_eval.search.journal import Journal, JournalError, mask_key
-from bosch_eval.search.objective import ObjectiveError
 from bosch_eval.search.objective_loading import build_objective
 from bosch_eval.outdir_lock import OutputLock
 from bosch_eval.search.scoring import SearchError
@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
         run(args)
-    except (MaskError, SearchError, JournalError, ObjectiveError) as err:
+    except BoschError as err:
         print(f"bosch_eval.search.enumerate: error: {err}", file=sys.stderr)
         return 2
     return 0

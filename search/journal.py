@@ -47,6 +47,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bosch_eval.errors import BoschError
+
 JOURNAL_FORMAT = "bosch-journal/1"
 # How every journal file begins (what json.dumps writes for the header line).
 _HEADER_PREFIX = b'{"journal": "bosch-journal/1", "header": '
@@ -54,7 +56,7 @@ _HEADER_PREFIX = b'{"journal": "bosch-journal/1", "header": '
 log = logging.getLogger("bosch_eval.search")
 
 
-class JournalError(RuntimeError):
+class JournalError(BoschError, RuntimeError):
     """A journal that cannot be opened, resumed or appended to as asked."""
 
 

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.masks import MaskError
+from bosch_eval.errors import SettingsError
 from bosch_eval.search.rankers import METHOD_NAMES
 from bosch_eval.tasks.niah.calibration_sets import CALIBRATION_SETS, DEFAULT_CALIBRATION
 
@@ -97,7 +97,7 @@ def method_options(args: argparse.Namespace) -> dict[str, Any]:
             continue
         if method != args.method:
             flag = "--" + dest.replace("_", "-")
-            raise MaskError(f"{flag} applies to --method {method}, not {args.method}")
+            raise SettingsError(f"{flag} applies to --method {method}, not {args.method}")
         options[option] = tuple(value) if isinstance(value, list) else value
     return options
 
@@ -110,7 +110,7 @@ def resolve_model(name: str) -> str:
 
 
 def rank_main(args: argparse.Namespace) -> None:
-    """Run ``bosch-eval rank``; raises :class:`MaskError` on any bad input."""
+    """Run ``bosch-eval rank``; raises a :class:`~bosch_eval.errors.BoschError` on any bad input."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -129,9 +129,9 @@ def rank_main(args: argparse.Namespace) -> None:
     window = args.window if args.window is not None else defaults.window
     calib_len = args.calib_len if args.calib_len is not None else defaults.calib_len
     if window is None:
-        raise MaskError(f"{args.model}: no --window given and no bosch_defaults.json with 'window'; pass --window W")
+        raise SettingsError(f"{args.model}: no --window given and no bosch_defaults.json with 'window'; pass --window W")
     if calib_len is None:
-        raise MaskError(
+        raise SettingsError(
             f"{args.model}: no --calib-len given and no bosch_defaults.json with 'calib_len'; pass --calib-len T"
         )
     if not args.ignore_max_positions:  # before the weights load: past it, every score would be ~0
@@ -159,7 +159,7 @@ def rank_main(args: argparse.Namespace) -> None:
             model_name=args.model,
         )
     except TemplateTooLong as err:
-        raise MaskError(f"--calib-len {calib_len}: {err}") from None
+        raise SettingsError(f"--calib-len {calib_len}: {err}") from None
     argv = getattr(args, "argv", None)
     if argv is not None:
         ranking = replace(ranking, provenance={**ranking.provenance, "command": " ".join(["bosch-eval", *argv])})

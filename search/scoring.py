@@ -24,11 +24,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from bosch_eval.errors import BoschError
+
 DEFAULT_ALPHA = 100.0
 DEFAULT_GAMMA = 0.2
 
 
-class SearchError(RuntimeError):
+class SearchError(BoschError, RuntimeError):
     """A search that cannot produce a meaningful result (bad anchors, bad settings)."""
 
 

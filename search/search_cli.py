@@ -20,21 +20,18 @@ from typing import Any
 
 from accelerate import PartialState
 
-from bosch_eval.masks import MaskError, ModelShape
+from bosch_eval.masks import ModelShape
 from bosch_eval.model_adapters.loader_args import parse_model_args
 from bosch_eval.model_check import IGNORE_FLAG, model_config, resolve_model
 from bosch_eval.prefix_cache import DEFAULT_BUDGET_MB as DEFAULT_PREFIX_CACHE_MB
 from bosch_eval.search.api import DEFAULT_CALIB_TASK, search_model
 from bosch_eval.search.cost import estimate_calls
-from bosch_eval.search.journal import JournalError
-from bosch_eval.search.objective import ObjectiveError
 from bosch_eval.search.optimizers import METHODS
 from bosch_eval.search.pipeline import VARIANTS, SearchSettings, validate_for_shape
 from bosch_eval.search.racing import DEFAULT_RACE_CHUNK
 from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, SearchError
 from bosch_eval.search.stage2 import DEFAULT_BUCKETS
 from bosch_eval.search.stages import QUOTAS
-from bosch_eval.tasks.niah.haystack import TemplateTooLong
 
 # Flags passed on under their own names: to SearchSettings, and to search_model.
 SETTINGS_FLAGS = ("ratio", "variant", "optimizer", "budget_per_layer", "alpha", "gamma", "seed", "chunk_layers", "quota", "refine")
@@ -174,7 +171,3 @@ def add_search_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_search_arguments(parser)
     parser.set_defaults(run=run_from_args)
     return parser
-
-
-# What the command line reports as a one-line error instead of a traceback.
-ERRORS = (MaskError, SearchError, JournalError, ObjectiveError, TemplateTooLong)

@@ -18,9 +18,12 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.tasks import TaskManager
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from bosch_eval.device import DeviceError
+from bosch_eval.errors import SettingsError
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
 from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.model_adapters.continuation_logits import logits_at, scored_positions
+from bosch_eval.model_check import ModelError
 from bosch_eval.random_model import random_model
 
 FIXTURE_TASKS = Path(__file__).parent / "fixtures" / "tasks"
@@ -146,24 +149,24 @@ class TestMaskSources:
         assert sum(not any(row) for row in lm.head_mask.bits) == 2  # ⌈0.5·3⌉ layers
 
     @pytest.mark.parametrize(
-        ("args", "message"),
+        ("args", "error", "message"),
         [
-            ({}, r"expected exactly one mask source .* got none"),
-            ({"layers": "intr", "ratio": 0.5, "mask": "m.json"}, r"got \['layers', 'mask'\]"),
-            ({"layers": "intr", "window": 4}, r"ratio: layers= needs ratio=R"),
-            ({"layers": "intr", "ratio": 1.5, "window": 4}, r"ratio: expected an SWA ratio in \[0, 1\], got 1.5"),
-            ({"layers": "top", "ratio": 0.5, "window": 4}, r"unknown layer heuristic 'top'"),
-            ({"layers": "intr", "ratio": 0.5}, r"layers=intr: field 'window' is missing"),
-            ({"layers": "bme", "ratio": 0.5, "seed": 3, "window": 4}, r"seed: only layers=rand is random"),
-            ({"mask": "missing.json"}, r"missing.json: no such file"),
-            ({"layers": "intr", "ratio": 0.5, "window": 4, "attn_backend": "xformers"}, r"attn_backend: expected one of"),
-            ({"layers": "intr", "ratio": 0.5, "window": 0}, r"window: expected a positive integer"),
-            ({"layers": "intr", "ratio": 0.5, "window": 4, "kv_cache": "paged"}, r"kv_cache: expected one of"),
-            ({"layers": "intr", "ratio": 0.5, "window": 4, "tp_plan": "auto"}, r"tp_plan='auto': tensor parallelism is not supported"),
+            ({}, MaskError, r"expected exactly one mask source .* got none"),
+            ({"layers": "intr", "ratio": 0.5, "mask": "m.json"}, MaskError, r"got \['layers', 'mask'\]"),
+            ({"layers": "intr", "window": 4}, MaskError, r"ratio: layers= needs ratio=R"),
+            ({"layers": "intr", "ratio": 1.5, "window": 4}, MaskError, r"ratio: expected an SWA ratio in \[0, 1\], got 1.5"),
+            ({"layers": "top", "ratio": 0.5, "window": 4}, MaskError, r"unknown layer heuristic 'top'"),
+            ({"layers": "intr", "ratio": 0.5}, MaskError, r"layers=intr: field 'window' is missing"),
+            ({"layers": "bme", "ratio": 0.5, "seed": 3, "window": 4}, MaskError, r"seed: only layers=rand is random"),
+            ({"mask": "missing.json"}, MaskError, r"missing.json: no such file"),
+            ({"layers": "intr", "ratio": 0.5, "window": 4, "attn_backend": "xformers"}, SettingsError, r"attn_backend: expected one of"),
+            ({"layers": "intr", "ratio": 0.5, "window": 0}, MaskError, r"window: expected a positive integer"),
+            ({"layers": "intr", "ratio": 0.5, "window": 4, "kv_cache": "paged"}, SettingsError, r"kv_cache: expected one of"),
+            ({"layers": "intr", "ratio": 0.5, "window": 4, "tp_plan": "auto"}, SettingsError, r"tp_plan='auto': tensor parallelism is not supported"),
         ],
     )
-    def test_bad_arguments(self, tiny_model_dir, args, message):
-        with pytest.raises(MaskError, match=message):
+    def test_bad_arguments(self, tiny_model_dir, args, error, message):
+        with pytest.raises(error, match=message):
             BoschLM(pretrained=str(tiny_model_dir), device="cpu", **args)
 
     def test_mask_for_another_model(self, tiny_model_dir, tmp_path):
@@ -271,7 +274,7 @@ class TestDevice:
         from bosch_eval import device as device_module
 
         with mock.patch.object(device_module, "_cuda_problem", return_value="no CUDA here"):
-            with pytest.raises(MaskError, match=r"device 'cuda': no CUDA here; use device cpu"):
+            with pytest.raises(DeviceError, match=r"device 'cuda': no CUDA here; use device cpu"):
                 BoschLM(pretrained=str(tiny_model_dir), mask="full", device="cuda")
 
 
@@ -280,7 +283,7 @@ def test_an_encoder_is_refused_as_not_a_causal_decoder(tmp_path):
 
     BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64).save_pretrained(tmp_path)
     # config.json only: the refusal comes before any weight loads
-    with pytest.raises(MaskError, match=r"model_type 'bert' is an encoder .* not a causal decoder"):
+    with pytest.raises(ModelError, match=r"model_type 'bert' is an encoder .* not a causal decoder"):
         BoschLM(pretrained=str(tmp_path), device="cpu", mask="full")
 
 
@@ -304,13 +307,13 @@ class TestInputsLongerThanTheModel:
     def test_loglikelihood_is_refused(self, tiny_model_dir):
         lm = self.lm(tiny_model_dir)
         length = len(lm.tok_encode(self.LONG[0] + self.LONG[1])) - 1
-        with pytest.raises(MaskError, match=rf"task 'long_task': 1 request\(s\) .* the longest context \+ continuation {length} tokens > 16 \(max_length 16.*allow_truncation=true"):
+        with pytest.raises(ModelError, match=rf"task 'long_task': 1 request\(s\) .* the longest context \+ continuation {length} tokens > 16 \(max_length 16.*allow_truncation=true"):
             lm.loglikelihood(_instances("loglikelihood", [self.LONG, ("short", " one")]))
 
     def test_generation_is_refused(self, tiny_model_dir):
         lm = self.lm(tiny_model_dir)
         kwargs = {"until": ["\n"], "max_gen_toks": 4, "do_sample": False}
-        with pytest.raises(MaskError, match=r"task 'long_task': 1 request\(s\) .* the longest context \d+ tokens > 12 \(max_length 16.*less the tokens to generate"):
+        with pytest.raises(ModelError, match=r"task 'long_task': 1 request\(s\) .* the longest context \d+ tokens > 12 \(max_length 16.*less the tokens to generate"):
             lm.generate_until(_instances("generate_until", [(self.LONG[0], kwargs)]))
 
     def test_inputs_that_fit_are_scored_and_marked_clean(self, tiny_model_dir):
@@ -338,5 +341,5 @@ class TestInputsLongerThanTheModel:
 
 def test_perplexity_with_kv_quant_is_refused_naming_the_task(tiny_model_dir):
     lm = BoschLM(pretrained=str(tiny_model_dir), device="cpu", mask="full", kv_quant="logquant", kv_window=4)
-    with pytest.raises(MaskError, match=r"task 'wikitext': perplexity \(loglikelihood_rolling\) with kv_quant=logquant would not measure"):
+    with pytest.raises(ModelError, match=r"task 'wikitext': perplexity \(loglikelihood_rolling\) with kv_quant=logquant would not measure"):
         lm.loglikelihood_rolling(_instances("loglikelihood_rolling", [("some text",)], task="wikitext"))

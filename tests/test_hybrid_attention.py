@@ -8,6 +8,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from bosch_eval.errors import SettingsError
 from bosch_eval.hybrid_attention import GroupRun, HybridAttention, attention_modules, hybrid_state, hybridize
 from bosch_eval.masks import HeadMask, MaskError, ModelShape
 from bosch_eval.random_model import FAMILIES, random_model
@@ -206,9 +207,9 @@ class TestErrors:
     def test_unknown_and_unavailable_backends(self):
         model = random_model("qwen3")
         mask = HeadMask.uniform(ModelShape.from_config(model.config), full=False, window=4)
-        with pytest.raises(MaskError, match=r"attn_backend: expected one of \['auto'"):
+        with pytest.raises(SettingsError, match=r"attn_backend: expected one of \['auto'"):
             hybridize(model, mask, backend="triton")
-        with pytest.raises(MaskError, match="'flash_attention_2' needs a CUDA model"):
+        with pytest.raises(SettingsError, match="'flash_attention_2' needs a CUDA model"):
             hybridize(model, mask, backend="flash_attention_2")
 
     def test_unhybridized_model_has_no_state(self):

@@ -11,6 +11,7 @@ import pytest
 
 from bosch_eval.mask_sources import resolve_mask
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape, ceil_count
+from bosch_eval.model_check import ModelError
 from bosch_eval.search.import_cli import add_import_parser, import_main
 from bosch_eval.search.importers import (
     import_duo,
@@ -305,9 +306,9 @@ class TestCli:
             self.run(argv)
 
     def test_unreadable_model(self, tmp_path):
-        with pytest.raises(MaskError, match=r"no-model-here': no such directory"):
+        with pytest.raises(ModelError, match=r"no-model-here': no such directory"):
             model_shape(str(tmp_path / "no-model-here"))
         (tmp_path / "broken").mkdir()
         (tmp_path / "broken" / "config.json").write_text("{not json")
-        with pytest.raises(MaskError, match=r"broken': cannot read its config"):
+        with pytest.raises(ModelError, match=r"broken': cannot read its config"):
             model_shape(str(tmp_path / "broken"))

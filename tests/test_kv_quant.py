@@ -25,7 +25,8 @@ from bosch_eval.kv_quant.packing import (
 )
 from bosch_eval.kv_quant.selection import Selector
 from bosch_eval.kv_quant.store import QuantizedKVStore
-from bosch_eval.masks import HeadMask, MaskError
+from bosch_eval.errors import SettingsError
+from bosch_eval.masks import HeadMask
 from bosch_eval.random_model import random_model
 from tests.conftest import left_padded_batch
 
@@ -104,7 +105,7 @@ class TestArguments:
         ],
     )
     def test_bad_input_names_the_argument_and_allowed_values(self, args, message):
-        with pytest.raises(MaskError) as error:
+        with pytest.raises(SettingsError) as error:
             parse_kv_quant(head_dim=16, **args)
         assert message in str(error.value)
 

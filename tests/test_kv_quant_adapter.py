@@ -14,7 +14,8 @@ from bosch_eval.checkpoint import saved_kv_quant
 from bosch_eval.hybrid_attention import hybrid_state
 from bosch_eval.hybrid_cache import HybridCache
 from bosch_eval.kv_quant.config import KVQuantConfig
-from bosch_eval.masks import HeadMask, MaskError
+from bosch_eval.errors import SettingsError
+from bosch_eval.masks import HeadMask
 from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.model_adapters.compressed_scoring import continuation_logits_through_cache
 from tests.test_bosch_adapter import generation_requests, requests
@@ -71,7 +72,7 @@ def test_generation_with_window_covering_everything_equals_plain(tiny_model_dir)
     ],
 )
 def test_bad_arguments(tiny_model_dir, args, message):
-    with pytest.raises(MaskError, match=message):
+    with pytest.raises(SettingsError, match=message):
         BoschLM(pretrained=str(tiny_model_dir), mask="full", **ARGS, **args)
 
 

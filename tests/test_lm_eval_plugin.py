@@ -175,7 +175,7 @@ class TestLmEvalCommand:
     @pytest.mark.slow
     def test_our_errors_end_in_one_line_and_others_keep_the_traceback(self, pth_file, tmp_path):
         script = self.fake_lm_eval(
-            tmp_path, "import sys\nfrom bosch_eval.masks import MaskError\nraise (MaskError if sys.argv[1] == 'ours' else KeyError)('kv_cache: expected one of')"
+            tmp_path, "import sys\nfrom bosch_eval.errors import SettingsError\nraise (SettingsError if sys.argv[1] == 'ours' else KeyError)('kv_cache: expected one of')"
         )
         ours = subprocess.run([str(script), "ours"], capture_output=True, text=True)
         assert ours.returncode == 1 and ours.stderr == "lm_eval: error: kv_cache: expected one of\n"

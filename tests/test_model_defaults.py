@@ -7,6 +7,7 @@ import json
 import pytest
 
 from bosch_eval.mask_sources import resolve_mask
+from bosch_eval.errors import SettingsError
 from bosch_eval.masks import MaskError, ModelShape
 from bosch_eval.model_defaults import DEFAULTS_FILE, ModelDefaults, model_defaults
 
@@ -24,18 +25,18 @@ def test_hub_ids_and_plain_checkpoints_have_none(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("content", "expected"),
+    ("content", "error", "expected"),
     [
-        ('{"window": 0}', "field 'window'"),
-        ('{"calib_len": "long"}', "field 'calib_len'"),
-        ('{"windw": 32}', r"unknown fields \['windw'\]"),
-        ("[32]", "expected a JSON object"),
-        ("{", "not valid JSON"),
+        ('{"window": 0}', MaskError, "field 'window'"),
+        ('{"calib_len": "long"}', SettingsError, "field 'calib_len'"),
+        ('{"windw": 32}', SettingsError, r"unknown fields \['windw'\]"),
+        ("[32]", SettingsError, "expected a JSON object"),
+        ("{", SettingsError, "not valid JSON"),
     ],
 )
-def test_bad_files_name_the_file_and_field(tmp_path, content, expected):
+def test_bad_files_name_the_file_and_field(tmp_path, content, error, expected):
     (tmp_path / DEFAULTS_FILE).write_text(content)
-    with pytest.raises(MaskError, match=expected) as err:
+    with pytest.raises(error, match=expected) as err:
         model_defaults(tmp_path)
     assert DEFAULTS_FILE in str(err.value)
 

@@ -16,7 +16,9 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from bosch_eval.masks import HeadRanking, MaskError, ModelShape, ceil_count
+from bosch_eval.errors import SettingsError
+from bosch_eval.masks import HeadRanking, ModelShape, ceil_count
+from bosch_eval.model_check import ModelError
 from bosch_eval.search.rank_cli import add_rank_parser, resolve_model
 from bosch_eval.search.rankers import METHOD_NAMES
 from bosch_eval.search.rankers import reference as ref
@@ -259,9 +261,9 @@ class TestGroups:
         assert {name: cls.more_local for name, cls in METHODS.items()} == MORE_LOCAL
 
     def test_unknown_option_lists_the_valid_ones(self) -> None:
-        with pytest.raises(MaskError, match=r"unknown option\(s\) \['blok'\]; valid options are \['block', 'gamma'"):
+        with pytest.raises(SettingsError, match=r"unknown option\(s\) \['blok'\]; valid options are \['block', 'gamma'"):
             make_ranker("proxy", ModelShape(1, 2, 1), 8, {"blok": 3})
-        with pytest.raises(MaskError, match="expected one of"):
+        with pytest.raises(SettingsError, match="expected one of"):
             make_ranker("lapl", ModelShape(1, 2, 1), 8)
 
 
@@ -446,24 +448,24 @@ class TestRankCommand:
         plain, hflm = HeadRanking.load(tmp_path / "plain.json"), HeadRanking.load(tmp_path / "hflm.json")
         assert hflm.scores == plain.scores
         assert hflm.provenance["model_args"] == {"revision": "main", "trust_remote_code": "False"}
-        with pytest.raises(MaskError, match="--model-args: 'dtype' is set by --dtype"):
+        with pytest.raises(SettingsError, match="--model-args: 'dtype' is set by --dtype"):
             rank([*common, "--model-args", "dtype=float16", "--out", str(tmp_path / "x.json")])
-        with pytest.raises(MaskError, match="takes no argument 'attn_backend'"):
+        with pytest.raises(SettingsError, match="takes no argument 'attn_backend'"):
             rank([*common, "--model-args", "attn_backend=sdpa", "--out", str(tmp_path / "x.json")])
 
     def test_errors_name_the_bad_setting(self, tiny_model_dir: Path, model_with_defaults: Path, tmp_path: Path) -> None:
         out = str(tmp_path / "r.json")
-        with pytest.raises(MaskError, match="pass --window W"):
+        with pytest.raises(SettingsError, match="pass --window W"):
             rank(["--method", "dcam", "--model", str(tiny_model_dir), "--calib-len", "288", "--out", out])
-        with pytest.raises(MaskError, match="--proxy-gamma applies to --method proxy, not dcam"):
+        with pytest.raises(SettingsError, match="--proxy-gamma applies to --method proxy, not dcam"):
             rank(["--method", "dcam", "--model", str(model_with_defaults), "--proxy-gamma", "0.5", "--out", out])
-        with pytest.raises(MaskError, match="--calib-len 100: .*raise the sequence length"):
+        with pytest.raises(SettingsError, match="--calib-len 100: .*raise the sequence length"):
             rank(["--method", "dcam", "--model", str(model_with_defaults), "--calib-len", "100", "--out", out])
-        with pytest.raises(MaskError, match=r"--calib-len 1024: longer than model .* \(max_position_embeddings = 512\)"):
+        with pytest.raises(ModelError, match=r"--calib-len 1024: longer than model .* \(max_position_embeddings = 512\)"):
             rank(["--method", "dcam", "--model", str(model_with_defaults), "--calib-len", "1024", "--out", out])
 
     def test_toy_resolves_to_the_bundled_checkpoint(self, tmp_path: Path) -> None:
-        with mock.patch.dict("bosch_eval.model_check.BUNDLED_MODELS", toy=tmp_path), pytest.raises(MaskError, match="model 'toy': .*missing"):
+        with mock.patch.dict("bosch_eval.model_check.BUNDLED_MODELS", toy=tmp_path), pytest.raises(ModelError, match="model 'toy': .*missing"):
             resolve_model("toy")
         (tmp_path / "model.safetensors").write_bytes(b"")
         with mock.patch.dict("bosch_eval.model_check.BUNDLED_MODELS", toy=tmp_path):

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from bosch_eval.cli import main
+from bosch_eval.errors import SettingsError
 from bosch_eval.masks import MaskError
 from bosch_eval.train import trainer
 from bosch_eval.train.trainer import TrainSettings, latest_state, train
@@ -220,5 +221,5 @@ class TestErrors:
             assert main([*base, *extra]) == 2, extra
             assert message in capsys.readouterr().err.replace("\n", " ")
         assert not (tmp_path / "a").exists()  # a bad mask source is refused before the run directory is made
-        with pytest.raises(MaskError, match="--data nowhere.jsonl: expected 'toy'"):
+        with pytest.raises(SettingsError, match="--data nowhere.jsonl: expected 'toy'"):
             train(settings_for(tiny_model_dir, data="nowhere.jsonl"), tmp_path / "f", progress_bar=False)

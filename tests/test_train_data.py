@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from bosch_eval.masks import MaskError
+from bosch_eval.errors import SettingsError
 from bosch_eval.random_model import train_tokenizer
 from bosch_eval.train.data import PackedSequences, open_source
 
@@ -58,11 +58,11 @@ class TestSources:
     def test_bad_sources_are_named(self, tmp_path):
         (tmp_path / "empty").mkdir()
         (tmp_path / "x.jsonl").write_text(json.dumps({"body": "a"}) + "\n")
-        with pytest.raises(MaskError, match="--data nowhere: expected 'toy', 'hf:NAME"):
+        with pytest.raises(SettingsError, match="--data nowhere: expected 'toy', 'hf:NAME"):
             open_source("nowhere", 8, 0)
-        with pytest.raises(MaskError, match="a directory with no .txt or .jsonl files"):
+        with pytest.raises(SettingsError, match="a directory with no .txt or .jsonl files"):
             open_source(str(tmp_path / "empty"), 8, 0)
-        with pytest.raises(MaskError, match=r"no field 'text' in its records \(fields: \['body'\]\); pass --text-field"):
+        with pytest.raises(SettingsError, match=r"no field 'text' in its records \(fields: \['body'\]\); pass --text-field"):
             open_source(str(tmp_path / "x.jsonl"), 8, 0)
 
 
@@ -91,8 +91,8 @@ def test_an_unreachable_hub_dataset_is_an_error_naming_data():
 
     code = (
         "from bosch_eval.train.data import open_source\n"
-        "from bosch_eval.masks import MaskError\n"
-        "try:\n    open_source('hf:nobody/no-such-dataset', 16, 0)\nexcept MaskError as err:\n    print(err)\n"
+        "from bosch_eval.errors import SettingsError\n"
+        "try:\n    open_source('hf:nobody/no-such-dataset', 16, 0)\nexcept SettingsError as err:\n    print(err)\n"
     )
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True)

@@ -11,7 +11,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from bosch_eval.masks import MaskError
+from bosch_eval.errors import SettingsError
+from bosch_eval.model_check import ModelError
 from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.random_model import random_model
 from bosch_eval.rope_scaling import apply_yarn, check_rope_args, scaled_config
@@ -81,16 +82,16 @@ class TestAdapter:
             (dict(rope_scaling="yarn", rope_factor=2, rope_original_max_positions="-3"), "rope_original_max_positions: expected a positive integer"),
         ]
         for args, message in cases:
-            with pytest.raises(MaskError) as error:
+            with pytest.raises(SettingsError) as error:
                 BoschLM(pretrained=str(tiny_model_dir), device="cpu", **MASK, **args)
             assert message in str(error.value)
-        with pytest.raises(MaskError, match="needs pretrained= as a name or path"):
+        with pytest.raises(SettingsError, match="needs pretrained= as a name or path"):
             BoschLM(pretrained=random_model(), device="cpu", rope_scaling="yarn", rope_factor=2, **MASK)
 
     def test_an_already_scaled_checkpoint_is_refused(self, tiny_model_dir, tmp_path):
         config = scaled_config(str(tiny_model_dir), 2.0)
         AutoModelForCausalLM.from_pretrained(tiny_model_dir, config=config).save_pretrained(tmp_path)
-        with pytest.raises(MaskError, match=r"config.json: field 'rope_parameters' already has rope_type='yarn' \(factor 2.0\)"):
+        with pytest.raises(ModelError, match=r"config.json: field 'rope_parameters' already has rope_type='yarn' \(factor 2.0\)"):
             scaled_config(str(tmp_path), 2.0)
 
 

@@ -19,12 +19,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from bosch_eval.errors import BoschError
+
 SOURCE_KEYS = ("mask", "ranking", "layers", "ratio", "seed", "window")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")  # used as a directory name
 SEED_SEPARATOR = "/"  # seeds=0/1/2: a comma would end the model_arg
 
 
-class EntryError(ValueError):
+class EntryError(BoschError):
     """An entry or leaderboard file that cannot be run as written."""
 
 

@@ -31,6 +31,7 @@ from bosch_eval.compare.inputs import changed, model_identity, run_inputs
 from bosch_eval.compare.spec import CompareSpec
 from bosch_eval.device import AUTO, pick_device
 from bosch_eval.doc_selection import samples_for_limit
+from bosch_eval.errors import BoschError
 from bosch_eval.masks import HeadMask, MaskError, ModelShape
 from bosch_eval.outdir_lock import OutputLock
 
@@ -82,7 +83,7 @@ def plan_runs(spec: CompareSpec) -> list[PlannedRun]:
         try:
             mask = resolve_entry_mask(args, shape, model_defaults(path).window, spec.model)
             plan.append(PlannedRun(entry, run, args, mask, run_inputs(args, mask, model)))
-        except (MaskError, OSError) as err:
+        except (BoschError, OSError) as err:
             raise EntryError(f"entry {entry.name!r}: {err}") from None
     return plan
 

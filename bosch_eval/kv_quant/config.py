@@ -7,7 +7,7 @@ from typing import Any
 
 from bosch_eval.kv_quant.packing import BITS
 from bosch_eval.kv_quant.selection import METHODS
-from bosch_eval.masks import MaskError
+from bosch_eval.errors import SettingsError
 
 DEFAULT_GROUP_SIZE = 64  # the seed's and KIVI's choice, used where it divides the head dim
 CONFIG_FIELD = "bosch_kv_quant"  # where a hybrid checkpoint's config.json keeps the settings
@@ -32,19 +32,19 @@ class KVQuantConfig:
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
-            raise MaskError(f"kv_quant: expected one of {[*METHODS, 'none']}, got {self.method!r}")
+            raise SettingsError(f"kv_quant: expected one of {[*METHODS, 'none']}, got {self.method!r}")
         if self.bits not in BITS:
-            raise MaskError(f"kv_bits: expected one of {list(BITS)}, got {self.bits!r}")
+            raise SettingsError(f"kv_bits: expected one of {list(BITS)}, got {self.bits!r}")
         if not isinstance(self.window, int) or isinstance(self.window, bool) or self.window <= 0:
-            raise MaskError(f"kv_window: expected a positive integer (W_lq, tokens), got {self.window!r}")
+            raise SettingsError(f"kv_window: expected a positive integer (W_lq, tokens), got {self.window!r}")
         if not isinstance(self.group_size, int) or isinstance(self.group_size, bool) or self.group_size <= 0:
-            raise MaskError(f"kv_group_size: expected a positive integer dividing the head dim, got {self.group_size!r}")
+            raise SettingsError(f"kv_group_size: expected a positive integer dividing the head dim, got {self.group_size!r}")
 
     def check_head_dim(self, head_dim: int) -> None:
         """Raise unless ``group_size`` divides ``head_dim``."""
         if head_dim % self.group_size:
             divisors = [d for d in range(1, head_dim + 1) if head_dim % d == 0]
-            raise MaskError(f"kv_group_size: {self.group_size} does not divide the head dim {head_dim}; expected one of {divisors}")
+            raise SettingsError(f"kv_group_size: {self.group_size} does not divide the head dim {head_dim}; expected one of {divisors}")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -52,17 +52,17 @@ class KVQuantConfig:
     @classmethod
     def from_json(cls, data: Any, source: str) -> KVQuantConfig:
         if not isinstance(data, dict) or set(data) != {"method", "bits", "window", "group_size"}:
-            raise MaskError(f"{source}: expected an object with fields method, bits, window, group_size; got {data!r}")
+            raise SettingsError(f"{source}: expected an object with fields method, bits, window, group_size; got {data!r}")
         return cls(**data)
 
 
 def _int_arg(name: str, value: Any) -> int:
     if isinstance(value, bool):
-        raise MaskError(f"{name}: expected an integer, got {value!r}")
+        raise SettingsError(f"{name}: expected an integer, got {value!r}")
     try:
         return int(value)
     except (TypeError, ValueError):
-        raise MaskError(f"{name}: expected an integer, got {value!r}") from None
+        raise SettingsError(f"{name}: expected an integer, got {value!r}") from None
 
 
 def parse_kv_quant(
@@ -71,17 +71,17 @@ def parse_kv_quant(
     """Turn the ``--model_args`` strings into a config (``None`` for ``kv_quant=none``).
 
     Raises:
-        MaskError: naming the argument and its allowed values.
+        SettingsError: naming the argument and its allowed values.
     """
     if kv_quant is None or kv_quant == "none":
         extra = [name for name, value in (("kv_bits", kv_bits), ("kv_window", kv_window), ("kv_group_size", kv_group_size)) if value is not None]
         if extra:
-            raise MaskError(f"{', '.join(extra)}: only used with kv_quant={'|'.join(METHODS)}; got kv_quant={kv_quant!r}")
+            raise SettingsError(f"{', '.join(extra)}: only used with kv_quant={'|'.join(METHODS)}; got kv_quant={kv_quant!r}")
         return None
     if kv_quant not in METHODS:
-        raise MaskError(f"kv_quant: expected one of {[*METHODS, 'none']}, got {kv_quant!r}")
+        raise SettingsError(f"kv_quant: expected one of {[*METHODS, 'none']}, got {kv_quant!r}")
     if kv_window is None:
-        raise MaskError(f"kv_window: kv_quant={kv_quant} needs kv_window=W_lq (a positive integer)")
+        raise SettingsError(f"kv_window: kv_quant={kv_quant} needs kv_window=W_lq (a positive integer)")
     bits = _int_arg("kv_bits", 2 if kv_bits is None else kv_bits)
     if kv_group_size is None:
         group = DEFAULT_GROUP_SIZE if head_dim is None or head_dim % DEFAULT_GROUP_SIZE == 0 else head_dim

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from bosch_eval.local_window import LocalWindow
-from bosch_eval.masks import MaskError
+from bosch_eval.errors import SettingsError
 from bosch_eval.swa_kernels.lse_merge import sink_merged_attention
 
 
@@ -53,7 +53,7 @@ def _flash_windowed(
     from flash_attn import flash_attn_func  # needs flash_attn, CUDA
 
     if key_padding is not None and not _right_padded(key_padding):
-        raise MaskError(
+        raise SettingsError(
             "attn_backend=flash_attention_2 with sink>0: left-padded batches are not supported "
             "(flash-attn has no sink option and its variable-length call is not merged); use attn_backend=sdpa, "
             "blocked or flex, or batch_size=1"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bosch_eval.masks import MaskError
+from bosch_eval.errors import BoschError
 from bosch_eval.train.cli import add_train_arguments, run_from_args
 
 
@@ -14,7 +14,7 @@ def main() -> int:
     add_train_arguments(parser)
     try:
         run_from_args(parser.parse_args())
-    except MaskError as err:
+    except BoschError as err:
         print(f"bosch_eval.train: error: {err}", file=sys.stderr)
         return 2
     return 0

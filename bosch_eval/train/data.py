@@ -26,7 +26,8 @@ from typing import Any, Protocol
 
 import torch
 
-from bosch_eval.masks import MaskError
+from bosch_eval.errors import SettingsError
+from bosch_eval.model_check import ModelError
 
 # The toy model's final training mix (bosch_eval.toy.train.curriculum at full progress).
 TOY_MIX = {"short_recall": 0.15, "recall": 0.2, "niah_single_1": 0.15, "ruler": 0.4, "calib": 0.25, "prose": 0.05}
@@ -70,9 +71,9 @@ class DatasetSource:
 
     def __init__(self, dataset: Any, text_field: str, name: str) -> None:
         if text_field not in dataset.column_names:
-            raise MaskError(f"--data {name}: no field {text_field!r} in its records (fields: {dataset.column_names}); pass --text-field")
+            raise SettingsError(f"--data {name}: no field {text_field!r} in its records (fields: {dataset.column_names}); pass --text-field")
         if len(dataset) == 0:
-            raise MaskError(f"--data {name}: holds no documents")
+            raise SettingsError(f"--data {name}: holds no documents")
         self.dataset, self.text_field = dataset, text_field
         self.epoch, self.index = 0, 0
 
@@ -94,10 +95,10 @@ class DatasetSource:
 def _text_files(path: Path) -> list[Path]:
     files = sorted(p for p in path.iterdir() if p.suffix in (".txt", ".jsonl")) if path.is_dir() else [path]
     if not files:
-        raise MaskError(f"--data {path}: a directory with no .txt or .jsonl files (nor a datasets save_to_disk directory)")
+        raise SettingsError(f"--data {path}: a directory with no .txt or .jsonl files (nor a datasets save_to_disk directory)")
     kinds = {p.suffix for p in files}
     if not kinds <= {".txt", ".jsonl"} or len(kinds) != 1:
-        raise MaskError(f"--data {path}: expected .txt or .jsonl files of one kind, got {sorted(kinds)}")
+        raise SettingsError(f"--data {path}: expected .txt or .jsonl files of one kind, got {sorted(kinds)}")
     return files
 
 
@@ -105,7 +106,7 @@ def open_source(spec: str, seq_len: int, seed: int, text_field: str = "text", sp
     """The :class:`DocumentSource` named by ``spec`` (see the module docstring).
 
     Raises:
-        MaskError: naming ``--data`` and what was expected, for a missing path, an empty or
+        SettingsError: naming ``--data`` and what was expected, for a missing path, an empty or
             mixed directory, a missing text field, or an unreachable hub dataset.
     """
     import datasets
@@ -117,11 +118,11 @@ def open_source(spec: str, seq_len: int, seed: int, text_field: str = "text", sp
         try:
             dataset = datasets.load_dataset(name, config or None, split=split)
         except Exception as err:  # hub unreachable, unknown name or split: report, do not fall back
-            raise MaskError(f"--data {spec}: could not load Hugging Face dataset {name!r} split {split!r}: {err}") from err
+            raise SettingsError(f"--data {spec}: could not load Hugging Face dataset {name!r} split {split!r}: {err}") from err
         return DatasetSource(dataset, text_field, spec)
     path = Path(spec)
     if not path.exists():
-        raise MaskError(f"--data {spec}: expected 'toy', 'hf:NAME[:CONFIG]', or an existing file or directory")
+        raise SettingsError(f"--data {spec}: expected 'toy', 'hf:NAME[:CONFIG]', or an existing file or directory")
     if path.is_dir() and ((path / "dataset_info.json").is_file() or (path / "state.json").is_file()):
         return DatasetSource(datasets.load_from_disk(str(path)), text_field, spec)
     files = _text_files(path)
@@ -144,7 +145,7 @@ class PackedSequences:
 
     def __init__(self, source: DocumentSource, tokenizer: Any, seq_len: int) -> None:
         if tokenizer.eos_token_id is None:
-            raise MaskError("tokenizer: has no eos_token; packing needs it to separate documents")
+            raise ModelError("tokenizer: has no eos_token; packing needs it to separate documents")
         self.source, self.tokenizer, self.seq_len = source, tokenizer, seq_len
         self.buffer: list[int] = []  # tokens read but not yet handed out
         self.documents = 0

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from bosch_eval.errors import SettingsError
 from bosch_eval.masks import HeadMask, MaskError
 
 STATE_DIR = "state"  # resumable Accelerate states, state/step-00000010 ...
@@ -56,17 +57,17 @@ class TrainSettings:
     def __post_init__(self) -> None:
         for name in ("steps", "seq_len", "batch_size", "micro_batch_size"):
             if getattr(self, name) < 1:
-                raise MaskError(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(self, name)}")
+                raise SettingsError(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(self, name)}")
         if not 0.0 <= self.warmup_ratio <= 1.0:
-            raise MaskError(f"--warmup-ratio: expected a value in [0, 1], got {self.warmup_ratio}")
+            raise SettingsError(f"--warmup-ratio: expected a value in [0, 1], got {self.warmup_ratio}")
         if self.lr <= 0:
-            raise MaskError(f"--lr: expected a positive learning rate, got {self.lr}")
+            raise SettingsError(f"--lr: expected a positive learning rate, got {self.lr}")
 
     def accumulation_steps(self, processes: int) -> int:
         """Micro-steps per optimizer step in each process."""
         per_step = self.micro_batch_size * processes
         if self.batch_size % per_step:
-            raise MaskError(
+            raise SettingsError(
                 f"--batch-size: {self.batch_size} sequences per step is not a multiple of "
                 f"--micro-batch-size {self.micro_batch_size} × {processes} processes"
             )
@@ -239,16 +240,16 @@ def _check_run_dir(out: Path, settings: TrainSettings, resume: bool, main: bool)
     record = out / "train_settings.json"
     if resume:
         if not record.is_file():
-            raise MaskError(f"--resume: {record} is missing; nothing to resume in {out}")
+            raise SettingsError(f"--resume: {record} is missing; nothing to resume in {out}")
         before = json.loads(record.read_text())
         changed = {key: (before.get(key), value) for key, value in asdict(settings).items() if before.get(key) != value}
         if changed:
             field, (was, now) = next(iter(changed.items()))
-            raise MaskError(f"--resume: {record} field {field!r} was {was!r}, this run has {now!r}; resume with the same settings")
+            raise SettingsError(f"--resume: {record} field {field!r} was {was!r}, this run has {now!r}; resume with the same settings")
         return
     if main:  # only the main process checks and writes, or the others would find its file
         if out.exists() and any(out.iterdir()):
-            raise MaskError(f"--out {out}: not empty; pass --resume to continue the run there, or another directory")
+            raise SettingsError(f"--out {out}: not empty; pass --resume to continue the run there, or another directory")
         out.mkdir(parents=True, exist_ok=True)
         record.write_text(json.dumps(asdict(settings), indent=1) + "\n")
 

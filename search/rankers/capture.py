@@ -26,7 +26,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from bosch_eval.hybrid_attention import attention_modules
-from bosch_eval.masks import MaskError
+from bosch_eval.errors import SettingsError
+from bosch_eval.model_check import ModelError
 
 CAPTURE_IMPLEMENTATION = "bosch_rank_capture"
 
@@ -52,11 +53,11 @@ def _capture_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     capture: _Capture = module.bosch_rank_capture
     if query.shape[0] != 1:
-        raise MaskError(f"ranking capture: expected batch size 1, got {query.shape[0]}")
+        raise SettingsError(f"ranking capture: expected batch size 1, got {query.shape[0]}")
     if kwargs.get("sliding_window") is not None:
         # The rankers score heads of full-attention layers; a layer the model itself runs
         # windowed would need its window in every formula.
-        raise MaskError(
+        raise ModelError(
             f"layer {module.layer_idx} runs with the model's own sliding window ({kwargs['sliding_window']}); "
             "the rankers support full-attention layers only"
         )
@@ -87,7 +88,7 @@ def capture_attention(
         on_backward: called in each layer's backward with ``(layer, module, q, k, v, dO)``.
 
     Raises:
-        MaskError: the model cannot switch to a custom attention function.
+        ModelError: the model cannot switch to a custom attention function.
     """
     AttentionInterface.register(CAPTURE_IMPLEMENTATION, _capture_attention_forward)
     AttentionMaskInterface.register(CAPTURE_IMPLEMENTATION, sdpa_mask)
@@ -97,7 +98,7 @@ def capture_attention(
     model.set_attn_implementation(CAPTURE_IMPLEMENTATION)
     try:
         if model.config._attn_implementation != CAPTURE_IMPLEMENTATION or not modules:
-            raise MaskError(
+            raise ModelError(
                 f"{type(model).__name__} does not dispatch attention through transformers' AttentionInterface; "
                 "its heads cannot be ranked"
             )

@@ -22,7 +22,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bosch_eval.masks import HeadRanking, MaskError, ModelShape, check_window
+from bosch_eval.errors import SettingsError
+from bosch_eval.masks import HeadRanking, ModelShape, check_window
+from bosch_eval.model_check import ModelError
 from bosch_eval.search.rankers.apl import APL
 from bosch_eval.search.rankers.base import Ranker
 from bosch_eval.search.rankers.blocks import query_blocks
@@ -43,16 +45,16 @@ def make_ranker(method: str, shape: ModelShape, window: int, options: Mapping[st
     """The ranker of ``method`` for a model of ``shape``; ``options`` are its settings.
 
     Raises:
-        MaskError: an unknown method or option (the message lists the valid ones).
+        SettingsError: an unknown method or option (the message lists the valid ones).
     """
     if method not in METHODS:
-        raise MaskError(f"method: expected one of {sorted(METHODS)}, got {method!r}")
+        raise SettingsError(f"method: expected one of {sorted(METHODS)}, got {method!r}")
     cls = METHODS[method]
     fixed = ("self", "num_layers", "num_heads", "window")
     valid = [name for name in inspect.signature(cls.__init__).parameters if name not in fixed]
     unknown = sorted(set(options or {}) - set(valid))
     if unknown:
-        raise MaskError(f"{method}: unknown option(s) {unknown}; valid options are {valid or 'none'}")
+        raise SettingsError(f"{method}: unknown option(s) {unknown}; valid options are {valid or 'none'}")
     return cls(shape.num_layers, shape.num_heads, window, **dict(options or {}))
 
 
@@ -99,7 +101,7 @@ def _loss_backward(model: Any, ids: torch.Tensor) -> None:
     The capture's backward hooks fire on the way; no parameter gradient is formed.
     """
     if getattr(model.config, "final_logit_softcapping", None):
-        raise MaskError(
+        raise ModelError(
             f"{type(model).__name__}: fisher takes logits = output embeddings(hidden); "
             "softcapped logits are not supported"
         )
@@ -154,12 +156,13 @@ def compute_ranking(
         model_name: recorded in the ranking (default: the config's ``_name_or_path``).
 
     Raises:
-        MaskError: a bad method, option, window or size, or a model the capture cannot run.
+        SettingsError: a bad method, option or size (MaskError: a bad window; ModelError: a model
+            the capture cannot run).
     """
     window = check_window(window, "window")
     for name, value in (("calib_examples", calib_examples), ("calib_len", calib_len), ("block_size", block_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise MaskError(f"{name}: expected a positive integer, got {value!r}")
+            raise SettingsError(f"{name}: expected a positive integer, got {value!r}")
     shape = ModelShape.from_config(model.config)
     ranker = make_ranker(method, shape, window, options)
     if device is not None:

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bosch_eval.masks import MaskError
+from bosch_eval.errors import SettingsError
 from bosch_eval.search.rankers.base import Ranker
 from bosch_eval.search.rankers.blocks import AttentionBlock
 
@@ -52,11 +52,11 @@ class Proxy(Ranker):
     ) -> None:
         super().__init__(num_layers, num_heads, window)
         if block < 1:
-            raise MaskError(f"proxy: block must be a positive number of keys, got {block}")
+            raise SettingsError(f"proxy: block must be a positive number of keys, got {block}")
         if not 0.0 < gamma <= 1.0:
-            raise MaskError(f"proxy: gamma must be in (0, 1], got {gamma}")
+            raise SettingsError(f"proxy: gamma must be in (0, 1], got {gamma}")
         if not proxy_heads or any(not 0 <= h < num_heads for h in proxy_heads):
-            raise MaskError(f"proxy: proxy_heads must be query-head indices in [0, {num_heads}), got {proxy_heads}")
+            raise SettingsError(f"proxy: proxy_heads must be query-head indices in [0, {num_heads}), got {proxy_heads}")
         self.block, self.gamma, self.proxy_heads = block, gamma, tuple(proxy_heads)
         self.budget = torch.zeros(num_layers, num_heads, dtype=torch.float64)
         self.rows = torch.zeros(num_layers, dtype=torch.float64)

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from bosch_eval.masks import MaskError
+from bosch_eval.errors import SettingsError
 from bosch_eval.search.rankers.base import Ranker
 from bosch_eval.search.rankers.blocks import AttentionBlock
 
@@ -42,7 +42,7 @@ class QAdA(Ranker):
     def __init__(self, num_layers: int, num_heads: int, window: int, buffer: int = 128) -> None:
         super().__init__(num_layers, num_heads, window)
         if buffer < 1:
-            raise MaskError(f"qada: buffer must be a positive number of keys, got {buffer}")
+            raise SettingsError(f"qada: buffer must be a positive number of keys, got {buffer}")
         self.buffer = buffer
         self.local_share = torch.zeros(num_layers, num_heads, dtype=torch.float64)
         self.rows = torch.zeros(num_layers, dtype=torch.float64)

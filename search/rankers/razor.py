@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from bosch_eval.masks import MaskError
+from bosch_eval.errors import SettingsError
 from bosch_eval.search.rankers.base import Ranker
 from bosch_eval.search.rankers.blocks import AttentionBlock
 from bosch_eval.tasks.niah.calibration_sets import DEFAULT_CALIBRATION
@@ -70,7 +70,7 @@ class Razor(Ranker):
     ) -> list[torch.Tensor]:
         """Repeated random probes: Razor reads no calibration set, so ``task`` is not used."""
         if length < 8:
-            raise MaskError(f"razor: the probe needs a calibration length of at least 8 tokens, got {length}")
+            raise SettingsError(f"razor: the probe needs a calibration length of at least 8 tokens, got {length}")
         self.period = length // 4
         return repeated_probes(tokenizer, vocab_size, num, self.period, seed)
 

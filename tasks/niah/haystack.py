@@ -20,10 +20,12 @@ from itertools import accumulate
 
 from transformers import PreTrainedTokenizerBase
 
+from bosch_eval.errors import BoschError
+
 _CHUNK = 256  # sentences drawn between two cost measurements
 
 
-class TemplateTooLong(ValueError):
+class TemplateTooLong(BoschError):
     """The fixed parts of an example do not fit its token budget."""
 
 
