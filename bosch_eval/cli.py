@@ -10,7 +10,7 @@ from bosch_eval.analyze.cli import add_analyze_parser
 from bosch_eval.compare.cli import add_compare_parser
 from bosch_eval.bench_cli import add_bench_parser
 from bosch_eval.export_cli import add_export_parser
-from bosch_eval.errors import BoschError
+from bosch_eval.errors import exit_status
 from bosch_eval.lm_eval_logs import quiet_per_length_warnings
 from bosch_eval.mask_cli import add_mask_parser
 from bosch_eval.model_check import BUNDLED_MODELS
@@ -65,12 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv
     quiet_per_length_warnings()  # compare and search build lm-eval tasks before any adapter exists
-    try:
-        args.run(args)
-    except BoschError as err:
-        print(f"bosch-eval: error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return exit_status("bosch-eval", lambda: args.run(args))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ import itertools
 import json
 import logging
 import math
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -32,7 +31,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from bosch_eval.errors import BoschError
+from bosch_eval.errors import exit_status
 from bosch_eval.masks import HeadMask, ModelShape, ceil_count, check_ratio
 from bosch_eval.model_defaults import model_defaults
 from bosch_eval.search.journal import Journal, JournalError, mask_key
@@ -191,12 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    try:
-        run(args)
-    except BoschError as err:
-        print(f"bosch_eval.search.enumerate: error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return exit_status("bosch_eval.search.enumerate", lambda: run(args))
 
 
 def run(args: argparse.Namespace) -> None:

@@ -5,19 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bosch_eval.errors import BoschError
+from bosch_eval.errors import exit_status
 from bosch_eval.train.cli import add_train_arguments, run_from_args
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bosch_eval.train", description=__doc__)
     add_train_arguments(parser)
-    try:
-        run_from_args(parser.parse_args())
-    except BoschError as err:
-        print(f"bosch_eval.train: error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    args = parser.parse_args()
+    return exit_status("bosch_eval.train", lambda: run_from_args(args))
 
 
 if __name__ == "__main__":
