@@ -18,7 +18,6 @@ import json
 import shlex
 import sys
 import time
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from bosch_eval.model_defaults import model_defaults
 from bosch_eval.search.objective_loading import DEFAULT_CALIB_EXAMPLES
 from bosch_eval.tasks import TASKS_DIR
 from bosch_eval.model_check import resolve_model
+from bosch_eval.versions import versions
 
 
 def configurations(mask: str, bits: int, kv_window: int) -> list[tuple[str, str]]:
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
         print(label, rows[label], flush=True)
     report = {
         "command": shlex.join([sys.executable, "benchmarks/kv_quant_accuracy.py", *(sys.argv[1:] if argv is None else argv)]),
-        "versions": {name: version(name) for name in ("bosch-eval", "lm_eval", "torch", "transformers")},
+        "versions": versions("bosch-eval", "lm_eval", "torch", "transformers"),
         "calib_len": calib_len,
         "rows": rows,
         "wall_time_s": round(time.time() - started, 1),

@@ -28,7 +28,6 @@ import statistics
 import sys
 import tempfile
 import time
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ from bosch_eval.search.objective_loading import build_objective
 from bosch_eval.search.rankers import METHOD_NAMES
 from bosch_eval.search.rankers.driver import compute_ranking
 from bosch_eval.model_check import model_path
+from bosch_eval.versions import versions
 
 HEURISTICS = {"rand": (0, 1, 2), "bme": (0,), "intr": (0,)}
 SEARCHED = ("bosch", "single")
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
 
     report = {
         "command": shlex.join([sys.executable, "benchmarks/toy_baselines.py", *(sys.argv[1:] if argv is None else argv)]),
-        "versions": {name: version(name) for name in ("bosch-eval", "lm_eval", "torch", "transformers")},
+        "versions": versions("bosch-eval", "lm_eval", "torch", "transformers"),
         "window": window,
         "calib_len": calib_len,
         "ranker_seconds": timing,

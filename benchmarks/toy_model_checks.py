@@ -19,7 +19,6 @@ import json
 import shlex
 import sys
 import time
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from bosch_eval.layer_heuristics import random_masks
 from bosch_eval.masks import HeadMask
 from bosch_eval.model_defaults import model_defaults
 from bosch_eval.search.objective_loading import build_objective
+from bosch_eval.versions import versions
 
 RULER_LENGTHS = (512, 1024)
 RULER_DOCS_PER_LENGTH = 500  # lm-eval's niah_utils generates this many per length
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.time()
     report = {
         "command": shlex.join([sys.executable, "benchmarks/toy_model_checks.py", *(sys.argv[1:] if argv is None else argv)]),
-        "versions": {name: version(name) for name in ("bosch-eval", "lm_eval", "torch", "transformers")},
+        "versions": versions("bosch-eval", "lm_eval", "torch", "transformers"),
         "window": window,
         "calib_len": calib_len,
         "bosch_niah_calib": calibration_scores(args.model, calib_len, window, args.random_ratios, args.random_masks),

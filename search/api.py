@@ -14,9 +14,7 @@ can hold. The main process then locks ``out`` for the whole run (``outdir_lock``
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
-import platform
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -39,11 +37,12 @@ from bosch_eval.search.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound
 from bosch_eval.search.report import render_report
 from bosch_eval.search.score_book import ScoreBook
 from bosch_eval.search.scoring import Anchors, SearchError
+from bosch_eval.versions import versions
 
 DEFAULT_CALIB_TASK = "bosch_niah_calib"
 DEFAULT_CALIB_LEN = 32768  # bosch_niah_calib's own default (tasks/niah/calibration.py)
 log = logging.getLogger("bosch_eval.search")
-VERSIONED_PACKAGES = ("bosch-eval", "torch", "transformers", "lm_eval", "accelerate", "PyNomadBBO")
+VERSIONED_PACKAGES = ("python", "bosch-eval", "torch", "transformers", "lm_eval", "accelerate", "PyNomadBBO")
 
 
 def search_model(
@@ -161,7 +160,7 @@ def search_model(
         if state.is_main_process:
             result.wall_s += journal.prior_wall_s if journal is not None else 0.0  # earlier runs of a resumed search
             provenance = dict(
-                result.provenance(), calibration=calibration, seed=settings.seed, versions=_versions(), processes=state.num_processes
+                result.provenance(), calibration=calibration, seed=settings.seed, versions=versions(*VERSIONED_PACKAGES), processes=state.num_processes
             )
             # --model-args sink=S ran every score with S sinks: the mask file says so.
             sinks = int((model_args or {}).get("sink") or 0)
@@ -249,13 +248,3 @@ def _open_journal(
     main = open_journal if state.is_main_process else None
     known, bounds, examples = on_main_then_everywhere(main, JournalError, state.num_processes)
     return journal, known, bounds, examples
-
-
-def _versions() -> dict[str, str]:
-    versions = {"python": platform.python_version()}
-    for package in VERSIONED_PACKAGES:
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = "not installed"
-    return versions

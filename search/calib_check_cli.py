@@ -14,7 +14,6 @@ import argparse
 import json
 import math
 import shlex
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from bosch_eval.outdir_lock import OutputLock
 from bosch_eval.search.calib_check import PanelMask, RatioSummary, build_panel, layer_drops, summarize
 from bosch_eval.search.objective import DEFAULT_TASKS, CalibrationObjective
 from bosch_eval.search.objective_loading import build_objective
+from bosch_eval.versions import versions
 
 DEFAULT_DEV = "bosch_niah_dev"
 
@@ -107,7 +107,7 @@ def make_report(panel: list[PanelMask], scores: dict[str, dict[str, float]], set
     calib, dev = scores["calib"], scores["dev"]
     return {
         "command": command,
-        "versions": {name: version(name) for name in ("bosch-eval", "lm_eval", "torch", "transformers")},
+        "versions": versions("bosch-eval", "lm_eval", "torch", "transformers"),
         "settings": settings,
         "full": {"calib": calib["full"], "dev": dev["full"]},
         "all_swa": {"calib": calib["all-swa"], "dev": dev["all-swa"]},

@@ -9,12 +9,12 @@
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 from pathlib import Path
 from typing import Any
 
 from bosch_eval.compare.entries import EntryError, parse_entry
+from bosch_eval.versions import versions
 
 
 def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -35,11 +35,6 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, help="output directory")
     parser.set_defaults(run=compare_main)
     return parser
-
-
-def _versions() -> dict[str, str]:
-    names = ("bosch-eval", "lm_eval", "torch", "transformers")
-    return {name: importlib.metadata.version(name) for name in names}
 
 
 def _head_dim(model: str) -> int:
@@ -81,7 +76,7 @@ def compare_main(args: argparse.Namespace) -> None:
         entries = from_compare_dir(out, names) + extra
         order = column_order(entries)
         rows = build_rows(entries, spec.reference, spec.default_kv_length(), head_dim=head_dim, tasks=spec.tasks)
-        header = {"command": " ".join(["bosch-eval", *args.argv]), "versions": _versions(), "reference": spec.reference,
+        header = {"command": " ".join(["bosch-eval", *args.argv]), "versions": versions("bosch-eval", "lm_eval", "torch", "transformers"), "reference": spec.reference,
                   "kv_length": spec.default_kv_length(), "settings": spec.settings()}  # fmt: skip
         write_leaderboard(rows, order, out, header, spec.tasks)
     print((out / "leaderboard.md").read_text())

@@ -25,6 +25,7 @@ import torch
 
 from bosch_eval.errors import SettingsError
 from bosch_eval.masks import HeadMask, MaskError
+from bosch_eval.versions import versions
 
 STATE_DIR = "state"  # resumable Accelerate states, state/step-00000010 ...
 
@@ -282,13 +283,7 @@ def _export(accelerator: Any, model: Any, tokenizer: Any, path: Path, settings: 
         if defaults.is_file():  # the source model's recommended window and calibration length still hold
             shutil.copyfile(defaults, path / DEFAULTS_FILE)
         summary = {"settings": asdict(settings), "processes": accelerator.num_processes, "step": progress.step,
-                   "tokens": progress.tokens, "wall_time_s": round(progress.elapsed_s, 2), "versions": _versions(),
+                   "tokens": progress.tokens, "wall_time_s": round(progress.elapsed_s, 2), "versions": versions("torch", "transformers", "accelerate", "bosch-eval"),
                    "history": progress.history}  # fmt: skip
         (path / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
     accelerator.wait_for_everyone()
-
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import version
-
-    return {name: version(name) for name in ("torch", "transformers", "accelerate", "bosch-eval")}

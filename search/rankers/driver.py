@@ -16,7 +16,6 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Mapping, Sequence
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import torch
@@ -34,6 +33,7 @@ from bosch_eval.search.rankers.mass import DCAM, Fisher
 from bosch_eval.search.rankers.proxy import Proxy
 from bosch_eval.search.rankers.qada import QAdA
 from bosch_eval.search.rankers.razor import Razor
+from bosch_eval.versions import versions
 
 METHODS: dict[str, type[Ranker]] = {cls.name: cls for cls in (DCAM, APL, Proxy, QAdA, Razor, Fisher)}
 DEFAULT_BLOCK_SIZE = 64
@@ -194,7 +194,7 @@ def compute_ranking(
         "group_score": "mean over the group's query heads (paper B.3)",
         "head_scores": head_scores.tolist(),
         "wall_time_s": round(wall_time, 3),
-        "versions": versions(),
+        "versions": versions("bosch-eval", "torch", "transformers", "python"),
     }
     return HeadRanking(
         tuple(tuple(row) for row in groups.tolist()),
@@ -205,17 +205,3 @@ def compute_ranking(
         model=model_name or getattr(model.config, "_name_or_path", None) or None,
         provenance=provenance,
     )
-
-
-def versions() -> dict[str, str]:
-    """Versions of what computed a ranking."""
-    import platform
-
-    import transformers
-
-    try:
-        ours = version("bosch-eval")
-    except PackageNotFoundError:
-        ours = "unknown"
-    return {"bosch-eval": ours, "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version()}  # fmt: skip
