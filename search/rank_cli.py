@@ -102,20 +102,13 @@ def method_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-def resolve_model(name: str) -> str:
-    """``toy`` → the bundled checkpoint's directory; anything else after checking it exists."""
-    from bosch_eval.model_check import resolve_model as resolve
-
-    return resolve(name)
-
-
 def rank_main(args: argparse.Namespace) -> None:
     """Run ``bosch-eval rank``; raises a :class:`~bosch_eval.errors.BoschError` on any bad input."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from bosch_eval.device import pick_device
-    from bosch_eval.model_check import check_length, model_config
+    from bosch_eval.model_check import check_length, model_config, resolve_model
     from bosch_eval.model_defaults import model_defaults
     from bosch_eval.search.rankers.driver import compute_ranking
     from bosch_eval.tasks.niah.haystack import TemplateTooLong

@@ -18,8 +18,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bosch_eval.errors import SettingsError
 from bosch_eval.masks import HeadRanking, ModelShape, ceil_count
-from bosch_eval.model_check import ModelError
-from bosch_eval.search.rank_cli import add_rank_parser, resolve_model
+from bosch_eval.model_check import ModelError, resolve_model
+from bosch_eval.search.rank_cli import add_rank_parser
 from bosch_eval.search.rankers import METHOD_NAMES
 from bosch_eval.search.rankers import reference as ref
 from bosch_eval.search.rankers.apl import APL
