@@ -1,25 +1,13 @@
-"""Shared fixtures: tiny models built in the test session (no download)."""
+"""Shared fixtures: tiny models built in the test session (no download). Helpers that
+tests import live in ``tests/helpers.py``."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-import torch
 
 from bosch_eval.random_model import save_random_checkpoint
-
-
-def left_padded_batch(vocab: int, lengths: list[int], seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """Input ids and attention mask of rows with different lengths, left-padded."""
-    generator = torch.Generator().manual_seed(seed)
-    total = max(lengths)
-    ids = torch.randint(3, vocab, (len(lengths), total), generator=generator)
-    attention = torch.zeros(len(lengths), total, dtype=torch.long)
-    for row, length in enumerate(lengths):
-        attention[row, total - length :] = 1
-        ids[row, : total - length] = 0
-    return ids, attention
 
 
 @pytest.fixture(scope="session")

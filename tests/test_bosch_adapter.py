@@ -25,6 +25,7 @@ from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.model_adapters.continuation_logits import logits_at, scored_positions
 from bosch_eval.model_check import ModelError
 from bosch_eval.random_model import random_model
+from tests.helpers import generation_requests, requests
 
 FIXTURE_TASKS = Path(__file__).parent / "fixtures" / "tasks"
 
@@ -32,18 +33,6 @@ FIXTURE_TASKS = Path(__file__).parent / "fixtures" / "tasks"
 def all_full_mask(model_dir: Path, window: int = 4) -> HeadMask:
     shape = ModelShape.from_config(AutoModelForCausalLM.from_pretrained(model_dir).config)
     return HeadMask.uniform(shape, full=True, window=window)
-
-
-def requests() -> list[Instance]:
-    pairs = [
-        ("The quick brown fox", " jumps over the lazy dog."),
-        ("The quick brown fox", " jumps"),
-        ("The quick brown fox", " sleeps"),
-        ("A needle hides in the haystack:", " 7 3 1."),
-        ("A needle", " hides in the haystack: 7 3 1. The quick brown fox jumps over the lazy dog."),
-    ]
-    # By keyword: lm-eval 0.5 reorders Instance's fields and requires task_name and doc_id (0.4 reads them from metadata).
-    return [Instance(request_type="loglikelihood", doc={}, arguments=pair, idx=idx, task_name=None, doc_id=None) for idx, pair in enumerate(pairs)]
 
 
 @pytest.fixture
@@ -105,15 +94,6 @@ def test_preloaded_model_and_model_info(tiny_model_dir):
     assert lm.model is model and lm.hybrid.window == 8
     info = lm.get_model_info()
     assert info["bosch_swa_ratio"] == 0.0 and info["bosch_window"] == 8
-
-
-def generation_requests() -> list[Instance]:
-    prompts = ["The quick brown fox", "A needle hides in the haystack: the special magic number is", "What"]
-    kwargs = {"until": ["\n\n"], "max_gen_toks": 24, "do_sample": False}
-    return [
-        Instance(request_type="generate_until", doc={}, arguments=(prompt, kwargs), idx=idx, task_name=None, doc_id=None)
-        for idx, prompt in enumerate(prompts)
-    ]
 
 
 def test_generation_on_the_hybrid_cache_equals_the_dynamic_cache(tiny_model_dir, lms):

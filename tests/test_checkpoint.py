@@ -62,7 +62,7 @@ def test_plain_checkpoint_is_not_a_hybrid_one(tiny_model_dir):
 @pytest.mark.parametrize("backend", ["sdpa", "blocked"])
 def test_gradients_match_the_dense_band_reference(backend):
     """Training through the hybrid attention: parameter gradients against the dense reference."""
-    from tests.test_hybrid_attention import reference_logits
+    from tests.helpers import reference_logits
 
     mask = HeadMask.from_rows([[1, 0, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]], 8, window=4)
     ids = torch.randint(0, 300, (2, 24), generator=torch.Generator().manual_seed(0))

@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from bosch_eval.errors import SettingsError
-from bosch_eval.hybrid_attention import GroupRun, HybridAttention, attention_modules, hybrid_state, hybridize
+from bosch_eval.hybrid_attention import GroupRun, HybridAttention, hybrid_state, hybridize
 from bosch_eval.masks import HeadMask, MaskError, ModelShape
 from bosch_eval.random_model import FAMILIES, random_model
-from tests.conftest import left_padded_batch
+from tests.helpers import left_padded_batch, reference_logits
 
 WINDOW = 5
 CPU_BACKENDS = ["sdpa", "blocked", "flex"]
-REFERENCE = "bosch_test_dense_band_reference"
 
 
 @pytest.fixture(autouse=True)
@@ -35,42 +32,6 @@ def random_mask(model, seed: int, sinks: int = 0) -> HeadMask:
     rows[1] = [0] * shape.num_kv_heads
     rows[2] = [(g + seed) % 2 for g in range(shape.num_kv_heads)]
     return HeadMask.from_rows(rows, shape.num_heads, window=WINDOW, sinks=sinks)
-
-
-def dense_band_reference(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    """Eager attention over every head with an explicit [T, K] band for the SWA heads:
-    key j is seen iff j ≤ t and (j < sinks or t − j < W), written out here, not imported."""
-    mask: HeadMask = module.reference_mask
-    heads_per_group = getattr(module, "num_key_value_groups", 1)  # GPT-2 (MHA) has none
-    key = key.repeat_interleave(heads_per_group, dim=1)
-    value = value.repeat_interleave(heads_per_group, dim=1)
-    q_len, kv_len = query.shape[2], key.shape[2]
-    query_pos = torch.arange(q_len)[:, None] + kv_len - q_len
-    lag = query_pos - torch.arange(kv_len)[None, :]
-    allowed = attention_mask.expand(query.shape[0], query.shape[1], q_len, kv_len).clone()
-    for head, bit in enumerate(mask.query_head_bits()[module.layer_idx]):
-        if not bit:
-            allowed[:, head] &= (lag >= 0) & ((lag < mask.window) | (torch.arange(kv_len)[None, :] < mask.sinks))
-    # float64 inside, so the oracle's own rounding stays far below the tolerance.
-    scores = (query.double() @ key.double().transpose(2, 3)) * scaling
-    # Padding queries see no key at all; zero them so their NaNs cannot leak via value rows.
-    weights = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1).nan_to_num(0.0)
-    return (weights @ value.double()).to(query.dtype).transpose(1, 2), None
-
-
-def reference_logits(model, mask: HeadMask, ids, attention, grad: bool = False) -> torch.Tensor:
-    AttentionInterface.register(REFERENCE, dense_band_reference)
-    # sdpa_mask without its causal-skip shortcut: the reference always gets an explicit mask.
-    AttentionMaskInterface.register(REFERENCE, lambda *a, **k: sdpa_mask(*a, **{**k, "allow_is_causal_skip": False}))
-    original = model.config._attn_implementation
-    for module in attention_modules(model).values():
-        module.reference_mask = mask
-    model.set_attn_implementation(REFERENCE)
-    try:
-        with torch.set_grad_enabled(grad):
-            return model(input_ids=ids, attention_mask=attention).logits
-    finally:
-        model.set_attn_implementation(original)
 
 
 def logits(model, ids, attention=None) -> torch.Tensor:

@@ -13,7 +13,7 @@ from bosch_eval.kv_quant.formula import kv_cache_bytes_formula
 from bosch_eval.masks import HeadMask, ModelShape
 from bosch_eval.random_model import random_model
 from bosch_eval.model_check import model_path
-from tests.conftest import left_padded_batch
+from tests.helpers import left_padded_batch
 
 WINDOW = 8
 MASKS = {

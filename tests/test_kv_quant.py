@@ -28,7 +28,7 @@ from bosch_eval.kv_quant.store import QuantizedKVStore
 from bosch_eval.errors import SettingsError
 from bosch_eval.masks import HeadMask
 from bosch_eval.random_model import random_model
-from tests.conftest import left_padded_batch
+from tests.helpers import left_padded_batch
 
 
 def seed_rule(length: int, window: int, method: str) -> list[int]:

@@ -18,7 +18,7 @@ from bosch_eval.errors import SettingsError
 from bosch_eval.masks import HeadMask
 from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.model_adapters.compressed_scoring import continuation_logits_through_cache
-from tests.test_bosch_adapter import generation_requests, requests
+from tests.helpers import generation_requests, requests
 
 ARGS = dict(device="cpu", batch_size=3, dtype="float32")
 

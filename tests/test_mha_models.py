@@ -11,7 +11,7 @@ from lm_eval.models.huggingface import HFLM
 
 from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.random_model import save_random_checkpoint
-from tests.test_bosch_adapter import requests
+from tests.helpers import requests
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from bosch_eval.launch import launch_state
 from bosch_eval.search.objective import EVALUATE_PATH, CalibrationObjective, ObjectiveError
 from bosch_eval.search.objective_loading import build_objective
 from bosch_eval.search.racing import RaceBound
-from tests.objective_worker import CALIB_METADATA, DOT_TASK, PLAIN_GROUP, PPL_TASK, WINDOW, masks, write_tasks
+from tests.helpers import CALIB_METADATA, DOT_TASK, PLAIN_GROUP, PPL_TASK, WINDOW, masks, write_tasks
 
 BATCH_SIZE = 2
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,18 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.objective_worker import CALIB_METADATA, score_masks, write_tasks
+from tests.helpers import CALIB_METADATA, PROCESSES, free_port, score_masks, write_tasks
 
 WORKER = Path(__file__).with_name("objective_worker.py")
-PROCESSES = 2
-
 pytestmark = pytest.mark.slow  # spawns accelerate processes
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def launch(model_dir: Path, task_dir: Path, out_dir: Path) -> list[dict]:

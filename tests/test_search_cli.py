@@ -20,17 +20,7 @@ import pytest
 
 from bosch_eval.cli import main
 from bosch_eval.masks import HeadMask
-from tests.objective_worker import PPL_TASK, write_tasks
-
-CALIB = ["--calib-examples", "3", "--calib-len", "320", "--window", "256"]
-
-
-def search_args(model_dir: Path, task_dir: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        "search", "--model", str(model_dir), "--ratio", "0.5", "--out", str(out), "--budget-per-layer", "6",
-        "--calib-tasks", PPL_TASK, "--include-path", str(task_dir), "--calib-metric", "perplexity",
-        "--dtype", "float32", *CALIB, *extra,
-    ]  # fmt: skip
+from tests.helpers import search_args, write_tasks
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from bosch_eval.search.cost import CallEstimate, estimate_calls, render_cost
 from bosch_eval.search.pipeline import SearchSettings, run_search
 from bosch_eval.search.scoring import SearchError
 from bosch_eval.search.search_cli import render_estimate
-from tests.test_search_racing import SHAPE, ExampleObjective
+from tests.helpers import SHAPE, ExampleObjective
 
 
 def test_the_paper_scale_formula() -> None:

@@ -20,9 +20,7 @@ import torch
 
 from bosch_eval.cli import main
 from bosch_eval.masks import HeadMask
-from tests.objective_worker import write_tasks
-from tests.test_objective_distributed import PROCESSES, free_port
-from tests.test_search_cli import search_args
+from tests.helpers import PROCESSES, free_port, search_args, write_tasks
 
 pytestmark = pytest.mark.slow  # spawns accelerate processes
 

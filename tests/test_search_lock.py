@@ -15,7 +15,7 @@ import pytest
 
 from bosch_eval.search.journal import Journal, JournalError
 from bosch_eval.outdir_lock import OutputLock, lock_file
-from tests.objective_worker import PPL_TASK, write_tasks
+from tests.helpers import PPL_TASK, write_tasks
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -21,36 +21,7 @@ from bosch_eval.search.pipeline import SearchSettings, default_chunk_layers, run
 from bosch_eval.search.scoring import Anchors, SearchError, subproblem_loss
 from bosch_eval.search.score_book import Bits, ScoreBook
 from bosch_eval.search.stages import StageSettings, refine, stage3
-
-SHAPE = ModelShape(num_layers=4, num_heads=8, num_kv_heads=4)
-
-
-class RetrievalObjective:
-    """S(z) of a model whose long-range work is done by a planted set of KV groups.
-
-    ``essential`` groups each carry one unit of score; a ``redundant`` pair carries one
-    more unit that is lost only when BOTH are SWA (an interaction: each looks harmless
-    alone, so a one-at-a-time static ranking converts both). The all-SWA model keeps a
-    floor of 0.05 so that a < b.
-    """
-
-    def __init__(self, essential: set[tuple[int, int]], redundant: tuple[tuple[int, int], tuple[int, int]]) -> None:
-        self.essential = essential
-        self.redundant = redundant
-        self.units = len(essential) + 1
-        self.calls: list[str] = []
-
-    def __call__(self, mask: HeadMask) -> float:
-        key = mask_key(mask.bits)
-        assert key not in self.calls, "a mask was evaluated twice"
-        self.calls.append(key)
-        return score_of(self, mask)
-
-
-def planted() -> RetrievalObjective:
-    # Layer 3 does most retrieval, layer 2 none; layers 1 and 0 share a redundant pair.
-    essential = {(3, 0), (3, 1), (3, 2), (1, 0), (0, 3)}
-    return RetrievalObjective(essential, redundant=((1, 3), (0, 0)))
+from tests.helpers import SHAPE, RetrievalObjective, planted, score_of
 
 
 def best_possible(objective: RetrievalObjective, swa_groups: int) -> float:
@@ -66,12 +37,6 @@ def static_ranking_mask(objective: RetrievalObjective, ratio: float) -> HeadMask
     cells = [(layer, group) for layer in range(SHAPE.num_layers) for group in range(SHAPE.num_kv_heads)]
     scored = sorted((-score_of(objective, HeadMask.from_swa_groups(SHAPE, {cell})), cell) for cell in cells)
     return HeadMask.from_swa_groups(SHAPE, {cell for _, cell in scored[: ceil_count(ratio, len(cells))]})
-
-
-def score_of(objective: RetrievalObjective, mask: HeadMask) -> float:
-    kept = sum(mask.bits[layer][group] for layer, group in objective.essential)
-    kept += any(mask.bits[layer][group] for layer, group in objective.redundant)
-    return 0.05 + 0.95 * kept / objective.units
 
 
 @pytest.mark.parametrize("ratio", [0.5, 0.625])
@@ -177,7 +142,7 @@ def test_resume_after_interruption_reevaluates_nothing(tmp_path: Path) -> None:
 SEARCH_SCRIPT = """
 import sys, time
 sys.path.insert(0, {tests!r})
-from test_search_pipeline import SHAPE, planted
+from helpers import SHAPE, planted
 from bosch_eval.search.journal import Journal
 from bosch_eval.search.pipeline import SearchSettings, run_search
 settings = SearchSettings(ratio=0.5)

@@ -11,7 +11,7 @@ from bosch_eval.masks import HeadMask
 from bosch_eval.search.pipeline import SearchSettings, run_search
 from bosch_eval.search.score_book import ScoreBook
 from bosch_eval.search.stages import StageProgress
-from tests.test_search_racing import SHAPE, ExampleObjective
+from tests.helpers import SHAPE, ExampleObjective
 
 
 def test_the_log_names_the_best_complete_mask_and_labels_partial_ones(caplog: pytest.LogCaptureFixture) -> None:

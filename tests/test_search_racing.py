@@ -5,82 +5,15 @@ from __future__ import annotations
 import itertools
 import json
 import random
-import zlib
 
 import pytest
 
-from bosch_eval.masks import HeadMask, ModelShape
-from bosch_eval.search.journal import Journal, JournalError, mask_key
+from bosch_eval.masks import HeadMask
+from bosch_eval.search.journal import Journal, JournalError
 from bosch_eval.search.optimizers import Bound, Cutoff, SubProblem, minimize
 from bosch_eval.search.pipeline import SearchSettings, run_search
 from bosch_eval.search.racing import Racer, RaceBound, Tally, ruled_out
-
-SHAPE = ModelShape(num_layers=4, num_heads=8, num_kv_heads=4)
-
-
-class Killed(Exception):
-    """A simulated kill -9: raised from the score function, nothing after it runs."""
-
-
-class ExampleObjective:
-    """A synthetic S(z): the mean of 0/1 per-example values that depend on the mask.
-
-    Example ``e`` is solved when the mask keeps full attention in enough of the groups
-    that example needs (a planted set per example), plus a little per-mask noise, so masks
-    differ, tie, and some are far apart.
-    """
-
-    def __init__(
-        self, examples: int = 24, seed: int = 0, chunk: int = 4, processes: int = 1, kill_after: int | None = None
-    ) -> None:
-        rng = random.Random(seed)
-        cells = [(layer, group) for layer in range(SHAPE.num_layers) for group in range(SHAPE.num_kv_heads)]
-        self.needs = [rng.sample(cells, 3) for _ in range(examples)]
-        self.racer = Racer({"t": examples}, True, self._chunks, self._exact, chunk, processes)
-        self.items: list[int] = []  # items per score_chunks call
-        self.examples_scored = 0
-        self.kill_after = kill_after  # scoring calls (plain calls and rounds of chunks) before a simulated kill
-
-    def value(self, mask: HeadMask, example: int) -> float:
-        kept = sum(mask.bits[layer][group] for layer, group in self.needs[example])
-        noise = zlib.crc32(f"{mask_key(mask.bits)}/{example}".encode()) % 5 == 0
-        return float(kept >= 2) if not noise else float(kept >= 1)
-
-    def __call__(self, mask: HeadMask) -> float:
-        # As CalibrationObjective: a plain call's per-example values order the racer's examples.
-        self._spend()
-        self.examples_scored += len(self.needs)
-        values = {e: self.value(mask, e) for e in range(len(self.needs))}
-        self.racer.learn(mask, {"t": values})
-        return sum(values.values()) / len(values)
-
-    def _chunks(self, items: list[tuple[HeadMask, str, list[int]]]) -> list[dict[int, float]]:
-        self._spend()
-        self.examples_scored += sum(len(indices) for _, _, indices in items)
-        self.items.append(len(items))
-        return [{e: self.value(mask, e) for e in indices} for mask, _, indices in items]
-
-    def _spend(self) -> None:
-        if self.kill_after is not None:
-            if self.kill_after == 0:
-                raise Killed  # before the call scores anything, as a kill before its values reach the journal
-            self.kill_after -= 1
-
-    def recall(self, mask):  # noqa: ANN001, ANN201 - the ScoreBook protocol
-        return self.racer.recall(mask)
-
-    def use_memo(self, memo):  # noqa: ANN001, ANN201
-        self.racer.memo = memo
-
-    def _exact(self, tally: Tally) -> float:
-        values = tally.in_document_order("t")
-        return sum(values) / len(values)
-
-    def race(self, mask, can_win):  # noqa: ANN001, ANN201 - the ScoreBook protocol
-        return self.racer.race(mask, can_win)
-
-    def race_many(self, masks, rule_out):  # noqa: ANN001, ANN201
-        return self.racer.race_many(masks, rule_out)
+from tests.helpers import SHAPE, ExampleObjective, Killed
 
 
 class TestRuledOut:

@@ -16,16 +16,7 @@ from bosch_eval.errors import SettingsError
 from bosch_eval.masks import MaskError
 from bosch_eval.train import trainer
 from bosch_eval.train.trainer import TrainSettings, latest_state, train
-
-MASK_SOURCE = "layers=bme,ratio=0.5,window=8"  # 3 layers: two SWA, one full
-
-
-def settings_for(model_dir: Path, **changes) -> TrainSettings:
-    base = TrainSettings(
-        model=str(model_dir), mask_source=MASK_SOURCE, data="toy", steps=4, seq_len=48, batch_size=4, micro_batch_size=2,
-        lr=1e-3, lr_scheduler="cosine", warmup_ratio=0.25, weight_decay=0.01, max_grad_norm=1.0, seed=0,
-    )  # fmt: skip
-    return replace(base, **changes)
+from tests.helpers import MASK_SOURCE, settings_for
 
 
 def weights(path: Path) -> dict[str, torch.Tensor]:

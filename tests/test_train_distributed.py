@@ -14,8 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from bosch_eval.train.trainer import train
-from tests.test_objective_distributed import PROCESSES, free_port
-from tests.test_train import MASK_SOURCE, settings_for
+from tests.helpers import MASK_SOURCE, PROCESSES, free_port, settings_for
 
 
 @pytest.mark.slow  # spawns accelerate processes
