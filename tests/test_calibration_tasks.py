@@ -122,6 +122,7 @@ class TestCalibrationDiagnosisVariants:
             calibration.dataset(tokenizer=str(tmp_path), seq_len=1024, num_examples=1, calib_query="echo")
 
 
+@pytest.mark.slow  # indexes every lm-eval task (~7 s CPU)
 def test_lm_eval_finds_the_new_tasks():
     manager = TaskManager(include_path=str(TASKS_DIR))
     assert {"bosch_retrieval_calib", "bosch_niah_dev"} <= set(manager.all_subtasks)

@@ -192,6 +192,7 @@ def test_headline_counts_each_asked_task_once(tmp_path):
     assert json.loads((tmp_path / "leaderboard.json").read_text())["headline_columns"] == ["niah_single_1", "bosch_niah"]
 
 
+@pytest.mark.slow  # builds lm-eval's RULER task twice (~17 s CPU)
 def test_ruler_documents_do_not_depend_on_the_global_random_state():
     # Upstream RULER draws its needles from Python's global `random` while building documents:
     # unseeded, a comparison resumed in another process scored other documents than its first part.

@@ -361,7 +361,11 @@ class Layered:
 
 @pytest.mark.parametrize(
     ("optimizer", "chunk_layers", "budget", "bound"),
-    [("oneplusone", None, 40, 0.002), ("auto", None, 40, 0.002), ("nomad", 1, 60, 0.01)],
+    [
+        ("oneplusone", None, 40, 0.002),
+        pytest.param("auto", None, 40, 0.002, marks=pytest.mark.slow),  # resolves to the (1+1)-EA, as the case above
+        pytest.param("nomad", 1, 60, 0.01, marks=pytest.mark.slow),  # a whole NOMAD search: ~25 s CPU
+    ],
 )
 def test_planted_optimum_at_8_layers_of_8_groups(optimizer: str, chunk_layers: int | None, budget: int, bound: float) -> None:
     """Sub-problems too large to enumerate at this κ: the (1+1)-EA (4-layer Stage-3 chunks,

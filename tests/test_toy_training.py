@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bosch_eval.random_model import train_tokenizer
@@ -43,6 +44,7 @@ def test_encode_marks_exactly_the_answer_tokens():
     assert marked.strip() == "123" and not answer[0]
 
 
+@pytest.mark.slow  # a whole toy training run ending in its held-out evaluation
 def test_two_training_steps_write_a_loadable_checkpoint(tmp_path):
     main(["--out", str(tmp_path), "--steps", "2", "--hidden", "32", "--layers", "2", "--heads", "4", "--kv-heads", "2",
           "--head-dim", "16", "--vocab", "400", "--start-len", "48", "--max-len", "64", "--batch-tokens", "128",
@@ -54,6 +56,7 @@ def test_two_training_steps_write_a_loadable_checkpoint(tmp_path):
     assert summary["wall_time_s"] > 0 and "ruler_acc@512" in summary["final"]
 
 
+@pytest.mark.slow  # two or three toy training runs, each ending in its held-out evaluation
 def test_resume_after_an_interruption_ends_with_the_same_weights(tmp_path, monkeypatch):
     import pytest
     import torch
@@ -83,6 +86,7 @@ def test_resume_after_an_interruption_ends_with_the_same_weights(tmp_path, monke
     assert steps == [0, 3]
 
 
+@pytest.mark.slow  # two or three toy training runs, each ending in its held-out evaluation
 def test_stop_after_keeps_the_schedule_of_the_whole_run(tmp_path, monkeypatch):
     """toy-l's weights are its run's state at step 2500 of 6000: --stop-after N must give the
     weights a --steps run had after N steps (same schedule), not a shorter schedule's."""
@@ -114,6 +118,7 @@ def test_stop_after_keeps_the_schedule_of_the_whole_run(tmp_path, monkeypatch):
         main(["--out", str(tmp_path / "bad"), *tiny, "--stop-after", "5"])
 
 
+@pytest.mark.slow  # two or three toy training runs, each ending in its held-out evaluation
 def test_init_from_starts_at_the_checkpoints_weights(tmp_path, capsys):
     import pytest
     import torch
