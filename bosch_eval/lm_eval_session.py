@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import logging
 import random
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -35,14 +36,19 @@ class LmEvalError(BoschError):
     ``ObjectiveError`` is this class)."""
 
 
+def bundled_tasks_dir() -> str:
+    """The folder of bosch-eval's own lm-eval tasks, located without importing it: the tasks
+    sit above the core (their code imports it), so importing them here would be a circle."""
+    spec = importlib.util.find_spec("bosch_eval.tasks")
+    assert spec is not None and spec.submodule_search_locations, "bosch_eval.tasks is part of this distribution"
+    return str(next(iter(spec.submodule_search_locations)))
+
+
 def task_manager(tasks: Sequence[str], include_path: str | None, metadata: Mapping[str, Any]) -> TaskManager:
     """A TaskManager that knows ``tasks``; lm-eval's own ~11 s index only when needed."""
     from lm_eval.tasks import TaskManager
 
-    # Only tasks/__init__.py runs (a Path constant): our task folder's location, data not code.
-    from bosch_eval.tasks import TASKS_DIR
-
-    paths = [str(TASKS_DIR)] + ([include_path] if include_path else [])
+    paths = [bundled_tasks_dir()] + ([include_path] if include_path else [])
     light = TaskManager(include_path=paths, include_defaults=False, metadata=dict(metadata))
     if all(name in light.all_tasks or Path(name).is_file() for name in tasks):
         return light

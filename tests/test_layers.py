@@ -1,10 +1,12 @@
 """The floor of the layers (CONVENTIONS.md, "Layers"): the core never imports upward.
 
 Core (layer 1) is every module under ``bosch_eval/`` except the features that live there
-(``compare/``, ``train/``, ``analyze/``, ``bench.py``: layer 3) and the CLI (``cli.py`` and
-the ``*_cli.py`` modules of its commands: layer 4, may import anything). It must not import ``bosch_eval.search`` (a feature) or
-``bosch_eval.model_adapters`` (layer 2), at module level or inside a function: a lazy
-import is still an upward dependency. Read from the source with ``ast``, nothing imported.
+(``compare/``, ``train/``, ``analyze/``, ``bench.py``, and ``toy/``, the bundled models' training
+data: layer 3) and the CLI (``cli.py`` and the ``*_cli.py`` modules of its commands: layer 4,
+may import anything). It must not import ``bosch_eval.search`` (a feature),
+``bosch_eval.model_adapters`` (layer 2) or ``bosch_eval.tasks`` (the task code imports the
+core; the core finds the task folder without importing it), at module level or inside a
+function: a lazy import is still an upward dependency. Read from the source with ``ast``, nothing imported.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "bosch_eval"
-NOT_CORE = ("cli.py", "bench_cli.py", "mask_cli.py", "export_cli.py", "bench.py", "compare", "train", "analyze")
-UPPER = ("bosch_eval.search", "bosch_eval.model_adapters")
+NOT_CORE = ("cli.py", "bench_cli.py", "mask_cli.py", "export_cli.py", "bench.py", "compare", "train", "analyze", "toy")
+UPPER = ("bosch_eval.search", "bosch_eval.model_adapters", "bosch_eval.tasks")
 
 
 def core_modules() -> list[Path]:
