@@ -147,3 +147,41 @@ def test_calib_documents_use_the_calibration_template_and_hold_their_answer():
         assert is_answer and prompt.startswith(calibration.INSTRUCTION)
         assert calibration.NEEDLE.format(key=key, value=answer.strip()) in prompt
         assert prompt.endswith(calibration.QUERY.format(key=key))
+
+
+def test_keyed_documents_answer_the_asked_names_values_in_order_among_distractors():
+    import re
+
+    from bosch_eval.tasks.niah import retrieval_calib
+    from bosch_eval.toy.corpus import _KEYED_EXCLUDED
+
+    name = r"[A-Z][a-z]+ [A-Z][a-z]+"
+    maker = DocumentMaker(random.Random(0))
+    kinds = set()
+    for _ in range(60):
+        (prompt, _), (answer, is_answer), _ = maker.keyed(300)
+        text, question = prompt.rsplit("\n", 2)[0], prompt.split("\n", 1)[1]
+        asked = re.search(name, question).group()
+        values = re.split(r" and |, ", answer.strip())
+        # the answer is every value of the asked name's records, in the order they appear
+        records = [sentence for sentence in re.split(r"(?<=\.) ", text) if asked in sentence]
+        assert is_answer and [re.search(r"\d+", record).group() for record in records] == values
+        assert len(re.findall(r"\d+", text)) > len(values)  # other numbers: copying the only one fails
+        names = {match for match in re.findall(name, text) if not match.startswith("The ")}
+        kinds.add("multivalue" if len(values) > 1 else "multikey" if len(names) > 1 else "single")
+        assert not {part.lower() for match in names for part in match.split()} & _KEYED_EXCLUDED
+        assert "Question:" not in prompt and "Answer:" not in prompt and not any("ermit" in record for record in records)
+        assert not any(needle.split("{value}")[0].replace("{key}", "") in text for needle in retrieval_calib.NEEDLES[1:])
+    assert kinds == {"single", "multikey", "multivalue"}
+
+
+def test_mix_replaces_phase_two_and_names_unknown_kinds(tmp_path, capsys):
+    import argparse
+
+    from bosch_eval.toy.train import curriculum
+
+    args = argparse.Namespace(curriculum_steps=3, start_len=48, max_len=64, mix={"keyed": 1.0})
+    assert curriculum(0, args)[1] == {"short_recall": 1.0} and curriculum(2, args)[1] == {"keyed": 1.0}
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), "--mix", '{"keyd": 1}'])
+    assert "--mix" in capsys.readouterr().err

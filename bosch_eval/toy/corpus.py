@@ -14,6 +14,13 @@ kinds of documents:
 * ``calib``: documents in the format of ``bosch_niah_calib`` (ship's-ledger haystack,
   one "vault code" needle, the task's query), so the search has a calibration set the
   model can solve with full attention;
+* ``keyed``: key-conditioned retrieval in many formats (issue 29): records that tie a
+  made-up name to a number, key first or value first, among records of other names and
+  filler full of numbers of the same shape; one, several or two values asked for. It
+  teaches matching the key instead of copying the only number, without using any
+  calibration set's format: no "Question:"/"Answer:", record and question templates of
+  their own, and names (syllables) and record nouns that are in no word list of
+  ``tasks/niah/words.py`` (the filler is ``prose``'s generated sentences with numbers);
 * ``prose``: generated sentences, for spelling and short-range structure.
 
 Keys and values are drawn from ``random.Random(seed)``; the trainer uses seeds from
@@ -34,6 +41,7 @@ from pathlib import Path
 from bosch_eval.tasks.niah import calibration, words
 
 TRAIN_SEED_BASE = 10_000_000
+DOCUMENT_KINDS = ("prose", "recall", "short_recall", "niah_single_1", "ruler", "calib", "keyed")  # DocumentMaker.document's
 
 # RULER's pieces (lm_eval/tasks/ruler/prepare_niah.py, niah_utils.py), rendered the same way.
 RULER_NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -45,7 +53,30 @@ RULER_TEMPLATE = (
 )
 RULER_PREFIX = "The special magic {kinds} for {query} mentioned in the provided text are"
 
+# keyed documents' formats: {key}, {value}, {thing} (a noun) and {Thing} (capitalized)
+KEYED_RECORDS = (
+    "{key} was given {thing} {value}.",
+    "{key} holds {thing} {value}.",
+    "{key} received {thing} {value}.",
+    "The {thing} of {key} is {value}.",
+    "{key} - {thing} {value}.",
+    "{Thing} {value} belongs to {key}.",
+    "{Thing} {value} was assigned to {key}.",
+    "{Thing} {value} is held by {key}.",
+    "{value} is the {thing} of {key}.",
+)
+KEYED_QUESTIONS = ("What {thing} does {key} have?", "Which {thing} belongs to {key}?", "Look up the {thing} of {key}.",
+                   "Tell me the {thing} of {key}.", "{key}'s {thing}?")  # fmt: skip
+KEYED_QUESTIONS_PLURAL = ("Which {thing}s does {key} have, in order?", "List the {thing}s of {key} in the order given.")
+KEYED_MARKERS = (("Q: ", "\nA:"), ("Query: ", "\nReply:"), ("", "\n->"), ("Request: ", "\nResult:"))
+KEYED_SYLLABLES = ("ba", "ke", "lo", "mi", "ru", "sa", "ve", "to", "di", "na", "po", "zu", "fe", "gri", "sto", "ral",
+                   "den", "mor", "tis", "van", "bel", "cor", "lin", "dus")  # fmt: skip
+
 Piece = tuple[str, bool]
+# Every word of the calibration sets' and eval suite's vocabularies: keyed documents use none.
+_KEYED_EXCLUDED = frozenset(
+    word.lower() for name in dir(words) if name.isupper() for entry in getattr(words, name) for word in entry.split()
+) | {"permit", "permits", "code", "codes"}
 
 
 @cache
@@ -149,6 +180,45 @@ class DocumentMaker:
         sentences.insert(self.rng.randint(0, len(sentences)), calibration.NEEDLE.format(key=key, value=value))
         prompt = f"{calibration.INSTRUCTION}\n{' '.join(sentences)}\n{calibration.QUERY.format(key=key)}"
         return [(prompt, False), (f" {value}", True), (".", False)]
+
+    def keyed(self, length: int) -> list[Piece]:
+        """Key-conditioned retrieval: records of names and numbers among number-filled filler,
+        then a question about one name (``KEYED_*`` formats; the module docstring says why)."""
+        kind = self.rng.choice(["single", "multikey", "multivalue"])
+        digits = self.rng.randint(3, 7)
+        value = lambda: str(self.rng.randint(10 ** (digits - 1), 10**digits - 1))  # noqa: E731
+        thing = self.rng.choice([noun for noun in word_lists()[1] if noun not in _KEYED_EXCLUDED])
+        n_keys = {"single": 1, "multikey": self.rng.randint(2, 6), "multivalue": self.rng.randint(1, 3)}[kind]
+        keys = list(dict.fromkeys(self.made_up_name() for _ in range(n_keys)))
+        asked = keys[0]
+        records = [(asked, value())] + ([(asked, value())] if kind == "multivalue" else []) + [(k, value()) for k in keys[1:]]
+        filler = [self.numbered_sentence(value) for _ in range(max(1, (int(length * self.chars_per_token) - 200) // 45))]
+        lines: list[tuple[str, int | None]] = [(sentence, None) for sentence in filler]  # (text, record index)
+        for index, (key, number) in enumerate(records):
+            record = self.rng.choice(KEYED_RECORDS).format(key=key, value=number, thing=thing, Thing=thing.capitalize())
+            lines.insert(self.rng.randint(0, len(lines)), (record, index))
+        text = " ".join(line for line, _ in lines)
+        asked_values = [records[index][1] for _, index in lines if index is not None and records[index][0] == asked]
+        before, after = self.rng.choice(KEYED_MARKERS)
+        questions = KEYED_QUESTIONS_PLURAL if kind == "multivalue" else KEYED_QUESTIONS
+        question = self.rng.choice(questions).format(thing=thing, key=asked)
+        answer = self.rng.choice([" and ", ", "]).join(asked_values)
+        return [(f"{text}\n{before}{question}{after}", False), (f" {answer}", True), ("\n", False)]
+
+    def made_up_name(self) -> str:
+        """Two capitalized words of 2-3 syllables, none of them a word of the task vocabularies."""
+        while True:
+            parts = ["".join(self.rng.choices(KEYED_SYLLABLES, k=self.rng.randint(2, 3))).capitalize() for _ in range(2)]
+            if not _KEYED_EXCLUDED.intersection(part.lower() for part in parts):
+                return " ".join(parts)
+
+    def numbered_sentence(self, value: Callable[[], str]) -> str:
+        """Filler with a number of the values' shape in most sentences (the only-number shortcut fails)."""
+        adjectives, nouns, verbs = word_lists()
+        pick = self.rng.choice
+        if self.rng.random() < 0.3:
+            return self.sentence()
+        return f"The {pick(adjectives)} {pick(nouns)} {pick(verbs)}s {value()} {pick(nouns)}s."
 
     def document(self, length: int, mix: dict[str, float]) -> list[Piece]:
         kind = self.rng.choices(list(mix), weights=list(mix.values()))[0]

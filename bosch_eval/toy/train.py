@@ -30,9 +30,10 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from bosch_eval.toy.corpus import TRAIN_SEED_BASE, DocumentMaker, Piece
+from bosch_eval.toy.corpus import DOCUMENT_KINDS, TRAIN_SEED_BASE, DocumentMaker, Piece
 
 EVAL_SEED = 20_000_000  # held-out documents for the training log; never used for training
+EVAL_KINDS = ("niah_single_1", "ruler", "calib", "keyed")
 
 
 def train_tokenizer(vocab_size: int, seed: int) -> PreTrainedTokenizerFast:
@@ -105,23 +106,26 @@ def curriculum(step: int, args: argparse.Namespace) -> tuple[int, dict[str, floa
     Phase 1 (first third of ``--curriculum-steps``): short documents of short-key recall
     only, until retrieval works at all (it emerged at steps 400–600 of the default run; a
     run whose phase 1 ended at step 450 never learned to retrieve by step 1200); phase 2 adds long-form recall and RULER documents;
-    lengths then grow linearly to ``--max-len`` by the end of the curriculum.
+    lengths then grow linearly to ``--max-len`` by the end of the curriculum. ``--mix``
+    replaces phase 2's mix with fixed weights.
     """
     phase_one = args.curriculum_steps // 3
     if step < phase_one:
         return args.start_len, {"short_recall": 1.0}
     progress = min(1.0, (step - phase_one) / max(1, args.curriculum_steps - phase_one))
     max_len = int(args.start_len + progress * (args.max_len - args.start_len))
+    if args.mix is not None:
+        return max_len, args.mix
     return max_len, {"short_recall": 0.15, "recall": 0.2, "niah_single_1": 0.15, "ruler": 0.2 + 0.2 * progress,
                      "calib": 0.25, "prose": 0.05}  # fmt: skip
 
 
 @torch.no_grad()
 def evaluate(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, device: torch.device, lengths: list[int], n: int) -> dict[str, float]:
-    """Teacher-forced answer accuracy on held-out RULER- and calibration-format documents per length."""
+    """Teacher-forced answer accuracy on held-out documents of each of ``EVAL_KINDS`` per length."""
     model.eval()
     scores = {}
-    for kind in ("niah_single_1", "ruler", "calib"):
+    for kind in EVAL_KINDS:
         for length in lengths:
             maker = DocumentMaker(random.Random(EVAL_SEED + length))
             correct = []
@@ -189,6 +193,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--start-len", type=int, default=96, help="longest document at step 0, tokens")
     parser.add_argument("--max-len", type=int, default=1152, help="longest document after the curriculum, tokens")
     parser.add_argument("--curriculum-steps", type=int, default=1500, help="steps over which lengths and mix ramp up")
+    parser.add_argument(
+        "--mix", type=json.loads, help='document kinds and weights after phase 1, as JSON (e.g. \'{"keyed": 0.5, '
+        '"recall": 0.5}\'; kinds: corpus.DOCUMENT_KINDS); default: the curriculum\'s mix, which ramps RULER up'
+    )
     parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW, cosine decay)")
     parser.add_argument("--warmup", type=int, default=100, help="linear warm-up steps")
     parser.add_argument("--context-weight", type=float, default=0.1, help="loss weight of non-answer tokens")
@@ -212,6 +220,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.stop_after is not None and not 0 < args.stop_after <= args.steps:
         parser.error(f"--stop-after {args.stop_after}: expected a step count in [1, --steps = {args.steps}]")
     last_step = args.steps if args.stop_after is None else args.stop_after
+    if args.mix is not None:
+        unknown = [kind for kind in args.mix if kind not in DOCUMENT_KINDS]
+        if unknown or not all(isinstance(w, (int, float)) and w >= 0 for w in args.mix.values()) or not any(args.mix.values()):
+            parser.error(f"--mix {json.dumps(args.mix)}: expected non-negative weights, not all zero, of document kinds "
+                         f"{DOCUMENT_KINDS}; unknown: {unknown}")  # fmt: skip
 
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
