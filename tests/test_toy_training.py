@@ -182,6 +182,7 @@ def test_mix_replaces_phase_two_and_names_unknown_kinds(tmp_path, capsys):
 
     args = argparse.Namespace(curriculum_steps=3, start_len=48, max_len=64, mix={"keyed": 1.0})
     assert curriculum(0, args)[1] == {"short_recall": 1.0} and curriculum(2, args)[1] == {"keyed": 1.0}
-    with pytest.raises(SystemExit):
-        main(["--out", str(tmp_path), "--mix", '{"keyd": 1}'])
-    assert "--mix" in capsys.readouterr().err
+    for bad, expected in (('{"keyd": 1}', "unknown: ['keyd']"), ('{"keyed": -1}', "non-negative"), ('["keyed"]', "JSON object")):
+        with pytest.raises(SystemExit):
+            main(["--out", str(tmp_path), "--mix", bad])
+        assert expected in capsys.readouterr().err

@@ -221,6 +221,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--stop-after {args.stop_after}: expected a step count in [1, --steps = {args.steps}]")
     last_step = args.steps if args.stop_after is None else args.stop_after
     if args.mix is not None:
+        if not isinstance(args.mix, dict):
+            parser.error(f"--mix {json.dumps(args.mix)}: expected a JSON object of document kinds and weights")
         unknown = [kind for kind in args.mix if kind not in DOCUMENT_KINDS]
         if unknown or not all(isinstance(w, (int, float)) and w >= 0 for w in args.mix.values()) or not any(args.mix.values()):
             parser.error(f"--mix {json.dumps(args.mix)}: expected non-negative weights, not all zero, of document kinds "
