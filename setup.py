@@ -1,6 +1,13 @@
-"""Only here to put ``bosch_eval_lm_eval_hook.pth`` into site-packages; all metadata is in pyproject.toml.
+"""Package discovery and the ``bosch_eval_lm_eval_hook.pth`` start-up file; all metadata is in pyproject.toml.
 
-lm-eval 0.4.13 cannot discover plugins, so a ``.pth`` start-up line imports
+Packages: ``bosch_eval/`` and the card's top-level folders ``model_adapters/``,
+``search/`` and ``tasks/`` install under the ``bosch_eval`` namespace
+(``bosch_eval.search`` ...), so nothing generic such as ``search`` lands in
+site-packages. setuptools' declarative ``packages.find`` cannot add a name prefix, so
+the packages under each folder are found here (every folder with an ``__init__.py``);
+a hand-kept list once left ``bosch_eval.swa_kernels`` out of the wheel.
+
+Start-up file: lm-eval 0.4.13 cannot discover plugins, so a ``.pth`` start-up line imports
 ``bosch_eval.lm_eval_hook`` (see there). setuptools has no declarative way to install a
 file at the top of site-packages, hence this ``build_py`` subclass:
 
@@ -17,13 +24,32 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 PTH_NAME = "bosch_eval_lm_eval_hook.pth"
 # A .pth line starting with "import" is executed at interpreter start. The try/except
 # keeps start-up silent when bosch_eval was uninstalled but this file lingers.
 PTH_LINE = 'import sys; exec("try:\\n import bosch_eval.lm_eval_hook\\nexcept ImportError:\\n pass")\n'
+
+
+# Installed package name -> source folder, relative to this file.
+PACKAGE_DIRS = {
+    "bosch_eval": "bosch_eval",
+    "bosch_eval.model_adapters": "model_adapters",
+    "bosch_eval.search": "search",
+    "bosch_eval.tasks": "tasks",
+}
+
+
+def discover_packages(package_dirs: dict[str, str]) -> list[str]:
+    """Every package under each folder, named under its installed prefix."""
+    root = Path(__file__).resolve().parent
+    packages = []
+    for name, folder in package_dirs.items():
+        packages.append(name)
+        packages += [f"{name}.{sub}" for sub in find_packages(str(root / folder))]
+    return sorted(packages)
 
 
 class build_py_with_pth(build_py):
@@ -39,4 +65,8 @@ class build_py_with_pth(build_py):
         self.announce(f"wrote {dest}", level=2)
 
 
-setup(cmdclass={"build_py": build_py_with_pth})
+setup(
+    packages=discover_packages(PACKAGE_DIRS),
+    package_dir=PACKAGE_DIRS,
+    cmdclass={"build_py": build_py_with_pth},
+)
