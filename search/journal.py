@@ -39,6 +39,7 @@ different scores it is damage.
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import os
@@ -89,6 +90,9 @@ class Journal:
       journal at all) is never overwritten: JournalError, pass --resume or another --out.
       A file with only a header (killed before its first evaluation) is started afresh.
     * ``resume=True`` and no file: a new journal.
+    * no file but ``<path>.gz`` (a finished journal committed gzipped under results/):
+      ``resume=True`` unpacks it to ``path`` (the ``.gz`` stays) and goes on as below;
+      ``resume=False`` is a JournalError, as for a file that holds records.
     * ``resume=True`` and a file: its header must equal ``header`` (compared as JSON, so a
       tuple equals a list); its records are loaded. A last line that is incomplete (no
       newline) or not a valid record was cut by a kill mid-write: it is dropped and the file
@@ -124,6 +128,8 @@ class Journal:
         self._values: dict[str, dict[str, dict[int, float]]] = {}  # key -> task -> document -> value
         self._loaded = 0  # records read from the file (the rest were appended by this run)
         self._opened = time.perf_counter()
+        if not self.path.exists() and self.path.with_name(self.path.name + ".gz").exists():
+            self._unpack(resume)
         if self.path.exists() and self._load(resume):
             return
         if writable:
@@ -232,6 +238,29 @@ class Journal:
         self._add(json.loads(line))
 
     # -- reading ----------------------------------------------------------------------
+    def _unpack(self, resume: bool) -> None:
+        """Write ``<path>.gz``'s text to ``path``, so that the journal resumes and appends as usual."""
+        packed = self.path.with_name(self.path.name + ".gz")
+        if not resume:
+            raise JournalError(
+                f"{packed}: a gzipped journal of a finished search; pass --resume to continue that search "
+                f"(it is unpacked to {self.path.name}), or choose another --out (finished work is never overwritten)"
+            )
+        if not self.writable:
+            raise JournalError(f"{packed}: a gzipped journal; the writing process unpacks it (or run `gunzip -k {packed}`)")
+        try:
+            data = gzip.decompress(packed.read_bytes())
+        except (OSError, EOFError) as err:
+            raise JournalError(f"{packed}: not a readable gzip file ({err})") from None
+        # Written whole and renamed into place: a kill leaves no half journal.
+        temporary = self.path.with_suffix(".jsonl.tmp")
+        with temporary.open("wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, self.path)
+        log.info("%s: unpacked to %s to resume it", packed, self.path)
+
     def _load(self, resume: bool) -> bool:
         """Read an existing file; return False if it holds nothing and should be started afresh."""
         data = self.path.read_bytes()

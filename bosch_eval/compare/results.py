@@ -11,6 +11,7 @@ read from each file's ``config.bosch_truncated``.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from dataclasses import dataclass, field
@@ -35,7 +36,8 @@ def read_run(directory: str | Path) -> RunResults:
 
     Raises:
         FileNotFoundError: no ``results_*.json`` below it.
-        ValueError: a results or samples file that is not JSON (naming it).
+        ValueError: a results or samples file that is not JSON, or a ``samples_*.jsonl.gz``
+            that is not gzip (naming it).
     """
     directory = Path(directory)
     files = sorted(directory.rglob("results_*.json"))
@@ -48,10 +50,22 @@ def read_run(directory: str | Path) -> RunResults:
         run.group_subtasks.update(data.get("group_subtasks", {}))
         run.config = run.config or data.get("config", {})
         run.truncated.update(_truncated_tasks(data))
-    for path in sorted(directory.rglob("samples_*.jsonl")):
+    # Committed runs keep their samples gzipped (results/); lm-eval writes them plain.
+    for path in sorted([*directory.rglob("samples_*.jsonl"), *directory.rglob("samples_*.jsonl.gz")]):
         task = path.name[len("samples_") :].rsplit("_", 1)[0]
-        run.samples[task] = [_read_json(path, line) for line in path.read_text().splitlines() if line.strip()]
+        run.samples[task] = [_read_json(path, line) for line in _read_text(path).splitlines() if line.strip()]
     return run
+
+
+def _read_text(path: Path) -> str:
+    """The file's text, decompressed if its name ends in ``.gz`` (a ValueError naming it if it is not gzip)."""
+    if path.suffix != ".gz":
+        return path.read_text()
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as handle:
+            return handle.read()
+    except (OSError, EOFError) as err:
+        raise ValueError(f"{path}: not a readable gzip file ({err})") from None
 
 
 def _truncated_tasks(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
