@@ -11,7 +11,7 @@ case $step in
              bosch-eval rank --method $method --model toy-l --out results/toy_l/rankings/$method.json
            done ;;
   search)  ratio=${2:?ratio}; out=results/toy_l/search/bosch-r$ratio
-             resume=(); [ -f $out/journal.jsonl ] && resume=(--resume)
+             resume=(); { [ -f $out/journal.jsonl ] || [ -f $out/journal.jsonl.gz ]; } && resume=(--resume)  # .gz: committed, unpacked on --resume
              bosch-eval search --model toy-l --ratio $ratio --out $out "${resume[@]}" ;;
   compare) bosch-eval compare --config results/toy_l/leaderboard.yaml --out results/toy_l/leaderboard --resume ;;
 esac

@@ -10,7 +10,7 @@ mkdir -p "$here/masks"
 
 # 1. Every mask with ceil(rho*16) SWA groups, scored by the search's own S(z) (bosch_niah_calib acc).
 for ratio in 0.875 0.75; do
-  resume=(); [ -f "$here/r$ratio/journal.jsonl" ] && resume=(--resume)
+  resume=(); { [ -f "$here/r$ratio/journal.jsonl" ] || [ -f "$here/r$ratio/journal.jsonl.gz" ]; } && resume=(--resume)  # .gz: committed, unpacked on --resume
   python -m bosch_eval.search.enumerate --model toy --ratio "$ratio" --out "$here/r$ratio" "${resume[@]}"
 done
 
