@@ -3,12 +3,14 @@
     python results/toy_train/curves.py OUT_DIR results/toy_train/recovery   # from the repo root
 
 Reads OUT_DIR/eval/<mask>-r<ratio>/step-<N>/len<L>/**/results_*.json (held-out upstream
-niah_single_1 and bosch_niah, one lm_eval call per length) and writes recovery.md (a table per
+niah_single_1 and bosch_niah, one lm_eval call per length; or results_*.json.gz, as they are
+committed under results/toy_train/recovery/eval) and writes recovery.md (a table per
 ratio: score per step) and recovery.png (one panel per ratio and task, one line per mask).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import sys
@@ -22,7 +24,8 @@ SCORE_KEY = {"niah_single_1": None, "bosch_niah": "score,none"}  # niah_single_1
 def collect(out: Path) -> dict[str, dict[str, dict[int, dict[str, float]]]]:
     """ratio → mask → step → {"<task>@<L>": score}."""
     table: dict[str, dict[str, dict[int, dict[str, float]]]] = defaultdict(lambda: defaultdict(dict))
-    for results_file in sorted((out / "eval").glob("*/step-*/len*/**/results_*.json")):
+    pattern = "*/step-*/len*/**/results_*.json"
+    for results_file in sorted([*(out / "eval").glob(pattern), *(out / "eval").glob(pattern + ".gz")]):
         run_dir = results_file.relative_to(out / "eval").parts
         match = re.fullmatch(r"(.+)-r([0-9.]+)", run_dir[0])
         if match is None:
@@ -30,7 +33,9 @@ def collect(out: Path) -> dict[str, dict[str, dict[int, dict[str, float]]]]:
         mask, ratio = match.groups()
         step = int(run_dir[1].removeprefix("step-"))
         length = run_dir[2].removeprefix("len")
-        results = json.loads(results_file.read_text())["results"]
+        opener = gzip.open if results_file.suffix == ".gz" else open
+        with opener(results_file, "rt", encoding="utf-8") as handle:
+            results = json.load(handle)["results"]
         scores = table[ratio][mask].setdefault(step, {})
         for task in TASKS:
             if task in results:
@@ -78,7 +83,7 @@ def main() -> None:
     dest.mkdir(parents=True, exist_ok=True)
     table = collect(out)
     if not table:
-        raise SystemExit(f"{out}/eval: no results_*.json under <mask>-r<ratio>/step-<N>/len<L>/")
+        raise SystemExit(f"{out}/eval: no results_*.json(.gz) under <mask>-r<ratio>/step-<N>/len<L>/")
     write_table(table, dest / "recovery.md", "python " + " ".join(sys.argv))
     plot(table, dest / "recovery.png")
 
