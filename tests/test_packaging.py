@@ -87,7 +87,8 @@ def test_wheel_holds_every_source_file_under_its_installed_name(tmp_path):
         names = set(archive.namelist())
         pth = archive.read(PTH_NAME).decode() if PTH_NAME in names else ""
 
-    missing = sorted(f"{source} (as {installed})" for installed, source in expected.items() if installed not in names)
+    missing = sorted(source if source == installed else f"{source} (as {installed})"
+                     for installed, source in expected.items() if installed not in names)
     assert not missing, f"{wheel.name} lacks {len(missing)} source file(s): " + ", ".join(missing)
 
     # Nothing else: no stray top-level package, no file the source tree does not have.
