@@ -55,7 +55,11 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="α, weight of the ratio penalty (Eq. 5)")
     parser.add_argument("--gamma", type=float, default=DEFAULT_GAMMA, help="γ, headroom of the upper anchor b = (1+γ)·S(full)")
     parser.add_argument(
-        "--buckets", type=float, nargs="+", default=list(DEFAULT_BUCKETS), help="Stage-2 layer ratios (default 0 0.25 0.5 0.75 1)"
+        "--buckets",
+        type=float,
+        nargs="+",
+        help=f"Stage-2 layer ratios, whole numbers of a layer's KV groups (default {' '.join(f'{b:g}' for b in DEFAULT_BUCKETS)}, "
+        "the paper's; where those are not whole numbers of G groups, e.g. G = 3, every ratio k/G)",
     )
     parser.add_argument(
         "--chunk-layers",
@@ -129,7 +133,8 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
 def run_from_args(args: argparse.Namespace) -> None:
     """Build the settings from parsed flags and run the search."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    settings = SearchSettings(buckets=tuple(args.buckets), **{name: getattr(args, name) for name in SETTINGS_FLAGS})
+    buckets = tuple(args.buckets) if args.buckets is not None else None
+    settings = SearchSettings(buckets=buckets, **{name: getattr(args, name) for name in SETTINGS_FLAGS})
     model_args = parse_model_args(args.model_args)
     if args.estimate is not None:
         print(render_estimate(args.model, settings, args.estimate))
