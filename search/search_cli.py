@@ -20,7 +20,7 @@ from typing import Any
 
 from accelerate import PartialState
 
-from bosch_eval.masks import ModelShape
+from bosch_eval.masks import ModelShape, ceil_count
 from bosch_eval.model_adapters.loader_args import parse_model_args
 from bosch_eval.model_check import IGNORE_FLAG, model_config, resolve_model
 from bosch_eval.prefix_cache import DEFAULT_BUDGET_MB as DEFAULT_PREFIX_CACHE_MB
@@ -32,6 +32,9 @@ from bosch_eval.search.racing import DEFAULT_RACE_CHUNK
 from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, SearchError
 from bosch_eval.search.stage2 import DEFAULT_BUCKETS
 from bosch_eval.search.stages import QUOTAS
+
+# `--estimate` given without its number: the calls, without a time.
+CALLS_ONLY = float("nan")
 
 # Flags passed on under their own names: to SearchSettings, and to search_model.
 SETTINGS_FLAGS = ("ratio", "variant", "optimizer", "budget_per_layer", "alpha", "gamma", "seed", "chunk_layers", "quota", "refine")
@@ -107,9 +110,12 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--estimate",
         type=float,
+        nargs="?",
+        const=CALLS_ONLY,
         metavar="SECONDS_PER_CALL",
-        help="print how many S() calls the search makes (bosch_eval.search.cost) and the time at this many seconds per "
-        "call (time one lm_eval run of the calibration task), then exit without loading weights",
+        help="print how many S() calls the search makes (bosch_eval.search.cost) and, given the seconds one call takes "
+        "(time one lm_eval run of the calibration task), the time; then exit without loading weights (a GGUF model "
+        "is converted on first use, to read its config)",
     )
     parser.add_argument(
         "--no-racing",
@@ -137,7 +143,7 @@ def run_from_args(args: argparse.Namespace) -> None:
     settings = SearchSettings(buckets=buckets, **{name: getattr(args, name) for name in SETTINGS_FLAGS})
     model_args = parse_model_args(args.model_args)
     if args.estimate is not None:
-        print(render_estimate(args.model, settings, args.estimate))
+        print(render_estimate(args.model, settings, None if args.estimate is CALLS_ONLY else args.estimate))
         return
     out = args.out or f"bosch_search/{Path(args.model).name}-{args.variant}-r{args.ratio:g}-s{args.seed}"
     result = search_model(args.model, settings, out, model_args=model_args, **{name: getattr(args, name) for name in SEARCH_MODEL_FLAGS})
@@ -149,25 +155,32 @@ def run_from_args(args: argparse.Namespace) -> None:
         )
 
 
-def render_estimate(model: str, settings: SearchSettings, seconds_per_call: float) -> str:
-    """The cost model's call range and time for ``model`` (its config only) under ``settings``.
+def render_estimate(model: str, settings: SearchSettings, seconds_per_call: float | None) -> str:
+    """The cost model's call range, and its time at ``seconds_per_call`` (None: calls only), for
+    ``model`` (its config only) under ``settings``.
 
     Raises:
-        SearchError: a negative time, or settings that do not fit the model.
+        SearchError: a time that is not positive, or settings that do not fit the model.
     """
-    if not seconds_per_call > 0:
+    if seconds_per_call is not None and not seconds_per_call > 0:
         raise SearchError(f"--estimate: expected the seconds one S() call takes (> 0), got {seconds_per_call}")
     shape = ModelShape.from_config(model_config(resolve_model(model)))
     validate_for_shape(settings, shape)
-    chunk = settings.chunk_layers_for(shape)
-    calls = estimate_calls(shape, settings.ratio, settings.budget_per_layer, chunk, settings.optimizer, settings.quota)
-    hours = [n * seconds_per_call / 3600 for n in (calls.low, calls.high)]
-    return (
-        f"{model}: L={shape.num_layers} × G={shape.num_kv_heads}, ρ={settings.ratio:g}, κ={settings.budget_per_layer}, "
-        f"{chunk} layers per Stage-3 sub-problem: {calls.low}–{calls.high} S() calls (2 anchors + {calls.stage1} Stage 1 "
-        f"+ {calls.stage3_low}–{calls.stage3_high} Stage 3, by Stage 2's ratios) ≈ {hours[0]:.2f}–{hours[1]:.2f} h at "
-        f"{seconds_per_call:g} s per call, before racing"
+    chunk, buckets = settings.chunk_layers_for(shape), settings.buckets_for(shape)
+    calls = estimate_calls(
+        shape, settings.ratio, settings.budget_per_layer, chunk, settings.optimizer, settings.quota, buckets=buckets
     )
+    per_layer = ceil_count(settings.ratio, shape.num_kv_heads)
+    text = (
+        f"{model}: L={shape.num_layers} × G={shape.num_kv_heads}, ρ={settings.ratio:g}, κ={settings.budget_per_layer}, "
+        f"Stage-2 buckets {', '.join(f'{b:.4g}' for b in buckets)}, {chunk} layers per Stage-3 sub-problem: "
+        f"{calls.low}–{calls.high} S() calls (2 anchors + {calls.stage1} Stage 1 [{per_layer} of {shape.num_kv_heads} "
+        f"groups per layer] + {calls.stage3_low}–{calls.stage3_high} Stage 3, by Stage 2's ratios)"
+    )
+    if seconds_per_call is None:
+        return text + "; pass --estimate SECONDS (one lm_eval run of the calibration task) for the time"
+    hours = [n * seconds_per_call / 3600 for n in (calls.low, calls.high)]
+    return text + f" ≈ {hours[0]:.2f}–{hours[1]:.2f} h at {seconds_per_call:g} s per call, before racing"
 
 
 def add_search_parser(subparsers: Any) -> argparse.ArgumentParser:
