@@ -46,7 +46,7 @@ SEARCH_MODEL_FLAGS = (
 
 def add_search_arguments(parser: argparse.ArgumentParser) -> None:
     """The search's flags (shared by ``bosch-eval search`` and ``python -m bosch_eval.search``)."""
-    parser.add_argument("--model", required=True, help="HF model id or local dir; 'toy' or 'toy-l' is a bundled model")
+    parser.add_argument("--model", required=True, help="HF model id or local dir; 'toy' or 'toy-l' is a bundled model, 'smollm2' a packaged one; or a .gguf file")
     parser.add_argument("--ratio", type=float, required=True, help="target share ρ of KV groups turned to SWA, in [0, 1]")
     parser.add_argument("--window", type=int, help="SWA window W (default: the model's bosch_defaults.json)")
     parser.add_argument("--out", help="output directory (default: bosch_search/<model>-<variant>-r<ratio>-s<seed>)")
