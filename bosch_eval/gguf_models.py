@@ -306,6 +306,8 @@ def _sync_defaults(directory: Path, defaults: Mapping[str, Any]) -> None:
     text = json.dumps(dict(defaults), sort_keys=True) + "\n"
     if path.is_file() and path.read_text() == text:
         return
-    scratch = directory / f".{DEFAULTS_FILE}.{os.getpid()}"
-    scratch.write_text(text)
+    handle, scratch = tempfile.mkstemp(prefix=f".{DEFAULTS_FILE}.", dir=directory)
+    with os.fdopen(handle, "w") as stream:
+        stream.write(text)
+    os.chmod(scratch, 0o644)
     os.replace(scratch, path)
