@@ -102,7 +102,7 @@ def _kv_quant_configs(args: argparse.Namespace, model: Any, configs: list) -> li
 def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``bench`` to the ``bosch-eval`` subcommands."""
     bench = subparsers.add_parser("bench", help="prefill/decode speed, peak memory and KV bytes: original vs hybrids")
-    bench.add_argument("--model", required=True, help="HF id or path, or random:attn-heavy (random weights, for timing)")
+    bench.add_argument("--model", required=True, help="HF id or path, toy / toy-l / smollm2, or random:attn-heavy (random weights, for timing)")
     source = bench.add_mutually_exclusive_group()
     source.add_argument("--mask", help="a bosch-mask/1 file to benchmark")
     source.add_argument("--ratios", type=float, nargs="+", default=[0.75], help="SWA ratios (balanced masks)")

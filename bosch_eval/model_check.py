@@ -1,7 +1,9 @@
 """Checks on the model a user names, done from its name and config before any weight loads.
 
 * :func:`resolve_model`: the one model resolver of every command (``toy`` / ``toy-l`` → the
-  bundled model's directory, :data:`BUNDLED_MODELS`; anything else checked to exist).
+  bundled model's directory, :data:`BUNDLED_MODELS`; ``smollm2`` or a ``.gguf`` file → its
+  converted checkpoint in the cache, :mod:`bosch_eval.gguf_models`; anything else checked
+  to exist).
 * :func:`check_model_exists`: a local checkpoint directory, or a Hugging Face hub id that
   resolves (offline mode respected: with ``HF_HUB_OFFLINE=1`` only the local cache is
   searched). Without it a typo surfaced as a missing ``--window`` or a transformers
@@ -61,20 +63,42 @@ def bundled_alias(path: str) -> str | None:
     return next((alias for alias, directory in BUNDLED_MODELS.items() if path == str(directory)), None)
 
 
+def model_aliases() -> list[str]:
+    """Every short model name a command accepts: the bundled toys and the packaged GGUFs."""
+    from bosch_eval.gguf_models import PACKAGED_GGUF  # no torch: read at interpreter start by lm_eval's hook
+
+    return sorted([*BUNDLED_MODELS, *PACKAGED_GGUF])
+
+
+def names_a_local_model(name: str) -> bool:
+    """Whether :func:`resolve_model` turns ``name`` into another directory (an alias or a
+    ``.gguf`` file), rather than passing it on."""
+    from bosch_eval.gguf_models import is_gguf_path
+
+    return name in model_aliases() or is_gguf_path(name)
+
+
 def resolve_model(name: str, check: bool = True) -> str:
     """The one model resolver of every command: ``"toy"`` or ``"toy-l"`` (short for
     ``pretrained=$(bosch-eval toy-model --path [--name toy-l])``) → the bundled model's
-    directory; any other id or path is returned unchanged, after checking (``check``) that
-    it is a checkpoint directory or a hub id that resolves.
+    directory; ``"smollm2"`` or a ``.gguf`` file → its checkpoint converted once into the
+    cache (:func:`bosch_eval.gguf_models.resolve_gguf`); any other id or path is returned
+    unchanged, after checking (``check``) that it is a checkpoint directory or a hub id that
+    resolves.
 
     Raises:
-        ModelError: the model does not exist (or the bundled weights are missing).
+        ModelError: the model does not exist (or the bundled weights are missing, or the
+            package that ships a GGUF is not installed).
     """
     if name in BUNDLED_MODELS:
         try:
             return str(model_path(name))
         except FileNotFoundError as err:
             raise ModelError(f"model {name!r}: {err}") from None
+    if names_a_local_model(name):
+        from bosch_eval.gguf_models import resolve_gguf
+
+        return str(resolve_gguf(name))
     return check_model_exists(name) if check else name
 
 

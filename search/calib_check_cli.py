@@ -41,7 +41,7 @@ def add_calib_check_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", required=True, help="HF id or local directory; toy / toy-l are the bundled models")
+    parser.add_argument("--model", required=True, help="HF id or local directory; toy / toy-l are the bundled models, smollm2 the packaged one, or a .gguf file")
     parser.add_argument("--calib", default=DEFAULT_TASKS[0], help=f"calibration task (default {DEFAULT_TASKS[0]})")
     parser.add_argument("--calib-metadata", type=json.loads, default={}, help="JSON metadata for the calibration task")
     parser.add_argument("--dev", default=DEFAULT_DEV, help=f"development task, never the test set (default {DEFAULT_DEV})")

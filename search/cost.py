@@ -11,10 +11,15 @@ With q(r) = ⌈r·G⌉ SWA groups per layer at ratio r::
                                                              in chunks of ≤ chunk_layers)
     T ≈ N · t_call
 
-Before the search, the Stage-2 ratios are unknown: the low end assumes every layer lands on 0
-or 1 (no Stage 3 search), the high end every layer at ρ. After Stage 2 the count is exact up
-to masks met twice (scored once). Racing does not change N, only t_call, and only for the
-optimizers it applies to: NOMAD reads exact values, so its calls always forward every example.
+Before the search, the Stage-2 ratios are unknown: the range runs over every outcome Stage 2
+can have (each layer at one of its buckets, ⌈ρ·L·G⌉ SWA groups in all; a small dynamic
+program over how many layers land in each bucket, which is all the Stage-3 count depends on).
+For the paper's G = 8 at ρ = 0.75 that is 0 (every layer at 0 or 1) to 32·κ (every layer at
+0.75); for SmolLM2's G = 3 the buckets are k/3 and no outcome avoids Stage 3 whenever the
+target is not a multiple of G. After Stage 2 the count is exact up to masks met twice (scored
+once). Racing does not change N, only t_call, and only for the optimizers it applies to:
+NOMAD reads exact values, so its calls always forward every example. At ρ = 0 or 1 the
+search scores its one mask, the anchors, and nothing else.
 """
 
 from __future__ import annotations
@@ -22,7 +27,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from bosch_eval.masks import ModelShape, ceil_count
+from bosch_eval.search.stage2 import _bucket_counts, default_buckets
 from bosch_eval.search.stages import _chunks, expected_evaluations, expected_method, quota_blocks
 
 
@@ -60,13 +68,74 @@ def stage3_calls(
     for ratio in sorted(set(layer_ratios), reverse=True):
         if ratio in (0.0, 1.0):
             continue
-        layers = [layer for layer in range(shape.num_layers - 1, -1, -1) if layer_ratios[layer] == ratio]
-        for part in _chunks(layers, chunk_layers):
-            blocks = quota_blocks(shape.num_kv_heads, ceil_count(ratio, shape.num_kv_heads), len(part), quota)
-            part_calls = expected_evaluations(blocks, budget_per_layer * len(part), optimizer)
-            calls += part_calls
-            exact += part_calls if expected_method(blocks, budget_per_layer * len(part), optimizer) == "nomad" else 0
+        layers = sum(1 for layer_ratio in layer_ratios if layer_ratio == ratio)
+        group_calls, group_exact = _ratio_group_calls(shape, ratio, layers, budget_per_layer, chunk_layers, optimizer, quota)
+        calls, exact = calls + group_calls, exact + group_exact
     return calls, exact
+
+
+def _ratio_group_calls(
+    shape: ModelShape, ratio: float, layers: int, budget_per_layer: int, chunk_layers: int, optimizer: str, quota: str
+) -> tuple[int, int]:
+    """Stage 3's calls (and NOMAD's share) for ``layers`` layers at one ratio: which layers they
+    are does not matter, only how many (they are chunked as :func:`stages.stage3` chunks them)."""
+    calls = exact = 0
+    for part in _chunks(list(range(layers)), chunk_layers) if layers else []:
+        blocks = quota_blocks(shape.num_kv_heads, ceil_count(ratio, shape.num_kv_heads), len(part), quota)
+        part_calls = expected_evaluations(blocks, budget_per_layer * len(part), optimizer)
+        calls += part_calls
+        exact += part_calls if expected_method(blocks, budget_per_layer * len(part), optimizer) == "nomad" else 0
+    return calls, exact
+
+
+def stage3_range(
+    shape: ModelShape,
+    ratio: float,
+    budget_per_layer: int,
+    chunk_layers: int,
+    optimizer: str = "auto",
+    quota: str = "layer",
+    buckets: Sequence[float] | None = None,
+) -> tuple[int, int, int]:
+    """Stage 3's fewest and most calls over every outcome of Stage 2, and NOMAD's share of the most.
+
+    An outcome puts each layer at one bucket with ⌈ρ·L·G⌉ SWA groups in all (when no outcome
+    meets it exactly, as Stage 2 then stops short, every total is allowed). Dynamic program
+    over the buckets with state (layers placed, groups placed); the most is maximized as
+    (calls, NOMAD calls) in that order.
+    """
+    groups, num_layers = shape.num_kv_heads, shape.num_layers
+    buckets = tuple(buckets) if buckets is not None else default_buckets(groups)
+    total = num_layers * groups
+    scale = num_layers * budget_per_layer + 1  # > any call count: key = calls * scale + NOMAD calls
+    unreached, far = -1, np.iinfo(np.int64).max
+    most = np.full((num_layers + 1, total + 1), unreached, dtype=np.int64)
+    fewest = np.full((num_layers + 1, total + 1), far, dtype=np.int64)
+    most[0, 0] = fewest[0, 0] = 0
+    for bucket, count in zip(buckets, _bucket_counts(buckets, groups), strict=True):
+        next_most, next_fewest = np.full_like(most, unreached), np.full_like(fewest, far)
+        for layers in range(num_layers + 1):  # how many layers land in this bucket
+            searched = 0 < count < groups  # a layer at 0 or 1 stays all full or all SWA: no sub-problem
+            calls, exact = _ratio_group_calls(shape, bucket, layers, budget_per_layer, chunk_layers, optimizer, quota) if searched else (0, 0)
+            came_from = _shifted(most, layers, layers * count, unreached)
+            np.maximum(next_most, np.where(came_from > unreached, came_from + calls * scale + exact, unreached), out=next_most)
+            came_from = _shifted(fewest, layers, layers * count, far)
+            np.minimum(next_fewest, np.where(came_from < far, came_from + calls, far), out=next_fewest)
+        most, fewest = next_most, next_fewest
+    target = ceil_count(ratio, total)
+    if most[num_layers, target] > unreached:
+        high, low = int(most[num_layers, target]), int(fewest[num_layers, target])
+    else:
+        high, low = int(most[num_layers].max()), int(fewest[num_layers].min())
+    return low, high // scale, high % scale
+
+
+def _shifted(table: np.ndarray, layers: int, groups: int, fill: int) -> np.ndarray:
+    """``table`` moved by (layers, groups): entry [l, g] of the result is ``table[l - layers, g - groups]``."""
+    out = np.full_like(table, fill)
+    if layers < table.shape[0] and groups < table.shape[1]:
+        out[layers:, groups:] = table[: table.shape[0] - layers, : table.shape[1] - groups]
+    return out
 
 
 def estimate_calls(
@@ -77,14 +146,18 @@ def estimate_calls(
     optimizer: str = "auto",
     quota: str = "layer",
     layer_ratios: Sequence[float] | None = None,
+    buckets: Sequence[float] | None = None,
 ) -> CallEstimate:
-    """BOSCH's S() calls: a range before Stage 2, exact (up to repeats) once its ratios are known."""
+    """BOSCH's S() calls: a range before Stage 2 (over Stage 2's ``buckets``, by default
+    :func:`stage2.default_buckets`), exact (up to repeats) once its ratios are known."""
+    if ratio in (0.0, 1.0):  # the search scores the anchors, one of which is its mask
+        return CallEstimate(2, 0, 0, 0)
     stage1 = stage1_calls(shape, ratio, budget_per_layer, optimizer)
     if layer_ratios is not None:
         calls, exact = stage3_calls(shape, layer_ratios, budget_per_layer, chunk_layers, optimizer, quota)
         return CallEstimate(2, stage1, calls, calls, exact)
-    high, exact = stage3_calls(shape, [ratio] * shape.num_layers, budget_per_layer, chunk_layers, optimizer, quota)
-    return CallEstimate(2, stage1, 0, high, exact)
+    low, high, exact = stage3_range(shape, ratio, budget_per_layer, chunk_layers, optimizer, quota, buckets)
+    return CallEstimate(2, stage1, low, high, exact)
 
 
 def render_cost(

@@ -174,7 +174,7 @@ def _parse_places(items: Sequence[str], shape: ModelShape, swa_groups: int, mode
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bosch_eval.search.enumerate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="HF model id or local dir; 'toy' or 'toy-l' is a bundled model")
+    parser.add_argument("--model", required=True, help="HF model id or local dir; 'toy' or 'toy-l' is a bundled model, 'smollm2' a packaged one; or a .gguf file")
     parser.add_argument("--ratio", type=float, required=True, help="SWA ratio ρ: every mask with ⌈ρ·L·G⌉ SWA groups is scored")
     parser.add_argument("--out", required=True, help="output directory (journal.jsonl, optimum.md, optimum.json)")
     parser.add_argument("--resume", action="store_true", help="continue the enumeration journaled in --out")

@@ -25,7 +25,7 @@ from bosch_eval.search.journal import Journal
 from bosch_eval.search.optimizers import METHODS, NOMAD_MAX_VARIABLES
 from bosch_eval.search.saturation import stage1_saturation
 from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, SearchError
-from bosch_eval.search.stage2 import DEFAULT_BUCKETS, Stage2Result, assign_layer_ratios
+from bosch_eval.search.stage2 import Stage2Result, assign_layer_ratios, default_buckets
 from bosch_eval.search.score_book import ScoreBook
 from bosch_eval.search.stages import QUOTAS, StageSettings, SubResult, layer_level, refine, stage1, stage3
 
@@ -60,7 +60,7 @@ class SearchSettings:
     alpha: float = DEFAULT_ALPHA
     gamma: float = DEFAULT_GAMMA
     seed: int = 0
-    buckets: tuple[float, ...] = DEFAULT_BUCKETS
+    buckets: tuple[float, ...] | None = None  # None: stage2.default_buckets(G), the paper's where G allows
     max_variables: int = NOMAD_MAX_VARIABLES
     chunk_layers: int | None = None  # None: default_chunk_layers(G, max_variables), the paper's B.2
     quota: str = "layer"  # "chunk": the old per-chunk count, a deviation from Algorithm 3
@@ -92,8 +92,12 @@ class SearchSettings:
         """``chunk_layers``, or the paper's default for the model's G."""
         return self.chunk_layers if self.chunk_layers is not None else default_chunk_layers(shape.num_kv_heads, self.max_variables)
 
+    def buckets_for(self, shape: ModelShape) -> tuple[float, ...]:
+        """``buckets``, or Stage 2's default for the model's G (:func:`stage2.default_buckets`)."""
+        return self.buckets if self.buckets is not None else default_buckets(shape.num_kv_heads)
+
     def to_json(self) -> dict[str, Any]:
-        return dict(asdict(self), buckets=list(self.buckets))
+        return dict(asdict(self), buckets=None if self.buckets is None else list(self.buckets))
 
 
 @dataclass
@@ -135,6 +139,7 @@ class SearchResult:
             if stage2 is None
             else {
                 "ratios": list(stage2.ratios),
+                "buckets": list(stage2.buckets),
                 "weights": list(stage2.weights),
                 "drops": list(stage2.drops),
                 "target_groups": stage2.target_groups,
@@ -265,8 +270,9 @@ def validate_for_shape(settings: SearchSettings, shape: ModelShape) -> None:
     if settings.variant == "bosch":  # only B-full runs Stage 2
         from bosch_eval.search.stage2 import _bucket_counts
 
+        buckets = settings.buckets_for(shape)
         try:
-            counts = _bucket_counts(settings.buckets, groups)
+            counts = _bucket_counts(buckets, groups)
         except ValueError as err:
             raise SearchError(f"--{err}") from None
         # Stage 2 gives every layer one bucket: totals outside L·[min, max] cannot be reached.
@@ -275,7 +281,7 @@ def validate_for_shape(settings: SearchSettings, shape: ModelShape) -> None:
         if not low <= target <= high:
             raise SearchError(
                 f"--buckets: ratio {settings.ratio:g} asks for {target} SWA groups, but buckets "
-                f"{list(settings.buckets)} give {low} to {high} over {shape.num_layers} layers × "
+                f"{list(buckets)} give {low} to {high} over {shape.num_layers} layers × "
                 f"{groups} groups; include a bucket of {'0' if target < low else '1'}"
             )
     chunk = min(settings.chunk_layers_for(shape), shape.num_layers)

@@ -42,7 +42,7 @@ def add_rank_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--method", required=True, choices=METHOD_NAMES, help="ranking method (paper B.3.1–B.3.6)")
     parser.add_argument(
-        "--model", required=True, help="HF model id, local checkpoint directory, or 'toy' / 'toy-l' for a bundled toy model"
+        "--model", required=True, help="HF model id, local checkpoint directory, 'toy' / 'toy-l' (bundled), 'smollm2' (packaged), or a .gguf file"
     )
     parser.add_argument("--out", required=True, help="where to write the bosch-ranking/1 JSON")
     parser.add_argument("--window", type=int, help="SWA window W (default: the model's bosch_defaults.json)")

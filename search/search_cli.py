@@ -20,7 +20,7 @@ from typing import Any
 
 from accelerate import PartialState
 
-from bosch_eval.masks import ModelShape
+from bosch_eval.masks import ModelShape, ceil_count
 from bosch_eval.model_adapters.loader_args import parse_model_args
 from bosch_eval.model_check import IGNORE_FLAG, model_config, resolve_model
 from bosch_eval.prefix_cache import DEFAULT_BUDGET_MB as DEFAULT_PREFIX_CACHE_MB
@@ -33,6 +33,9 @@ from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, SearchError
 from bosch_eval.search.stage2 import DEFAULT_BUCKETS
 from bosch_eval.search.stages import QUOTAS
 
+# `--estimate` given without its number: the calls, without a time.
+CALLS_ONLY = float("nan")
+
 # Flags passed on under their own names: to SearchSettings, and to search_model.
 SETTINGS_FLAGS = ("ratio", "variant", "optimizer", "budget_per_layer", "alpha", "gamma", "seed", "chunk_layers", "quota", "refine")
 SEARCH_MODEL_FLAGS = (
@@ -43,7 +46,7 @@ SEARCH_MODEL_FLAGS = (
 
 def add_search_arguments(parser: argparse.ArgumentParser) -> None:
     """The search's flags (shared by ``bosch-eval search`` and ``python -m bosch_eval.search``)."""
-    parser.add_argument("--model", required=True, help="HF model id or local dir; 'toy' or 'toy-l' is a bundled model")
+    parser.add_argument("--model", required=True, help="HF model id or local dir; 'toy' or 'toy-l' is a bundled model, 'smollm2' a packaged one; or a .gguf file")
     parser.add_argument("--ratio", type=float, required=True, help="target share ρ of KV groups turned to SWA, in [0, 1]")
     parser.add_argument("--window", type=int, help="SWA window W (default: the model's bosch_defaults.json)")
     parser.add_argument("--out", help="output directory (default: bosch_search/<model>-<variant>-r<ratio>-s<seed>)")
@@ -55,7 +58,11 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="α, weight of the ratio penalty (Eq. 5)")
     parser.add_argument("--gamma", type=float, default=DEFAULT_GAMMA, help="γ, headroom of the upper anchor b = (1+γ)·S(full)")
     parser.add_argument(
-        "--buckets", type=float, nargs="+", default=list(DEFAULT_BUCKETS), help="Stage-2 layer ratios (default 0 0.25 0.5 0.75 1)"
+        "--buckets",
+        type=float,
+        nargs="+",
+        help=f"Stage-2 layer ratios, whole numbers of a layer's KV groups (default {' '.join(f'{b:g}' for b in DEFAULT_BUCKETS)}, "
+        "the paper's; where those are not whole numbers of G groups, e.g. G = 3, every ratio k/G)",
     )
     parser.add_argument(
         "--chunk-layers",
@@ -103,9 +110,12 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--estimate",
         type=float,
+        nargs="?",
+        const=CALLS_ONLY,
         metavar="SECONDS_PER_CALL",
-        help="print how many S() calls the search makes (bosch_eval.search.cost) and the time at this many seconds per "
-        "call (time one lm_eval run of the calibration task), then exit without loading weights",
+        help="print how many S() calls the search makes (bosch_eval.search.cost) and, given the seconds one call takes "
+        "(time one lm_eval run of the calibration task), the time; then exit without loading weights (a GGUF model "
+        "is converted on first use, to read its config)",
     )
     parser.add_argument(
         "--no-racing",
@@ -129,10 +139,11 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
 def run_from_args(args: argparse.Namespace) -> None:
     """Build the settings from parsed flags and run the search."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    settings = SearchSettings(buckets=tuple(args.buckets), **{name: getattr(args, name) for name in SETTINGS_FLAGS})
+    buckets = tuple(args.buckets) if args.buckets is not None else None
+    settings = SearchSettings(buckets=buckets, **{name: getattr(args, name) for name in SETTINGS_FLAGS})
     model_args = parse_model_args(args.model_args)
     if args.estimate is not None:
-        print(render_estimate(args.model, settings, args.estimate))
+        print(render_estimate(args.model, settings, None if args.estimate is CALLS_ONLY else args.estimate))
         return
     out = args.out or f"bosch_search/{Path(args.model).name}-{args.variant}-r{args.ratio:g}-s{args.seed}"
     result = search_model(args.model, settings, out, model_args=model_args, **{name: getattr(args, name) for name in SEARCH_MODEL_FLAGS})
@@ -144,25 +155,32 @@ def run_from_args(args: argparse.Namespace) -> None:
         )
 
 
-def render_estimate(model: str, settings: SearchSettings, seconds_per_call: float) -> str:
-    """The cost model's call range and time for ``model`` (its config only) under ``settings``.
+def render_estimate(model: str, settings: SearchSettings, seconds_per_call: float | None) -> str:
+    """The cost model's call range, and its time at ``seconds_per_call`` (None: calls only), for
+    ``model`` (its config only) under ``settings``.
 
     Raises:
-        SearchError: a negative time, or settings that do not fit the model.
+        SearchError: a time that is not positive, or settings that do not fit the model.
     """
-    if not seconds_per_call > 0:
+    if seconds_per_call is not None and not seconds_per_call > 0:
         raise SearchError(f"--estimate: expected the seconds one S() call takes (> 0), got {seconds_per_call}")
     shape = ModelShape.from_config(model_config(resolve_model(model)))
     validate_for_shape(settings, shape)
-    chunk = settings.chunk_layers_for(shape)
-    calls = estimate_calls(shape, settings.ratio, settings.budget_per_layer, chunk, settings.optimizer, settings.quota)
-    hours = [n * seconds_per_call / 3600 for n in (calls.low, calls.high)]
-    return (
-        f"{model}: L={shape.num_layers} × G={shape.num_kv_heads}, ρ={settings.ratio:g}, κ={settings.budget_per_layer}, "
-        f"{chunk} layers per Stage-3 sub-problem: {calls.low}–{calls.high} S() calls (2 anchors + {calls.stage1} Stage 1 "
-        f"+ {calls.stage3_low}–{calls.stage3_high} Stage 3, by Stage 2's ratios) ≈ {hours[0]:.2f}–{hours[1]:.2f} h at "
-        f"{seconds_per_call:g} s per call, before racing"
+    chunk, buckets = settings.chunk_layers_for(shape), settings.buckets_for(shape)
+    calls = estimate_calls(
+        shape, settings.ratio, settings.budget_per_layer, chunk, settings.optimizer, settings.quota, buckets=buckets
     )
+    per_layer = ceil_count(settings.ratio, shape.num_kv_heads)
+    text = (
+        f"{model}: L={shape.num_layers} × G={shape.num_kv_heads}, ρ={settings.ratio:g}, κ={settings.budget_per_layer}, "
+        f"Stage-2 buckets {', '.join(f'{b:.4g}' for b in buckets)}, {chunk} layers per Stage-3 sub-problem: "
+        f"{calls.low}–{calls.high} S() calls (2 anchors + {calls.stage1} Stage 1 [{per_layer} of {shape.num_kv_heads} "
+        f"groups per layer] + {calls.stage3_low}–{calls.stage3_high} Stage 3, by Stage 2's ratios)"
+    )
+    if seconds_per_call is None:
+        return text + "; pass --estimate SECONDS (one lm_eval run of the calibration task) for the time"
+    hours = [n * seconds_per_call / 3600 for n in (calls.low, calls.high)]
+    return text + f" ≈ {hours[0]:.2f}–{hours[1]:.2f} h at {seconds_per_call:g} s per call, before racing"
 
 
 def add_search_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -8,10 +8,22 @@ buckets until the number of SWA KV groups matches the budget ⌈ρ·L·G⌉. Sta
 ``r_l · G`` KV groups of each layer.
 
 The paper's "heads" are KV groups here: under GQA only a whole group can switch to SWA.
+
+Buckets and G. Algorithm 2 counts b·G groups for a layer at bucket b (lines 14 and 21) and
+Algorithm 3 converts ⌈r_l·G⌉ (line 5), so a bucket means what the paper intends, a coarse
+per-layer ratio that is the layer's quota in Stage 3 (§2.2.2), only when b·G is a whole
+number. The paper's buckets (0, ¼, ½, ¾, 1) are whole for its models (G = 4 and 8) but not
+for SmolLM2's G = 3: there ¾ and 1 would both convert ⌈2.25⌉ = ⌈3⌉ = 3 groups, and Stage 2
+would balance a budget of 0.75·3 = 2.25 groups per layer that Stage 3 never spends. So by
+default (``buckets=None``) a search uses the paper's buckets where they are whole numbers of
+G's groups and otherwise every ratio G groups can realize, k/G for k = 0 … G (G = 3: 0, ⅓,
+⅔, 1): each bucket a distinct quota, and Stage 2's count equal to Stage 3's. Buckets a user
+names are used as given, and refused when they are not whole numbers of groups.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +38,20 @@ DEFAULT_PERCENTILES: tuple[float, float] = (2.5, 97.5)
 # Bucket × G must be a whole number of KV groups; 0.1 * 30 is 3.0000000000000004 in floats.
 _COUNT_SLACK = 1e-9
 
+log = logging.getLogger("bosch_eval.search")
+
+
+def default_buckets(groups_per_layer: int) -> tuple[float, ...]:
+    """Stage 2's buckets when the user names none: the paper's (0, ¼, ½, ¾, 1) where each is a
+    whole number of ``groups_per_layer`` KV groups, else every ratio k/G (see the module docstring)."""
+    if all(_whole(bucket * groups_per_layer) for bucket in DEFAULT_BUCKETS):
+        return DEFAULT_BUCKETS
+    return tuple(k / groups_per_layer for k in range(groups_per_layer + 1))
+
+
+def _whole(groups: float) -> bool:
+    return abs(groups - round(groups)) <= _COUNT_SLACK
+
 
 @dataclass(frozen=True)
 class Stage2Result:
@@ -33,6 +59,7 @@ class Stage2Result:
 
     Attributes:
         ratios: r_l, each one of the buckets; layer l gets ``round(r_l · G)`` SWA groups.
+        buckets: the buckets the ratios were drawn from (given, or :func:`default_buckets`).
         weights: w_l in [0, 1]; lower means easier to localize.
         drops: d_l, the share of the full-attention score lost when layer l was localized
             on top of the layers above it (positive = the score fell).
@@ -46,6 +73,7 @@ class Stage2Result:
     drops: tuple[float, ...]
     target_groups: int
     assigned_groups: int
+    buckets: tuple[float, ...] = DEFAULT_BUCKETS
 
     def __post_init__(self) -> None:
         if not len(self.ratios) == len(self.weights) == len(self.drops):
@@ -60,7 +88,7 @@ def assign_layer_ratios(
     original_score: float,
     target_ratio: float,
     groups_per_layer: int,
-    buckets: Sequence[float] = DEFAULT_BUCKETS,
+    buckets: Sequence[float] | None = None,
     percentiles: tuple[float, float] = DEFAULT_PERCENTILES,
     higher_is_better: bool = True,
 ) -> Stage2Result:
@@ -83,7 +111,8 @@ def assign_layer_ratios(
       ``numpy.array_split`` does (the first L mod B groups get one extra layer; groups are
       empty when L < B); group j gets bucket b_j, so the hardest layers get b_0.
     * **Counting.** A layer at bucket b converts round(b·G) KV groups, and b·G must be a whole
-      number: buckets must be multiples of 1/G (for G = 2, e.g. (0, 0.5, 1)).
+      number: buckets must be multiples of 1/G (for G = 2, e.g. (0, 0.5, 1)). Without
+      ``buckets``, :func:`default_buckets` (the paper's, or k/G where they are not whole).
     * **Reconciliation.** While the gap Δ = M_target − M_now is not 0, one pass visits the
       layers easiest first (Δ > 0, raising each by one bucket) or hardest first (Δ < 0,
       lowering), and moves a layer only if its change in KV groups fits in |Δ|, so the
@@ -103,7 +132,7 @@ def assign_layer_ratios(
         original_score: s_orig, the full-attention model's score; must be positive.
         target_ratio: ρ, the share of the model's KV groups to convert to SWA.
         groups_per_layer: G, KV groups per layer.
-        buckets: the coarse ratios b_0 < … < b_{B−1} in [0, 1].
+        buckets: the coarse ratios b_0 < … < b_{B−1} in [0, 1]; None: :func:`default_buckets`.
         percentiles: (p_lo, p_hi) for clipping the drops, 0 ≤ p_lo < p_hi ≤ 100.
         higher_is_better: the direction of the scores (lm-eval's ``higher_is_better``).
 
@@ -121,6 +150,14 @@ def assign_layer_ratios(
     ratio = check_ratio(target_ratio, "target_ratio")
     if isinstance(groups_per_layer, bool) or not isinstance(groups_per_layer, int) or groups_per_layer < 1:
         raise ValueError(f"groups_per_layer: expected a positive integer (KV groups per layer), got {groups_per_layer!r}")
+    if buckets is None:
+        buckets = default_buckets(groups_per_layer)
+        if buckets != DEFAULT_BUCKETS:
+            log.info(
+                "stage 2: the paper's buckets %s are not whole numbers of %d KV groups per layer; using every ratio "
+                "%d groups can realize, %s",
+                list(DEFAULT_BUCKETS), groups_per_layer, groups_per_layer, [round(b, 4) for b in buckets],
+            )  # fmt: skip
     counts = _bucket_counts(buckets, groups_per_layer)
     low, high = _check_percentiles(percentiles)
 
@@ -141,6 +178,7 @@ def assign_layer_ratios(
         drops=tuple(drops),
         target_groups=target,
         assigned_groups=assigned,
+        buckets=tuple(float(bucket) for bucket in buckets),
     )
 
 
@@ -207,7 +245,7 @@ def _bucket_counts(buckets: Sequence[float], groups_per_layer: int) -> list[int]
         if index and bucket <= buckets[index - 1]:
             raise ValueError(f"buckets: expected strictly increasing ratios, got {list(buckets)}")
         groups = bucket * groups_per_layer
-        if abs(groups - round(groups)) > _COUNT_SLACK:
+        if not _whole(groups):
             raise ValueError(
                 f"buckets: {bucket!r} × {groups_per_layer} KV groups per layer = {groups:g} is not a whole "
                 f"number of groups; use multiples of 1/{groups_per_layer}"

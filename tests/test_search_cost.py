@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+import random
 from pathlib import Path
 
 import pytest
 
-from bosch_eval.masks import ModelShape
-from bosch_eval.search.cost import CallEstimate, estimate_calls, render_cost
+from bosch_eval.cli import main
+from bosch_eval.masks import ModelShape, ceil_count
+from bosch_eval.search.cost import CallEstimate, estimate_calls, render_cost, stage3_calls, stage3_range
+from bosch_eval.search.stage2 import default_buckets
 from bosch_eval.search.pipeline import SearchSettings, run_search
 from bosch_eval.search.scoring import SearchError
 from bosch_eval.search.search_cli import render_estimate
@@ -65,3 +69,65 @@ def test_the_estimate_reads_only_the_config(tiny_model_dir: Path) -> None:
     assert "L=3 × G=4" in text and "S() calls" in text and " h at 2 s per call" in text
     with pytest.raises(SearchError, match="--estimate: expected the seconds"):
         render_estimate(str(tiny_model_dir), SearchSettings(ratio=0.5), 0.0)
+
+
+def test_the_estimate_without_a_time_gives_the_calls(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = render_estimate(str(tiny_model_dir), SearchSettings(ratio=0.5), None)
+    assert "S() calls" in text and " h at" not in text and "pass --estimate SECONDS" in text
+    assert main(["search", "--model", str(tiny_model_dir), "--ratio", "0.5", "--estimate"]) == 0
+    assert capsys.readouterr().out.strip() == text
+
+
+class TestThreeKVGroups:
+    """SmolLM2-135M's shape: 30 layers × 3 KV groups, Stage-2 buckets k/3, 16 layers per Stage-3 chunk."""
+
+    SHAPE = ModelShape(num_layers=30, num_heads=9, num_kv_heads=3)
+
+    def test_the_calls_worked_by_hand(self) -> None:
+        # ρ = 0.75: Stage 1 converts ⌈2.25⌉ = 3 of 3 groups per layer, C(3, 3) = 1 candidate each.
+        # Stage 2 must place ⌈67.5⌉ = 68 groups with buckets 0, 1/3, 2/3, 1 (0..3 groups per layer):
+        #   fewest: 22 layers at 1, one at 2/3 (C(3, 2) = 3 candidates, enumerated), 7 at 0 → 3 calls;
+        #   most: a + 2b + 3c = 68 with a + b + c <= 30 searched layers a + b at most 22 (c >= 8), best
+        #   as 22 layers at 2/3: chunks of 16 and 6 → min(3^16, 1600) + min(3^6 = 729, 600) = 2200.
+        calls = estimate_calls(self.SHAPE, 0.75, budget_per_layer=100, chunk_layers=16)
+        assert (calls.stage1, calls.stage3_low, calls.stage3_high) == (30, 3, 2200)
+        # ρ = 0.5: ⌈1.5⌉ = 2 of 3 per layer, C(3, 2) = 3 candidates; 45 groups: 15 layers at 1 and 15 at 0
+        # need no Stage 3; 15 at 1/3 and 15 at 2/3 need min(3^15, 1500) each.
+        calls = estimate_calls(self.SHAPE, 0.5, budget_per_layer=100, chunk_layers=16)
+        assert (calls.stage1, calls.stage3_low, calls.stage3_high) == (90, 0, 3000)
+
+    def test_the_estimate_of_a_model_of_that_shape(self, tmp_path: Path) -> None:
+        from transformers import AutoConfig
+
+        AutoConfig.for_model(
+            "llama", num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576, max_position_embeddings=8192
+        ).save_pretrained(tmp_path)
+        text = render_estimate(str(tmp_path), SearchSettings(ratio=0.75), 10.0)
+        assert "L=30 × G=3" in text and "Stage-2 buckets 0, 0.3333, 0.6667, 1, 16 layers per Stage-3 sub-problem" in text
+        assert "35–2232 S() calls (2 anchors + 30 Stage 1 [3 of 3 groups per layer] + 3–2200 Stage 3" in text
+        assert "0.10–6.20 h at 10 s per call" in text
+
+    def test_a_ratio_of_zero_or_one_scores_only_the_anchors(self) -> None:
+        for ratio in (0.0, 1.0):
+            assert estimate_calls(self.SHAPE, ratio, 100, 16) == CallEstimate(2, 0, 0, 0)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_stage3_range_is_the_extremes_over_every_stage2_outcome(seed: int) -> None:
+    """The dynamic program against enumerating every assignment of layers to buckets."""
+    rng = random.Random(seed)
+    groups = rng.choice([1, 2, 3, 4, 6])
+    shape = ModelShape(num_layers=rng.randint(1, 5), num_heads=2 * groups, num_kv_heads=groups)
+    ratio, budget, chunk = rng.random(), rng.choice([1, 3, 10, 100]), rng.randint(1, 3)
+    quota, optimizer = rng.choice(["layer", "chunk"]), rng.choice(["auto", "oneplusone"])
+    buckets = default_buckets(groups)
+    target = ceil_count(ratio, shape.num_layers * groups)
+    outcomes = [
+        stage3_calls(shape, ratios, budget, chunk, optimizer, quota)
+        for ratios in itertools.product(buckets, repeat=shape.num_layers)
+        if sum(round(r * groups) for r in ratios) == target
+    ]
+    assert outcomes  # k/G buckets reach every total
+    low, high, exact = stage3_range(shape, ratio, budget, chunk, optimizer, quota)
+    assert low == min(calls for calls, _ in outcomes)
+    assert (high, exact) == max(outcomes)

@@ -386,3 +386,26 @@ def test_planted_optimum_at_8_layers_of_8_groups(optimizer: str, chunk_layers: i
     best = objective.best_for_counts(counts)
     gap = result.anchors.normalize(best) - result.anchors.normalize(result.score)
     assert 0.0 <= gap <= bound
+
+
+class TestThreeKVGroups:
+    """SmolLM2's G = 3: the paper's quarter buckets are not whole numbers of groups, so Stage 2 draws
+    from k/3 and every layer ends with exactly the quota Stage 3 converts."""
+
+    SHAPE = ModelShape(num_layers=6, num_heads=9, num_kv_heads=3)
+    WEIGHTS = [[0.04, 0.03, 0.05], [0.02, 0.001, 0.03], [0.002, 0.01, 0.003], [0.001, 0.002, 0.02], [0.0, 0.001, 0.002], [0.001, 0.0, 0.0]]
+
+    def test_a_search_uses_thirds_and_meets_the_budget(self) -> None:
+        settings = SearchSettings(ratio=0.75, budget_per_layer=10)
+        result = run_search(additive(self.WEIGHTS), self.SHAPE, settings, progress=False)
+        thirds = (0.0, 1 / 3, 2 / 3, 1.0)
+        assert result.stage2.buckets == thirds and set(result.stage2.ratios) <= set(thirds)
+        assert result.mask.num_swa_groups == ceil_count(0.75, 18) == 14
+        assert [row.count(0) for row in result.mask.bits] == [ceil_count(r, 3) for r in result.stage2.ratios]
+        assert result.provenance()["stage2"]["buckets"] == list(thirds) and settings.to_json()["buckets"] is None
+
+    def test_quarters_named_for_three_groups_are_refused_before_any_evaluation(self) -> None:
+        calls = []
+        with pytest.raises(SearchError, match=r"--buckets: 0\.25 × 3 KV groups per layer = 0\.75 is not a whole number"):
+            run_search(lambda mask: calls.append(mask) or 1.0, self.SHAPE, SearchSettings(ratio=0.75, buckets=(0.0, 0.25, 0.5, 0.75, 1.0)), progress=False)
+        assert calls == []

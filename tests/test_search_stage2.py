@@ -7,7 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from bosch_eval.search.stage2 import DEFAULT_BUCKETS, Stage2Result, assign_layer_ratios
+from bosch_eval.masks import ceil_count
+from bosch_eval.search.stage2 import DEFAULT_BUCKETS, Stage2Result, assign_layer_ratios, default_buckets
 
 QUARTERS = DEFAULT_BUCKETS
 
@@ -222,9 +223,11 @@ class TestInputErrors:
         with pytest.raises(ValueError, match=message):
             assign_layer_ratios(**args)
 
-    def test_default_quarters_need_groups_in_steps_of_four(self) -> None:
+    def test_quarters_named_need_groups_in_steps_of_four(self) -> None:
         with pytest.raises(ValueError, match=r"0\.25 × 2 KV groups per layer = 0\.5"):
-            assign_layer_ratios([0.5, 0.8], 1.0, 0.5, 2)
+            assign_layer_ratios([0.5, 0.8], 1.0, 0.5, 2, buckets=QUARTERS)
+        with pytest.raises(ValueError, match=r"0\.25 × 3 KV groups per layer = 0\.75 is not a whole number"):
+            assign_layer_ratios([0.5, 0.8], 1.0, 0.5, 3, buckets=QUARTERS)
 
     def test_result_lengths_must_agree(self) -> None:
         with pytest.raises(ValueError, match="one entry per layer"):
@@ -255,3 +258,46 @@ class TestDirectionAndZeroRatios:
         scores = [0.2, 0.5, 0.45, 0.9, 0.8, 0.85, 0.95, 0.97]
         result = assign_layer_ratios(scores, 1.0, 0.5, 8)
         assert result.assigned_groups == 32 and result.ratios.count(0.0) == 2
+
+
+class TestBucketsForAnyG:
+    """The paper's quarter buckets are whole numbers of groups only when 4 divides G; with
+    SmolLM2's G = 3, ¾ and 1 would both be a quota of ⌈2.25⌉ = ⌈3⌉ = 3 groups."""
+
+    @pytest.mark.parametrize(
+        ("groups", "expected"),
+        [(4, QUARTERS), (8, QUARTERS), (32, QUARTERS), (3, (0.0, 1 / 3, 2 / 3, 1.0)), (2, (0.0, 0.5, 1.0)), (1, (0.0, 1.0)),
+         (6, tuple(k / 6 for k in range(7)))],
+    )  # fmt: skip
+    def test_default_buckets(self, groups: int, expected: tuple[float, ...]) -> None:
+        assert default_buckets(groups) == expected
+        # Each bucket is a distinct Stage-3 quota (Algorithm 3: ⌈r·G⌉), and Stage 2 counts what Stage 3 converts.
+        quotas = [ceil_count(bucket, groups) for bucket in expected]
+        assert quotas == sorted(set(quotas)) and quotas == [round(bucket * groups) for bucket in expected]
+
+    def test_hand_worked_at_three_groups(self, caplog: pytest.LogCaptureFixture) -> None:
+        # SCORES_A (TestHandWorked): w = [1, 0.5, 0.5, 0], hardest first 0, 1, 2, 3.
+        # Buckets (0, 1/3, 2/3, 1): array_split of 4 layers into 4 → ranks [0, 1, 2, 3];
+        # groups per bucket [0, 1, 2, 3]: M_now = 6. ρ = 0.75: M_target = ⌈0.75·12⌉ = 9, Δ = +3.
+        # Easy order 3, 2, 1, 0: layer 3 is at the top; 2 → 3, 1 → 2, 0 → 1 (+1 each): Δ = 0.
+        # ranks [1, 2, 3, 3] → ratios [1/3, 2/3, 1, 1] → 1 + 2 + 3 + 3 = 9 groups
+        with caplog.at_level("INFO", logger="bosch_eval.search"):
+            result = assign_layer_ratios(TestHandWorked.SCORES_A, 1.0, 0.75, 3)
+        assert result.ratios == (1 / 3, 2 / 3, 1.0, 1.0)
+        assert result.buckets == (0.0, 1 / 3, 2 / 3, 1.0)
+        assert (result.target_groups, result.assigned_groups) == (9, 9)
+        assert "not whole numbers of 3 KV groups per layer; using every ratio 3 groups can realize" in caplog.text
+
+    def test_quarters_stay_the_default_where_they_fit(self, caplog: pytest.LogCaptureFixture) -> None:
+        with caplog.at_level("INFO", logger="bosch_eval.search"):
+            result = assign_layer_ratios(TestHandWorked.SCORES_A, 1.0, 0.5, 4)
+        assert result.buckets == QUARTERS and result.ratios == (0.0, 0.25, 0.75, 1.0)  # as TestHandWorked
+        assert "not whole numbers" not in caplog.text
+
+    @pytest.mark.parametrize("seed", range(50))
+    def test_the_budget_is_met_exactly_at_three_groups(self, seed: int) -> None:
+        rng = random.Random(2000 + seed)
+        layers = rng.randint(1, 30)
+        result = assign_layer_ratios([rng.uniform(0.0, 1.2) for _ in range(layers)], 1.0, rng.random(), 3)
+        assert set(result.ratios) <= set(default_buckets(3))
+        assert result.target_groups == result.assigned_groups == sum(ceil_count(r, 3) for r in result.ratios)

@@ -20,7 +20,7 @@ from bosch_eval.versions import versions
 def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("compare", help="leaderboard: entries (masks, rankings, heuristics) × lm-eval tasks")
     parser.add_argument("--config", help="leaderboard YAML (model, tasks, metadata, limit, entries, ...)")
-    parser.add_argument("--model", help="HF id or path; toy = the bundled model (overrides the YAML)")
+    parser.add_argument("--model", help="HF id or path; toy / toy-l / smollm2 = a bundled or packaged model (overrides the YAML)")
     parser.add_argument("--model-args", help="k=v,... passed to every entry's adapter (device, batch_size, dtype)")
     parser.add_argument("--entry", action="append", default=[], help="NAME=ARGS (--model bosch model_args; empty: the original); repeatable")
     parser.add_argument("--tasks", nargs="+", help="lm-eval task or group names")

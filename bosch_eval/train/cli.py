@@ -10,7 +10,7 @@ from bosch_eval.rope_scaling import ROPE_SCALINGS
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``bosch-eval train`` (and of ``python -m bosch_eval.train`` for ``accelerate launch -m``)."""
-    parser.add_argument("--model", required=True, help="HF id or path of the model to train, or 'toy' / 'toy-l' (a bundled model)")
+    parser.add_argument("--model", required=True, help="HF id or path of the model to train, or 'toy' / 'toy-l' / 'smollm2' (a bundled or packaged model)")
     parser.add_argument("--mask-source", help="the head mask, as --model bosch model_args: mask=FILE | ranking=FILE,ratio=R | "
                         "layers=intr|bme|rand,ratio=R[,seed=S]; plus window=W (default: the mask's, else the model's) and sink=S (attention sinks, default: the mask's, else 0). "
                         "Omit it for a hybrid checkpoint (its saved mask); layers=intr,ratio=0 trains the full model")  # fmt: skip
