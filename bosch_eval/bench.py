@@ -430,7 +430,8 @@ def speedups(rows: list[BenchRow]) -> list[dict[str, Any]]:
             "prefill": row.prefill_tokens_per_s / original[row.length].prefill_tokens_per_s,
             "decode_batch_1": row.decode_tokens_per_s / original[row.length].decode_tokens_per_s,
             f"decode_batch_{row.decode_batch}": row.decode_batch_tokens_per_s / original[row.length].decode_batch_tokens_per_s,
-            "prefill_peak": row.prefill_peak_bytes / max(1, original[row.length].prefill_peak_bytes),
+            # None where the original's peak is not positive (a CPU's resident-set peak at tiny sizes).
+            "prefill_peak": row.prefill_peak_bytes / original[row.length].prefill_peak_bytes if original[row.length].prefill_peak_bytes > 0 else None,
             "kv_bytes": row.kv_cache_bytes / original[row.length].kv_cache_bytes,
         }
         for row in rows
