@@ -154,10 +154,13 @@ def stage_bench(folder: Path, seconds: float, plan: Plan, device: str) -> dict[s
         run = run_limited(command, (deadline - time.monotonic()) / left, out / "bench.log")
         rows = [BenchRow(**row) for row in json.loads((out / "bench.json").read_text())["rows"]] if (out / "bench.json").exists() else []
         run["speedups"] = speedups(rows)
-        if not run["status"] == "ok":
+        if run["status"] != "ok":
             run["error"] = _tail(out / "bench.log", 3)
         runs[backend] = run
         print(f"  bench {backend}: {run['status']} ({run['seconds']} s)", flush=True)
+        for ratio in run["speedups"]:  # printed as they come: a call cut short still shows them
+            print(f"    T={ratio['length']} {ratio['label']}: prefill {ratio['prefill']:.2f}x, decode x1 {ratio['decode_batch_1']:.2f}x, "
+                  f"x{DECODE_BATCH} {ratio[f'decode_batch_{DECODE_BATCH}']:.2f}x, prefill peak {_number(ratio['prefill_peak'])}", flush=True)  # fmt: skip
     return {"status": "ok" if all(r["status"] == "ok" for r in runs.values()) else "partial", "auto": backends[0], "skipped": skipped, "backends": runs}
 
 
