@@ -6,33 +6,49 @@ import argparse
 from typing import Any
 
 from bosch_eval.device import pick_device
+from bosch_eval.errors import SettingsError
 from bosch_eval.masks import HeadMask, ModelShape, check_sinks
 from bosch_eval.model_check import ModelError, model_config, resolve_model
 
 # Random-weight models for timing (no download). attn-heavy: hidden width 128 against 16 heads
 # × 128, so attention is ~80% of the prefill at T = 8192 (the bench's "attention share").
+# qwen3-1.7b: Qwen3-1.7B's shape (28 layers, 16 heads, 8 KV groups, head dim 128, its vocabulary
+# and tied embeddings), the model of issue 38's GPU targets.
 RANDOM_CONFIGS = {
     "attn-heavy": dict(
         model_type="qwen3", num_hidden_layers=2, hidden_size=128, intermediate_size=256, num_attention_heads=16,
         num_key_value_heads=8, head_dim=128, vocab_size=512, max_position_embeddings=65536,
     ),
+    "qwen3-1.7b": dict(
+        model_type="qwen3", num_hidden_layers=28, hidden_size=2048, intermediate_size=6144, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=65536, tie_word_embeddings=True,
+        rope_theta=1000000.0,
+    ),
 }  # fmt: skip
 
 
-def _bench_model(args: argparse.Namespace) -> Any:
+def random_bench_model(name: str, dtype: Any, device: Any) -> Any:
+    """The random-weight model ``random:<name>`` (:data:`RANDOM_CONFIGS`), initialized on ``device``
+    (a 1.7B model initializes in a fraction of a second on a GPU, in many on a CPU)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    if name not in RANDOM_CONFIGS:
+        raise ModelError(f"--model: unknown random config {name!r}, expected one of {sorted(RANDOM_CONFIGS)}")
+    fields = dict(RANDOM_CONFIGS[name])
+    config = AutoConfig.for_model(fields.pop("model_type"), attn_implementation="sdpa", **fields)
+    torch.manual_seed(0)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+
+
+def _bench_model(args: argparse.Namespace, device: Any) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
     dtype = getattr(torch, args.dtype)
-    device = pick_device(args.device, "--device")  # before minutes of loading
     if args.model.startswith("random:"):
-        name = args.model.removeprefix("random:")
-        if name not in RANDOM_CONFIGS:
-            raise ModelError(f"--model: unknown random config {name!r}, expected one of {sorted(RANDOM_CONFIGS)}")
-        fields = dict(RANDOM_CONFIGS[name])
-        config = AutoConfig.for_model(fields.pop("model_type"), attn_implementation="sdpa", **fields)
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = random_bench_model(args.model.removeprefix("random:"), dtype, device)
     else:
         model = AutoModelForCausalLM.from_pretrained(resolve_model(args.model), dtype=dtype, attn_implementation="sdpa")
     return model.to(device).eval()
@@ -42,15 +58,22 @@ def _bench(args: argparse.Namespace) -> None:
     import json
     from pathlib import Path
 
-    from bosch_eval.bench import balanced_mask, environment, plot, ratio_table, rows_as_json, run_bench
+    import torch
 
+    from bosch_eval.bench import balanced_mask, environment, plot, ratio_table, rows_as_json, run_bench
+    from bosch_eval.hybrid_attention import backend_names, resolve_backend
+
+    if args.backend not in backend_names():
+        raise SettingsError(f"--backend: expected one of {backend_names()}, got {args.backend!r}")
+    device = pick_device(args.device, "--device")  # before minutes of loading
+    resolve_backend(args.backend, torch.device(device))  # a backend this device cannot run fails before the weights load
     if args.mask:
         mask = HeadMask.load(args.mask)
         if args.sink is not None:
             mask = mask.with_meta(sinks=check_sinks(args.sink, "--sink"))
         if not args.model.startswith("random:"):  # a mask for another model fails before the weights load
             mask.check_fits(ModelShape.from_config(model_config(resolve_model(args.model))), args.mask, args.model)
-    model = _bench_model(args)
+    model = _bench_model(args, device)
     if args.mask:
         configs: list = [(Path(args.mask).stem, mask)]
     else:
@@ -59,11 +82,21 @@ def _bench(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sinks = check_sinks(args.sink or 0, "--sink")
-    rows = run_bench(model, configs, args.lengths, args.decode_tokens, args.window, args.chunk, args.repeats, sinks)
-    report = {"command": " ".join(["bosch-eval", *args.argv]), "environment": environment(next(model.parameters()).device), "rows": rows_as_json(rows)}
+    timing = dict(decode_batch=args.decode_batch, warmup=args.warmup, backend=args.backend, profile=args.profile)
+    report = {"command": " ".join(["bosch-eval", *args.argv]), "environment": environment(next(model.parameters()).device)}
     budget = int(args.memory_budget_gb * 2**30) if args.memory_budget_gb else None
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    table = ratio_table(rows, budget, weights) if args.kv_quant else ratio_table(rows)
+
+    def write(rows: list) -> str:
+        """bench.json and bench.md with the rows so far (after each length: a run cut short keeps them)."""
+        table = ratio_table(rows, budget, weights) if args.kv_quant else ratio_table(rows)
+        (out / "bench.json").write_text(json.dumps({**report, "rows": rows_as_json(rows)}, indent=1) + "\n")
+        (out / "bench.md").write_text(f"$ {report['command']}\n\n{json.dumps(report['environment'])}\n\n{table}\n")
+        return table
+
+    rows = run_bench(model, configs, args.lengths, args.decode_tokens, args.window, args.chunk, args.repeats, sinks, **timing, progress=write)
+    table = write(rows)
+    report["rows"] = rows_as_json(rows)
     if budget is not None:
         table += f"\n\nmax batch: (budget {args.memory_budget_gb:g} GiB − weights {weights} B) // KV bytes (formula) per sequence at T"
         report["memory_budget_bytes"], report["weight_bytes"] = budget, weights
@@ -72,7 +105,7 @@ def _bench(args: argparse.Namespace) -> None:
         ratio = args.ratios[-1]
         shape = ModelShape.from_config(model.config)
         sweep_configs = [(f"ρ={ratio:g} W={w}", balanced_mask(shape, ratio, w).with_meta(sinks=sinks)) for w in args.windows]
-        sweep = run_bench(model, sweep_configs, [max(args.lengths)], args.decode_tokens, None, args.chunk, args.repeats)
+        sweep = run_bench(model, sweep_configs, [max(args.lengths)], args.decode_tokens, None, args.chunk, args.repeats, **timing)
         report["window_sweep"] = rows_as_json(sweep)
         table += "\n\nWindow sweep\n" + ratio_table(sweep)
         plot(sweep, str(out / "bench_windows.png"), x="window")
@@ -99,10 +132,22 @@ def _kv_quant_configs(args: argparse.Namespace, model: Any, configs: list) -> li
     return extra
 
 
+def _at_least(least: int) -> Any:
+    """An argparse type: an integer ≥ ``least`` (argparse names the flag in its error)."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {least}, got {value}")
+        return value
+
+    return parse
+
+
 def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``bench`` to the ``bosch-eval`` subcommands."""
     bench = subparsers.add_parser("bench", help="prefill/decode speed, peak memory and KV bytes: original vs hybrids")
-    bench.add_argument("--model", required=True, help="HF id or path, toy / toy-l / smollm2, or random:attn-heavy (random weights, for timing)")
+    bench.add_argument("--model", required=True, help="HF id or path, toy / toy-l / smollm2 / a .gguf file, or random:attn-heavy / random:qwen3-1.7b (random weights, for timing)")
     source = bench.add_mutually_exclusive_group()
     source.add_argument("--mask", help="a bosch-mask/1 file to benchmark")
     source.add_argument("--ratios", type=float, nargs="+", default=[0.75], help="SWA ratios (balanced masks)")
@@ -110,9 +155,16 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     bench.add_argument("--window", type=int, help="SWA window W for --ratios (default T/32 per length)")
     bench.add_argument("--windows", type=int, nargs="+", help="also sweep these windows at the largest T (Fig. 6)")
     bench.add_argument("--sink", type=int, help="attention sinks S of the SWA groups (default: the mask's, else 0); counted in the KV bytes")
-    bench.add_argument("--decode-tokens", type=int, default=16, help="greedy decode steps timed after the prefill")
+    bench.add_argument("--decode-tokens", type=int, default=16, help="greedy decode steps timed after the prefill, at batch 1 and at --decode-batch")
+    bench.add_argument("--decode-batch", type=_at_least(1), default=8, help="B of the batched decode (the prefilled cache repeated B times; default 8)")
     bench.add_argument("--chunk", type=int, help="prefill in chunks of C tokens (default: one pass)")
-    bench.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
+    bench.add_argument("--repeats", type=_at_least(1), default=3, help="timed, interleaved repeats per configuration; medians are reported (default 3)")
+    bench.add_argument("--warmup", type=_at_least(0), default=1, help="untimed runs of every configuration before the timed ones (default 1)")
+    bench.add_argument("--backend", default="auto", help="attention backend of the hybrids: auto, sdpa, blocked, flex, flash_attention_2 (default auto)")
+    bench.add_argument(
+        "--no-profile", dest="profile", action="store_false",
+        help="skip the attention-share and decode-peak runs (two more runs per configuration; their columns read -)",
+    )  # fmt: skip
     bench.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when torch sees a GPU, else cpu)")
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype")
     bench.add_argument("--kv-quant", help="also benchmark KV quantization: comma-separated logquant,kivi (alone and on each mask)")

@@ -74,12 +74,12 @@ def dense_band_reference(module, query, key, value, attention_mask, scaling, dro
     key = key.repeat_interleave(heads_per_group, dim=1)
     value = value.repeat_interleave(heads_per_group, dim=1)
     q_len, kv_len = query.shape[2], key.shape[2]
-    query_pos = torch.arange(q_len)[:, None] + kv_len - q_len
-    lag = query_pos - torch.arange(kv_len)[None, :]
+    query_pos = torch.arange(q_len, device=query.device)[:, None] + kv_len - q_len
+    lag = query_pos - torch.arange(kv_len, device=query.device)[None, :]
     allowed = attention_mask.expand(query.shape[0], query.shape[1], q_len, kv_len).clone()
     for head, bit in enumerate(mask.query_head_bits()[module.layer_idx]):
         if not bit:
-            allowed[:, head] &= (lag >= 0) & ((lag < mask.window) | (torch.arange(kv_len)[None, :] < mask.sinks))
+            allowed[:, head] &= (lag >= 0) & ((lag < mask.window) | (torch.arange(kv_len, device=query.device)[None, :] < mask.sinks))
     # float64 inside, so the oracle's own rounding stays far below the tolerance.
     scores = (query.double() @ key.double().transpose(2, 3)) * scaling
     # Padding queries see no key at all; zero them so their NaNs cannot leak via value rows.

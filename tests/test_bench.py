@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import time
+from unittest import mock
 
 import pytest
 import torch
+from transformers import DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import bosch_eval.bench as bench
-from bosch_eval.bench import balanced_mask, peak_memory, ratio_table, run_bench
+from bosch_eval.bench import BenchRow, Measurement, balanced_mask, peak_memory, ratio_table, run_bench, speedups, stopwatch
+from bosch_eval.hybrid_attention import hybridize
+from bosch_eval.hybrid_cache import HybridCache
 from bosch_eval.cli import main
 from bosch_eval.masks import ModelShape
 from bosch_eval.random_model import random_model
@@ -50,8 +54,139 @@ def test_cli_writes_table_json_and_plots(tmp_path, capsys):
     report = json.loads((tmp_path / "bench.json").read_text())
     assert report["environment"]["torch"] and len(report["rows"]) == 2
     assert [row["window"] for row in report["window_sweep"]] == [None, 4, 8]
+    assert [row["backend"] for row in report["rows"]] == [None, "blocked"]  # auto on a CPU
     assert (tmp_path / "bench.png").stat().st_size > 0 and (tmp_path / "bench_windows.png").stat().st_size > 0
-    assert "prefill time ratio" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "prefill time ratio" in out and "decode ×8 time ratio" in out
+
+
+def test_cli_backend_and_no_profile(tmp_path):
+    assert main(["bench", "--model", "random:attn-heavy", "--lengths", "32", "64", "--decode-tokens", "1", "--repeats", "1",
+                 "--backend", "sdpa", "--no-profile", "--decode-batch", "2", "--out", str(tmp_path)]) == 0  # fmt: skip
+    rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    assert [(r["length"], r["backend"], r["decode_batch"], r["attention_share"]) for r in rows] == [
+        (32, None, 2, None), (32, "sdpa", 2, None), (64, None, 2, None), (64, "sdpa", 2, None)
+    ]  # fmt: skip
+
+
+def test_cli_refuses_bad_settings_before_loading_the_weights(tmp_path, capsys):
+    with mock.patch("bosch_eval.bench_cli._bench_model", side_effect=AssertionError("loaded the weights")):
+        assert main(["bench", "--model", "random:attn-heavy", "--backend", "fast", "--out", str(tmp_path)]) == 2
+        assert "--backend: expected one of ['auto', 'sdpa', 'blocked', 'flex'" in capsys.readouterr().err
+        assert main(["bench", "--model", "random:attn-heavy", "--backend", "flash_attention_2", "--device", "cpu", "--out", str(tmp_path)]) == 2
+        assert "needs a CUDA model" in capsys.readouterr().err
+        for flag, value in (("--repeats", "0"), ("--warmup", "-1"), ("--decode-batch", "0")):
+            with pytest.raises(SystemExit):
+                main(["bench", "--model", "random:attn-heavy", flag, value, "--out", str(tmp_path)])
+            assert f"argument {flag}: expected an integer >= " in capsys.readouterr().err
+
+
+def _scripted_measure(script: dict[str, list[float]]):
+    """A fake :func:`bench.measure` returning, per kind of cache (original or hybrid), the next
+    seconds of its script for prefill and for both decodes; it records each call's kind."""
+    calls: list[str] = []
+
+    def fake(model, ids, decode_tokens, chunk, cache, decode_batch=8):
+        kind = "hybrid" if isinstance(cache, HybridCache) else "original"
+        calls.append(kind)
+        seconds = script[kind].pop(0)
+        return Measurement(seconds, seconds / 10, seconds / 5, 1000, int(seconds * 100))
+
+    return fake, calls
+
+
+def test_warm_up_runs_first_and_is_not_counted_and_rows_report_medians(monkeypatch):
+    model = random_model("qwen3", num_layers=2)
+    # 100 s: the warm-up run of each configuration (cold start), which no row may show.
+    fake, calls = _scripted_measure({"original": [100.0, 1.0, 9.0, 2.0], "hybrid": [100.0, 4.0, 3.0, 50.0]})
+    monkeypatch.setattr(bench, "measure", fake)
+    original, hybrid = run_bench(model, [("r", 0.75)], lengths=[64], decode_tokens=2, repeats=3, profile=False)
+    assert calls == ["original", "hybrid"] * 4  # one warm-up each, then three interleaved repeats
+    # Medians (2 and 4 s), not means (4 and 19 s) and not the warm-up's 100 s.
+    assert original.prefill_tokens_per_s == pytest.approx(64 / 2.0) and hybrid.prefill_tokens_per_s == pytest.approx(64 / 4.0)
+    assert original.decode_tokens_per_s == pytest.approx(10 / 2.0) and hybrid.decode_tokens_per_s == pytest.approx(10 / 4.0)
+    assert original.decode_batch_tokens_per_s == pytest.approx(8 * 5 / 2.0)
+    assert (original.prefill_peak_bytes, hybrid.prefill_peak_bytes) == (200, 400)
+    assert original.attention_share is None and hybrid.decode_peak_bytes is None and hybrid.backend == "blocked"
+
+
+def test_no_warm_up_when_asked_and_progress_after_each_length(monkeypatch):
+    model = random_model("qwen3", num_layers=2)
+    fake, calls = _scripted_measure({"original": [1.0, 1.0], "hybrid": [2.0, 2.0]})
+    monkeypatch.setattr(bench, "measure", fake)
+    seen = []
+    run_bench(model, [("r", 0.5)], [32, 64], 1, repeats=1, warmup=0, profile=False, progress=lambda rows: seen.append([r.length for r in rows]))
+    assert calls == ["original", "hybrid"] * 2 and seen == [[32, 32], [32, 32, 64, 64]]
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["original", "hybrid"])
+def test_measure_decodes_at_batch_1_then_batch_8_on_the_prefilled_cache(monkeypatch, hybrid):
+    model = random_model("qwen3", num_layers=2)
+    cache = DynamicCache()
+    if hybrid:
+        hybridize(model, balanced_mask(bench.ModelShape.from_config(model.config), 0.5, 4), window=4)
+        cache = HybridCache.for_model(model)
+    shapes, timed = [], []
+    model.register_forward_pre_hook(lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    real_stopwatch = bench.stopwatch
+
+    def spy(device):
+        timed.append(len(shapes))  # forward calls before this timer started
+        return real_stopwatch(device)
+
+    monkeypatch.setattr(bench, "stopwatch", spy)
+    ids = torch.randint(0, model.config.vocab_size, (1, 20), generator=torch.Generator().manual_seed(0))
+    result = bench.measure(model, ids, decode_tokens=3, chunk=None, cache=cache, decode_batch=8)
+    assert shapes == [(1, 20)] + [(1, 1)] * 3 + [(8, 1)] * 3
+    assert timed == [0, 1, 4]  # prefill, batch-1 decode and batch-8 decode each timed on their own
+    layer = cache.layers[0]  # a hybrid one: groups 0 and 1 of layer 0 are SWA
+    assert cache.get_seq_length() == 26 and (layer.swa_keys if hybrid else layer.keys).shape[0] == 8
+    assert result.prefill_s > 0 and result.decode_s > 0 and result.decode_batch_s > 0
+
+
+def test_stopwatch_synchronizes_cuda_around_the_block():
+    """The CUDA path on a CPU machine: kernels queued in the block finish inside the timing."""
+    events = []
+
+    def synchronize(device=None):
+        events.append(("sync", str(device)))
+        if len(events) > 1:
+            time.sleep(0.05)  # the block's queued kernels finishing
+
+    with mock.patch("torch.cuda.synchronize", side_effect=synchronize):
+        with stopwatch(torch.device("cuda")) as elapsed:
+            events.append("block")  # launches return at once
+        assert events == [("sync", "cuda"), "block", ("sync", "cuda")] and elapsed() >= 0.05
+        events.clear()
+        with stopwatch(torch.device("cpu")) as elapsed:
+            events.append("block")
+        assert events == ["block"] and elapsed() >= 0
+
+
+def test_peak_memory_on_cuda_is_the_allocator_peak_after_a_reset():
+    cuda = torch.device("cuda")
+    with (
+        mock.patch("torch.cuda.synchronize"),
+        mock.patch("torch.cuda.reset_peak_memory_stats") as reset,
+        mock.patch("torch.cuda.memory_allocated", return_value=1000),
+        mock.patch("torch.cuda.max_memory_allocated", return_value=5000),
+    ):
+        with peak_memory(cuda) as peak:
+            reset.assert_called_once_with(cuda)
+        assert peak() == 4000  # above what was allocated at the start (the weights)
+
+
+def test_speedups_are_tokens_per_second_over_the_same_runs_original():
+    def row(label, prefill, decode, batch, peak, kv):
+        return BenchRow(label, 0.5 if label != "original" else 0.0, 4, 64, prefill, decode, kv, peak, None, decode_batch=8,
+                        decode_batch_tokens_per_s=batch, backend=None if label == "original" else "sdpa")  # fmt: skip
+
+    rows = [row("original", 100.0, 10.0, 40.0, 1000, 800), row("h", 150.0, 9.0, 60.0, 900, 200)]
+    (ratio,) = speedups(rows)
+    assert ratio == {"label": "h", "backend": "sdpa", "length": 64, "swa_ratio": 0.5, "window": 4, "prefill": 1.5,
+                     "decode_batch_1": 0.9, "decode_batch_8": 1.5, "prefill_peak": 0.9, "kv_bytes": 0.25}  # fmt: skip
+    rows[0] = row("original", 100.0, 10.0, 40.0, 0, 800)  # a CPU's resident-set peak can read 0 at tiny sizes
+    assert speedups(rows)[0]["prefill_peak"] is None
 
 
 

@@ -1,0 +1,381 @@
+"""The GPU check of issue 38: correctness, speed ratios, lm-eval and the search on one device.
+
+    benchmarks/gpu_check.sh --out "$OUT"              # a bare CUDA machine: installs .whl/, then this
+    python benchmarks/gpu_check.py --device cpu --quick --out /tmp/gpu_check   # every stage, tiny, on a CPU
+
+Stages, in order, each in processes of its own under a time limit (its share of ``--budget``,
+plus what the stages before it did not use), so that a slow or hanging stage cannot eat the
+rest; each writes its files as it goes:
+
+1. ``correctness``: every runnable attention backend against the dense band reference, 5
+   model families × sinks 0/3 × fp32/bf16, max |Δ logit| (``benchmarks/backend_reference.py``).
+2. ``bench``: ``bosch-eval bench`` per backend (``auto``'s choice first, then the other
+   runnable ones) on a random-weight Qwen3-1.7B-shaped model in bf16 at T = 8192 and 32768,
+   W = T/32, ρ = 0.75 and 0.5: prefill, decode at batch 1 and 8 and prefill peak memory
+   against the original model measured in the same run (issue 38's targets checked at 32k).
+   Each backend gets the bench stage's time left over the backends left.
+3. ``lm_eval``: one ``lm_eval --model bosch`` run (the toy model with a mixed per-group mask:
+   ``bosch_niah_calib`` prefill and ``bosch_niah_single_1`` generation on the hybrid cache)
+   on the device, then the same run on the CPU; every score compared.
+4. ``search``: the time of a small ``bosch-eval search --model toy-l`` on the device.
+
+Writes ``<out>/<device name>/``: ``environment.json`` (device, versions, the command),
+``stages.json``, ``summary.md`` (rewritten after every stage), and one folder per stage with
+the commands' own outputs and logs. ``--quick`` runs the same stages at tiny sizes (a
+2-layer model at T = 128/256, 2 families, a few examples), for a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Issue 38's targets at T = 32768: (configuration, ratio key of bench.speedups, least value or, for
+# memory, the most).
+TARGET_LENGTH = 32768
+TARGETS = [
+    ("ρ=0.75", "prefill", ">=", 1.25), ("ρ=0.5", "prefill", ">=", 1.1),
+    ("ρ=0.75", "decode_batch_1", ">=", 1.0), ("ρ=0.75", "decode_batch_8", ">=", 1.3),
+    ("ρ=0.75", "prefill_peak", "<=", 1.0), ("ρ=0.5", "prefill_peak", "<=", 1.0),
+]  # fmt: skip
+
+# BOSCH's mask for the toy model at ρ = 0.5 (results/toy_search/bosch-r0.5/mask.json): layers of
+# every kind (mixed, full, mixed, all SWA), and scores far from 0, so equal scores say something.
+TOY_MASK_ROWS = [[1, 0, 1, 1], [1, 1, 1, 1], [0, 0, 0, 1], [0, 0, 0, 0]]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The sizes of one run: the full check on a GPU, or ``--quick`` on a CPU."""
+
+    families: tuple[str, ...]
+    bench_model: str
+    bench_lengths: tuple[int, ...]
+    decode_tokens: int
+    lm_eval_length: int
+    lm_eval_examples: int
+    search_budget_per_layer: int
+    search_examples: int
+    search_length: int | None  # None: toy-l's own calibration length (1024)
+    budget_s: float
+
+
+FULL = Plan(("gpt2", "llama", "mistral", "qwen2", "qwen3"), "random:qwen3-1.7b", (8192, 32768), 8, 1024, 16, 15, 32, None, 480)
+QUICK = Plan(("gpt2", "qwen3"), "random:attn-heavy", (128, 256), 2, 256, 4, 2, 4, 256, 420)
+# Shares of the budget per stage; a stage also gets what the stages before it left unused.
+SHARES = {"correctness": 70, "bench": 270, "lm_eval": 60, "search": 80}
+RATIOS = ("0.75", "0.5")
+DECODE_BATCH = 8
+SCORE_TOLERANCE = 1e-4  # |score on the device − score on the CPU| counted as equal
+ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def slug(name: str) -> str:
+    """A folder name for a device name: ``NVIDIA H100 80GB HBM3`` → ``nvidia-h100-80gb-hbm3``."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def run_limited(command: list[str], seconds: float, log: Path) -> dict[str, Any]:
+    """Run ``command`` from the project root, output into ``log``; after ``seconds`` its whole
+    process group is killed (compile workers included)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True, env={**os.environ, **ENV}
+        )
+        try:
+            code = process.wait(timeout=max(1.0, seconds))
+            status = "ok" if code == 0 else f"failed (exit {code})"
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            status = f"timed out after {seconds:.0f} s"
+    return {"command": shlex.join(command), "status": status, "seconds": round(time.monotonic() - started, 1), "log": log.name}
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "bosch_eval.cli", *args]
+
+
+def _tail(log: Path, lines: int = 5) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
+
+
+# -- stages: each takes (folder, seconds, plan, device) and returns what summary.md shows ---------------
+
+
+def stage_correctness(folder: Path, seconds: float, plan: Plan, device: str) -> dict[str, Any]:
+    out = folder / "correctness"
+    command = [sys.executable, str(ROOT / "benchmarks/backend_reference.py"), "--device", device, "--families", *plan.families, "--out", str(out)]
+    result = run_limited(command, seconds, out / "run.log")
+    report = out / "reference.json"
+    if report.exists():
+        data = json.loads(report.read_text())
+        result.update(summary=data["summary"], auto=data["auto"], skipped=data["skipped"])
+        if result["status"] == "failed (exit 1)":  # the script ran to the end; some case is outside tolerance
+            result["status"] = "done: some cases outside tolerance"
+    else:
+        cases = [json.loads(line) for line in (out / "cases.jsonl").read_text().splitlines()] if (out / "cases.jsonl").exists() else []
+        result["summary"] = f"{len(cases)} cases finished (see cases.jsonl); {_tail(out / 'run.log', 1)}"
+    return result
+
+
+def stage_bench(folder: Path, seconds: float, plan: Plan, device: str) -> dict[str, Any]:
+    import torch
+    from backend_reference import runnable_backends  # benchmarks/ is sys.path[0]
+
+    from bosch_eval.bench import BenchRow, speedups
+
+    backends, skipped = runnable_backends(torch.device(device))
+    deadline = time.monotonic() + seconds
+    runs = {}
+    for left, backend in zip(range(len(backends), 0, -1), backends, strict=True):
+        out = folder / "bench" / backend
+        command = _cli(
+            "bench", "--model", plan.bench_model, "--dtype", "bfloat16", "--device", device, "--backend", backend,
+            "--ratios", *RATIOS, "--lengths", *map(str, plan.bench_lengths), "--decode-tokens", str(plan.decode_tokens),
+            "--decode-batch", str(DECODE_BATCH), "--repeats", "3", "--warmup", "1", "--no-profile", "--out", str(out),
+        )  # fmt: skip
+        run = run_limited(command, (deadline - time.monotonic()) / left, out / "bench.log")
+        rows = [BenchRow(**row) for row in json.loads((out / "bench.json").read_text())["rows"]] if (out / "bench.json").exists() else []
+        run["speedups"] = speedups(rows)
+        if run["status"] != "ok":
+            run["error"] = _tail(out / "bench.log", 3)
+        runs[backend] = run
+        print(f"  bench {backend}: {run['status']} ({run['seconds']} s)", flush=True)
+        for ratio in run["speedups"]:  # printed as they come: a call cut short still shows them
+            print(f"    T={ratio['length']} {ratio['label']}: prefill {ratio['prefill']:.2f}x, decode x1 {ratio['decode_batch_1']:.2f}x, "
+                  f"x{DECODE_BATCH} {ratio[f'decode_batch_{DECODE_BATCH}']:.2f}x, prefill peak {_number(ratio['prefill_peak'])}", flush=True)  # fmt: skip
+    return {"status": "ok" if all(r["status"] == "ok" for r in runs.values()) else "partial", "auto": backends[0], "skipped": skipped, "backends": runs}
+
+
+def stage_lm_eval(folder: Path, seconds: float, plan: Plan, device: str) -> dict[str, Any]:
+    from bosch_eval.masks import HeadMask
+    from bosch_eval.tasks import TASKS_DIR
+
+    out = folder / "lm_eval"
+    out.mkdir(parents=True, exist_ok=True)
+    mask = out / "toy_mask.json"
+    HeadMask.from_rows(TOY_MASK_ROWS, num_heads=8, window=32, method="bosch").save(mask)
+    executable = shutil.which("lm_eval", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if executable is None:
+        return {"status": "failed: no lm_eval command next to this Python or on PATH"}
+    n, length = plan.lm_eval_examples, plan.lm_eval_length
+    deadline = time.monotonic() + seconds
+    runs, scores = {}, {}
+    for left, (name, where) in zip((2, 1), (("device", device), ("cpu", "cpu")), strict=True):
+        command = [
+            executable, "--model", "bosch", "--model_args", f"pretrained=toy,mask={mask}", "--tasks", "bosch_niah_calib,bosch_niah_single_1",
+            "--include_path", str(TASKS_DIR), "--metadata", f"seq_len={length}", f"num_examples={n}", "calib_seed=0",
+            f"max_seq_lengths=[{length}]", f"num_samples={n}", "--device", where, "--batch_size", "8", "--output_path", str(out / name),
+        ]  # fmt: skip
+        runs[name] = run_limited(command, (deadline - time.monotonic()) / left, out / f"{name}.log")
+        files = sorted((out / name).rglob("results_*.json"))
+        scores[name] = _scores(json.loads(files[-1].read_text())) if files else {}
+    compared = sorted(set(scores["device"]) | set(scores["cpu"]))
+    differences = {k: abs(scores["device"][k] - scores["cpu"][k]) for k in compared if k in scores["device"] and k in scores["cpu"]}
+    # acc and the per-length scores are counts: equal or not. acc_tiebreak adds a probability, whose
+    # last digits may differ between kernels; SCORE_TOLERANCE is far below one example's weight.
+    equal = bool(compared) and len(differences) == len(compared) and all(d <= SCORE_TOLERANCE for d in differences.values())
+    status = "ok" if all(r["status"] == "ok" for r in runs.values()) else "failed"
+    return {
+        "status": status, "runs": runs, "scores": scores, "equal": equal,
+        "max_abs_difference": max(differences.values(), default=None), "exactly_equal": sum(d == 0 for d in differences.values()),
+    }  # fmt: skip
+
+
+def _scores(results: dict[str, Any]) -> dict[str, float]:
+    """``task/metric`` → value from an lm-eval results file (no stderr, no aliases)."""
+    return {
+        f"{task}/{metric.split(',')[0]}": value
+        for task, metrics in results["results"].items()
+        for metric, value in metrics.items()
+        if isinstance(value, (int, float)) and "stderr" not in metric
+    }
+
+
+def stage_search(folder: Path, seconds: float, plan: Plan, device: str) -> dict[str, Any]:
+    out = folder / "search"
+    flags = ["--budget-per-layer", str(plan.search_budget_per_layer), "--calib-examples", str(plan.search_examples)]
+    if plan.search_length is not None:
+        flags += ["--calib-len", str(plan.search_length)]
+    command = _cli("search", "--model", "toy-l", "--ratio", "0.75", *flags, "--device", device, "--out", str(out))
+    result = run_limited(command, seconds, folder / "search.log")
+    if (out / "mask.json").exists():
+        provenance = json.loads((out / "mask.json").read_text())["provenance"]
+        calls = provenance["evaluations"]
+        result.update(search_wall_s=provenance["wall_s"], evaluations=calls, score=provenance["score"],
+                      seconds_per_call=provenance["wall_s"] / max(1, calls))  # fmt: skip
+    elif (out / "journal.jsonl").exists():  # cut short: how far it got
+        result["scored_masks"] = sum('"score"' in line for line in (out / "journal.jsonl").read_text().splitlines())
+    return result
+
+
+STAGES = {"correctness": stage_correctness, "bench": stage_bench, "lm_eval": stage_lm_eval, "search": stage_search}
+
+
+# -- the summary ------------------------------------------------------------------------------------------
+
+
+def targets(speedups: list[dict[str, Any]]) -> list[str]:
+    """Issue 38's targets at T = 32768, each met or not (nothing when that length did not run)."""
+    lines = []
+    for label, key, relation, bound in TARGETS:
+        found = [s for s in speedups if s["label"] == label and s["length"] == TARGET_LENGTH]
+        if found:
+            value = found[0][key]
+            if value is None:
+                lines.append(f"{label} {key}: not measured")
+                continue
+            met = value >= bound if relation == ">=" else value <= bound
+            lines.append(f"{label} {key} {value:.2f}× (target {relation} {bound}): {'met' if met else 'NOT met'}")
+    return lines
+
+
+def summary(environment: dict[str, Any], results: dict[str, dict[str, Any]]) -> str:
+    lines = [f"# GPU check: {environment['device']}", "", f"$ {environment['command']}", "", "```", json.dumps(environment, indent=1), "```", ""]
+    lines += ["| stage | status | seconds | limit s |", "|---|---|---|---|"]
+    lines += [f"| {name} | {r['status']} | {r.get('seconds', '-')} | {r['limit_s']} |" for name, r in results.items()]
+    if "correctness" in results:
+        r = results["correctness"]
+        lines += ["", "## Backends against the dense band reference", "", f"`auto` → {r.get('auto', '?')}; not runnable: {r.get('skipped') or 'none'}",
+                  "", r.get("summary", ""), "", "Every case: `correctness/reference.md`."]  # fmt: skip
+    if "bench" in results and "backends" in results["bench"]:
+        lines += ["", "## Bench: hybrid / original tokens/s in the same run (above 1: faster; memory: below 1 is less)", ""]
+        lines += ["| backend | T | config | prefill | decode ×1 | decode ×8 | prefill peak | KV bytes | status |", "|---|---|---|---|---|---|---|---|---|"]
+        for backend, run in results["bench"]["backends"].items():
+            name = f"{backend} (= auto)" if backend == results["bench"]["auto"] else backend
+            for s in run["speedups"]:
+                lines.append(
+                    f"| {name} | {s['length']} | {s['label']} | {s['prefill']:.2f} | {s['decode_batch_1']:.2f} | "
+                    f"{s['decode_batch_8']:.2f} | {_number(s['prefill_peak'])} | {s['kv_bytes']:.3f} | {run['status']} |"
+                )
+            if not run["speedups"]:
+                error = (run.get("error") or "").splitlines()
+                lines.append(f"| {name} | - | - | - | - | - | - | - | {run['status']}{': ' + error[-1] if error else ''} |")
+        for backend, run in results["bench"]["backends"].items():
+            met = targets(run["speedups"])
+            lines += ["", f"Targets at T = {TARGET_LENGTH}, {backend}: " + ("; ".join(met) if met else "T = 32768 not measured")]
+    if "lm_eval" in results and "scores" in results["lm_eval"]:
+        r = results["lm_eval"]
+        verdict = "equal" if r["equal"] else "NOT equal"
+        lines += ["", f"## lm_eval --model bosch on the device against the CPU: {verdict} (max |Δ| {r['max_abs_difference']}, "
+                  f"{r['exactly_equal']} scores bit-equal; tolerance {SCORE_TOLERANCE})", ""]  # fmt: skip
+        lines += ["| score | device | cpu |", "|---|---|---|"]
+        for key in sorted(set(r["scores"].get("device", {})) | set(r["scores"].get("cpu", {}))):
+            lines.append(f"| {key} | {r['scores']['device'].get(key, '-')} | {r['scores']['cpu'].get(key, '-')} |")
+    if "search" in results and "command" in results["search"]:
+        r = results["search"]
+        if "evaluations" in r:
+            text = (f"{r['search_wall_s']:.1f} s of search ({r['seconds']} s with start-up), {r['evaluations']} masks evaluated, "
+                    f"{r['seconds_per_call']:.2f} s per evaluation, S = {r['score']:.4f}")  # fmt: skip
+        else:
+            text = f"{r['status']}; {r.get('scored_masks', 0)} masks scored in the journal before it stopped"
+        lines += ["", "## toy-l search", "", f"{text}; `{r['command']}`"]
+    return "\n".join(lines) + "\n"
+
+
+def pack(folder: Path, into: Path) -> None:
+    """``into/gpu_check.tar.gz`` (``<device name>/...`` inside) and ``into/summary.md``, each
+    replaced whole, so a run killed while packing still leaves the previous stage's pack."""
+    import tarfile
+
+    into.mkdir(parents=True, exist_ok=True)
+    partial = into / "gpu_check.tar.gz.partial"
+    with tarfile.open(partial, "w:gz") as archive:
+        archive.add(folder, arcname=folder.name)
+    os.replace(partial, into / "gpu_check.tar.gz")
+    shutil.copyfile(folder / "summary.md", into / "summary.md.partial")
+    os.replace(into / "summary.md.partial", into / "summary.md")
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def environment_of(device: str, argv: list[str], plan: Plan) -> dict[str, Any]:
+    import torch
+
+    from bosch_eval.bench import environment
+    from bosch_eval.versions import versions
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
+    return {
+        **environment(torch.device(device)), **versions("lm_eval", "accelerate", "bosch-eval"),
+        "command": shlex.join(["python", "benchmarks/gpu_check.py", *argv]), "installed": os.environ.get("GPU_CHECK_INSTALLED", ""),
+        "commit": commit or "unknown", "platform": platform.platform(), "plan": plan.__dict__,
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
+    parser.add_argument("--quick", action="store_true", help="every stage at tiny sizes (for a CPU)")
+    parser.add_argument("--out", type=Path, default=ROOT / "results/gpu", help="results go to OUT/<device name>/ (default results/gpu)")
+    parser.add_argument("--budget", type=float, help="seconds for all stages together (default 480; --quick 420)")
+    parser.add_argument("--stages", nargs="+", choices=list(STAGES), default=list(STAGES), help="stages to run (default: all)")
+    parser.add_argument(
+        "--pack", type=Path,
+        help="after every stage, also write PACK/gpu_check.tar.gz (the whole result folder) and PACK/summary.md: two files, "
+        "for a device machine that returns only a few files from a shallow folder ($OUT)",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    plan = QUICK if args.quick else FULL
+
+    from bosch_eval.device import pick_device
+    from bosch_eval.errors import exit_status
+
+    def run() -> None:
+        device = pick_device(args.device, "--device")  # no CUDA: an error naming --device, before anything runs
+        environment = environment_of(device, argv, plan)
+        folder = args.out / slug(environment["device"])
+        if folder.exists() and any(folder.iterdir()):
+            from bosch_eval.errors import SettingsError
+
+            raise SettingsError(f"--out: {folder} already holds a check; pass another --out (results are never overwritten)")
+        folder.mkdir(parents=True)
+        (folder / "environment.json").write_text(json.dumps(environment, indent=1) + "\n")
+        budget = args.budget or plan.budget_s
+        deadline = time.monotonic() + budget
+        results: dict[str, dict[str, Any]] = {}
+        for index, name in enumerate(args.stages):
+            shares = [SHARES[s] for s in args.stages[index:]]
+            limit = (deadline - time.monotonic()) * shares[0] / sum(shares)
+            print(f"[{name}] up to {limit:.0f} s", flush=True)
+            result: dict[str, Any] = {"limit_s": round(limit)}
+            started = time.monotonic()
+            if limit < 5:
+                result["status"] = "skipped: no time left in --budget"
+            else:
+                result.update(STAGES[name](folder, limit, plan, device))
+                result["seconds"] = round(time.monotonic() - started, 1)
+            results[name] = result
+            print(f"[{name}] {result['status']} ({result.get('seconds', '-')} s)", flush=True)
+            (folder / "stages.json").write_text(json.dumps(results, indent=1) + "\n")
+            (folder / "summary.md").write_text(summary(environment, results))
+            if args.pack:
+                pack(folder, args.pack)
+        print((folder / "summary.md").read_text())
+        print(f"written: {folder}")
+
+    return exit_status("gpu_check", run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
