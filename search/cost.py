@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from bosch_eval.masks import ModelShape, ceil_count
+from bosch_eval.masks import ModelShape, ceil_count, uniform_bit
 from bosch_eval.search.stages import _chunks, expected_evaluations, expected_method, quota_blocks
 
 
@@ -58,7 +58,7 @@ def stage3_calls(
     them), and how many of them NOMAD makes (exact, never raced)."""
     calls = exact = 0
     for ratio in sorted(set(layer_ratios), reverse=True):
-        if ratio in (0.0, 1.0):
+        if uniform_bit(ratio) is not None:  # one mask: nothing to search
             continue
         layers = [layer for layer in range(shape.num_layers - 1, -1, -1) if layer_ratios[layer] == ratio]
         for part in _chunks(layers, chunk_layers):
