@@ -229,8 +229,7 @@ class BoschLM(HFLM):
 
     # -- HFLM overrides: each routes one thing to the settings or a collaborator ---------------
 
-    # memoize_tokens: the search sends the same calibration requests for each of its thousands of
-    # masks, and HFLM tokenizes every request on every call.
+    # memoize_tokens: HFLM tokenizes every request on every call; the search repeats them per mask.
     def tok_encode(
         self, string: str, add_special_tokens: bool | None = None, left_truncate_len: int | None = None, **kwargs: Any
     ) -> list[int]:
@@ -244,9 +243,9 @@ class BoschLM(HFLM):
             ids = self._token_memo[key] = array("q", super().tok_encode(string, add_special_tokens, left_truncate_len))
         return ids.tolist()
 
-    # progress_bars, and the instances kept so that the truncation policy can name their tasks
-    # (_loglikelihood_tokens sees token ids and the (context, continuation) strings only).
+    # progress_bars, and the instances kept so the truncation policy can name their tasks.
     def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        # _loglikelihood_tokens sees token ids and the (context, continuation) strings only.
         self._requests_by_args: dict[tuple[str, str], list[Instance]] = {}
         for request in requests:
             self._requests_by_args.setdefault(request.args, []).append(request)

@@ -138,6 +138,11 @@ class TestOneParser:
             parse_entry("x=mask=m.json,window=16")
         check.assert_called_once_with({"mask": "m.json", "window": "16"}, "--entry 'x'")
 
+    def test_the_search_reserves_only_keys_the_loader_takes(self):
+        from bosch_eval.model_adapters.loader_args import RESERVED
+
+        assert set(RESERVED) <= loader_parameters(), "a reserved key the loader does not take: renamed in the settings?"
+
     def test_search_model_args_name_the_nearest_key(self):
         with pytest.raises(SettingsError, match=r"--model-args: model_arg 'revison' .* did you mean 'revision'\?"):
             parse_model_args("revison=main")
