@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,11 @@ DEFAULTS_FILE = "bosch_defaults.json"
 UNREAD_WINDOW = 1
 
 log = logging.getLogger("bosch_eval")
+
+
+class WindowError(MaskError, SettingsError):
+    """No SWA window can be chosen, or the one given is not a positive integer: a mask's
+    setting and a command's at once, so callers catching either see it."""
 
 
 @dataclass(frozen=True)
@@ -73,18 +79,22 @@ def resolve_window(
 
     Args:
         source: what the window is for, in messages (a mask file, ``layers=intr``, a model).
-        flag: how the user passes a window where this is called, for the messages.
+        flag: how the user passes a window where this is called (``window=W``, ``--window W``),
+            for the messages.
 
     Raises:
-        MaskError: ``given`` is not a positive integer, or nothing names a window.
+        WindowError: ``given`` is not a positive integer, or nothing names a window.
     """
-    if given is not None:
-        return check_window(given, flag.split("=")[0])
-    if carried is not None:
-        return check_window(carried, f"{source}: field 'window'")
+    try:
+        if given is not None:
+            return check_window(given, re.split("[= ]", flag)[0])
+        if carried is not None:
+            return check_window(carried, f"{source}: field 'window'")
+    except MaskError as err:
+        raise WindowError(str(err)) from None
     if default is not None:
         log.info("%s: window=%d from the model's %s (pass %s to choose)", source, default, DEFAULTS_FILE, flag)
-        return check_window(default, DEFAULTS_FILE)
+        return default
     if all_full:
         return UNREAD_WINDOW
-    raise MaskError(f"{source}: field 'window' is missing and the model ships no {DEFAULTS_FILE} with one; pass {flag} (keys seen per SWA query)")
+    raise WindowError(f"{source}: field 'window' is missing and the model ships no {DEFAULTS_FILE} with one; pass {flag} (keys seen per SWA query)")

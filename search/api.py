@@ -93,7 +93,7 @@ def search_model(
     config = model_config(path)
     validate_for_shape(settings, ModelShape.from_config(config))
     defaults = model_defaults(path)
-    window = resolve_window(window, default=defaults.window, source=model, flag="--window")
+    window = resolve_window(window, default=defaults.window, source=model, flag="--window W")
     length = calib_len if calib_len is not None else defaults.calib_len
     if length is None and DEFAULT_CALIB_TASK in calib_tasks:
         length = DEFAULT_CALIB_LEN

@@ -205,7 +205,7 @@ def run(args: argparse.Namespace) -> None:
     if total > args.max_masks:
         raise SearchError(f"--ratio {args.ratio}: C({cells}, {swa_groups}) = {total} masks, more than --max-masks {args.max_masks}")
     places = _parse_places(args.place, shape, swa_groups, args.model)
-    window = resolve_window(args.window, default=model_defaults(path).window, source=args.model, flag="--window")
+    window = resolve_window(args.window, default=model_defaults(path).window, source=args.model, flag="--window W")
     objective = build_objective(
         path, window=window, calib_len=args.calib_len, calib_examples=args.calib_examples, device=args.device
     )

@@ -69,7 +69,7 @@ def build_objective(
     launch_state(device)
     path = resolve_model(model)
     defaults = model_defaults(path)
-    window = resolve_window(window, default=defaults.window, source=model, flag="window=")
+    window = resolve_window(window, default=defaults.window, source=model, flag="window=W")
     lm = BoschLM(
         pretrained=path,
         layers="intr",

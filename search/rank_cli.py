@@ -119,7 +119,7 @@ def rank_main(args: argparse.Namespace) -> None:
     model_args = parse_model_args(getattr(args, "model_args", None), adapter=False)
     path = resolve_model(args.model)
     defaults = model_defaults(path)
-    window = resolve_window(args.window, default=defaults.window, source=args.model, flag="--window")
+    window = resolve_window(args.window, default=defaults.window, source=args.model, flag="--window W")
     calib_len = args.calib_len if args.calib_len is not None else defaults.calib_len
     if calib_len is None:
         raise SettingsError(

@@ -57,12 +57,13 @@ class TestResolveWindow:
 
     def test_the_default_is_logged_with_the_flag_to_choose(self, caplog):
         with caplog.at_level("INFO", logger="bosch_eval"):
-            resolve_window(default=32, source="toy", flag="--window")
-        assert "toy: window=32 from the model's bosch_defaults.json (pass --window to choose)" in caplog.text
+            resolve_window(default=32, source="toy", flag="--window W")
+        assert "toy: window=32 from the model's bosch_defaults.json (pass --window W to choose)" in caplog.text
 
     def test_nothing_names_a_window(self):
-        with pytest.raises(MaskError, match=r"layers=intr: field 'window' is missing .* pass --window"):
-            resolve_window(source="layers=intr", flag="--window")
+        with pytest.raises(MaskError, match=r"layers=intr: field 'window' is missing .* pass --window W") as err:
+            resolve_window(source="layers=intr", flag="--window W")
+        assert isinstance(err.value, SettingsError)  # a command's setting too (search, rank)
 
     def test_an_all_full_mask_never_reads_it(self):
         assert resolve_window(all_full=True) == UNREAD_WINDOW
@@ -70,4 +71,4 @@ class TestResolveWindow:
 
     def test_a_bad_given_window_names_the_flag(self):
         with pytest.raises(MaskError, match=r"--window: expected a positive integer"):
-            resolve_window(0, flag="--window")
+            resolve_window(0, flag="--window W")
