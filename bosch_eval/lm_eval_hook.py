@@ -13,6 +13,16 @@ upgrades the placeholder to the class (the registry allows exactly that upgrade)
 Why not register earlier: 0.4.13's ``get_model`` imports ``lm_eval.models`` only while the
 registry is empty, so an early ``bosch`` entry would hide every built-in model.
 
+Tasks: 0.4.13 has no task discovery either; a ``TaskManager`` indexes lm-eval's own folder
+(``include_defaults``) and the ``include_path`` it is given. The same finder waits for
+``lm_eval.tasks.manager`` and wraps ``TaskManager.__init__`` so that a manager that indexes
+lm-eval's own tasks indexes bosch-eval's folder too (first, so the caller's own paths still
+win a name clash): ``lm_eval --tasks bosch_niah_calib`` needs no ``--include_path``. Where the
+installed ``TaskManager`` takes no ``include_path``/``include_defaults``, or
+``BOSCH_EVAL_NO_TASK_DISCOVERY=1`` keeps lm-eval's task list as shipped, lm-eval's
+``Tasks not found`` for one of our task names gains a line saying which ``--include_path``
+finds it (in the ``lm_eval`` command).
+
 Two more things, only in the ``lm_eval`` command itself (never in other programs):
 
 * ``--model bosch --model_args pretrained=toy`` (or ``toy-l``, ``smollm2``, a ``.gguf`` file, or
@@ -42,7 +52,10 @@ if TYPE_CHECKING:
 
 MODEL_NAME = "bosch"
 MODEL_TARGET = "bosch_eval.model_adapters.bosch:BoschLM"  # must equal f"{cls.__module__}:{cls.__name__}"
-_WATCHED = "lm_eval.models"
+TASK_PREFIX = "bosch_"  # every task and group in bosch_eval/tasks is named bosch_*
+NO_TASK_DISCOVERY = "BOSCH_EVAL_NO_TASK_DISCOVERY"
+TASKS_HINT = 'hint: {task} is a bosch-eval task; lm-eval finds those with --include_path "$(bosch-eval tasks --path)"'
+_tasks_discovered = False  # set once TaskManager indexes our folder by default
 
 
 # Model args that name a model (the tokenizer is looked up by either).
@@ -103,13 +116,28 @@ def _local_directory(name: str) -> str:
         return name
 
 
+def missing_tasks_hint(exc: BaseException) -> str | None:
+    """The line that tells where lm-eval finds a bosch-eval task it did not find, when our
+    tasks are not indexed by default (``ValueError: Tasks not found: a, b``, lm-eval 0.4.13's
+    message); None for any other error, or once they are (then the name is simply wrong)."""
+    prefix = "Tasks not found: "
+    if _tasks_discovered or not isinstance(exc, ValueError) or not str(exc).startswith(prefix):
+        return None
+    ours = [name.strip() for name in str(exc).removeprefix(prefix).split(",") if name.strip().startswith(TASK_PREFIX)]
+    return TASKS_HINT.format(task=ours[0]) if ours else None
+
+
 def _one_line_errors(exc_type: type[BaseException], exc: BaseException, tb: object) -> None:
-    """sys.excepthook of the ``lm_eval`` command: our errors in one line, the rest as before."""
+    """sys.excepthook of the ``lm_eval`` command: our errors in one line, the rest as before
+    (lm-eval's missing-task error followed by :func:`missing_tasks_hint`)."""
     errors = sys.modules.get("bosch_eval.errors")  # not loaded: the error cannot be ours
     if errors is not None and isinstance(exc, errors.BoschError):
         sys.stderr.write(f"lm_eval: error: {exc}\n")
-    else:
-        sys.__excepthook__(exc_type, exc, tb)  # type: ignore[arg-type]
+        return
+    sys.__excepthook__(exc_type, exc, tb)  # type: ignore[arg-type]
+    hint = missing_tasks_hint(exc)
+    if hint is not None:
+        sys.stderr.write(hint + "\n")
 
 
 def register() -> None:
@@ -130,8 +158,61 @@ def register() -> None:
         warnings.warn(f"bosch_eval: could not register lm-eval model {MODEL_NAME!r}: {exc!r}", RuntimeWarning)
 
 
+def with_bundled_tasks(include_path: object, tasks_dir: str) -> object:
+    """``include_path`` (None, a path or a list of them, as TaskManager takes it) with
+    ``tasks_dir`` first, unless it is there already."""
+    paths = [] if include_path is None else list(include_path) if isinstance(include_path, (list, tuple)) else [include_path]
+    if any(os.path.realpath(str(path)) == os.path.realpath(tasks_dir) for path in paths):
+        return include_path
+    return [tasks_dir, *paths]
+
+
+def discover_tasks(manager_module: ModuleType) -> None:
+    """Wrap ``manager_module.TaskManager.__init__`` so that a manager indexing lm-eval's own
+    tasks also indexes bosch-eval's (see the module docstring). A TaskManager without
+    ``include_path`` and ``include_defaults`` is left alone (then the missing-task hint
+    applies); an unexpected failure only warns, lm-eval must stay usable."""
+    global _tasks_discovered
+    if os.environ.get(NO_TASK_DISCOVERY, "") not in ("", "0"):
+        return
+    try:
+        import functools
+        import inspect
+
+        from bosch_eval.lm_eval_session import bundled_tasks_dir
+
+        manager = manager_module.TaskManager
+        init = manager.__init__
+        signature = inspect.signature(init)
+        if getattr(init, "_bosch_tasks", False) or not {"include_path", "include_defaults"} <= set(signature.parameters):
+            _tasks_discovered = getattr(init, "_bosch_tasks", False)
+            return
+        tasks_dir = bundled_tasks_dir()
+
+        @functools.wraps(init)
+        def __init__(self: object, *args: object, **kwargs: object) -> None:
+            bound = signature.bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            if bound.arguments["include_defaults"]:
+                bound.arguments["include_path"] = with_bundled_tasks(bound.arguments["include_path"], tasks_dir)
+            init(*bound.args, **bound.kwargs)
+
+        __init__._bosch_tasks = True  # type: ignore[attr-defined]
+        manager.__init__ = __init__
+        _tasks_discovered = True
+    except Exception as exc:  # noqa: BLE001 - any TaskManager change: warn, keep lm-eval usable
+        import warnings
+
+        warnings.warn(f"bosch_eval: could not add its tasks to lm-eval's default task paths: {exc!r}", RuntimeWarning)
+
+
+# Watched module -> what runs right after it has been executed.
+_ON_IMPORT = {"lm_eval.models": lambda module: register(), "lm_eval.tasks.manager": discover_tasks}
+
+
 class _LoaderProxy:
-    """Delegates everything to the real loader; runs :func:`register` after ``exec_module``.
+    """Delegates everything to the real loader; runs the module's :data:`_ON_IMPORT` action
+    after ``exec_module``.
 
     A proxy rather than patching the loader in place: some loaders are shared objects
     (classes, zip importers) and must not be modified for other modules.
@@ -145,20 +226,21 @@ class _LoaderProxy:
 
     def exec_module(self, module: ModuleType) -> None:
         self._loader.exec_module(module)  # type: ignore[attr-defined]
-        _uninstall()
-        register()
+        if all(name in sys.modules for name in _ON_IMPORT):
+            _uninstall()
+        _ON_IMPORT[module.__name__](module)
 
     def __getattr__(self, name: str) -> object:  # get_source, get_resource_reader, ...
         return getattr(self._loader, name)
 
 
-class _LmEvalModelsFinder:
-    """Meta-path finder that reacts to ``lm_eval.models`` only and finds nothing itself."""
+class _LmEvalFinder:
+    """Meta-path finder that reacts to the :data:`_ON_IMPORT` modules only and finds nothing itself."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if fullname != _WATCHED:
+        if fullname not in _ON_IMPORT:
             return None
         # Ask the finders after us (the normal path finder, editable-install finders, ...).
         for finder in sys.meta_path:
@@ -172,7 +254,7 @@ class _LmEvalModelsFinder:
         return None
 
 
-_FINDER = _LmEvalModelsFinder()
+_FINDER = _LmEvalFinder()
 
 
 def _uninstall() -> None:
@@ -181,16 +263,18 @@ def _uninstall() -> None:
 
 
 def install() -> None:
-    """Arrange for :func:`register` to run once ``lm_eval.models`` has been imported; in the
-    ``lm_eval`` command, also resolve bundled-model aliases and print our errors in one line."""
+    """Arrange for :func:`register` to run once ``lm_eval.models`` has been imported, and
+    :func:`discover_tasks` once ``lm_eval.tasks.manager`` has; in the ``lm_eval`` command,
+    also resolve bundled-model aliases and print our errors in one line."""
     argv = getattr(sys, "argv", None)  # absent in some embedded interpreters
     if argv and _is_lm_eval_cli(argv[0]):
         sys.argv[:] = resolve_bundled_aliases(sys.argv)
         if sys.excepthook is sys.__excepthook__:  # someone else's hook wins
             sys.excepthook = _one_line_errors
-    if _WATCHED in sys.modules:  # imported late, after lm-eval already filled its registry
-        register()
-    elif _FINDER not in sys.meta_path:
+    for name, action in _ON_IMPORT.items():
+        if name in sys.modules:  # imported late, after lm-eval already filled its registry
+            action(sys.modules[name])
+    if not all(name in sys.modules for name in _ON_IMPORT) and _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
 
 

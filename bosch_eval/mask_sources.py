@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
 from bosch_eval.layer_heuristics import layer_heuristic_mask
-from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape, check_ratio, check_sinks, check_window
-
-log = logging.getLogger("bosch_eval")
+from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape, check_ratio, check_sinks
+from bosch_eval.model_defaults import resolve_window
 
 
 def resolve_mask(
@@ -30,7 +28,9 @@ def resolve_mask(
 
     Exactly one of ``mask``, ``ranking`` or ``layers`` must be given; ``ratio`` goes with
     ``ranking`` and ``layers`` only, ``seed`` with ``layers=rand`` only. ``window``
-    overrides the window the mask or ranking carries, ``sinks`` its attention sinks (S).
+    overrides the window the mask or ranking carries, ``default_window`` (the model's
+    ``bosch_defaults.json``) applies where neither names one (:func:`resolve_window`); ``sinks``
+    overrides the mask's attention sinks (S).
 
     Returns:
         The mask (its ``window`` and ``sinks`` set to the effective W and S) and a name
@@ -49,8 +49,6 @@ def resolve_mask(
         raise MaskError("ratio: a mask file fixes its own SWA ratio; ratio= goes with ranking= or layers=")
     if seed is not None and layers != "rand":
         raise MaskError(f"seed: only layers=rand is random; seed={seed!r} would be ignored")
-    if window is not None:
-        window = check_window(window, "window")
     if sinks is not None:
         sinks = check_sinks(sinks, "sink")
 
@@ -70,13 +68,6 @@ def resolve_mask(
             source = f"layers={layers}"
             result = layer_heuristic_mask(str(layers), shape, ratio, seed=0 if seed is None else int(seed))
     result.check_fits(shape, source=source, model=model_name)
-    effective_window = next((w for w in (window, result.window, default_window) if w is not None), None)
-    if effective_window is None:
-        raise MaskError(
-            f"{source}: field 'window' is missing and the model ships no bosch_defaults.json with one; "
-            "pass window=W (keys seen per SWA query)"
-        )
-    if window is None and result.window is None:
-        log.info("%s: window=%d from %s's bosch_defaults.json (pass window=W to choose)", source, effective_window, model_name)
+    effective_window = resolve_window(window, carried=result.window, default=default_window, source=source)
     return result.with_meta(window=effective_window, sinks=result.sinks if sinks is None else sinks), source
 

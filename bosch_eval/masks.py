@@ -59,6 +59,14 @@ def check_ratio(ratio: Any, source: str = "ratio") -> float:
     return float(ratio)
 
 
+def uniform_bit(ratio: float) -> int | None:
+    """The bit every KV group gets when ``ratio`` leaves one mask: 1 (full) at ratio 0, 0 (SWA)
+    at ratio 1; None for a ratio in between, where there is a mask to choose. The one place
+    that special case is decided: the search scores just the anchors then, and Stage 3 skips
+    such layers."""
+    return {0.0: 1, 1.0: 0}.get(check_ratio(ratio))
+
+
 def check_window(window: Any, source: str = "window") -> int:
     """Validate a sliding-window size: a positive integer number of keys."""
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:

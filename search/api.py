@@ -24,9 +24,9 @@ from accelerate import PartialState
 
 from bosch_eval.device import pick_device
 from bosch_eval.launch import launch_state, on_main_then_everywhere
-from bosch_eval.masks import HeadMask, ModelShape
+from bosch_eval.masks import HeadMask, ModelShape, uniform_bit
 from bosch_eval.model_check import IGNORE_FLAG, IGNORE_METADATA, check_length, model_config, resolve_model
-from bosch_eval.model_defaults import model_defaults
+from bosch_eval.model_defaults import model_defaults, resolve_window
 from bosch_eval.outdir_lock import OutputLock
 from bosch_eval.prefix_cache import DEFAULT_BUDGET_MB as DEFAULT_PREFIX_CACHE_MB
 from bosch_eval.search.journal import Journal, JournalError
@@ -93,14 +93,7 @@ def search_model(
     config = model_config(path)
     validate_for_shape(settings, ModelShape.from_config(config))
     defaults = model_defaults(path)
-    if window is None:
-        window = defaults.window
-        if window is None:
-            raise SearchError(
-                f"{model}: no --window given and the model ships no bosch_defaults.json; pass --window "
-                "(the paper uses 1024 for a 32k calibration length)"
-            )
-        log.info("--window %d from %s/bosch_defaults.json", window, path)
+    window = resolve_window(window, default=defaults.window, source=model, flag="--window W")
     length = calib_len if calib_len is not None else defaults.calib_len
     if length is None and DEFAULT_CALIB_TASK in calib_tasks:
         length = DEFAULT_CALIB_LEN
@@ -141,7 +134,7 @@ def search_model(
             header["model_args"] = {key: str(value) for key, value in model_args.items()}
         journal, known, bounds, examples = _open_journal(out / "journal.jsonl", header, resume, state)
         score_fn = _AnchorLog(objective) if progress and state.is_main_process else objective
-        if settings.ratio in (0.0, 1.0):
+        if uniform_bit(settings.ratio) is not None:
             result = _only_mask(score_fn, objective.shape, settings, known, journal)
         else:
             result = run_search(
@@ -188,11 +181,11 @@ def _only_mask(
     book = ScoreBook(score_fn, shape, known, journal)
     swa, full = HeadMask.uniform(shape, full=False), HeadMask.uniform(shape, full=True)
     anchors = Anchors(all_swa=book.score(swa.bits, "anchor"), all_full=book.score(full.bits, "anchor"), gamma=settings.gamma)
-    only = swa if settings.ratio == 1.0 else full
+    only = full if uniform_bit(settings.ratio) else swa
     method = "bosch" if settings.variant == "bosch" else f"bosch-{settings.variant}"
     return SearchResult(
         mask=HeadMask(only.bits, shape.num_heads, method=method),
-        score=anchors.all_swa if settings.ratio == 1.0 else anchors.all_full,
+        score=anchors.all_full if uniform_bit(settings.ratio) else anchors.all_swa,
         anchors=anchors,
         settings=settings,
         evaluations=len(book.known),

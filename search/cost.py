@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bosch_eval.masks import ModelShape, ceil_count
+from bosch_eval.masks import ModelShape, ceil_count, uniform_bit
 from bosch_eval.search.stage2 import _bucket_counts, default_buckets
 from bosch_eval.search.stages import _chunks, expected_evaluations, expected_method, quota_blocks
 
@@ -66,7 +66,7 @@ def stage3_calls(
     them), and how many of them NOMAD makes (exact, never raced)."""
     calls = exact = 0
     for ratio in sorted(set(layer_ratios), reverse=True):
-        if ratio in (0.0, 1.0):
+        if uniform_bit(ratio) is not None:  # one mask: nothing to search
             continue
         layers = sum(1 for layer_ratio in layer_ratios if layer_ratio == ratio)
         group_calls, group_exact = _ratio_group_calls(shape, ratio, layers, budget_per_layer, chunk_layers, optimizer, quota)

@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from bosch_eval.errors import exit_status
 from bosch_eval.masks import HeadMask, ModelShape, ceil_count, check_ratio
-from bosch_eval.model_defaults import model_defaults
+from bosch_eval.model_defaults import model_defaults, resolve_window
 from bosch_eval.search.journal import Journal, JournalError, mask_key
 from bosch_eval.search.objective_loading import build_objective
 from bosch_eval.outdir_lock import OutputLock
@@ -205,9 +205,7 @@ def run(args: argparse.Namespace) -> None:
     if total > args.max_masks:
         raise SearchError(f"--ratio {args.ratio}: C({cells}, {swa_groups}) = {total} masks, more than --max-masks {args.max_masks}")
     places = _parse_places(args.place, shape, swa_groups, args.model)
-    window = args.window if args.window is not None else model_defaults(path).window
-    if window is None:
-        raise SearchError(f"{args.model}: no --window given and the model ships no bosch_defaults.json")
+    window = resolve_window(args.window, default=model_defaults(path).window, source=args.model, flag="--window W")
     objective = build_objective(
         path, window=window, calib_len=args.calib_len, calib_examples=args.calib_examples, device=args.device
     )

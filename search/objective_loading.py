@@ -12,7 +12,7 @@ from typing import Any
 
 from bosch_eval.launch import launch_state
 from bosch_eval.model_check import resolve_model
-from bosch_eval.model_defaults import model_defaults
+from bosch_eval.model_defaults import model_defaults, resolve_window
 from bosch_eval.search.objective import DEFAULT_TASKS, CalibrationObjective
 
 DEFAULT_CALIB_EXAMPLES = 64
@@ -69,7 +69,7 @@ def build_objective(
     launch_state(device)
     path = resolve_model(model)
     defaults = model_defaults(path)
-    window = window if window is not None else defaults.window
+    window = resolve_window(window, default=defaults.window, source=model, flag="window=W")
     lm = BoschLM(
         pretrained=path,
         layers="intr",

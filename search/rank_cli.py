@@ -109,7 +109,7 @@ def rank_main(args: argparse.Namespace) -> None:
 
     from bosch_eval.device import pick_device
     from bosch_eval.model_check import check_length, model_config, resolve_model
-    from bosch_eval.model_defaults import model_defaults
+    from bosch_eval.model_defaults import model_defaults, resolve_window
     from bosch_eval.search.rankers.driver import compute_ranking
     from bosch_eval.tasks.niah.haystack import TemplateTooLong
 
@@ -119,10 +119,8 @@ def rank_main(args: argparse.Namespace) -> None:
     model_args = parse_model_args(getattr(args, "model_args", None), adapter=False)
     path = resolve_model(args.model)
     defaults = model_defaults(path)
-    window = args.window if args.window is not None else defaults.window
+    window = resolve_window(args.window, default=defaults.window, source=args.model, flag="--window W")
     calib_len = args.calib_len if args.calib_len is not None else defaults.calib_len
-    if window is None:
-        raise SettingsError(f"{args.model}: no --window given and no bosch_defaults.json with 'window'; pass --window W")
     if calib_len is None:
         raise SettingsError(
             f"{args.model}: no --calib-len given and no bosch_defaults.json with 'calib_len'; pass --calib-len T"

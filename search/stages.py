@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from bosch_eval.masks import HeadMask, ModelShape, ceil_count
+from bosch_eval.masks import HeadMask, ModelShape, ceil_count, uniform_bit
 from bosch_eval.search.journal import mask_key
 from bosch_eval.search.optimizers import Bound, Cutoff, SubProblem, choose_method, minimize
 from bosch_eval.search.racing import RaceBound
@@ -368,9 +368,10 @@ def stage3(
     rows = [list(row) for row in HeadMask.uniform(shape, full=True).bits]
     for ratio in groups:
         layers = [layer for layer in range(shape.num_layers - 1, -1, -1) if layer_ratios[layer] == ratio]
-        if ratio in (0.0, 1.0):
+        bit = uniform_bit(ratio)
+        if bit is not None:
             for layer in layers:
-                rows[layer] = [0 if ratio == 1.0 else 1] * shape.num_kv_heads
+                rows[layer] = [bit] * shape.num_kv_heads
             continue
         problems.extend((ratio, part) for part in _chunks(layers, max_layers))
     bits: Bits = tuple(tuple(row) for row in rows)

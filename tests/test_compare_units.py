@@ -227,17 +227,16 @@ class TestEntryKeys:
             assert parse_entry(f"x={key}=1").load_args.keys() <= {key}
 
     def test_a_key_added_to_the_adapter_is_accepted_without_a_second_list(self, monkeypatch):
-        import inspect
+        from dataclasses import field, make_dataclass
 
-        from bosch_eval.model_adapters.bosch import BoschLM
+        from bosch_eval.model_adapters import loader_args, settings
 
-        # A made-up key (issue 30 adds sink= this way), added to the adapter's signature only.
+        # A made-up key (issue 30 adds sink= this way), added to the adapter's settings only.
         with pytest.raises(EntryError, match="'new_knob'"):
             parse_entry("x=mask=m.json,new_knob=4")
-        signature = inspect.signature(BoschLM.__init__)
-        knob = inspect.Parameter("new_knob", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=0)
-        params = list(signature.parameters.values())
-        monkeypatch.setattr(BoschLM.__init__, "__signature__", signature.replace(parameters=[*params[:-1], knob, params[-1]]), raising=False)
+        knob = field(default=0, metadata={settings.CONVERT: lambda name, value: int(value), settings.MASK_SOURCE: False})
+        widened = make_dataclass("Widened", [("new_knob", int, knob)], bases=(settings.AdapterSettings,), frozen=True)
+        monkeypatch.setattr(loader_args, "AdapterSettings", widened)
         assert parse_entry("x=mask=m.json,new_knob=4").load_args == {"new_knob": "4"}
 
     def test_mask_full_is_the_original(self):

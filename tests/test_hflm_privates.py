@@ -1,7 +1,7 @@
 """lm-eval internals the ``bosch`` adapter relies on: an upgrade that drops or renames one fails
 here, naming it, instead of far away or silently (``lm._rank = r`` after a rename shards nothing).
 
-BoschLM copies HFLM's loglikelihood loop (``model_adapters/bosch.py`` says why no hook will do),
+The bosch adapter copies HFLM's loglikelihood loop (``model_adapters/scoring.py`` says why no hook will do),
 so the lm-eval pieces that loop calls are listed too. All of them hold in lm-eval 0.4.13 and
 0.5.0.dev1.
 """

@@ -8,6 +8,7 @@ most checks run in fresh interpreters. They need the package installed with the 
 from __future__ import annotations
 
 import json
+import os
 import site
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from bosch_eval import lm_eval_hook
+from bosch_eval.lm_eval_session import bundled_tasks_dir
 
 PTH_NAME = "bosch_eval_lm_eval_hook.pth"
 FIXTURE_TASKS = Path(__file__).parent / "fixtures" / "tasks"
@@ -181,3 +183,81 @@ class TestLmEvalCommand:
         assert ours.returncode == 1 and ours.stderr == "lm_eval: error: kv_cache: expected one of\n"
         other = subprocess.run([str(script), "other"], capture_output=True, text=True)
         assert other.returncode == 1 and "Traceback" in other.stderr and "KeyError" in other.stderr
+
+
+class TestTaskDiscovery:
+    """lm-eval 0.4.13 has no task discovery: the hook makes every TaskManager that indexes
+    lm-eval's own tasks index ours too, and where it cannot, lm-eval's "Tasks not found" for
+    one of ours says which --include_path finds it."""
+
+    def fake_manager_module(self, signature: str = "include_path=None, include_defaults=True, metadata=None"):
+        """A module whose TaskManager records what it was given (no lm-eval index is built)."""
+        namespace: dict = {}
+        exec(f"class TaskManager:\n    def __init__(self, verbosity=None, {signature}):\n        self.given = dict(locals())\n", namespace)
+        return type("module", (), {"TaskManager": namespace["TaskManager"]})
+
+    def test_our_folder_comes_first_once(self):
+        ours = bundled_tasks_dir()
+        assert lm_eval_hook.with_bundled_tasks(None, ours) == [ours]
+        assert lm_eval_hook.with_bundled_tasks("mine", ours) == [ours, "mine"]  # later paths win a name clash: the user's
+        assert lm_eval_hook.with_bundled_tasks(["a", "b"], ours) == [ours, "a", "b"]
+        assert lm_eval_hook.with_bundled_tasks(("a", Path(ours) / "."), ours) == ("a", Path(ours) / ".")  # there already
+
+    def test_a_manager_with_lm_evals_defaults_gets_our_folder(self, monkeypatch):
+        monkeypatch.setattr(lm_eval_hook, "_tasks_discovered", False)
+        module = self.fake_manager_module()
+        lm_eval_hook.discover_tasks(module)
+        assert module.TaskManager(include_path="mine").given["include_path"] == [bundled_tasks_dir(), "mine"]
+        assert module.TaskManager(None, ["mine"], False).given["include_path"] == ["mine"]  # only lm-eval's defaults get ours
+        assert lm_eval_hook._tasks_discovered and lm_eval_hook.missing_tasks_hint(ValueError("Tasks not found: bosch_x")) is None
+
+    def test_a_manager_without_those_arguments_is_left_alone_and_the_hint_applies(self, monkeypatch):
+        monkeypatch.setattr(lm_eval_hook, "_tasks_discovered", False)
+        module = self.fake_manager_module("paths=None")
+        init = module.TaskManager.__init__
+        lm_eval_hook.discover_tasks(module)
+        assert module.TaskManager.__init__ is init and not lm_eval_hook._tasks_discovered
+        hint = lm_eval_hook.missing_tasks_hint(ValueError("Tasks not found: arc_easyy, bosch_niah_calib"))
+        assert hint == 'hint: bosch_niah_calib is a bosch-eval task; lm-eval finds those with --include_path "$(bosch-eval tasks --path)"'
+        assert lm_eval_hook.missing_tasks_hint(ValueError("Tasks not found: arc_easyy")) is None
+        assert lm_eval_hook.missing_tasks_hint(KeyError("Tasks not found: bosch_niah")) is None
+
+    def test_the_switch_keeps_lm_evals_task_list(self, monkeypatch):
+        monkeypatch.setattr(lm_eval_hook, "_tasks_discovered", False)
+        monkeypatch.setenv(lm_eval_hook.NO_TASK_DISCOVERY, "1")
+        module = self.fake_manager_module()
+        init = module.TaskManager.__init__
+        lm_eval_hook.discover_tasks(module)
+        assert module.TaskManager.__init__ is init
+
+    @pytest.mark.slow
+    def test_task_manager_in_process_finds_our_tasks(self, pth_file):
+        from lm_eval.tasks import TaskManager
+
+        manager = TaskManager()  # lm-eval's own index too: ~12 s
+        assert {"bosch_niah_calib", "bosch_niah", "bosch_longbench", "arc_easy"} <= set(manager.all_tasks)
+        assert "bosch_niah_calib" not in TaskManager(include_defaults=False).all_tasks
+
+    @pytest.mark.slow
+    def test_stock_lm_eval_cli_finds_our_tasks_without_include_path(self, pth_file, tmp_path):
+        result = run_lm_eval(["--model", "bosch", "--model_args", "pretrained=toy,mask=full", "--tasks", "bosch_niah_calib",
+                              "--metadata", '{"seq_len": 256, "num_examples": 2}', "--device", "cpu", "--limit", "2"], tmp_path)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "|bosch_niah_calib|" in result.stdout
+
+    @pytest.mark.slow
+    def test_without_discovery_the_missing_task_error_says_where_it_is(self, pth_file, tmp_path):
+        result = run_lm_eval(["--model", "bosch", "--model_args", "pretrained=toy,mask=full", "--tasks", "bosch_niah_calib", "--device", "cpu"],
+                             tmp_path, **{lm_eval_hook.NO_TASK_DISCOVERY: "1"})  # fmt: skip
+        assert result.returncode != 0
+        *_, error, hint = result.stderr.rstrip().splitlines()
+        assert error == "ValueError: Tasks not found: bosch_niah_calib"
+        assert hint == 'hint: bosch_niah_calib is a bosch-eval task; lm-eval finds those with --include_path "$(bosch-eval tasks --path)"'
+
+
+def run_lm_eval(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """The stock ``lm_eval`` command of this environment."""
+    executable = Path(sys.executable).parent / "lm_eval"
+    assert executable.exists(), f"no {executable}: lm-eval is not installed in this environment"
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    return subprocess.run([str(executable), *args], capture_output=True, text=True, cwd=cwd, env=environment, timeout=600, check=False)

@@ -8,7 +8,7 @@ import pytest
 
 from bosch_eval.layer_heuristics import LAYER_HEURISTICS, layer_heuristic_mask
 from bosch_eval.local_window import LocalWindow
-from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape, ceil_count, check_ratio
+from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape, ceil_count, check_ratio, uniform_bit
 
 SHAPE = ModelShape(num_layers=3, num_heads=8, num_kv_heads=4)
 
@@ -115,6 +115,14 @@ class TestRatios:
         assert ceil_count(0.1, 30) == 3  # 0.1 * 30 == 3.0000000000000004
         assert ceil_count(0.75, 12) == 9
         assert ceil_count(0.76, 12) == 10
+
+    def test_only_ratios_0_and_1_leave_one_mask(self):
+        # The bit of the one mask there is; every ratio in between leaves a choice, even one
+        # whose ⌈ρ·n⌉ is 0 or n for a small n.
+        assert (uniform_bit(0), uniform_bit(0.0), uniform_bit(1), uniform_bit(1.0)) == (1, 1, 0, 0)
+        assert [uniform_bit(r) for r in (1e-9, 0.5, 1 - 1e-9)] == [None, None, None]
+        with pytest.raises(MaskError, match="expected an SWA ratio"):
+            uniform_bit(1.5)
 
 
 class TestHeadRanking:

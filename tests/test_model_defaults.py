@@ -9,7 +9,7 @@ import pytest
 from bosch_eval.mask_sources import resolve_mask
 from bosch_eval.errors import SettingsError
 from bosch_eval.masks import MaskError, ModelShape
-from bosch_eval.model_defaults import DEFAULTS_FILE, ModelDefaults, model_defaults
+from bosch_eval.model_defaults import DEFAULTS_FILE, UNREAD_WINDOW, ModelDefaults, model_defaults, resolve_window
 
 SHAPE = ModelShape(num_layers=4, num_heads=8, num_kv_heads=4)
 
@@ -45,3 +45,30 @@ def test_default_window_applies_only_when_nothing_else_sets_one():
     from_default, _ = resolve_mask(SHAPE, layers="intr", ratio=0.5, default_window=32)
     explicit, _ = resolve_mask(SHAPE, layers="intr", ratio=0.5, window=64, default_window=32)
     assert (from_default.window, explicit.window) == (32, 64)
+
+
+class TestResolveWindow:
+    """The one place W is chosen: the user's value, else the mask's, else the model's default."""
+
+    def test_precedence(self):
+        assert resolve_window(8, carried=16, default=32) == 8
+        assert resolve_window(None, carried=16, default=32) == 16
+        assert resolve_window(None, carried=None, default=32) == 32
+
+    def test_the_default_is_logged_with_the_flag_to_choose(self, caplog):
+        with caplog.at_level("INFO", logger="bosch_eval"):
+            resolve_window(default=32, source="toy", flag="--window W")
+        assert "toy: window=32 from the model's bosch_defaults.json (pass --window W to choose)" in caplog.text
+
+    def test_nothing_names_a_window(self):
+        with pytest.raises(MaskError, match=r"layers=intr: field 'window' is missing .* pass --window W") as err:
+            resolve_window(source="layers=intr", flag="--window W")
+        assert isinstance(err.value, SettingsError)  # a command's setting too (search, rank)
+
+    def test_an_all_full_mask_never_reads_it(self):
+        assert resolve_window(all_full=True) == UNREAD_WINDOW
+        assert resolve_window(all_full=True, default=32) == 32  # a named window still wins
+
+    def test_a_bad_given_window_names_the_flag(self):
+        with pytest.raises(MaskError, match=r"--window: expected a positive integer"):
+            resolve_window(0, flag="--window W")

@@ -450,7 +450,7 @@ class TestRankCommand:
         assert hflm.provenance["model_args"] == {"revision": "main", "trust_remote_code": "False"}
         with pytest.raises(SettingsError, match="--model-args: 'dtype' is set by --dtype"):
             rank([*common, "--model-args", "dtype=float16", "--out", str(tmp_path / "x.json")])
-        with pytest.raises(SettingsError, match="takes no argument 'attn_backend'"):
+        with pytest.raises(SettingsError, match="model_arg 'attn_backend' is not one lm-eval's HFLM takes"):
             rank([*common, "--model-args", "attn_backend=sdpa", "--out", str(tmp_path / "x.json")])
 
     def test_errors_name_the_bad_setting(self, tiny_model_dir: Path, model_with_defaults: Path, tmp_path: Path) -> None:

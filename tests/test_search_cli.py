@@ -171,7 +171,8 @@ def test_new_search_options_reach_the_search(finished: tuple[Path, Path, Path], 
         ("batch_size=4", "--model-args: 'batch_size' is set by --batch-size, not here"),
         ("tp_plan=auto", "'tp_plan' is set by nothing: tensor parallelism is not supported"),
         ("attn_implementation=eager", "choose its kernel with attn_backend="),
-        ("revison=main", "the model loader takes no argument 'revison'"),
+        ("revison=main", "model_arg 'revison' is not one the bosch adapter takes"),
+        ("revison=main", "did you mean 'revision'?"),
     ],
 )
 def test_bad_model_args_fail_before_anything_loads(finished: tuple[Path, Path, Path], tmp_path: Path, capsys, model_args, message) -> None:

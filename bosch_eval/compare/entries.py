@@ -9,8 +9,9 @@ An entry's model_args split in two:
   runner loads one per distinct set, so nothing an entry asks for is silently dropped.
 
 No mask source at all (or ``mask=full``, the adapter's spelling) is the original model
-(every KV group full). Keys are checked against the ones the adapter takes
-(:func:`check_keys`), as ``search --model-args`` checks them.
+(every KV group full). Entries are read by the adapter's own model_args parser
+(:mod:`bosch_eval.model_adapters.loader_args`), the one ``lm_eval --model bosch`` and
+``search --model-args`` use: the same keys, the same message for a typo.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from bosch_eval.errors import BoschError
+from bosch_eval.errors import BoschError, SettingsError
+from bosch_eval.model_adapters import loader_args
+from bosch_eval.model_adapters.settings import AdapterSettings
 
-SOURCE_KEYS = ("mask", "ranking", "layers", "ratio", "seed", "window")
+SOURCE_KEYS = AdapterSettings.mask_source_names()
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")  # used as a directory name
 SEED_SEPARATOR = "/"  # seeds=0/1/2: a comma would end the model_arg
 
@@ -64,42 +67,33 @@ class Entry:
 
 
 def parse_model_args(text: str, where: str) -> dict[str, str]:
-    """``k=v,k=v`` as lm-eval's ``--model_args``; an item without ``=`` or a key given twice
-    is an error naming ``where``."""
-    args: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise EntryError(f"{where}: model_arg {item!r} is not key=value")
-        key = key.strip()
-        if key in args:
-            raise EntryError(f"{where}: model_arg {key!r} is given twice")
-        args[key] = value.strip()
-    return args
+    """``k=v,k=v`` as lm-eval's ``--model_args`` (:func:`loader_args.split_model_args`); an item
+    without ``=`` or a key given twice is an error naming ``where``."""
+    try:
+        return loader_args.split_model_args(text, where)
+    except SettingsError as err:
+        raise EntryError(str(err)) from None
 
 
 def check_keys(args: dict[str, str], where: str, sources: bool = True) -> None:
     """Refuse a key the ``bosch`` adapter does not take (``kv_bit=4``, ``foo=1``) before
-    anything loads, instead of a TypeError from transformers at model load.
-
-    The keys are the adapter's own (:func:`bosch_eval.model_adapters.loader_args.loader_parameters`, read
-    from its signature and HFLM's), so a key added to the adapter is accepted here without
-    a second list. ``sources=False`` (the leaderboard's ``model_args``): the mask-source keys
-    are each entry's, not shared.
+    anything loads, with the adapter's own check (:func:`loader_args.check_keys`: the key,
+    the nearest valid one and the list), so a key added to the adapter is accepted here
+    without a second list. ``sources=False`` (the leaderboard's ``model_args``): the
+    mask-source keys are each entry's, not shared.
 
     Raises:
         EntryError: naming ``where``, the key and the keys expected.
     """
-    from bosch_eval.model_adapters.loader_args import loader_parameters
-
-    known = loader_parameters() - {"pretrained"} - (set() if sources else set(SOURCE_KEYS))
     for key in args:
         if key == "pretrained":
             raise EntryError(f"{where}: model_arg 'pretrained' belongs to the leaderboard ('model'), not here")
         if not sources and key in SOURCE_KEYS:
             raise EntryError(f"{where}: model_arg {key!r} chooses a mask, so it goes in an entry, not in every entry's model_args")
-        if key not in known:
-            raise EntryError(f"{where}: model_arg {key!r} is not one the bosch adapter takes; expected some of {sorted(known)}")
+    try:
+        loader_args.check_keys(args, where)
+    except SettingsError as err:
+        raise EntryError(str(err)) from None
 
 
 def _parse_seeds(value: Any, where: str) -> tuple[int, ...]:

@@ -32,7 +32,7 @@ from bosch_eval.compare.spec import CompareSpec
 from bosch_eval.device import AUTO, pick_device
 from bosch_eval.doc_selection import samples_for_limit
 from bosch_eval.errors import BoschError
-from bosch_eval.masks import HeadMask, MaskError, ModelShape
+from bosch_eval.masks import HeadMask, ModelShape
 from bosch_eval.outdir_lock import OutputLock
 
 RUN_FILE = "run.json"
@@ -72,6 +72,7 @@ def plan_runs(spec: CompareSpec) -> list[PlannedRun]:
     """
     from transformers import AutoConfig
 
+    from bosch_eval.model_adapters.loader_args import adapter_settings, typed_model_args
     from bosch_eval.model_defaults import model_defaults
     from bosch_eval.model_check import resolve_model
 
@@ -81,6 +82,8 @@ def plan_runs(spec: CompareSpec) -> list[PlannedRun]:
     plan = []
     for entry, run, args in planned_runs(spec):
         try:
+            # Every value as the adapter will convert it (kv_cache=paged, allow_truncation=maybe), before any load.
+            adapter_settings(typed_model_args({**spec.model_args, **args}, "model_args"))
             mask = resolve_entry_mask(args, shape, model_defaults(path).window, spec.model)
             plan.append(PlannedRun(entry, run, args, mask, run_inputs(args, mask, model)))
         except (BoschError, OSError) as err:
@@ -138,17 +141,18 @@ def _finish_run(spec: CompareSpec, out: Path, item: PlannedRun, partial: Path) -
 
 def _load_model(spec: CompareSpec, load_args: dict[str, str]) -> Any:
     """The ``bosch`` adapter with every group full; each run then swaps its mask in."""
-    from lm_eval.utils import simple_parse_args_string
     from transformers import AutoConfig
 
     from bosch_eval.model_adapters.bosch import BoschLM
-    from bosch_eval.model_defaults import model_defaults
+    from bosch_eval.model_adapters.loader_args import typed_model_args
+    from bosch_eval.model_defaults import model_defaults, resolve_window
     from bosch_eval.model_check import resolve_model
 
     path = resolve_model(spec.model)
     shape = ModelShape.from_config(AutoConfig.from_pretrained(path))
-    full = HeadMask.uniform(shape, full=True, window=model_defaults(path).window or 1, method="original")
-    kwargs = simple_parse_args_string(",".join(f"{k}={v}" for k, v in {**spec.model_args, **load_args}.items()))
+    window = resolve_window(default=model_defaults(path).window, all_full=True, source=spec.model)
+    full = HeadMask.uniform(shape, full=True, window=window, method="original")
+    kwargs = typed_model_args({**spec.model_args, **load_args}, "model_args")
     kwargs.setdefault("progress_bars", False)  # lm-eval's bar per request type; compare shows its own per task
     return BoschLM(pretrained=path, mask=full, **kwargs)
 
@@ -156,17 +160,15 @@ def _load_model(spec: CompareSpec, load_args: dict[str, str]) -> Any:
 def resolve_entry_mask(args: dict[str, str], shape: ModelShape, default_window: int | None, model: str) -> HeadMask:
     """The mask a run's model_args ask for (all full for the original), validated against ``shape``."""
     from bosch_eval.mask_sources import resolve_mask
+    from bosch_eval.model_adapters.settings import AdapterSettings
+    from bosch_eval.model_defaults import resolve_window
 
-    source: dict[str, Any] = {k: args[k] for k in ("mask", "ranking", "layers", "ratio", "seed", "window") if k in args}
-    for key, kind in (("ratio", float), ("seed", int), ("window", int)):
-        if key in source:
-            try:
-                source[key] = kind(source[key])
-            except ValueError:
-                raise MaskError(f"{key}: expected {'a number' if kind is float else 'an integer'}, got {source[key]!r}") from None
+    # Converted as the adapter converts them (ratio='0.5' -> 0.5, window='abc' -> an error naming window).
+    given = AdapterSettings(**{k: v for k, v in args.items() if k in AdapterSettings.mask_source_names()})
+    source = {k: v for k, v in given.mask_sources().items() if v is not None}
     if source.get("mask") == "full" or not any(k in source for k in ("mask", "ranking", "layers")):
         # mask=full is the adapter's spelling of no head mask (e.g. a KV-quantized original).
-        window = int(source.get("window", default_window or 1))
+        window = resolve_window(given.window, default=default_window, all_full=True, source=model)
         return HeadMask.uniform(shape, full=True, window=window, method="full" if "mask" in source else "original")
     mask, _ = resolve_mask(shape, default_window=default_window, model_name=model, **source)
     return mask
