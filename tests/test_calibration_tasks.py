@@ -43,15 +43,35 @@ def needles_of(doc: dict) -> list[tuple[str, str]]:
 
 
 class TestRetrievalCalibration:
-    def test_each_kind_asks_for_its_keys_values_in_order_of_appearance(self, docs):
+    def test_default_mix_is_single_and_one_other_key(self, docs):
+        assert [doc["kind"] for doc in docs[:4]] == ["single", "multikey", "single", "multikey"]
+        for doc in docs:
+            assert len({key for key, _ in needles_of(doc)}) == {"single": 1, "multikey": 2}[doc["kind"]]
+
+    @pytest.mark.parametrize("distractor_keys", [1, 3])
+    def test_each_kind_asks_for_its_keys_values_in_order_of_appearance(self, tokenizer, distractor_keys):
+        docs = retrieval_calib.examples.__wrapped__(tokenizer, 1024, 6, 0, retrieval_calib.KINDS, distractor_keys)
         assert [doc["kind"] for doc in docs[:3]] == list(retrieval_calib.KINDS)
         for doc in docs:
             needles = needles_of(doc)
             keys = {key for key, _ in needles}
             asked = [value for key, value in needles if key == doc["key"]]
-            assert len(keys) == {"single": 1, "multikey": 4, "multivalue": 2}[doc["kind"]]
+            assert len(keys) == {"single": 1, "multikey": 1 + distractor_keys, "multivalue": 2}[doc["kind"]]
             assert doc["target"] == " and ".join(asked)
             assert len(asked) == (2 if doc["kind"] == "multivalue" else 1)
+
+    def test_the_prompt_ends_with_the_start_of_the_answer(self, tokenizer):
+        for doc in retrieval_calib.examples.__wrapped__(tokenizer, 1024, 3, 0, retrieval_calib.KINDS, 1):
+            lead = "are" if doc["kind"] == "multivalue" else "is"
+            assert doc["input"].endswith(f"\nAnswer: The {'two permit numbers' if lead == 'are' else 'permit number'} of {doc['key']} {lead}")
+
+    def test_kinds_from_metadata(self):
+        assert retrieval_calib.kinds_setting({}) == retrieval_calib.DEFAULT_KINDS
+        assert retrieval_calib.kinds_setting({"kinds": "single, multivalue"}) == ("single", "multivalue")
+        assert retrieval_calib.kinds_setting({"kinds": ["multikey"]}) == ("multikey",)
+        for bad in ("", "single,triple", []):
+            with pytest.raises(ValueError, match=r"bosch_retrieval_calib: metadata 'kinds' must list some of"):
+                retrieval_calib.kinds_setting({"kinds": bad})
 
     def test_the_query_does_not_repeat_a_needle(self, docs):
         for doc in docs:

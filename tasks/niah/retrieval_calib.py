@@ -9,13 +9,23 @@ A search on such a set keeps the heads of that shortcut and loses held-out retri
 
 Here every example needs the key to find its value:
 
-* the query never repeats a needle's wording ("Question: what is the permit number of
-  <key>?" / "Answer:"; the needles say "<key> was issued permit <value>." and others);
+* the question never repeats a needle's wording ("Question: what is the permit number of
+  <key>?"); the needles say "<key> was issued permit <value>." and others;
+* the prompt ends with the start of the answer ("Answer: The permit number of <key> is"),
+  so the next tokens are the value. Version 1 ended at "Answer:", and a real instruction-tuned
+  model (SmolLM2-135M-Instruct) answered in a sentence ("The permit number of ... is 36267")
+  and scored 0 of 24 under a greedy-prefix metric although it found the value: the format
+  measured the answer style, not retrieval (``results/smollm2/calibration.md``, a development
+  draw, ``calib_seed`` 1). RULER's prompts end with such a ``gen_prefix`` for the same reason;
 * the haystack is full of distractor values (numbers of the same shape in routine
   entries), so the only-number shortcut fails;
-* a fixed mix, by example index: ``single`` (one needle among distractor values),
-  ``multikey`` (three more needles with other keys) and ``multivalue`` (the key holds two
-  permits, both asked for in the order they appear, plus one needle with another key);
+* a mix of kinds, by example index (``kinds``, default ``single`` and ``multikey``):
+  ``single`` (one needle among distractor values), ``multikey`` (``distractor_keys`` more
+  needles with other keys, default 1) and ``multivalue`` (the key holds two permits, both
+  asked for in the order they appear, plus one needle with another key). The defaults are
+  the mix a real 135M model solves with full attention (0.92 single, 0.75 with one other key,
+  0.56 with two, 0.25 with three, 0.00 multivalue on the development draw), so the search has
+  a full-attention score to keep;
 * the asked needle's depth is stratified over the examples, the others uniform;
 * a third vocabulary (a botanic garden's registry, ``words.RETRIEVAL_*``), 5-digit values
   (the eval suite uses 7, ``bosch_niah_calib`` 6) and string seeds of its own: nothing is
@@ -24,7 +34,8 @@ Here every example needs the key to find its value:
 Scored like ``bosch_niah_calib``: prefill only, an example counts when every answer token
 is the greedy prediction (lm-eval's loglikelihood ``acc``). Metadata: ``seq_len`` (default:
 the model's ``bosch_defaults.json`` ``calib_len``, else 32768), ``num_examples`` (64),
-``calib_seed`` (0); see ``calibration.py``.
+``calib_seed`` (0); see ``calibration.py``; ``kinds`` (a list or comma-separated string of
+:data:`KINDS`) and ``distractor_keys`` (other keys' needles in a ``multikey`` example).
 """
 
 from __future__ import annotations
@@ -38,10 +49,12 @@ from transformers import PreTrainedTokenizerBase
 
 from bosch_eval.tasks.niah import words
 from bosch_eval.tasks.niah.haystack import Haystack, fit
-from bosch_eval.tasks.niah.metadata import calibration_settings
+from bosch_eval.tasks.niah.metadata import calibration_settings, int_setting
 
 TASK = "bosch_retrieval_calib"
-KINDS = ("single", "multikey", "multivalue")  # example i is KINDS[i % 3]
+KINDS = ("single", "multikey", "multivalue")
+DEFAULT_KINDS = ("single", "multikey")  # example i is kinds[i % len(kinds)]
+DEFAULT_DISTRACTOR_KEYS = 1
 
 INSTRUCTION = "Below is a page from a botanic garden's registry. Some lines record permits issued to people."
 NEEDLES = (
@@ -50,9 +63,10 @@ NEEDLES = (
     "The registry lists {key} with permit {value}.",
 )
 QUERY = {
-    "single": "Question: what is the permit number of {key}?\nAnswer:",
-    "multikey": "Question: what is the permit number of {key}?\nAnswer:",
-    "multivalue": "Question: what are the two permit numbers of {key}, in the order they appear?\nAnswer:",
+    "single": "Question: what is the permit number of {key}?\nAnswer: The permit number of {key} is",
+    "multikey": "Question: what is the permit number of {key}?\nAnswer: The permit number of {key} is",
+    "multivalue": "Question: what are the two permit numbers of {key}, in the order they appear?\n"
+    "Answer: The two permit numbers of {key} are",
 }
 _ENTRIES = (
     "The {staff} {task} tray {number} of {plant} in the {house}.",
@@ -66,24 +80,41 @@ _ENTRIES = (
 
 def dataset(**metadata: Any) -> dict[str, datasets.Dataset]:
     """lm-eval ``custom_dataset``: the calibration examples as the ``test`` split."""
-    docs = examples(**calibration_settings(metadata, TASK))
+    kinds = kinds_setting(metadata)
+    distractor_keys = int_setting(metadata, "distractor_keys", DEFAULT_DISTRACTOR_KEYS, TASK)
+    docs = examples(**calibration_settings(metadata, TASK), kinds=kinds, distractor_keys=distractor_keys)
     return {"test": datasets.Dataset.from_list(list(docs))}
+
+
+def kinds_setting(metadata: dict[str, Any]) -> tuple[str, ...]:
+    """``metadata['kinds']`` as a tuple of :data:`KINDS` (a list or a comma-separated string)."""
+    value = metadata.get("kinds", DEFAULT_KINDS)
+    kinds = tuple(item.strip() for item in value.split(",")) if isinstance(value, str) else tuple(value)
+    if not kinds or any(kind not in KINDS for kind in kinds):
+        raise ValueError(f"{TASK}: metadata 'kinds' must list some of {list(KINDS)}, got {value!r}")
+    return kinds
 
 
 @cache
 def examples(
-    tokenizer: PreTrainedTokenizerBase, seq_len: int, num_examples: int, seed: int
+    tokenizer: PreTrainedTokenizerBase,
+    seq_len: int,
+    num_examples: int,
+    seed: int,
+    kinds: tuple[str, ...] = DEFAULT_KINDS,
+    distractor_keys: int = DEFAULT_DISTRACTOR_KEYS,
 ) -> tuple[dict[str, Any], ...]:
     """All examples, cached: the search rebuilds the task for each of its S(z) calls."""
-    return tuple(_example(tokenizer, seq_len, index, num_examples, seed) for index in range(num_examples))
+    return tuple(
+        _example(tokenizer, seq_len, index, num_examples, seed, kinds[index % len(kinds)], distractor_keys) for index in range(num_examples)
+    )
 
 
 def _example(
-    tokenizer: PreTrainedTokenizerBase, seq_len: int, index: int, num_examples: int, seed: int
+    tokenizer: PreTrainedTokenizerBase, seq_len: int, index: int, num_examples: int, seed: int, kind: str, distractor_keys: int
 ) -> dict[str, Any]:
     rng = random.Random(f"{TASK}/{seed}/{seq_len}/{index}")
-    kind = KINDS[index % len(KINDS)]
-    keys = _distinct_keys(rng, 4 if kind == "multikey" else 2 if kind == "multivalue" else 1)
+    keys = _distinct_keys(rng, 1 + distractor_keys if kind == "multikey" else 2 if kind == "multivalue" else 1)
     asked = keys[0]
     # (key, value) of every needle; the asked key's needles come first, two for multivalue
     pairs = [(asked, _value(rng))] + ([(asked, _value(rng))] if kind == "multivalue" else [])
