@@ -443,7 +443,7 @@ class BoschLM(HFLM):
             torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype, enabled=self.mixed_precision_dtype is not None),
         ):
             if self.prefix_cache is not None:
-                logits = self.prefix_cache.run(lambda ids: logits_at(self.model, ids, positions), input_ids, self.hybrid.mask, self.hybrid.local)
+                logits = self.prefix_cache.run(lambda ids: logits_at(self.model, ids, positions), input_ids, self.hybrid.spec)
             elif self.kv_quant is None:
                 logits = logits_at(self.model, input_ids, positions)
             else:

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from bosch_eval.errors import SettingsError
-from bosch_eval.hybrid_attention import GroupRun, HybridAttention, hybrid_state, hybridize
+from bosch_eval.hybrid_attention import hybrid_state, hybridize
+from bosch_eval.hybrid_spec import GroupRun, HybridSpec
 from bosch_eval.masks import HeadMask, MaskError, ModelShape
 from bosch_eval.random_model import FAMILIES, random_model
 from tests.helpers import left_padded_batch, reference_logits
@@ -206,7 +207,7 @@ def test_flash_backend_matches_dense_band_reference(family):
 def test_layer_split_runs_of_consecutive_groups():
     # Full groups 0 and 3–4, SWA groups 1–2 and 5; offsets count within each kind.
     mask = HeadMask.from_rows([[1, 0, 0, 1, 1, 0]], 12)
-    split = HybridAttention(mask, window=4, backend="sdpa").layer_split(0)
+    split = HybridSpec.build(mask, window=4, backend="sdpa").layer_split(0)
     assert split.full == (GroupRun(0, 1, 0), GroupRun(3, 5, 1))
     assert split.swa == (GroupRun(1, 3, 0), GroupRun(5, 6, 2))
     assert (split.full_groups, split.swa_groups, split.group_size) == ([0, 3, 4], [1, 2, 5], 2)
