@@ -25,7 +25,6 @@ Kernels come from the registry in :mod:`bosch_eval.swa_kernels` (``attn_backend=
 
 from __future__ import annotations
 
-import copy
 from typing import Any, NamedTuple
 
 import torch
@@ -37,6 +36,7 @@ from bosch_eval.hybrid_spec import GroupRun, HybridSpec, LayerSplit
 from bosch_eval.local_window import LocalWindow
 from bosch_eval.masks import HeadMask, MaskError, ModelShape
 from bosch_eval.model_check import ModelError
+from bosch_eval.restore_point import RestorePoint
 from bosch_eval.swa_kernels import Backend
 
 # The attention implementation registered with transformers, per mask format.
@@ -47,7 +47,6 @@ SDPA_IMPLEMENTATION, FLASH_IMPLEMENTATION = IMPLEMENTATIONS["sdpa"], IMPLEMENTAT
 HANDLE_ATTRIBUTE = "bosch_hybrid"
 # The config field save_pretrained writes the mask into (bosch_eval.checkpoint reads it).
 CONFIG_FIELD = "bosch_mask"
-_MISSING = object()
 
 
 class HybridStates(NamedTuple):
@@ -74,7 +73,7 @@ class HybridAttention:
     def __init__(self, model: Any, spec: HybridSpec, modules: dict[int, torch.nn.Module]) -> None:
         self.model = model
         self._modules = list(modules.values())
-        self._saved = _ModelState.take(model)
+        self._saved = RestorePoint.take(model, CONFIG_FIELD)
         self._spec: HybridSpec | None = None
         self.kernel_cache: Any = None
         self.restored = False
@@ -203,46 +202,6 @@ class HybridAttention:
 
     def _with_cache(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         return kwargs if self.kernel_cache is None else {**kwargs, "kernel_cache": self.kernel_cache}
-
-
-class _ModelState:
-    """What applying a spec changes on a model, recorded to put back: each config's
-    attention implementation and the ``bosch_mask`` field of the model's config."""
-
-    def __init__(self, model: Any, implementations: list[tuple[Any, Any]], saved_mask: Any) -> None:
-        self.model, self.implementations, self.saved_mask = model, implementations, saved_mask
-
-    @classmethod
-    def take(cls, model: Any) -> _ModelState:
-        implementations = [(config, config.__dict__.get("_attn_implementation_internal", _MISSING)) for config in _configs(model)]
-        saved = model.config.__dict__.get(CONFIG_FIELD, _MISSING)
-        return cls(model, implementations, saved if saved is _MISSING else copy.deepcopy(saved))
-
-    def put_back(self) -> None:
-        for config, implementation in self.implementations:
-            _put(config, "_attn_implementation_internal", implementation)
-        _put(self.model.config, CONFIG_FIELD, self.saved_mask)
-
-
-def _put(obj: Any, name: str, value: Any) -> None:
-    if value is _MISSING:
-        obj.__dict__.pop(name, None)
-    else:
-        setattr(obj, name, value)
-
-
-def _configs(model: Any) -> list[Any]:
-    """Every config ``set_attn_implementation`` may write: the model's and its sub-models',
-    and their sub-configs at any depth."""
-    found: dict[int, Any] = {}
-    pending = [model.config] + [getattr(module, "config", None) for module in model.modules()]
-    while pending:
-        config = pending.pop()
-        if config is None or id(config) in found or not hasattr(config, "sub_configs"):
-            continue
-        found[id(config)] = config
-        pending += [getattr(config, key, None) for key in config.sub_configs]
-    return list(found.values())
 
 
 def _set_implementation(model: Any, implementation: str) -> None:
