@@ -365,6 +365,7 @@ class BoschLM(HFLM):
             bosch_sinks=self.hybrid.sinks,
             bosch_method=mask.method,
             bosch_attn_backend=self.hybrid.backend,
+            bosch_attn_backend_reason=self.hybrid.spec.backend_reason,  # why auto chose it, or "asked for"
             bosch_kv_cache=self.kv_cache,
             bosch_kv_quant=self.kv_quant.to_json() if self.kv_quant is not None else None,
             bosch_mask=[list(row) for row in mask.bits],
