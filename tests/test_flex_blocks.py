@@ -137,6 +137,19 @@ def test_the_cache_keeps_a_bounded_number_of_shapes():
     assert cache.built == 4  # 10 was evicted by 30
 
 
+def test_the_masks_of_two_layer_kinds_in_one_forward_are_each_reused():
+    """Models with sliding and full layers hand two 4D masks per forward, layer after layer."""
+    cache = BlockMaskCache()
+    causal = torch.ones(1, 1, 8, 8, dtype=torch.bool).tril()
+    sliding = causal & ~torch.ones(1, 1, 8, 8, dtype=torch.bool).tril(-3)
+    for _ in range(3):
+        for mask in (causal, sliding):
+            cache.get(8, 8, LocalWindow(4), mask, None, torch.device("cpu"))
+    assert cache.built == 2
+    cache.get(8, 8, LocalWindow(4), causal.clone(), None, torch.device("cpu"))  # the next forward's
+    assert cache.built == 3
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sinks", [0, 3])
 def test_compiled_flex_in_a_hybrid_model_equals_the_dense_band_reference(sinks, monkeypatch):

@@ -145,26 +145,34 @@ def block_mask_for(
     )  # fmt: skip
 
 
+class _MaskEntries:
+    """The block masks built on one 4D mask, and that mask's tiles (computed once)."""
+
+    def __init__(self, mask: torch.Tensor) -> None:
+        self.mask, self.tiles = mask, mask_tiles(mask)
+        self.block_masks: dict[tuple[Any, ...], Any] = {}
+
+
 class BlockMaskCache:
     """The block masks of one hybrid model, built once and reused.
 
     Keyed by (query length, key length, window and sinks, per-head pattern, device): every
     layer with the same pattern of SWA groups shares one. Without a 4D mask (no padding)
     they are reused across calls, the ``max_shapes`` most recent kept. With one, they hold
-    that mask, which transformers builds once per forward and hands to every layer: they
-    are reused across the layers of that forward and dropped when another mask arrives.
+    that mask, which transformers builds once per forward and hands to every layer of a
+    kind: they are reused across the layers of that forward, for the ``max_masks`` most
+    recent masks (a model with sliding and full layers gets two per forward).
 
     Attributes:
         built: block masks built so far (tests read it).
     """
 
-    def __init__(self, max_shapes: int = 32) -> None:
-        self.max_shapes = max_shapes
+    def __init__(self, max_shapes: int = 32, max_masks: int = 2) -> None:
+        self.max_shapes, self.max_masks = max_shapes, max_masks
         self.built = 0
         self._shared: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
-        self._mask: torch.Tensor | None = None
-        self._per_mask: dict[tuple[Any, ...], Any] = {}
-        self._padding_tiles: Tiles | None = None
+        # By the mask's id; each entry holds its mask, so an id is not reused while kept.
+        self._by_mask: OrderedDict[int, _MaskEntries] = OrderedDict()
 
     def get(
         self,
@@ -179,22 +187,22 @@ class BlockMaskCache:
         if attention_mask is None:
             block_mask = self._shared.get(key)
             if block_mask is None:
-                block_mask = self._shared[key] = self._build(q_len, kv_len, local, None, swa_heads, device)
+                self.built += 1
+                block_mask = self._shared[key] = block_mask_for(q_len, kv_len, local, None, swa_heads, device)
                 while len(self._shared) > self.max_shapes:
                     self._shared.popitem(last=False)
             self._shared.move_to_end(key)
             return block_mask
-        if attention_mask is not self._mask:  # a new forward (its entries hold the mask anyway)
-            self._mask, self._per_mask, self._padding_tiles = attention_mask, {}, mask_tiles(attention_mask)
-        block_mask = self._per_mask.get(key)
+        entries = self._by_mask.get(id(attention_mask))
+        if entries is None:
+            entries = self._by_mask[id(attention_mask)] = _MaskEntries(attention_mask)
+            while len(self._by_mask) > self.max_masks:
+                self._by_mask.popitem(last=False)
+        self._by_mask.move_to_end(id(attention_mask))
+        block_mask = entries.block_masks.get(key)
         if block_mask is None:
-            block_mask = self._per_mask[key] = self._build(q_len, kv_len, local, attention_mask, swa_heads, device)
+            self.built += 1
+            block_mask = entries.block_masks[key] = block_mask_for(
+                q_len, kv_len, local, attention_mask, swa_heads, device, padding_tiles=entries.tiles
+            )
         return block_mask
-
-    def _build(self, *args: Any) -> Any:
-        self.built += 1
-        return block_mask_for(*args, padding_tiles=self._padding_tiles if args[3] is not None else None)
-
-    def clear(self) -> None:
-        self._shared.clear()
-        self._mask, self._per_mask, self._padding_tiles = None, {}, None
