@@ -95,8 +95,9 @@ def test_tiles_equal_create_block_mask(q_len, kv_len, window, sinks, pattern):
         assert torch.equal(got.mask_mod(zero, torch.tensor(h), q, kv), mask_mod(zero, torch.tensor(h), q, kv))
 
 
-def test_padding_tiles_are_full_only_where_every_entry_is_allowed_and_cover_every_allowed_entry():
-    q_len = kv_len = 520
+@pytest.mark.parametrize("length", [520, 512])  # tiles cut by the end, and none
+def test_padding_tiles_are_full_only_where_every_entry_is_allowed_and_cover_every_allowed_entry(length):
+    q_len = kv_len = length
     padding = torch.ones(2, kv_len, dtype=torch.bool)
     padding[1, :300] = False  # row 1 left-padded past two tiles
     mask4d = torch.ones(q_len, kv_len, dtype=torch.bool).tril()[None, None] & padding[:, None, None, :]

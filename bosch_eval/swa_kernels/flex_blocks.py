@@ -57,8 +57,10 @@ def mask_tiles(attention_mask: torch.Tensor, block: int = BLOCK) -> Tiles:
     """``[B, Qb, Kb]`` tiles of the model's boolean ``[B, 1, T, K]`` mask."""
     batch, _, q_len, kv_len = attention_mask.shape
     q_blocks, k_blocks = -(-q_len // block), -(-kv_len // block)
-    padded = torch.nn.functional.pad(attention_mask[:, 0], (0, k_blocks * block - kv_len, 0, q_blocks * block - q_len))
-    tiles = padded.view(batch, q_blocks, block, k_blocks, block)
+    padded = attention_mask[:, 0]
+    if q_len % block or kv_len % block:  # a copy only where a tile is cut
+        padded = torch.nn.functional.pad(padded, (0, k_blocks * block - kv_len, 0, q_blocks * block - q_len))
+    tiles = padded.reshape(batch, q_blocks, block, k_blocks, block)
     return tiles.any(dim=4).any(dim=2), tiles.all(dim=4).all(dim=2)
 
 
