@@ -25,6 +25,7 @@ Kernels come from the registry in :mod:`bosch_eval.swa_kernels` (``attn_backend=
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import torch
@@ -274,8 +275,21 @@ def _attend_cached_split(
         (swa_attention, split.swa, key.swa, value.swa, swa_mask),
     )
     for attend, runs, keys, values, mask in parts:
-        _attend_runs(attend, runs, split.group_size, module, query, keys, values, mask, out, kind_only=True, **kwargs)
+        if len(runs) == 1:
+            _attend_runs(attend, runs, split.group_size, module, query, keys, values, mask, out, kind_only=True, **kwargs)
+        else:
+            # The cache holds this kind's groups side by side: one call on the query heads
+            # gathered, not one per run (a decode step is launch-bound on a GPU).
+            heads = _head_index(runs, split.group_size, query.device)
+            out[:, :, heads] = attend(module, query[:, heads], keys, values, mask, **kwargs)
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _head_index(runs: tuple[GroupRun, ...], group_size: int, device: torch.device) -> torch.Tensor:
+    """The query heads of ``runs``, in order, as an index tensor on ``device`` (made once)."""
+    heads = [head for run in runs for head in range(run.start * group_size, run.stop * group_size)]
+    return torch.tensor(heads, device=device)
 
 
 def _kept_columns(attention_mask: torch.Tensor | None, kept: int, sinks: int) -> torch.Tensor | None:
