@@ -171,8 +171,8 @@ def export_transformers(model_path: str | Path, mask: HeadMask, out: str | Path,
         model.save_pretrained(staging)
         AutoTokenizer.from_pretrained(model_path).save_pretrained(staging)
         model.config = original_config
-        hybridize(model, mask, window, source=source)
-        hybrid = _last_logits(model, probe)
+        with hybridize(model, mask, window, source=source):  # the reference the export must match
+            hybrid = _last_logits(model, probe)
         del model
         exported = _last_logits(AutoModelForCausalLM.from_pretrained(staging, dtype="auto").eval().to(probe.device), probe)
         gap, effect = (exported - hybrid).abs().max().item(), (unmasked - hybrid).abs().max().item()

@@ -1,14 +1,18 @@
 """Hybrid full/SWA attention for any transformers decoder, via ``AttentionInterface``.
 
-Each attention module of a hybridized model carries a reference to one shared
-:class:`HybridAttention` state. The registered attention function reads the module's
-``layer_idx``, splits the KV groups (and their query heads) into a full-attention set and
-an SWA set, runs causal attention on the first and windowed causal attention on the
-second, and writes both back in the original head order — the same result as the
-paper's W_o permutation, without touching any weight.
+A :class:`~bosch_eval.hybrid_spec.HybridSpec` (mask, window and sinks, backend) is applied
+to a model by :func:`apply_spec` (or :func:`hybridize`, which builds the spec first). That
+returns a :class:`HybridAttention` handle, which every attention module of the model
+references. The registered attention function reads the module's ``layer_idx`` and the
+handle's current spec, splits the KV groups (and their query heads) into a full-attention
+set and an SWA set, runs causal attention on the first and windowed causal attention on the
+second, and writes both back in the original head order — the same result as the paper's
+W_o permutation, without touching any weight.
 
-Search mode (paper B.2): :meth:`HybridAttention.set_mask` swaps the mask in place; the
-per-layer head partitions are rebuilt lazily, no weight is copied or reloaded.
+The handle is a context manager: leaving it (or :meth:`HybridAttention.restore`) gives the
+model back exactly as it was — attention implementation, config and modules — like
+lm-eval's ``hf_steered``. Search mode (paper B.2) swaps the spec on the handle in place
+(:meth:`HybridAttention.set_mask`, :meth:`HybridAttention.swap`): no reload, no weight copy.
 
 Window semantics (everywhere): :class:`~bosch_eval.local_window.LocalWindow`, W keys up to
 and including the query plus S sink positions; with S = 0, identical to transformers'
@@ -21,7 +25,7 @@ Kernels come from the registry in :mod:`bosch_eval.swa_kernels` (``attn_backend=
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
 from typing import Any, NamedTuple
 
 import torch
@@ -29,28 +33,21 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask, sdpa_mask
 
 from bosch_eval.errors import SettingsError
-from bosch_eval.local_window import LocalWindow, LocalWindowError
-from bosch_eval.masks import HeadMask, MaskError, ModelShape, check_window
+from bosch_eval.hybrid_spec import GroupRun, HybridSpec, LayerSplit
+from bosch_eval.local_window import LocalWindow
+from bosch_eval.masks import HeadMask, MaskError, ModelShape
 from bosch_eval.model_check import ModelError
-from bosch_eval.swa_kernels import BACKENDS as KERNELS
+from bosch_eval.restore_point import RestorePoint
 from bosch_eval.swa_kernels import Backend
 
 # The attention implementation registered with transformers, per mask format.
 IMPLEMENTATIONS = {"sdpa": "bosch_sdpa", "flash": "bosch_flash_attention_2"}
 SDPA_IMPLEMENTATION, FLASH_IMPLEMENTATION = IMPLEMENTATIONS["sdpa"], IMPLEMENTATIONS["flash"]
 
-
-def backend_names() -> list[str]:
-    """``auto`` and every registered backend."""
-    return ["auto", *KERNELS]
-
-
-def local_window(window: int, sinks: int = 0, source: str = "window") -> LocalWindow:
-    """A :class:`LocalWindow`, with errors as :class:`MaskError` naming ``source``."""
-    try:
-        return LocalWindow(window, sinks)
-    except LocalWindowError as err:
-        raise MaskError(f"{source}: {err}") from None
+# The attribute by which the model and each of its attention modules reference the handle.
+HANDLE_ATTRIBUTE = "bosch_hybrid"
+# The config field save_pretrained writes the mask into (bosch_eval.checkpoint reads it).
+CONFIG_FIELD = "bosch_mask"
 
 
 class HybridStates(NamedTuple):
@@ -62,113 +59,127 @@ class HybridStates(NamedTuple):
     swa: torch.Tensor
 
 
-@dataclass(frozen=True)
-class GroupRun:
-    """Consecutive KV groups ``start … stop − 1`` of one kind (full or SWA); ``offset`` is
-    the first one's index among the layer's groups of that kind (a cache stores each kind
-    apart)."""
-
-    start: int
-    stop: int
-    offset: int
-
-
-@dataclass(frozen=True)
-class LayerSplit:
-    """One layer's KV groups as runs of consecutive full and SWA groups.
-
-    Attention runs once per run on slices of the query, key and value tensors, which are
-    views: no gather of the heads of one kind, and each output written once in place.
-    """
-
-    full: tuple[GroupRun, ...]
-    swa: tuple[GroupRun, ...]
-    group_size: int  # query heads per KV group
-
-    @property
-    def full_groups(self) -> list[int]:
-        return [g for run in self.full for g in range(run.start, run.stop)]
-
-    @property
-    def swa_groups(self) -> list[int]:
-        return [g for run in self.swa for g in range(run.start, run.stop)]
-
-
-def _runs(bits: tuple[int, ...], kind: int) -> tuple[GroupRun, ...]:
-    runs: list[GroupRun] = []
-    offset = 0
-    for group, bit in enumerate(bits):
-        if bit != kind:
-            continue
-        if runs and runs[-1].stop == group:
-            runs[-1] = GroupRun(runs[-1].start, group + 1, runs[-1].offset)
-        else:
-            runs.append(GroupRun(group, group + 1, offset))
-        offset += 1
-    return tuple(runs)
-
-
 class HybridAttention:
-    """The mutable mask state shared by a hybridized model and its attention modules.
+    """A model with a hybrid spec applied: the current spec, swapped in place, and the undo.
 
-    Args:
-        mask: the head mask (1 = full, 0 = SWA per KV group).
-        window: W, keys seen by an SWA query including itself.
-        backend: a registered backend (:mod:`bosch_eval.swa_kernels`): ``sdpa`` (exact
-            masked reference), ``blocked`` (O(T·W) SWA, any device), ``flex``
-            (FlexAttention), ``flash_attention_2`` (CUDA, flash-attn 2).
-        config: the model's config; the current mask is kept in it under
-            ``bosch_mask`` so that ``save_pretrained`` writes it into the checkpoint.
-        sinks: S, attention-sink positions every SWA query also sees.
+    Made by :func:`apply_spec` / :func:`hybridize`, never directly. Use it as a context
+    manager (or call :meth:`restore`) to give the model back as it was.
+
+    Attributes:
+        model: the model it is applied to.
+        spec: the current :class:`HybridSpec` (read-only; :meth:`swap` replaces it).
+        kernel_cache: the backend's per-model state (flex: its block masks), or None.
     """
 
-    def __init__(self, mask: HeadMask, window: int, backend: str, config: Any = None, sinks: int = 0) -> None:
-        if backend not in KERNELS:
-            raise SettingsError(f"attn_backend: expected one of {backend_names()}, got {backend!r}")
-        self.backend = backend
-        self.kernels: Backend = KERNELS[backend]
-        self.config = config
-        self._splits: dict[int, LayerSplit] = {}
-        self._apply(mask, local_window(check_window(window), sinks, "sink"))
+    def __init__(self, model: Any, spec: HybridSpec, modules: dict[int, torch.nn.Module]) -> None:
+        self.model = model
+        self._modules = list(modules.values())
+        self._saved = RestorePoint.take(model, CONFIG_FIELD)
+        self._spec: HybridSpec | None = None
+        self.kernel_cache: Any = None
+        self.restored = False
+        try:
+            self.swap(spec)
+        except Exception:
+            self._saved.put_back()  # a model that cannot take the spec is left as it was
+            raise
+        for module in self._modules:
+            setattr(module, HANDLE_ATTRIBUTE, self)
+        setattr(model, HANDLE_ATTRIBUTE, self)
 
+    # -- the spec -----------------------------------------------------------------------
     @property
-    def window(self) -> int:
-        return self.local.window
+    def spec(self) -> HybridSpec:
+        if self._spec is None:
+            raise RuntimeError("HybridAttention: no spec applied")
+        return self._spec
 
-    @property
-    def sinks(self) -> int:
-        return self.local.sinks
+    def swap(self, spec: HybridSpec) -> None:
+        """Run ``spec`` from the next forward on (search mode: no reload, no weight copy).
 
-    def _apply(self, mask: HeadMask, local: LocalWindow) -> None:
-        self.mask, self.local = mask, local
-        self._splits.clear()
-        if self.config is not None:
-            self.config.bosch_mask = mask.with_meta(window=local.window, sinks=local.sinks).to_json()
+        Raises:
+            RuntimeError: the handle was restored.
+            MaskError: the spec's mask was made for another model shape.
+            SettingsError: its backend cannot run on the model's device.
+        """
+        if self.restored:
+            raise RuntimeError("this hybrid model was restored to the original; apply a spec again (hybridize)")
+        if self._spec is not None:
+            spec.mask.check_fits(self._spec.mask.shape, source="set_mask", model=self._spec.mask.model)
+        if self._spec is None or spec.backend != self._spec.backend:
+            reason = spec.kernels.unavailable(self.model.device)
+            if reason is not None:
+                raise SettingsError(f"attn_backend: {spec.backend!r} {reason}")
+            self.kernel_cache = spec.kernels.cache() if spec.kernels.cache is not None else None
+        implementation = IMPLEMENTATIONS[spec.kernels.mask_format]
+        if self.model.config._attn_implementation != implementation:  # new, or switched away since
+            _set_implementation(self.model, implementation)
+        self._spec = spec
+        setattr(self.model.config, CONFIG_FIELD, spec.saved_mask())
 
     def set_mask(self, mask: HeadMask, window: int | None = None, sinks: int | None = None) -> None:
         """Swap the mask in place (search mode): no reload, no weight copy.
 
         The window and sinks stay unless given.
         """
-        mask.check_fits(self.mask.shape, source="set_mask", model=self.mask.model)
-        window = self.window if window is None else check_window(window)
-        self._apply(mask, local_window(window, self.sinks if sinks is None else sinks, "sink"))
+        self.swap(self.spec.with_mask(mask, window, sinks))
+
+    @property
+    def mask(self) -> HeadMask:
+        return self.spec.mask
+
+    @property
+    def local(self) -> LocalWindow:
+        return self.spec.local
+
+    @property
+    def window(self) -> int:
+        return self.spec.local.window
+
+    @property
+    def sinks(self) -> int:
+        return self.spec.local.sinks
+
+    @property
+    def backend(self) -> str:
+        return self.spec.backend
+
+    @property
+    def kernels(self) -> Backend:
+        return self.spec.kernels
 
     def layer_split(self, layer: int) -> LayerSplit:
-        """The head partition of ``layer``, built once per mask."""
-        if layer not in self._splits:
-            bits = self.mask.bits[layer]
-            self._splits[layer] = LayerSplit(full=_runs(bits, 1), swa=_runs(bits, 0), group_size=self.mask.shape.group_size)
-        return self._splits[layer]
+        """The head partition of ``layer`` under the current spec."""
+        return self.spec.layer_split(layer)
+
+    # -- the undo ---------------------------------------------------------------------------
+    def restore(self) -> None:
+        """Give the model back as it was before the spec was applied: its attention
+        implementation (config and sub-configs), its ``bosch_mask`` config field (removed,
+        or the value it had), and no attribute of ours on any module. Idempotent."""
+        if self.restored:
+            return
+        for module in (*self._modules, self.model):
+            if getattr(module, HANDLE_ATTRIBUTE, None) is self:
+                delattr(module, HANDLE_ATTRIBUTE)
+        self._saved.put_back()
+        self.kernel_cache = None
+        self.restored = True
+
+    def __enter__(self) -> HybridAttention:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
 
     # -- kernels ------------------------------------------------------------------------
     def full_attention(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
         """The base implementation's attention (causal, plus the model's own mask)."""
-        return self.kernels.full(module, *args, **kwargs)
+        return self.spec.kernels.full(module, *args, **kwargs)
 
     def layer_local(self, kwargs: dict[str, Any]) -> LocalWindow:
         """The window of this call: the model's own sliding window, if any, still applies."""
-        return self.local.narrowed(kwargs.get("sliding_window"))
+        return self.spec.local.narrowed(kwargs.get("sliding_window"))
 
     def swa_attention(
         self,
@@ -180,7 +191,30 @@ class HybridAttention:
         **kwargs: Any,
     ) -> torch.Tensor:
         """Windowed causal attention (window and sinks) by the backend's kernel."""
-        return self.kernels.swa(module, query, key, value, attention_mask, self.layer_local(kwargs), **kwargs)
+        return self.spec.kernels.swa(module, query, key, value, attention_mask, self.layer_local(kwargs), **self._with_cache(kwargs))
+
+    def mixed_layer(
+        self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Any
+    ) -> torch.Tensor:
+        """A layer of full and SWA groups in one call of the backend's whole-layer kernel."""
+        swa_groups = [not bit for bit in self.spec.mask.bits[module.layer_idx]]
+        layer = self.spec.kernels.layer
+        return layer(module, query, key, value, attention_mask, self.layer_local(kwargs), swa_groups=swa_groups, **self._with_cache(kwargs))
+
+    def _with_cache(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return kwargs if self.kernel_cache is None else {**kwargs, "kernel_cache": self.kernel_cache}
+
+
+def _set_implementation(model: Any, implementation: str) -> None:
+    register()
+    # transformers only logs a warning when a model cannot switch implementation; running
+    # the unpatched attention under a mask would silently measure the wrong model.
+    model.set_attn_implementation(implementation)
+    if model.config._attn_implementation != implementation:
+        raise ModelError(
+            f"{type(model).__name__} does not dispatch attention through transformers' AttentionInterface; "
+            "it cannot run a hybrid mask"
+        )
 
 
 def hybrid_attention_forward(
@@ -193,32 +227,30 @@ def hybrid_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """The registered attention function. query ``[B, H, T, D]``, key/value ``[B, G, S, D]``;
     returns ``[B, T, H, D]``."""
-    state: HybridAttention | None = getattr(module, "bosch_hybrid", None)
-    if state is None:
+    handle: HybridAttention | None = getattr(module, HANDLE_ATTRIBUTE, None)
+    if handle is None:
         raise RuntimeError(
             f"{type(module).__name__} runs the bosch attention implementation but carries no mask; "
             "use bosch_eval.hybrid_attention.hybridize(model, mask)"
         )
-    split = state.layer_split(module.layer_idx)
+    split = handle.layer_split(module.layer_idx)
     if isinstance(key, HybridStates):
-        return _attend_cached_split(state, split, module, query, key, value, attention_mask, **kwargs), None
+        return _attend_cached_split(handle, split, module, query, key, value, attention_mask, **kwargs), None
     if not split.swa:
         # Bit-identical to the unpatched model: the very same kernel on the very same tensors.
-        return state.full_attention(module, query, key, value, attention_mask, **kwargs), None
+        return handle.full_attention(module, query, key, value, attention_mask, **kwargs), None
     if not split.full:
-        return state.swa_attention(module, query, key, value, attention_mask, **kwargs), None
-    if state.kernels.layer is not None:  # the backend runs a mixed layer in one call
-        swa_groups = [not bit for bit in state.mask.bits[module.layer_idx]]
-        out = state.kernels.layer(module, query, key, value, attention_mask, state.layer_local(kwargs), swa_groups=swa_groups, **kwargs)
-        return out, None
+        return handle.swa_attention(module, query, key, value, attention_mask, **kwargs), None
+    if handle.kernels.layer is not None:  # the backend runs a mixed layer in one call
+        return handle.mixed_layer(module, query, key, value, attention_mask, **kwargs), None
     out = query.new_empty(query.shape[0], query.shape[2], query.shape[1], value.shape[-1])
-    for attend, runs in ((state.full_attention, split.full), (state.swa_attention, split.swa)):
+    for attend, runs in ((handle.full_attention, split.full), (handle.swa_attention, split.swa)):
         _attend_runs(attend, runs, split.group_size, module, query, key, value, attention_mask, out, kind_only=False, **kwargs)
     return out, None
 
 
 def _attend_cached_split(
-    state: HybridAttention,
+    handle: HybridAttention,
     split: LayerSplit,
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -227,31 +259,43 @@ def _attend_cached_split(
     attention_mask: torch.Tensor | None,
     **kwargs: Any,
 ) -> torch.Tensor:
-    """Attention over a hybrid cache layer, whose full and SWA groups hold different spans."""
-    full_groups, swa_groups = len(split.full_groups), len(split.swa_groups)
-    if key.full.shape[1] != full_groups or key.swa.shape[1] != swa_groups:
-        raise RuntimeError(
-            f"layer {module.layer_idx}: the KV cache was built for another mask "
-            f"({key.full.shape[1]} full / {key.swa.shape[1]} SWA groups, mask has {full_groups} / "
-            f"{swa_groups}); build a new cache after set_mask"
-        )
-    swa_mask = _kept_columns(attention_mask, key.swa.shape[2], state.sinks)
+    """Attention over a hybrid cache layer, whose full and SWA groups hold different spans
+    (the cache checks that it was built for the current spec)."""
+    swa_mask = _kept_columns(attention_mask, key.swa.shape[2], handle.sinks)
+    # One query (a decode step): the SWA part holds exactly the positions it sees (the
+    # sinks and the last W, hybrid_cache keeps no more), so its attention is plain
+    # attention over the part, by the backend's full kernel — no band mask, nothing of
+    # length T, no new shape to compile per step.
+    swa_attention = handle.full_attention if query.shape[2] == 1 else handle.swa_attention
     if not split.full:
-        return state.swa_attention(module, query, key.swa, value.swa, swa_mask, **kwargs)
+        return swa_attention(module, query, key.swa, value.swa, swa_mask, **kwargs)
     out = query.new_empty(query.shape[0], query.shape[2], query.shape[1], value.full.shape[-1])
     parts = (
-        (state.full_attention, split.full, key.full, value.full, attention_mask),
-        (state.swa_attention, split.swa, key.swa, value.swa, swa_mask),
+        (handle.full_attention, split.full, key.full, value.full, attention_mask),
+        (swa_attention, split.swa, key.swa, value.swa, swa_mask),
     )
     for attend, runs, keys, values, mask in parts:
-        _attend_runs(attend, runs, split.group_size, module, query, keys, values, mask, out, kind_only=True, **kwargs)
+        if len(runs) == 1:
+            _attend_runs(attend, runs, split.group_size, module, query, keys, values, mask, out, kind_only=True, **kwargs)
+        else:
+            # The cache holds this kind's groups side by side: one call on the query heads
+            # gathered, not one per run (a decode step is launch-bound on a GPU).
+            heads = _head_index(runs, split.group_size, query.device)
+            out[:, :, heads] = attend(module, query[:, heads], keys, values, mask, **kwargs)
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _head_index(runs: tuple[GroupRun, ...], group_size: int, device: torch.device) -> torch.Tensor:
+    """The query heads of ``runs``, in order, as an index tensor on ``device`` (made once)."""
+    heads = [head for run in runs for head in range(run.start * group_size, run.stop * group_size)]
+    return torch.tensor(heads, device=device)
 
 
 def _kept_columns(attention_mask: torch.Tensor | None, kept: int, sinks: int) -> torch.Tensor | None:
     """The mask columns of the positions an SWA cache part holds: every position until it
     drops some, then the first ``sinks`` and the last ``kept − sinks``
-    (:meth:`LocalWindow.retained`)."""
+    (:meth:`LocalWindow.retained`). O(kept), whatever the mask's length."""
     if attention_mask is None or attention_mask.shape[-1] == kept:
         return attention_mask
     if not sinks:
@@ -288,30 +332,14 @@ def register() -> None:
     """Register the hybrid attention under one name per mask format, with that format's mask.
 
     A custom attention name needs an entry in ``AttentionMaskInterface`` too, or
-    transformers builds no mask for it (padding would be ignored).
+    transformers builds no mask for it (padding would be ignored). The registry is
+    transformers' and global; the names stay registered after a model is restored (no
+    model runs them unless it is hybridized).
     """
     masks = {"sdpa": sdpa_mask, "flash": flash_attention_mask}
     for mask_format, name in IMPLEMENTATIONS.items():
         AttentionInterface.register(name, hybrid_attention_forward)
         AttentionMaskInterface.register(name, masks[mask_format])
-
-
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """Turn ``auto`` into a concrete backend for ``device``; check the others can run there.
-
-    ``auto``: flash-attn on CUDA when installed, else masked SDPA on CUDA; the O(T·W)
-    blocked kernel on CPU.
-    """
-    if backend == "auto":
-        if device.type == "cuda":
-            return "flash_attention_2" if KERNELS["flash_attention_2"].unavailable(device) is None else "sdpa"
-        return "blocked"
-    if backend not in KERNELS:
-        raise SettingsError(f"attn_backend: expected one of {backend_names()}, got {backend!r}")
-    reason = KERNELS[backend].unavailable(device)
-    if reason is not None:
-        raise SettingsError(f"attn_backend: {backend!r} {reason}")
-    return backend
 
 
 def attention_modules(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
@@ -331,31 +359,28 @@ def attention_modules(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
     }
 
 
-def hybridize(
-    model: Any, mask: HeadMask, window: int | None = None, backend: str = "auto", source: str = "mask", sinks: int | None = None
-) -> HybridAttention:
-    """Apply ``mask`` to ``model`` in place and return the state that swaps it later.
+def _model_name(model: Any) -> str:
+    return getattr(model.config, "_name_or_path", None) or type(model).__name__
 
-    Args:
-        model: a transformers ``PreTrainedModel`` (decoder) whose attention dispatches
-            through ``ALL_ATTENTION_FUNCTIONS``.
-        mask: the head mask; must match the model's L, H and G.
-        window: W; defaults to the mask's own ``window``.
-        backend: ``auto`` or a registered backend (:func:`backend_names`).
-        source: how to name the mask in error messages (e.g. its file).
-        sinks: S; defaults to the mask's own ``sinks``.
+
+def apply_spec(model: Any, spec: HybridSpec, source: str = "mask") -> HybridAttention:
+    """Apply ``spec`` to ``model`` and return its handle (a context manager that undoes it).
+
+    A model that already carries a handle gets the spec swapped on it (never a second,
+    stacked patch), and that handle is returned.
 
     Raises:
-        MaskError: the mask does not fit the model, or no window is known.
-        SettingsError: the backend cannot run on the model's device.
+        MaskError: the spec's mask does not fit the model, or the model has no attention
+            module per layer.
+        SettingsError: the spec's backend cannot run on the model's device.
         ModelError: the model does not dispatch attention through transformers.
     """
     shape = ModelShape.from_config(model.config)
-    model_name = getattr(model.config, "_name_or_path", None) or type(model).__name__
-    mask.check_fits(shape, source=source, model=model_name)
-    window = window if window is not None else mask.window
-    if window is None:
-        raise MaskError(f"{source}: field 'window' is missing; pass window= explicitly")
+    spec.mask.check_fits(shape, source=source, model=_model_name(model))
+    existing: HybridAttention | None = getattr(model, HANDLE_ATTRIBUTE, None)
+    if existing is not None:
+        existing.swap(spec)
+        return existing
     modules = attention_modules(model)
     if sorted(modules) != list(range(shape.num_layers)):
         raise MaskError(
@@ -363,33 +388,42 @@ def hybridize(
             f"0..{shape.num_layers - 1} and num_key_value_groups or is_causal (transformers' attention modules "
             f"do), found layer indices {sorted(modules)}; this model's attention cannot take a head mask"
         )
-    backend = resolve_backend(backend, model.device)
-    register()
-    sinks = sinks if sinks is not None else mask.sinks
-    implementation = IMPLEMENTATIONS[KERNELS[backend].mask_format]
-    # transformers only logs a warning when a model cannot switch implementation; running
-    # the unpatched attention under a mask would silently measure the wrong model.
-    model.set_attn_implementation(implementation)
-    if model.config._attn_implementation != implementation:
-        raise ModelError(
-            f"{type(model).__name__} does not dispatch attention through transformers' AttentionInterface; "
-            "it cannot run a hybrid mask"
-        )
-    existing: HybridAttention | None = getattr(model, "bosch_hybrid", None)
-    if existing is not None and existing.backend == backend:
-        existing.set_mask(mask, window, sinks)  # re-applying swaps in place, never stacks states
-        return existing
-    state = HybridAttention(mask, window, backend, model.config, sinks)
-    for module in modules.values():
-        module.bosch_hybrid = state
-    model.bosch_hybrid = state
-    return state
+    return HybridAttention(model, spec, modules)
+
+
+def hybridize(
+    model: Any, mask: HeadMask, window: int | None = None, backend: str = "auto", source: str = "mask", sinks: int | None = None
+) -> HybridAttention:
+    """Build a :class:`HybridSpec` for ``model`` and apply it (:func:`apply_spec`).
+
+    Args:
+        model: a transformers ``PreTrainedModel`` (decoder) whose attention dispatches
+            through ``ALL_ATTENTION_FUNCTIONS``.
+        mask: the head mask; must match the model's L, H and G.
+        window: W; defaults to the mask's own ``window``.
+        backend: ``auto`` (chosen for the model's device and dtype) or a registered backend
+            (:func:`~bosch_eval.hybrid_spec.backend_names`).
+        source: how to name the mask in error messages (e.g. its file).
+        sinks: S; defaults to the mask's own ``sinks``.
+
+    Returns:
+        The handle: swap masks on it (search mode), or leave it (``with``) to restore the model.
+
+    Raises:
+        MaskError: the mask does not fit the model, or no window is known.
+        SettingsError: the backend cannot run on the model's device.
+        ModelError: the model does not dispatch attention through transformers.
+    """
+    spec = HybridSpec.build(
+        mask, window, sinks, backend, device=model.device, dtype=model.dtype,
+        shape=ModelShape.from_config(model.config), model_name=_model_name(model), source=source,
+    )  # fmt: skip
+    return apply_spec(model, spec, source)
 
 
 def hybrid_state(model: Any) -> HybridAttention:
-    """The state of a hybridized model (raises if the model was never hybridized)."""
-    state = getattr(model, "bosch_hybrid", None)
-    if state is None:
+    """The handle of a hybridized model (raises if the model is not hybridized)."""
+    handle = getattr(model, HANDLE_ATTRIBUTE, None)
+    if handle is None:
         raise RuntimeError(f"{type(model).__name__} is not hybridized; call hybridize(model, mask) first")
-    return state
-
+    return handle

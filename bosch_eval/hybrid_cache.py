@@ -32,7 +32,8 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
-from bosch_eval.hybrid_attention import GroupRun, HybridStates, LayerSplit, hybrid_state
+from bosch_eval.hybrid_attention import HybridAttention, HybridStates, hybrid_state
+from bosch_eval.hybrid_spec import GroupRun, HybridSpec, LayerSplit
 from bosch_eval.kv_quant.config import KVQuantConfig
 from bosch_eval.kv_quant.layer import QuantizedFullLayer
 from bosch_eval.kv_quant.selection import Selector
@@ -132,30 +133,61 @@ class HybridHeadLayer(DynamicLayer):
 
 
 class HybridCache(DynamicCache):
-    """A ``DynamicCache`` whose layers follow a hybrid model's head mask."""
+    """A ``DynamicCache`` whose layers follow one hybrid spec.
 
-    def __init__(self, layers: list[DynamicLayer]) -> None:
+    It refuses to run under another spec: swapping the model's mask (or window, or sinks)
+    changes what each layer must hold, so a cache built before the swap raises at its next
+    update instead of handing the kernels the wrong positions.
+
+    Attributes:
+        spec: the spec the layers were built for.
+    """
+
+    def __init__(self, layers: list[DynamicLayer], spec: HybridSpec | None = None, handle: HybridAttention | None = None) -> None:
         Cache.__init__(self, layers=layers)  # DynamicCache.__init__ would build its own layers
+        self.spec, self._handle = spec, handle
 
     @classmethod
     def for_model(cls, model: Any, kv_quant: KVQuantConfig | None = None) -> HybridCache:
-        """The cache of a hybridized ``model``; its mask is read once (deploy mode keeps it fixed).
+        """The cache of a hybridized ``model`` for its current spec (deploy mode keeps it fixed).
 
         Args:
             kv_quant: quantize the full-attention groups (LogQuant or KiVi); ``None``: keep
                 them at full precision.
         """
-        state = hybrid_state(model)
+        handle = hybrid_state(model)
+        spec = handle.spec
         selector = Selector(kv_quant.method, kv_quant.window) if kv_quant is not None else None
         layers: list[DynamicLayer] = []
-        for layer, bits in enumerate(state.mask.bits):
+        for layer, bits in enumerate(spec.mask.bits):
             if not all(bits):
-                layers.append(HybridHeadLayer(state.layer_split(layer), state.local, kv_quant, selector))
+                layers.append(HybridHeadLayer(spec.layer_split(layer), spec.local, kv_quant, selector))
             elif kv_quant is not None:
                 layers.append(QuantizedFullLayer(kv_quant, selector))
             else:
                 layers.append(DynamicLayer())
-        return cls(layers)
+        return cls(layers, spec, handle)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        """Transformers' update, once the model is checked to run this cache's spec."""
+        if self._handle is not None and (self._handle.restored or self._handle.spec is not self.spec):
+            self._check_spec(self._handle)
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    def _check_spec(self, handle: HybridAttention) -> None:
+        current = handle.spec if not handle.restored else None
+        if current is None or not current.same_layout(self.spec):
+            raise RuntimeError(
+                "the KV cache was built for another mask, window or sink count than the model runs now "
+                f"({_describe(self.spec)}; the model: {_describe(current)}); build a new cache "
+                "(HybridCache.for_model) after set_mask"
+            )
+
+
+def _describe(spec: HybridSpec | None) -> str:
+    if spec is None:
+        return "restored to the original, no spec"
+    return f"{spec.mask.num_swa_groups} SWA groups, window {spec.local.window}, {spec.local.sinks} sinks"
 
 
 def _select(states: torch.Tensor, runs: tuple[GroupRun, ...]) -> torch.Tensor:

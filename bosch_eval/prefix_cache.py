@@ -5,8 +5,8 @@ BOSCH's sub-problems fix every layer outside their variables; Stage 1 goes top l
 first, so for most of its sub-problems the layers below the varied one are all full
 attention and identical for every candidate. The search tells the adapter the lowest varied
 layer (:meth:`PrefixActivations.vary_from`); the cache keys the stored hidden states by
-the layer they enter, the mask rows (and window) of the layers below it, and the input
-token ids, so an entry is used only where it is exactly what the layers below would compute.
+the layer they enter, what the hybrid spec runs in the layers below it (their mask rows, the
+window and sinks, the backend) and the input token ids, so an entry is used only where it is exactly what the layers below would compute.
 
 Skipping is done on the model as it is: the decoder layers below ℓ0 are given a
 pass-through ``forward`` for the call (the model's loop still indexes them, so per-layer
@@ -32,8 +32,7 @@ from typing import Any
 
 import torch
 
-from bosch_eval.local_window import LocalWindow
-from bosch_eval.masks import HeadMask
+from bosch_eval.hybrid_spec import HybridSpec
 
 log = logging.getLogger("bosch_eval.prefix_cache")
 
@@ -68,8 +67,8 @@ class PrefixActivations:
     """Hidden states entering decoder layers, per input and per mask rows below the layer.
 
     An entry for layer ``b`` holds the states entering ``b`` for one input under one set of
-    mask rows (and window) for layers ``0 … b−1``: it stays right for every later mask with
-    those rows, in this sub-problem or a later one. A forward told that layers below ℓ0 are
+    mask rows (and window, sinks and backend) for layers ``0 … b−1``: it stays right for
+    every later spec with those, in this sub-problem or a later one. A forward told that layers below ℓ0 are
     fixed starts from the highest stored boundary ``b <= ℓ0`` and stores the boundaries
     ``b+1 … ℓ0`` it passes (Stage 1's next, lower layer then starts from one of them).
 
@@ -115,8 +114,9 @@ class PrefixActivations:
             self._warned = False
         self.first_layer = layer
 
-    def run(self, forward: Forward, input_ids: torch.Tensor, mask: HeadMask, window: LocalWindow | int) -> torch.Tensor:
-        """``forward(input_ids)``, starting at the highest stored boundary at or below ℓ0."""
+    def run(self, forward: Forward, input_ids: torch.Tensor, spec: HybridSpec) -> torch.Tensor:
+        """``forward(input_ids)`` under ``spec`` (the model's current one), starting at the
+        highest stored boundary at or below ℓ0."""
         total, rows, top = len(self.layers), input_ids.shape[0], self.first_layer
         if self.declined is not None:
             return forward(input_ids)
@@ -125,11 +125,12 @@ class PrefixActivations:
             return forward(input_ids)
         item = (tuple(input_ids.shape), input_ids.detach().cpu().numpy().tobytes())
 
-        # The whole local window (W and sinks) is in the key: both change what SWA layers compute.
-        local = window if isinstance(window, LocalWindow) else LocalWindow(window, mask.sinks)
+        # The whole local window (W and sinks) is in the key: both change what SWA layers
+        # compute; so is the backend, whose kernels round differently.
+        bits, local, backend = spec.mask.bits, spec.local, spec.backend
 
         def key(boundary: int) -> tuple[Any, ...]:
-            return (boundary, mask.bits[:boundary], local, item)
+            return (boundary, bits[:boundary], local, backend, item)
 
         start = next((b for b in range(top, 0, -1) if key(b) in self._store), 0)
         wanted = [b for b in range(start + 1, top + 1) if key(b) not in self._store]

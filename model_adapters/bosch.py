@@ -198,7 +198,7 @@ class BoschLM(HFLM):
         if self.compressed is not None:
             self.scorer = ContinuationScorer(self.compressed)
         elif self.prefix_cache is not None:
-            self.scorer = ContinuationScorer(PrefixCachedLogits(self.model, self.prefix_cache, lambda: (self.hybrid.mask, self.hybrid.local)))
+            self.scorer = ContinuationScorer(PrefixCachedLogits(self.model, self.prefix_cache, lambda: self.hybrid.spec))
         else:
             self.scorer = ContinuationScorer(ForwardLogits(self.model))
 
@@ -282,6 +282,7 @@ class BoschLM(HFLM):
             bosch_sinks=self.hybrid.sinks,
             bosch_method=mask.method,
             bosch_attn_backend=self.hybrid.backend,
+            bosch_attn_backend_reason=self.hybrid.spec.backend_reason,  # why auto chose it, or "asked for"
             bosch_kv_cache=self.kv_cache,
             bosch_kv_quant=self.kv_quant.to_json() if self.kv_quant is not None else None,
             bosch_mask=[list(row) for row in mask.bits],

@@ -23,8 +23,7 @@ from lm_eval.models.utils import Collator
 from lm_eval.models.utils_hf import pad_and_concat
 from tqdm import tqdm
 
-from bosch_eval.local_window import LocalWindow
-from bosch_eval.masks import HeadMask
+from bosch_eval.hybrid_spec import HybridSpec
 from bosch_eval.model_adapters.continuation_logits import logits_at, scored_positions
 from bosch_eval.prefix_cache import PrefixActivations
 
@@ -59,16 +58,15 @@ class ForwardLogits:
 @dataclass(frozen=True)
 class PrefixCachedLogits:
     """:class:`ForwardLogits` through the prefix-activation cache (the search's, keyed by the
-    mask applied at call time: ``applied_mask``)."""
+    hybrid spec applied at call time: ``applied_spec``)."""
 
     model: torch.nn.Module
     cache: PrefixActivations
-    applied_mask: Callable[[], tuple[HeadMask, LocalWindow]]
+    applied_spec: Callable[[], HybridSpec]
 
     def __call__(self, inputs: list[list[int]], continuation_lengths: list[int], device: torch.device) -> torch.Tensor:
         positions = scored_positions([len(row) for row in inputs], continuation_lengths, device)  # [B, k_max]
-        mask, local = self.applied_mask()
-        return self.cache.run(lambda ids: logits_at(self.model, ids, positions), _padded_ids(inputs, device), mask, local)
+        return self.cache.run(lambda ids: logits_at(self.model, ids, positions), _padded_ids(inputs, device), self.applied_spec())
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 # -- batches and lm-eval requests ----------------------------------------------------------------------
 
 
-def left_padded_batch(vocab: int, lengths: list[int], seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """Input ids and attention mask of rows with different lengths, left-padded."""
+def left_padded_batch(vocab: int, lengths: list[int], seed: int = 1, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Input ids and attention mask of rows with different lengths, left-padded, on ``device``
+    (drawn on the CPU: the same batch on every device)."""
     generator = torch.Generator().manual_seed(seed)
     total = max(lengths)
     ids = torch.randint(3, vocab, (len(lengths), total), generator=generator)
@@ -37,7 +38,7 @@ def left_padded_batch(vocab: int, lengths: list[int], seed: int = 1) -> tuple[to
     for row, length in enumerate(lengths):
         attention[row, total - length :] = 1
         ids[row, : total - length] = 0
-    return ids, attention
+    return ids.to(device), attention.to(device)
 
 
 def requests() -> list[Instance]:
@@ -68,18 +69,20 @@ REFERENCE = "bosch_test_dense_band_reference"
 
 def dense_band_reference(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
     """Eager attention over every head with an explicit [T, K] band for the SWA heads:
-    key j is seen iff j ≤ t and (j < sinks or t − j < W), written out here, not imported."""
+    key j is seen iff j ≤ t and (j < sinks or t − j < W), written out here, not imported.
+    Runs on the inputs' device."""
     mask: HeadMask = module.reference_mask
     heads_per_group = getattr(module, "num_key_value_groups", 1)  # GPT-2 (MHA) has none
     key = key.repeat_interleave(heads_per_group, dim=1)
     value = value.repeat_interleave(heads_per_group, dim=1)
-    q_len, kv_len = query.shape[2], key.shape[2]
-    query_pos = torch.arange(q_len, device=query.device)[:, None] + kv_len - q_len
-    lag = query_pos - torch.arange(kv_len, device=query.device)[None, :]
+    q_len, kv_len, device = query.shape[2], key.shape[2], query.device
+    query_pos = torch.arange(q_len, device=device)[:, None] + kv_len - q_len
+    key_pos = torch.arange(kv_len, device=device)[None, :]
+    lag = query_pos - key_pos
     allowed = attention_mask.expand(query.shape[0], query.shape[1], q_len, kv_len).clone()
     for head, bit in enumerate(mask.query_head_bits()[module.layer_idx]):
         if not bit:
-            allowed[:, head] &= (lag >= 0) & ((lag < mask.window) | (torch.arange(kv_len, device=query.device)[None, :] < mask.sinks))
+            allowed[:, head] &= (lag >= 0) & ((lag < mask.window) | (key_pos < mask.sinks))
     # float64 inside, so the oracle's own rounding stays far below the tolerance.
     scores = (query.double() @ key.double().transpose(2, 3)) * scaling
     # Padding queries see no key at all; zero them so their NaNs cannot leak via value rows.
@@ -88,6 +91,8 @@ def dense_band_reference(module, query, key, value, attention_mask, scaling, dro
 
 
 def reference_logits(model, mask: HeadMask, ids, attention, grad: bool = False) -> torch.Tensor:
+    """The model's logits with :func:`dense_band_reference` as its attention, on the model's
+    device (``ids``/``attention`` there too, e.g. from ``left_padded_batch(device=...)``)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 

@@ -94,6 +94,7 @@ def test_preloaded_model_and_model_info(tiny_model_dir):
     assert lm.model is model and lm.hybrid.window == 8
     info = lm.get_model_info()
     assert info["bosch_swa_ratio"] == 0.0 and info["bosch_window"] == 8
+    assert info["bosch_attn_backend"] == "blocked" and info["bosch_attn_backend_reason"].startswith("auto on CPU")
 
 
 def test_generation_on_the_hybrid_cache_equals_the_dynamic_cache(tiny_model_dir, lms):

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from bosch_eval.errors import SettingsError
-from bosch_eval.hybrid_attention import GroupRun, HybridAttention, hybrid_state, hybridize
+from bosch_eval.hybrid_attention import hybrid_state, hybridize
+from bosch_eval.hybrid_spec import GroupRun, HybridSpec
 from bosch_eval.masks import HeadMask, MaskError, ModelShape
 from bosch_eval.random_model import FAMILIES, random_model
 from tests.helpers import left_padded_batch, reference_logits
@@ -203,10 +204,32 @@ def test_flash_backend_matches_dense_band_reference(family):
     torch.testing.assert_close(logits(model, ids[:1], attention[:1]).float(), expected, atol=5e-2, rtol=5e-2)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", ["sdpa", "blocked", "flex", "flash_attention_2"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_cuda_backends_match_dense_band_reference_in_bf16(family, backend, monkeypatch):
+    """Every backend on CUDA (flex compiled, as ``auto`` runs it) against the float32 dense
+    band reference, at bf16 resolution, with and without sinks."""
+    if backend == "flash_attention_2":
+        pytest.importorskip("flash_attn", reason="needs flash-attn (pip install 'bosch-eval[flash]')")
+    monkeypatch.setattr("bosch_eval.swa_kernels.flex.compile_policy", None)
+    model = random_model(family, seed=3).to("cuda")
+    ids, attention = left_padded_batch(model.config.vocab_size, [40, 26, 9], seed=4, device="cuda")
+    for sinks in (0, 3):
+        rows = slice(0, 1) if backend == "flash_attention_2" and sinks else slice(None)  # flash + sinks: no left padding
+        mask = random_mask(model, sinks, sinks)
+        expected = reference_logits(model.float(), mask, ids[rows], attention[rows])
+        with hybridize(model.to(torch.bfloat16), mask, backend=backend):
+            got = logits(model, ids[rows], attention[rows]).float()
+        real = attention[rows].bool()
+        torch.testing.assert_close(got[real], expected[real], atol=5e-2, rtol=5e-2)
+
+
 def test_layer_split_runs_of_consecutive_groups():
     # Full groups 0 and 3–4, SWA groups 1–2 and 5; offsets count within each kind.
     mask = HeadMask.from_rows([[1, 0, 0, 1, 1, 0]], 12)
-    split = HybridAttention(mask, window=4, backend="sdpa").layer_split(0)
+    split = HybridSpec.build(mask, window=4, backend="sdpa").layer_split(0)
     assert split.full == (GroupRun(0, 1, 0), GroupRun(3, 5, 1))
     assert split.swa == (GroupRun(1, 3, 0), GroupRun(5, 6, 2))
     assert (split.full_groups, split.swa_groups, split.group_size) == ([0, 3, 4], [1, 2, 5], 2)

@@ -112,3 +112,37 @@ def test_cache_from_another_mask_is_an_error():
     model.bosch_hybrid.set_mask(HeadMask.uniform(ModelShape(4, 8, 4), full=False, window=WINDOW))
     with pytest.raises(RuntimeError, match="the KV cache was built for another mask"), torch.no_grad():
         model(input_ids=ids, past_key_values=cache, use_cache=True)
+
+
+def test_decode_steps_read_only_the_window_in_swa_groups(monkeypatch):
+    """At one query per step the SWA part holds exactly what the query sees: it runs the
+    backend's plain (full) kernel over at most S + W keys and mask columns, never the
+    windowed kernel, and nothing in it grows with the sequence."""
+    from bosch_eval.swa_kernels import BACKENDS, Backend
+    from bosch_eval.swa_kernels.blocked import blocked_swa_attention
+    from bosch_eval.swa_kernels.reference import sdpa_full_attention
+
+    calls = []
+
+    def swa(module, query, key, value, attention_mask, local, **kwargs):
+        calls.append(("windowed", query.shape[2], key.shape[2]))
+        return blocked_swa_attention(module, query, key, value, attention_mask, local, **kwargs)
+
+    def full(module, query, key, value, attention_mask, **kwargs):
+        columns = None if attention_mask is None else attention_mask.shape[-1]
+        calls.append(("plain", query.shape[2], key.shape[2], columns))
+        return sdpa_full_attention(module, query, key, value, attention_mask, **kwargs)
+
+    monkeypatch.setitem(BACKENDS, "recording", Backend(swa=swa, full=full))
+    sinks, new_tokens = 2, 30
+    model = hybrid_model(MASKS["all_swa"], "recording", sinks=sinks)
+    ids, attention = left_padded_batch(model.config.vocab_size, [13, 6], seed=6)
+    generated = model.generate(
+        input_ids=ids, attention_mask=attention, past_key_values=HybridCache.for_model(model), max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+    )  # fmt: skip
+    steps = [call for call in calls if call[1] == 1]
+    assert len(steps) == (new_tokens - 1) * 4  # every decode step, every layer
+    assert {call[0] for call in steps} == {"plain"}
+    assert max(call[2] for call in steps) == max(call[3] for call in steps) == sinks + WINDOW
+    assert torch.equal(generated, greedy_by_recomputation(model, ids, attention, new_tokens))

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from bosch_eval.hybrid_spec import HybridSpec
+from bosch_eval.local_window import LocalWindow
 from bosch_eval.masks import HeadMask
 from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.prefix_cache import PrefixActivations
@@ -43,7 +45,7 @@ class TestGPT2:
 
         def logits(mask: HeadMask) -> torch.Tensor:
             lm.set_mask(mask)
-            return cache.run(lambda ids: lm.model(ids).logits, input_ids, lm.hybrid.mask, lm.hybrid.window)
+            return cache.run(lambda ids: lm.model(ids).logits, input_ids, lm.hybrid.spec)
 
         masks = top_layer_masks(lm)
         plain = [logits(mask) for mask in masks]  # no promise yet: every layer runs
@@ -93,14 +95,14 @@ class _Wrapper(torch.nn.Module):
 
 
 class TestDeclined:
-    MASK = HeadMask(((1, 1), (1, 1), (1, 0)), 2)
+    SPEC = HybridSpec(HeadMask(((1, 1), (1, 1), (1, 0)), 2), LocalWindow(2), "sdpa")
 
     def test_a_model_without_a_layer_list_runs_every_layer_and_says_so_once(self, caplog) -> None:
         model = _Wrapper(torch.nn.Linear(4, 4))
         with caplog.at_level(logging.WARNING, logger="bosch_eval.prefix_cache"):
             cache = PrefixActivations(model, 1 << 20)
             cache.vary_from(2)
-            outputs = [cache.run(lambda ids: ids * 2, torch.ones(1, 3), self.MASK, 2) for _ in range(3)]
+            outputs = [cache.run(lambda ids: ids * 2, torch.ones(1, 3), self.SPEC) for _ in range(3)]
         assert cache.declined is not None and "no decoder layer list" in cache.declined
         assert all(torch.equal(out, torch.full((1, 3), 2.0)) for out in outputs)
         assert caplog.text.count("prefix cache off") == 1 and "_Wrapper" in caplog.text
@@ -114,7 +116,7 @@ class TestDeclined:
         assert cache.declined is None  # the layer list is found; the outputs tell the rest
         cache.vary_from(2)
         with caplog.at_level(logging.WARNING, logger="bosch_eval.prefix_cache"):
-            outputs = [cache.run(model, input_ids, self.MASK, 2) for _ in range(3)]
+            outputs = [cache.run(model, input_ids, self.SPEC) for _ in range(3)]
         assert all(torch.equal(out, expected) for out in outputs)
         assert cache.declined is not None and "tuple" in cache.declined and cache.layers_skipped == 0
         assert caplog.text.count("prefix cache off") == 1

@@ -8,8 +8,9 @@ window and sinks, one band predicate) for all the query heads it is handed::
 
 ``kwargs`` are transformers' (``scaling``, ``dropout``, ...). Queries are the last T of the
 K keys. A :class:`Backend` pairs it with the full-attention kernel of the same family, the
-mask format transformers must build for it, and optionally a whole-layer kernel that runs a
-mixed layer (full and SWA groups) in one call.
+mask format transformers must build for it, optionally a whole-layer kernel that runs a
+mixed layer (full and SWA groups) in one call, and optionally a per-model cache that the
+hybrid model owns and hands its kernels as ``kernel_cache=`` (flex: its block masks).
 
 Adding a backend is one kernel function and one line::
 
@@ -18,25 +19,19 @@ Adding a backend is one kernel function and one line::
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from bosch_eval.swa_kernels.blocked import blocked_swa_attention
-from bosch_eval.swa_kernels.flash import flash_full_attention, flash_swa_attention
-from bosch_eval.swa_kernels.flex import flex_hybrid_layer, flex_swa_attention
+from bosch_eval.swa_kernels.flash import flash_full_attention, flash_swa_attention, flash_unavailable
+from bosch_eval.swa_kernels.flex import flex_hybrid_layer, flex_swa_attention, flex_unavailable
+from bosch_eval.swa_kernels.flex_blocks import BlockMaskCache
 from bosch_eval.swa_kernels.reference import masked_swa_attention, sdpa_full_attention
 
 SwaKernel = Callable[..., torch.Tensor]
-
-
-def _needs_flash(device: torch.device) -> str | None:
-    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
-        return None
-    installed = "installed" if importlib.util.find_spec("flash_attn") is not None else "not installed"
-    return f"needs a CUDA model and the flash-attn package (pip install 'bosch-eval[flash]'); model is on {device}, flash-attn {installed}"
 
 
 @dataclass(frozen=True)
@@ -49,6 +44,8 @@ class Backend:
         mask_format: ``"sdpa"`` (a 4D mask or None) or ``"flash"`` (``[B, K]`` padding or None).
         layer: a mixed layer in one call, ``layer(..., local, swa_groups=[bool per group])``.
         unavailable: why it cannot run on a device (None: it can).
+        cache: makes the per-model state its ``swa``/``layer`` kernels take as
+            ``kernel_cache=`` (None: they take none).
     """
 
     swa: SwaKernel
@@ -56,6 +53,7 @@ class Backend:
     mask_format: str = "sdpa"
     layer: SwaKernel | None = None
     unavailable: Callable[[torch.device], str | None] = lambda device: None
+    cache: Callable[[], Any] | None = None
 
 
 BACKENDS: dict[str, Backend] = {}
@@ -68,5 +66,5 @@ def register_backend(name: str, backend: Backend) -> None:
 
 register_backend("sdpa", Backend(swa=masked_swa_attention))
 register_backend("blocked", Backend(swa=blocked_swa_attention))
-register_backend("flex", Backend(swa=flex_swa_attention, layer=flex_hybrid_layer))
-register_backend("flash_attention_2", Backend(swa=flash_swa_attention, full=flash_full_attention, mask_format="flash", unavailable=_needs_flash))
+register_backend("flex", Backend(swa=flex_swa_attention, layer=flex_hybrid_layer, unavailable=flex_unavailable, cache=BlockMaskCache))
+register_backend("flash_attention_2", Backend(swa=flash_swa_attention, full=flash_full_attention, mask_format="flash", unavailable=flash_unavailable))

@@ -9,6 +9,7 @@ log-sum-exp, and the sinks outside the window are merged in exactly
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import torch
@@ -16,6 +17,17 @@ import torch
 from bosch_eval.local_window import LocalWindow
 from bosch_eval.errors import SettingsError
 from bosch_eval.swa_kernels.lse_merge import sink_merged_attention
+
+
+def flash_unavailable(device: torch.device) -> str | None:
+    """Why flash-attn cannot run on ``device`` (None: it can)."""
+    installed = importlib.util.find_spec("flash_attn") is not None
+    if device.type == "cuda" and installed:
+        return None
+    return (
+        "needs a CUDA model and the flash-attn package (pip install 'bosch-eval[flash]'); "
+        f"model is on {device}, flash-attn {'installed' if installed else 'not installed'}"
+    )
 
 
 def flash_full_attention(module: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
