@@ -114,3 +114,40 @@ class TestPackageDiscovery:
 
         with pytest.raises(ImportError, match="needs a package that is not installed"):
             PARTS.names()
+
+
+class TestCommandLineStaysCheap:
+    """Listing a package family imports its members (torch, transformers): argument parsing and
+    ``--help`` must not, so the rank command takes any name and checks it when it runs."""
+
+    def test_rank_help_and_parsing_list_no_ranker(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import argparse
+
+        from bosch_eval.search.rank_cli import add_rank_parser
+
+        def refuse(self: Registry) -> None:
+            raise AssertionError(f"{self.family}: members listed while parsing arguments")
+
+        monkeypatch.setattr(Registry, "_discover", refuse)
+        parser = argparse.ArgumentParser(prog="bosch-eval")
+        rank = add_rank_parser(parser.add_subparsers(dest="command"))
+        assert "--method NAME" in rank.format_help()
+        args = parser.parse_args(["rank", "--method", "not-yet-known", "--model", "m", "--out", "o"])
+        assert args.method == "not-yet-known"
+
+    @pytest.mark.slow
+    def test_the_registries_import_no_heavy_package(self) -> None:
+        import subprocess
+
+        code = textwrap.dedent("""
+            import argparse, contextlib, io, sys
+            from bosch_eval.search.rank_cli import add_rank_parser
+            from bosch_eval.search.rankers import RANKERS
+            parser = argparse.ArgumentParser(prog="bosch-eval")
+            add_rank_parser(parser.add_subparsers(dest="command"))
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+                parser.parse_args(["rank", "--help"])
+            print(sorted(name for name in ("torch", "transformers", "lm_eval", "accelerate") if name in sys.modules))
+        """)
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+        assert result.stdout.strip() == "[]", result.stdout + result.stderr
