@@ -143,6 +143,8 @@ class TestCommandLineStaysCheap:
             import argparse, contextlib, io, sys
             from bosch_eval.search.rank_cli import add_rank_parser
             from bosch_eval.search.rankers import RANKERS
+            from bosch_eval.layer_heuristics import LAYER_HEURISTICS
+            assert LAYER_HEURISTICS.names() == ("intr", "bme", "rand")
             parser = argparse.ArgumentParser(prog="bosch-eval")
             add_rank_parser(parser.add_subparsers(dest="command"))
             with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
