@@ -22,7 +22,7 @@ from typing import Any
 
 from bosch_eval.masks import HeadMask, ModelShape, ceil_count, check_ratio
 from bosch_eval.search.journal import Journal
-from bosch_eval.search.optimizers import METHODS, NOMAD_MAX_VARIABLES
+from bosch_eval.search.optimizers import NOMAD_MAX_VARIABLES, optimizer_methods
 from bosch_eval.search.saturation import stage1_saturation
 from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, SearchError
 from bosch_eval.search.stage2 import Stage2Result, assign_layer_ratios, default_buckets
@@ -70,8 +70,8 @@ class SearchSettings:
         check_ratio(self.ratio, "ratio")
         if self.variant not in VARIANTS:
             raise SearchError(f"variant: expected one of {list(VARIANTS)}, got {self.variant!r}")
-        if self.optimizer not in METHODS:
-            raise SearchError(f"optimizer: expected one of {list(METHODS)}, got {self.optimizer!r}")
+        if self.optimizer not in optimizer_methods():
+            raise SearchError(f"optimizer: expected one of {list(optimizer_methods())}, got {self.optimizer!r}")
         if self.budget_per_layer < 1:
             raise SearchError(f"budget_per_layer: expected an integer >= 1, got {self.budget_per_layer}")
         if self.alpha <= 0:
