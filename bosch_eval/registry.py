@@ -93,6 +93,8 @@ class Registry(Generic[T]):
         return [(name, self.members[name]) for name in self.names()]
 
     def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
         if name not in self.members:
             self._discover()
         return name in self.members
