@@ -11,9 +11,12 @@ K keys. A :class:`Backend` pairs it with the full-attention kernel of the same f
 mask format transformers must build for it, and optionally a whole-layer kernel that runs a
 mixed layer (full and SWA groups) in one call.
 
-Adding a backend is one kernel function and one line::
+Adding a backend is one new module in this package, holding its kernel and one line::
 
-    register_backend("mine", Backend(swa=my_swa_kernel))
+    BACKENDS.register("mine", Backend(swa=my_swa_kernel))
+
+``attn_backend=mine`` then finds it: a name the registry does not know yet imports the
+package's modules first.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bosch_eval.registry import Registry
 from bosch_eval.swa_kernels.blocked import blocked_swa_attention
 from bosch_eval.swa_kernels.flash import flash_full_attention, flash_swa_attention
 from bosch_eval.swa_kernels.flex import flex_hybrid_layer, flex_swa_attention
@@ -58,15 +62,10 @@ class Backend:
     unavailable: Callable[[torch.device], str | None] = lambda device: None
 
 
-BACKENDS: dict[str, Backend] = {}
+# ``attn_backend=name`` runs ``BACKENDS[name]``.
+BACKENDS: Registry[Backend] = Registry("attention backend", package=__name__, field="attn_backend")
 
-
-def register_backend(name: str, backend: Backend) -> None:
-    """Make ``attn_backend=name`` run ``backend``."""
-    BACKENDS[name] = backend
-
-
-register_backend("sdpa", Backend(swa=masked_swa_attention))
-register_backend("blocked", Backend(swa=blocked_swa_attention))
-register_backend("flex", Backend(swa=flex_swa_attention, layer=flex_hybrid_layer))
-register_backend("flash_attention_2", Backend(swa=flash_swa_attention, full=flash_full_attention, mask_format="flash", unavailable=_needs_flash))
+BACKENDS.register("sdpa", Backend(swa=masked_swa_attention))
+BACKENDS.register("blocked", Backend(swa=blocked_swa_attention))
+BACKENDS.register("flex", Backend(swa=flex_swa_attention, layer=flex_hybrid_layer))
+BACKENDS.register("flash_attention_2", Backend(swa=flash_swa_attention, full=flash_full_attention, mask_format="flash", unavailable=_needs_flash))
