@@ -1,16 +1,10 @@
 """One registry helper for every family of interchangeable parts (rankers, layer heuristics,
 SWA kernels, optimizers, KV-quantization methods, search variants).
 
-Each member declares its own name once, where it is defined::
-
-    RANKERS: Registry[type[Ranker]] = Registry("ranker", package=__name__, field="method")
-
-    @RANKERS.register("mine")          # in a new file search/rankers/mine.py
-    class Mine(Ranker): ...
-
-A registry with a ``package`` imports every module of that package the first time a name
-is missing or the names are listed, so a new file in the package is all a new member
-takes: no list to edit. Lookups of registered names import nothing.
+Each member declares its own name once, where it is defined (``@RANKERS.register("mine")``
+on a class in a new file ``search/rankers/mine.py``). A registry with a ``package`` imports
+every module of that package the first time a name is missing or the names are listed, so
+a new file in the package is all a new member takes. Known names import nothing.
 """
 
 from __future__ import annotations
@@ -39,8 +33,8 @@ class Registry(Generic[T]):
         error: what an unknown name raises (a ``BoschError`` subclass, so commands print it).
 
     Attributes:
-        members: ``{name: member}`` as registered so far (tests patch it with
-            ``monkeypatch.setitem``); use :meth:`names` / lookups to see every member.
+        members: ``{name: member}`` registered so far (tests patch it with ``monkeypatch``);
+            :meth:`names` and lookups see every member.
     """
 
     def __init__(
@@ -69,11 +63,8 @@ class Registry(Generic[T]):
         return member
 
     def lookup(self, name: str, field: str | None = None) -> T:
-        """The member called ``name``.
-
-        Raises:
-            ``error``: naming ``field``, the unknown name, the valid names and the closest one.
-        """
+        """The member called ``name``; else ``error`` naming ``field``, the name, the valid names
+        and the closest one."""
         if name not in self:
             valid = sorted(self.names())
             close = difflib.get_close_matches(str(name), valid, n=1)
@@ -89,24 +80,16 @@ class Registry(Generic[T]):
         return tuple(self.members)
 
     def items(self) -> list[tuple[str, T]]:
-        """``(name, member)`` pairs of every member, in registration order."""
+        """``(name, member)`` of every member, in registration order."""
         return [(name, self.members[name]) for name in self.names()]
 
     def __contains__(self, name: object) -> bool:
-        if not isinstance(name, str):
-            return False
-        if name not in self.members:
+        if isinstance(name, str) and name not in self.members:
             self._discover()
-        return name in self.members
+        return isinstance(name, str) and name in self.members
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
-
-    def __len__(self) -> int:
-        return len(self.names())
-
-    def __repr__(self) -> str:
-        return f"Registry({self.family!r}, {list(self.members)})"
 
     def _discover(self) -> None:
         """Import every module of ``package``: each registers its members as it is imported."""
