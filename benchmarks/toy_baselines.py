@@ -39,7 +39,7 @@ from bosch_eval.masks import HeadMask, HeadRanking, ModelShape, ceil_count
 from bosch_eval.model_defaults import model_defaults
 from bosch_eval.search.importers import import_duo
 from bosch_eval.search.objective_loading import build_objective
-from bosch_eval.search.rankers import METHOD_NAMES
+from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.rankers.driver import compute_ranking
 from bosch_eval.model_check import model_path
 from bosch_eval.versions import versions
@@ -53,7 +53,7 @@ def time_rankings(path: str, window: int, calib_len: int) -> tuple[dict[str, Hea
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
     tokenizer = AutoTokenizer.from_pretrained(path)
     rankings, report = {}, {}
-    for method in METHOD_NAMES:
+    for method in RANKERS.names():
         runs, seconds = [], []
         for _ in range(2):
             start = time.perf_counter()

@@ -160,7 +160,7 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     bench.add_argument("--chunk", type=int, help="prefill in chunks of C tokens (default: one pass)")
     bench.add_argument("--repeats", type=_at_least(1), default=3, help="timed, interleaved repeats per configuration; medians are reported (default 3)")
     bench.add_argument("--warmup", type=_at_least(0), default=1, help="untimed runs of every configuration before the timed ones (default 1)")
-    bench.add_argument("--backend", default="auto", help="attention backend of the hybrids: auto, sdpa, blocked, flex, flash_attention_2 (default auto)")
+    bench.add_argument("--backend", default="auto", help="attention backend of the hybrids: auto (default) or one registered in bosch_eval.swa_kernels (a wrong name lists them)")
     bench.add_argument(
         "--no-profile", dest="profile", action="store_false",
         help="skip the attention-share and decode-peak runs (two more runs per configuration; their columns read -)",

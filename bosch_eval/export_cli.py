@@ -8,6 +8,7 @@ from typing import Any
 
 from bosch_eval.checkpoint import CONFIG_FIELD, saved_mask
 from bosch_eval.export import CONVENTIONS, ExportError, export_transformers, write_serving
+from bosch_eval.layer_heuristics import LAYER_HEURISTICS
 from bosch_eval.mask_sources import resolve_mask
 from bosch_eval.masks import HeadMask, MaskError, ModelShape, check_window
 from bosch_eval.model_check import model_config, resolve_model
@@ -78,7 +79,7 @@ def add_export_parser(subparsers: Any) -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--mask", help="a bosch-mask/1 file")
     source.add_argument("--ranking", help="a bosch-ranking/1 file (with --ratio)")
-    source.add_argument("--layers", help="a layer heuristic: intr, bme or rand (with --ratio)")
+    source.add_argument("--layers", help=f"a layer heuristic: {', '.join(LAYER_HEURISTICS.names())} (with --ratio)")
     parser.add_argument("--ratio", type=float, help="SWA ratio for --ranking or --layers")
     parser.add_argument("--seed", type=int, help="seed for --layers rand")
     parser.add_argument("--window", type=int, help="SWA window W (default: the mask's, or the model's bosch_defaults.json)")

@@ -21,8 +21,11 @@ import random
 from collections.abc import Callable
 
 from bosch_eval.masks import HeadMask, MaskError, ModelShape, ceil_count, check_ratio
+from bosch_eval.registry import Registry
 
 LayerHeuristic = Callable[[ModelShape, float, int], HeadMask]
+# In registration order, the order the calibration check's panel shows them.
+LAYER_HEURISTICS: Registry[LayerHeuristic] = Registry("layer heuristic", field="layers", error=MaskError)
 
 
 def _mask_with_full_layers(shape: ModelShape, full_layers: set[int], method: str, ratio: float, seed: int | None) -> HeadMask:
@@ -37,13 +40,16 @@ def _num_full_layers(shape: ModelShape, ratio: float) -> int:
     return shape.num_layers - ceil_count(check_ratio(ratio), shape.num_layers)
 
 
-def rand_layers(shape: ModelShape, ratio: float, seed: int = 0) -> HeadMask:
-    """RAND: keep ``L − ⌈ρL⌉`` randomly drawn layers at full attention."""
-    n_full = _num_full_layers(shape, ratio)
-    full = set(random.Random(seed).sample(range(shape.num_layers), n_full))
-    return _mask_with_full_layers(shape, full, "rand", ratio, seed)
+@LAYER_HEURISTICS.register("intr")
+def intr_layers(shape: ModelShape, ratio: float, seed: int = 0) -> HeadMask:
+    """INTR: full-attention layers evenly interleaved among SWA layers."""
+    del seed  # deterministic
+    n_layers, n_full = shape.num_layers, _num_full_layers(shape, ratio)
+    full = {(i + 1) * n_layers // n_full - 1 for i in range(n_full)}
+    return _mask_with_full_layers(shape, full, "intr", ratio, None)
 
 
+@LAYER_HEURISTICS.register("bme")
 def bme_layers(shape: ModelShape, ratio: float, seed: int = 0) -> HeadMask:
     """BME: keep full attention at the beginning, middle and end of the stack."""
     del seed  # deterministic
@@ -57,22 +63,17 @@ def bme_layers(shape: ModelShape, ratio: float, seed: int = 0) -> HeadMask:
     return _mask_with_full_layers(shape, full, "bme", ratio, None)
 
 
-def intr_layers(shape: ModelShape, ratio: float, seed: int = 0) -> HeadMask:
-    """INTR: full-attention layers evenly interleaved among SWA layers."""
-    del seed  # deterministic
-    n_layers, n_full = shape.num_layers, _num_full_layers(shape, ratio)
-    full = {(i + 1) * n_layers // n_full - 1 for i in range(n_full)}
-    return _mask_with_full_layers(shape, full, "intr", ratio, None)
-
-
-LAYER_HEURISTICS: dict[str, LayerHeuristic] = {"rand": rand_layers, "bme": bme_layers, "intr": intr_layers}
+@LAYER_HEURISTICS.register("rand")
+def rand_layers(shape: ModelShape, ratio: float, seed: int = 0) -> HeadMask:
+    """RAND: keep ``L − ⌈ρL⌉`` randomly drawn layers at full attention."""
+    n_full = _num_full_layers(shape, ratio)
+    full = set(random.Random(seed).sample(range(shape.num_layers), n_full))
+    return _mask_with_full_layers(shape, full, "rand", ratio, seed)
 
 
 def layer_heuristic_mask(name: str, shape: ModelShape, ratio: float, seed: int = 0) -> HeadMask:
-    """Build the mask of the layer heuristic ``name`` (``rand``, ``bme`` or ``intr``)."""
-    if name not in LAYER_HEURISTICS:
-        raise MaskError(f"layers: unknown layer heuristic {name!r}, expected one of {sorted(LAYER_HEURISTICS)}")
-    return LAYER_HEURISTICS[name](shape, ratio, seed)
+    """Build the mask of the layer heuristic ``name`` (a name in :data:`LAYER_HEURISTICS`)."""
+    return LAYER_HEURISTICS.lookup(name)(shape, ratio, seed)
 
 
 def random_masks(shape: ModelShape, ratio: float, seeds: range, window: int) -> list[HeadMask]:

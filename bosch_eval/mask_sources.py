@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.layer_heuristics import layer_heuristic_mask
+from bosch_eval.layer_heuristics import LAYER_HEURISTICS, layer_heuristic_mask
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape, check_ratio, check_sinks
 from bosch_eval.model_defaults import resolve_window
 
@@ -43,7 +43,7 @@ def resolve_mask(
     if len(given) != 1:
         raise MaskError(
             "bosch: expected exactly one mask source — mask=FILE, ranking=FILE with ratio=R, or "
-            f"layers=intr|bme|rand with ratio=R — got {sorted(given) or 'none'}"
+            f"layers={'|'.join(LAYER_HEURISTICS.names())} with ratio=R — got {sorted(given) or 'none'}"
         )
     if mask is not None and ratio is not None:
         raise MaskError("ratio: a mask file fixes its own SWA ratio; ratio= goes with ranking= or layers=")

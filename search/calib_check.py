@@ -39,10 +39,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bosch_eval.layer_heuristics import layer_heuristic_mask
+from bosch_eval.layer_heuristics import LAYER_HEURISTICS, layer_heuristic_mask
 from bosch_eval.masks import HeadMask, HeadRanking, ModelShape, ceil_count
 
-LAYER_HEURISTICS = ("intr", "bme", "rand")
 SOLVABLE = 0.8
 SATURATED_SHARE = 0.25
 PREDICTIVE = 0.8
@@ -82,7 +81,7 @@ def build_panel(
     for ratio in ratios:
         for name, ranking in rankings.items():
             panel.append(PanelMask(f"{name}-r{ratio}", "ranking", ratio, ranking.to_mask(ratio, window=window)))
-        for name in LAYER_HEURISTICS:
+        for name in LAYER_HEURISTICS.names():
             mask = layer_heuristic_mask(name, shape, ratio, seed=0).with_meta(window=window)
             panel.append(PanelMask(f"{name}-r{ratio}", "layers", ratio, mask))
         count = ceil_count(ratio, len(cells))

@@ -4,8 +4,8 @@ A sub-problem has ``n`` binary variables (``1`` = convert that variable to SWA) 
 for the point with exactly ``k`` ones that minimizes an expensive loss (one LLM
 evaluation per point). The variables may be split into consecutive *blocks* with a quota
 each (one block per layer: Algorithm 3 converts ⌈r_ℓ·G⌉ groups *in each layer*); the
-point must then have exactly its quota of ones in every block. Three optimizers, chosen
-as in Appendix B.2:
+point must then have exactly its quota of ones in every block. Three optimizers, each
+registered in :data:`OPTIMIZERS` under its name, chosen by ``auto`` as in Appendix B.2:
 
 - ``exhaustive``: every feasible point (the product of the blocks' combinations), when
   there are at most ``budget``.
@@ -47,6 +47,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from bosch_eval.registry import Registry
 from bosch_eval.search.nomad_process import run_nomad_isolated
 
 Point = tuple[int, ...]
@@ -78,7 +79,7 @@ RacingLoss = Callable[[Point, Cutoff], "float | Bound"]
 # a Bound only for points that provably are not it.
 RacingLosses = Callable[[list[Point]], "list[float | Bound]"]
 
-METHODS = ("auto", "exhaustive", "nomad", "oneplusone")
+AUTO = "auto"  # not an optimizer: picks one per sub-problem (choose_method)
 NOMAD_MAX_VARIABLES = 50  # beyond this, MADS needs too many evaluations per improvement (§2.2, B.2)
 
 # PyNomad parameters besides X0, bounds, MAX_BB_EVAL and SEED. NOMAD's defaults otherwise
@@ -195,43 +196,51 @@ class OptimizerResult:
     pruned: int = 0  # of the evaluations, those stopped early by racing (a bound, no value)
 
 
-def choose_method(problem: SubProblem, method: str = "auto") -> str:
+@dataclass(frozen=True)
+class Optimizer:
+    """One black-box optimizer of sub-problems.
+
+    Attributes:
+        run: evaluates points through the memo (which keeps the budget and the racing
+            losses) until it is done; returns why it ended before its budget (a crash) or "".
+        unfit: why it cannot take a problem, or None when it can.
+    """
+
+    run: Callable[[Memo, SubProblem], str]
+    unfit: Callable[[SubProblem], str | None] = lambda problem: None
+
+
+# Registration order is B.2's preference: ``auto`` takes the first optimizer fit for a problem.
+OPTIMIZERS: Registry[Optimizer] = Registry("optimizer", field="optimizer method", error=ValueError)
+
+
+def optimizer_methods() -> tuple[str, ...]:
+    """What ``method`` may be: ``auto`` or a registered optimizer's name."""
+    return (AUTO, *OPTIMIZERS.names())
+
+
+def choose_method(problem: SubProblem, method: str = AUTO) -> str:
     """Resolve ``method`` for ``problem`` as in Appendix B.2, or say why it cannot run.
 
-    ``auto`` is ``exhaustive`` when the feasible points fit the budget, else ``nomad``
-    up to ``NOMAD_MAX_VARIABLES`` variables in one block, else ``oneplusone``. A problem with a single
-    candidate (``k`` is 0 or ``n``) is ``exhaustive`` whatever was asked: there is nothing
-    to search.
+    ``auto`` is the first registered optimizer fit for the problem: ``exhaustive`` when the
+    feasible points fit the budget, else ``nomad`` up to ``NOMAD_MAX_VARIABLES`` variables
+    in one block, else ``oneplusone``. A problem with a single candidate (``k`` is 0 or
+    ``n``) is ``exhaustive`` whatever was asked: there is nothing to search.
 
     Raises:
-        ValueError: for an unknown method, ``exhaustive`` when the feasible points exceed
-            the budget, or ``nomad`` on more than ``NOMAD_MAX_VARIABLES`` variables or on
-            several blocks.
+        ValueError: for an unknown method, or one that cannot take ``problem`` (``exhaustive``
+            when the feasible points exceed the budget, ``nomad`` on more than
+            ``NOMAD_MAX_VARIABLES`` variables or on several blocks).
     """
-    if method not in METHODS:
-        raise ValueError(f"optimizer method: expected one of {list(METHODS)}, got {method!r}")
+    if method not in optimizer_methods():
+        raise ValueError(f"optimizer method: expected one of {list(optimizer_methods())}, got {method!r}")
     if problem.size == 1:
         return "exhaustive"
-    if method == "auto":
-        if problem.size <= problem.budget:
-            return "exhaustive"
-        return "nomad" if problem.n <= NOMAD_MAX_VARIABLES and len(problem.parts) == 1 else "oneplusone"
-    if method == "exhaustive" and problem.size > problem.budget:
-        raise ValueError(
-            f"exhaustive search needs C({problem.n}, {problem.k}) = {problem.size} evaluations, "
-            f"more than the budget of {problem.budget}: raise the budget or use 'nomad'/'oneplusone'"
-        )
-    if method == "nomad" and len(problem.parts) > 1:
-        raise ValueError(
-            f"nomad cannot keep a quota in each of {len(problem.parts)} blocks (layers) of one sub-problem: binary MADS "
-            "almost never proposes a point that meets them all, and PyNomad's integer variables crash; search one layer "
-            "per sub-problem (--chunk-layers 1), use --quota chunk, or 'oneplusone'/'auto'"
-        )
-    if method == "nomad" and problem.n > NOMAD_MAX_VARIABLES:
-        raise ValueError(
-            f"nomad handles at most {NOMAD_MAX_VARIABLES} variables (B.2), this sub-problem has "
-            f"{problem.n}: use 'oneplusone' or split the sub-problem"
-        )
+    if method == AUTO:
+        return next(name for name, optimizer in OPTIMIZERS.items() if optimizer.unfit(problem) is None)
+    reason = OPTIMIZERS[method].unfit(problem)
+    if reason is not None:
+        raise ValueError(reason)
     return method
 
 
@@ -248,7 +257,7 @@ def minimize(
         loss: maps any 0/1 tuple of length ``n`` to a finite float; expensive, so it (or
             ``race``) is called at most once per distinct point and at most ``budget`` times.
         problem: the sub-problem.
-        method: one of ``METHODS`` (see :func:`choose_method`).
+        method: ``auto`` or a name in :data:`OPTIMIZERS` (see :func:`choose_method`).
         race: the same loss, told a :class:`Cutoff`: it may stop early and return a
             :class:`Bound` when the point provably cannot reach the cutoff (``oneplusone``).
         race_all: the same loss of a list of points, raced together (``exhaustive``).
@@ -263,23 +272,8 @@ def minimize(
             something other than a finite number.
     """
     method = choose_method(problem, method)
-    memo = _Memo(loss, problem.budget, race)
-    crash = ""
-    if method == "exhaustive" and race_all is not None:
-        points = list(_feasible_points(problem))
-        for point, value in zip(points, race_all(points), strict=True):
-            memo.record(point, value)
-    elif method == "exhaustive":
-        for point in _feasible_points(problem):
-            memo(point)
-    else:
-        rng = random.Random(problem.seed)
-        x0 = problem.x0 if problem.x0 is not None else _random_point(problem, rng)
-        memo(x0)  # the start point is always evaluated: a point with k ones exists
-        if method == "nomad":
-            crash = _run_nomad(memo, problem, x0)
-        else:
-            _run_oneplusone(memo, problem, x0, rng)
+    memo = Memo(loss, problem.budget, race, race_all)
+    crash = OPTIMIZERS[method].run(memo, problem)
     # min() keeps the first of equal losses, and memo.values is in evaluation order.
     best, best_loss = min(
         ((point, value) for point, value in memo.values.items() if problem.feasible(point)), key=lambda item: item[1]
@@ -289,16 +283,20 @@ def minimize(
     )
 
 
-class _Memo:
-    """The loss behind a cache: each distinct point costs one call, up to the budget.
+class Memo:
+    """The loss behind a cache, as an optimizer's ``run`` sees it: each distinct point costs
+    one call, up to the budget (``memo(point)`` answers ``None`` once it is spent).
 
     ``values`` holds exact losses, ``bounds`` the points racing stopped early; both count
     against the budget, so racing never changes which points an optimizer evaluates.
     """
 
-    def __init__(self, loss: Loss, budget: int, race: RacingLoss | None = None) -> None:
+    def __init__(
+        self, loss: Loss, budget: int, race: RacingLoss | None = None, race_all: RacingLosses | None = None
+    ) -> None:
         self.loss = loss
         self.race = race
+        self.race_all = race_all
         self.budget = budget
         self.values: dict[Point, float] = {}  # insertion-ordered: the order of the calls
         self.bounds: dict[Point, Bound] = {}
@@ -364,8 +362,41 @@ def _random_point(problem: SubProblem, rng: random.Random) -> Point:
     return tuple(point)
 
 
-def _run_nomad(memo: _Memo, problem: SubProblem, x0: Point) -> str:
-    """MADS from ``x0`` with NOMAD's cache in front of ``memo``; returns why it stopped early, if it did."""
+def start_point(memo: Memo, problem: SubProblem) -> tuple[Point, random.Random]:
+    """The start point (``x0``, else drawn from the seed), evaluated, and the generator that drew it."""
+    rng = random.Random(problem.seed)
+    x0 = problem.x0 if problem.x0 is not None else _random_point(problem, rng)
+    memo(x0)  # the start point is always evaluated: a point with k ones exists
+    return x0, rng
+
+
+def _run_exhaustive(memo: Memo, problem: SubProblem) -> str:
+    """Every feasible point, raced together when the memo has a racing loss of many points."""
+    if memo.race_all is not None:
+        points = list(_feasible_points(problem))
+        for point, value in zip(points, memo.race_all(points), strict=True):
+            memo.record(point, value)
+    else:
+        for point in _feasible_points(problem):
+            memo(point)
+    return ""
+
+
+def _exhaustive_unfit(problem: SubProblem) -> str | None:
+    if problem.size <= problem.budget:
+        return None
+    return (
+        f"exhaustive search needs C({problem.n}, {problem.k}) = {problem.size} evaluations, "
+        f"more than the budget of {problem.budget}: raise the budget or use 'nomad'/'oneplusone'"
+    )
+
+
+OPTIMIZERS.register("exhaustive", Optimizer(_run_exhaustive, _exhaustive_unfit))
+
+
+def _run_nomad(memo: Memo, problem: SubProblem) -> str:
+    """MADS from the start point with NOMAD's cache in front of ``memo``; returns why it stopped early, if it did."""
+    x0, _ = start_point(memo, problem)
     n = problem.n
     params = [
         *_NOMAD_PARAMS,
@@ -378,7 +409,25 @@ def _run_nomad(memo: _Memo, problem: SubProblem, x0: Point) -> str:
     return run_nomad_isolated(memo, x0, params)
 
 
-def _run_oneplusone(memo: _Memo, problem: SubProblem, x0: Point, rng: random.Random) -> None:
+def _nomad_unfit(problem: SubProblem) -> str | None:
+    if len(problem.parts) > 1:
+        return (
+            f"nomad cannot keep a quota in each of {len(problem.parts)} blocks (layers) of one sub-problem: binary MADS "
+            "almost never proposes a point that meets them all, and PyNomad's integer variables crash; search one layer "
+            "per sub-problem (--chunk-layers 1), use --quota chunk, or 'oneplusone'/'auto'"
+        )
+    if problem.n > NOMAD_MAX_VARIABLES:
+        return (
+            f"nomad handles at most {NOMAD_MAX_VARIABLES} variables (B.2), this sub-problem has "
+            f"{problem.n}: use 'oneplusone' or split the sub-problem"
+        )
+    return None
+
+
+OPTIMIZERS.register("nomad", Optimizer(_run_nomad, _nomad_unfit))
+
+
+def _run_oneplusone(memo: Memo, problem: SubProblem) -> str:
     """(1+1)-EA with quota-preserving mutations: swap ``s`` ones with ``s`` zeros of the same block.
 
     ``s = 1 + Poisson(1)`` (capped at the swaps the blocks allow), the swap count of
@@ -388,6 +437,7 @@ def _run_oneplusone(memo: _Memo, problem: SubProblem, x0: Point, rng: random.Ran
     offspring replaces the parent when its loss is lower or equal. Offspring evaluated
     before cost nothing and are skipped.
     """
+    x0, rng = start_point(memo, problem)
     starts = list(itertools.accumulate((size for size, _ in problem.parts), initial=0))
     capacity = sum(min(ones, size - ones) for size, ones in problem.parts)
     parent, parent_loss = x0, memo.values[x0]
@@ -410,6 +460,10 @@ def _run_oneplusone(memo: _Memo, problem: SubProblem, x0: Point, rng: random.Ran
         value = memo(offspring, Cutoff(parent_loss, ties_win=True))
         if isinstance(value, float) and value <= parent_loss:
             parent, parent_loss = offspring, value
+    return ""
+
+
+OPTIMIZERS.register("oneplusone", Optimizer(_run_oneplusone))
 
 
 def _poisson_one(rng: random.Random) -> int:

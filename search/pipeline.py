@@ -2,7 +2,7 @@
 
 ``run_search(score_fn, shape, settings)`` is model-agnostic — ``score_fn`` maps a
 :class:`HeadMask` to S(z) (the lm-eval objective in real runs, a synthetic function in
-tests). Variants (paper §3.4):
+tests). Variants (paper §3.4), each registered in :data:`VARIANTS` under its name:
 
 * ``bosch``: Stage 1 → Stage 2 → Stage 3 (Algorithms 1–3);
 * ``single``: the Stage-1 mask as is (B-single);
@@ -21,17 +21,44 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bosch_eval.masks import HeadMask, ModelShape, ceil_count, check_ratio
+from bosch_eval.registry import Registry
 from bosch_eval.search.journal import Journal
-from bosch_eval.search.optimizers import METHODS, NOMAD_MAX_VARIABLES
+from bosch_eval.search.optimizers import NOMAD_MAX_VARIABLES, optimizer_methods
 from bosch_eval.search.saturation import stage1_saturation
 from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, SearchError
 from bosch_eval.search.stage2 import Stage2Result, assign_layer_ratios, default_buckets
 from bosch_eval.search.score_book import ScoreBook
-from bosch_eval.search.stages import QUOTAS, StageSettings, SubResult, layer_level, refine, stage1, stage3
+from bosch_eval.search.stages import (
+    QUOTAS,
+    StageOutcome,
+    StageSettings,
+    SubResult,
+    layer_level,
+    refine,
+    stage1,
+    stage3,
+)
 
 log = logging.getLogger("bosch_eval.search")
 
-VARIANTS = ("bosch", "single", "multi", "layer")
+
+@dataclass(frozen=True)
+class Variant:
+    """One search variant (paper §3.4).
+
+    Attributes:
+        run: the stages after the anchors; returns the last stage's outcome (run_search adds
+            its sub-problems to the result and scores its mask).
+        stage2: runs Stages 2 and 3, so ``buckets`` and ``refine`` apply.
+        chunks: its sub-problems may span ``chunk_layers`` layers.
+    """
+
+    run: Callable[[SearchRun], StageOutcome]
+    stage2: bool = False
+    chunks: bool = False
+
+
+VARIANTS: Registry[Variant] = Registry("search variant", field="variant", error=SearchError)
 
 
 def default_chunk_layers(groups_per_layer: int, max_variables: int = NOMAD_MAX_VARIABLES) -> int:
@@ -68,10 +95,9 @@ class SearchSettings:
 
     def __post_init__(self) -> None:
         check_ratio(self.ratio, "ratio")
-        if self.variant not in VARIANTS:
-            raise SearchError(f"variant: expected one of {list(VARIANTS)}, got {self.variant!r}")
-        if self.optimizer not in METHODS:
-            raise SearchError(f"optimizer: expected one of {list(METHODS)}, got {self.optimizer!r}")
+        variant = VARIANTS.lookup(self.variant)
+        if self.optimizer not in optimizer_methods():
+            raise SearchError(f"optimizer: expected one of {list(optimizer_methods())}, got {self.optimizer!r}")
         if self.budget_per_layer < 1:
             raise SearchError(f"budget_per_layer: expected an integer >= 1, got {self.budget_per_layer}")
         if self.alpha <= 0:
@@ -85,8 +111,9 @@ class SearchSettings:
             raise SearchError(f"quota: expected one of {list(QUOTAS)}, got {self.quota!r}")
         if isinstance(self.refine, bool) or not isinstance(self.refine, int) or self.refine < 0:
             raise SearchError(f"refine: expected an integer >= 0 (coordinate-descent passes), got {self.refine!r}")
-        if self.refine and self.variant != "bosch":
-            raise SearchError(f"refine: runs after Stage 3, so only with variant 'bosch', got variant {self.variant!r}")
+        if self.refine and not variant.stage2:
+            stage3_variants = [name for name, other in VARIANTS.items() if other.stage2]
+            raise SearchError(f"refine: runs after Stage 3, so only with variant {' or '.join(map(repr, stage3_variants))}, got variant {self.variant!r}")
 
     def chunk_layers_for(self, shape: ModelShape) -> int:
         """``chunk_layers``, or the paper's default for the model's G."""
@@ -214,33 +241,7 @@ def run_search(
         higher_is_better=higher_is_better,
     )
     result = SearchResult(mask=HeadMask(full, shape.num_heads), score=anchors.all_full, anchors=anchors, settings=settings)
-    if settings.variant == "layer":
-        outcome = layer_level(book, anchors, shape, settings.ratio, stage_settings, progress)
-    else:
-        layers_per_problem = stage_settings.chunk_layers if settings.variant == "multi" else 1
-        outcome, result.stage1_scores = stage1(
-            book, anchors, shape, settings.ratio, stage_settings, layers_per_problem, progress
-        )
-        saturation = stage1_saturation(result.stage1_scores, anchors.all_full, higher_is_better)
-        (log.warning if saturation.saturated else log.info)("stage 1: %s", saturation.message())
-        if settings.variant == "bosch":
-            result.subproblems.extend(outcome.subproblems)
-            result.stage2 = assign_layer_ratios(
-                result.stage1_scores,
-                anchors.all_full,
-                settings.ratio,
-                shape.num_kv_heads,
-                settings.buckets,
-                higher_is_better=higher_is_better,
-            )
-            outcome = stage3(book, anchors, shape, result.stage2.ratios, stage_settings, progress)
-            if settings.refine:
-                result.subproblems.extend(outcome.subproblems)
-                result.stage3_score = book.score(outcome.bits, "final")
-                result.stage3_evaluations = len(book.known) + len(book.bounds)
-                outcome = refine(
-                    book, anchors, shape, outcome.bits, result.stage2.ratios, stage_settings, settings.refine, progress
-                )
+    outcome = VARIANTS[settings.variant].run(SearchRun(book, anchors, shape, settings, stage_settings, result, progress))
     result.subproblems.extend(outcome.subproblems)
     result.mask = HeadMask(outcome.bits, shape.num_heads, method=_method_name(settings.variant))
     result.score = book.score(outcome.bits, "final")
@@ -256,6 +257,60 @@ def _method_name(variant: str) -> str:
     return "bosch" if variant == "bosch" else f"bosch-{variant}"
 
 
+@dataclass
+class SearchRun:
+    """One search after its anchors, as a variant sees it: the score book, the anchors, the
+    settings, and the result it fills in (Stage-1 scores, Stage 2, earlier sub-problems)."""
+
+    book: ScoreBook
+    anchors: Anchors
+    shape: ModelShape
+    settings: SearchSettings
+    stages: StageSettings
+    result: SearchResult
+    progress: bool
+
+
+def _stage1(run: SearchRun, layers_per_problem: int) -> StageOutcome:
+    """Stage 1 (Algorithm 1); its per-layer scores go into the result, its saturation into the log."""
+    outcome, run.result.stage1_scores = stage1(
+        run.book, run.anchors, run.shape, run.settings.ratio, run.stages, layers_per_problem, run.progress
+    )
+    saturation = stage1_saturation(run.result.stage1_scores, run.anchors.all_full, run.stages.higher_is_better)
+    (log.warning if saturation.saturated else log.info)("stage 1: %s", saturation.message())
+    return outcome
+
+
+def _bosch(run: SearchRun) -> StageOutcome:
+    """Stages 1–3 (Algorithms 1–3), then ``refine`` passes of coordinate descent if asked."""
+    book, anchors, shape, settings, result = run.book, run.anchors, run.shape, run.settings, run.result
+    outcome = _stage1(run, 1)
+    result.subproblems.extend(outcome.subproblems)
+    result.stage2 = assign_layer_ratios(
+        result.stage1_scores,
+        anchors.all_full,
+        settings.ratio,
+        shape.num_kv_heads,
+        settings.buckets,
+        higher_is_better=run.stages.higher_is_better,
+    )
+    outcome = stage3(book, anchors, shape, result.stage2.ratios, run.stages, run.progress)
+    if settings.refine:
+        result.subproblems.extend(outcome.subproblems)
+        result.stage3_score = book.score(outcome.bits, "final")
+        result.stage3_evaluations = len(book.known) + len(book.bounds)
+        outcome = refine(book, anchors, shape, outcome.bits, result.stage2.ratios, run.stages, settings.refine, run.progress)
+    return outcome
+
+
+VARIANTS.register("bosch", Variant(_bosch, stage2=True, chunks=True))
+VARIANTS.register("single", Variant(lambda run: _stage1(run, 1)))  # B-single: the Stage-1 mask
+VARIANTS.register("multi", Variant(lambda run: _stage1(run, run.stages.chunk_layers), chunks=True))  # B-multi
+VARIANTS.register(  # B-layer: one search over whole layers, budget κ·L
+    "layer", Variant(lambda run: layer_level(run.book, run.anchors, run.shape, run.settings.ratio, run.stages, run.progress))
+)
+
+
 
 def validate_for_shape(settings: SearchSettings, shape: ModelShape) -> None:
     """Every check of ``settings`` that needs the model's shape, run before the first
@@ -267,7 +322,8 @@ def validate_for_shape(settings: SearchSettings, shape: ModelShape) -> None:
             are not whole numbers of KV groups per layer.
     """
     groups = shape.num_kv_heads
-    if settings.variant == "bosch":  # only B-full runs Stage 2
+    variant = VARIANTS[settings.variant]
+    if variant.stage2:
         from bosch_eval.search.stage2 import _bucket_counts
 
         buckets = settings.buckets_for(shape)
@@ -285,7 +341,7 @@ def validate_for_shape(settings: SearchSettings, shape: ModelShape) -> None:
                 f"{groups} groups; include a bucket of {'0' if target < low else '1'}"
             )
     chunk = min(settings.chunk_layers_for(shape), shape.num_layers)
-    searches_chunks = settings.optimizer == "nomad" and settings.variant in ("bosch", "multi")
+    searches_chunks = settings.optimizer == "nomad" and variant.chunks
     if searches_chunks and settings.quota == "layer" and chunk > 1:
         raise SearchError(
             f"optimizer: nomad cannot keep a quota in each of the {chunk} layers of a sub-problem "

@@ -26,7 +26,7 @@ from bosch_eval.model_check import IGNORE_FLAG, model_config, resolve_model
 from bosch_eval.prefix_cache import DEFAULT_BUDGET_MB as DEFAULT_PREFIX_CACHE_MB
 from bosch_eval.search.api import DEFAULT_CALIB_TASK, search_model
 from bosch_eval.search.cost import estimate_calls
-from bosch_eval.search.optimizers import METHODS
+from bosch_eval.search.optimizers import optimizer_methods
 from bosch_eval.search.pipeline import VARIANTS, SearchSettings, validate_for_shape
 from bosch_eval.search.racing import DEFAULT_RACE_CHUNK
 from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, SearchError
@@ -54,7 +54,7 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of every optimizer (default 0)")
     parser.add_argument("--budget-per-layer", type=int, default=100, help="κ: evaluations per layer (default 100, paper B.2)")
     parser.add_argument("--variant", choices=VARIANTS, default="bosch", help="bosch (stages 1–3) or an ablation of §3.4")
-    parser.add_argument("--optimizer", choices=METHODS, default="auto", help="auto: exhaustive if it fits the budget, else NOMAD up to 50 variables, else (1+1)-EA")
+    parser.add_argument("--optimizer", choices=optimizer_methods(), default="auto", help="auto: exhaustive if it fits the budget, else NOMAD up to 50 variables, else (1+1)-EA")
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="α, weight of the ratio penalty (Eq. 5)")
     parser.add_argument("--gamma", type=float, default=DEFAULT_GAMMA, help="γ, headroom of the upper anchor b = (1+γ)·S(full)")
     parser.add_argument(

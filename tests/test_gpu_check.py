@@ -35,18 +35,15 @@ def test_dense_band_reference_runs_on_the_inputs_device():
     assert out.device.type == "meta" and out.shape == (1, 6, 4, 8)
 
 
-def test_a_correct_backend_passes_and_a_wrong_window_fails():
+def test_a_correct_backend_passes_and_a_wrong_window_fails(monkeypatch):
     def one_key_too_many(module, query, key, value, attention_mask, local, **kwargs):
         return masked_swa_attention(module, query, key, value, attention_mask, LocalWindow(local.window + 1, local.sinks), **kwargs)
 
-    BACKENDS["bosch_test_wrong_window"] = Backend(swa=one_key_too_many)
-    try:
-        floors = {"qwen3": backend_reference.bf16_floor("qwen3", torch.device("cpu"))}
-        right = backend_reference.check_case("sdpa", "qwen3", 3, "float32", torch.device("cpu"))
-        wrong = backend_reference.check_case("bosch_test_wrong_window", "qwen3", 3, "float32", torch.device("cpu"))
-        wrong_bf16 = backend_reference.check_case("bosch_test_wrong_window", "qwen3", 0, "bfloat16", torch.device("cpu"))
-    finally:
-        del BACKENDS["bosch_test_wrong_window"]
+    monkeypatch.setitem(BACKENDS.members, "bosch_test_wrong_window", Backend(swa=one_key_too_many))
+    floors = {"qwen3": backend_reference.bf16_floor("qwen3", torch.device("cpu"))}
+    right = backend_reference.check_case("sdpa", "qwen3", 3, "float32", torch.device("cpu"))
+    wrong = backend_reference.check_case("bosch_test_wrong_window", "qwen3", 3, "float32", torch.device("cpu"))
+    wrong_bf16 = backend_reference.check_case("bosch_test_wrong_window", "qwen3", 0, "bfloat16", torch.device("cpu"))
     assert backend_reference.verdict(right, floors) == (1e-4, True) and right["max_abs_delta_logit"] < 1e-5
     assert not backend_reference.verdict(wrong, floors)[1] and not backend_reference.verdict(wrong_bf16, floors)[1]
     assert "1 of 2 within tolerance" in backend_reference.summary([right, wrong], floors)

@@ -5,12 +5,14 @@ oracles (window covering everything = bit-identical, greedy generation unchanged
 from __future__ import annotations
 
 import logging
+import sys
 
 import pytest
 import torch
 
 from bosch_eval.hybrid_attention import hybrid_state, hybridize
 from bosch_eval.hybrid_cache import HybridCache, HybridHeadLayer, kv_cache_bytes
+from bosch_eval import kv_quant
 from bosch_eval.kv_quant import fused as fused_module
 from bosch_eval.kv_quant.config import KVQuantConfig, parse_kv_quant
 from bosch_eval.kv_quant.formula import kv_cache_bytes_formula
@@ -23,7 +25,7 @@ from bosch_eval.kv_quant.packing import (
     quantize_values,
     unpack,
 )
-from bosch_eval.kv_quant.selection import Selector
+from bosch_eval.kv_quant.selection import KV_QUANT_METHODS, Selector
 from bosch_eval.kv_quant.store import QuantizedKVStore
 from bosch_eval.errors import SettingsError
 from bosch_eval.masks import HeadMask
@@ -278,6 +280,36 @@ class TestCache:
         states = torch.randn(2, 2, 2, 40, 16, generator=torch.Generator().manual_seed(9)).to(dtype)
         store.update(states[0, :, :, :23], states[1, :, :, :23])
         return store, states
+
+
+class TestMethods:
+    def test_unknown_methods_are_named(self):
+        with pytest.raises(SettingsError, match=r"kv_quant: unknown KV-quantization method 'kiwi', expected one of \['kivi', 'logquant'\] \(did you mean 'kivi'\?\)"):
+            Selector("kiwi", 4)
+
+    def test_a_method_is_one_new_module_of_the_package(self, tmp_path, monkeypatch):
+        """KiVi's rule again, from a new module of ``bosch_eval.kv_quant`` and without
+        ``oldest_first``: the store's general rebuild (positions copied by index) gives the
+        logits KiVi's in-place rebuild gives, bit for bit."""
+        (tmp_path / "bosch_test_kivi_indexed.py").write_text(
+            "from bosch_eval.kv_quant.selection import KV_QUANT_METHODS, KVQuantMethod\n"
+            "KV_QUANT_METHODS.register('kivi-indexed', KVQuantMethod(KV_QUANT_METHODS['kivi'].release))\n"
+        )
+        monkeypatch.setattr(kv_quant, "__path__", [*kv_quant.__path__, str(tmp_path)])
+        monkeypatch.setattr(KV_QUANT_METHODS, "members", dict(KV_QUANT_METHODS.members))
+        monkeypatch.setattr(fused_module, "enabled", False)  # the eager rebuild, where the two paths differ
+        model = quantized_model(MIXED)
+        ids = torch.randint(3, model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(8))
+        try:
+            config = parse_kv_quant("kivi-indexed", kv_window="4", head_dim=16)
+            assert config == KVQuantConfig("kivi-indexed", 2, 4, 16)
+            assert not Selector("kivi-indexed", 4).rule.oldest_first and Selector("kivi", 4).rule.oldest_first
+            indexed = prefill_and_decode(model, ids, HybridCache.for_model(model, config), 13)
+        finally:
+            sys.modules.pop(f"{kv_quant.__name__}.bosch_test_kivi_indexed", None)
+        in_place = prefill_and_decode(model, ids, HybridCache.for_model(model, KVQuantConfig("kivi", 2, 4, 16)), 13)
+        assert torch.equal(indexed, in_place)
+        assert not torch.equal(in_place, prefill_and_decode(model, ids, HybridCache.for_model(model), 13))  # tokens were quantized
 
 
 def test_bench_measures_quantized_configs_and_matches_the_formula():

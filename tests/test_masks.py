@@ -187,3 +187,5 @@ class TestLayerHeuristics:
     def test_unknown_heuristic(self):
         with pytest.raises(MaskError, match=r"layers: unknown layer heuristic 'middle', expected one of \['bme', 'intr', 'rand'\]"):
             layer_heuristic_mask("middle", SHAPE, 0.5, 0)
+        with pytest.raises(MaskError, match=r"unknown layer heuristic 'inter', .* \(did you mean 'intr'\?\)$"):
+            layer_heuristic_mask("inter", SHAPE, 0.5, 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -19,14 +20,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from bosch_eval.errors import SettingsError
 from bosch_eval.masks import HeadRanking, ModelShape, ceil_count
 from bosch_eval.model_check import ModelError, resolve_model
+from bosch_eval.search import rankers
 from bosch_eval.search.rank_cli import add_rank_parser
-from bosch_eval.search.rankers import METHOD_NAMES
+from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.rankers import reference as ref
 from bosch_eval.search.rankers.apl import APL
 from bosch_eval.search.rankers.base import Ranker, calibration_ids
 from bosch_eval.search.rankers.blocks import AttentionBlock, query_blocks
 from bosch_eval.search.rankers.capture import capture_attention
-from bosch_eval.search.rankers.driver import METHODS, compute_ranking, group_means, make_ranker
+from bosch_eval.search.rankers.driver import compute_ranking, group_means, make_ranker
 from bosch_eval.search.rankers.mass import DCAM, Fisher
 from bosch_eval.search.rankers.proxy import Proxy
 from bosch_eval.search.rankers.qada import QAdA
@@ -257,13 +259,12 @@ class TestGroups:
         np.testing.assert_allclose(ref.group_mean(heads.numpy(), 2), [[8.5, 3.0]])
 
     def test_registry(self) -> None:
-        assert set(METHODS) == set(METHOD_NAMES)
-        assert {name: cls.more_local for name, cls in METHODS.items()} == MORE_LOCAL
+        assert {name: cls.more_local for name, cls in RANKERS.items()} == MORE_LOCAL
 
     def test_unknown_option_lists_the_valid_ones(self) -> None:
         with pytest.raises(SettingsError, match=r"unknown option\(s\) \['blok'\]; valid options are \['block', 'gamma'"):
             make_ranker("proxy", ModelShape(1, 2, 1), 8, {"blok": 3})
-        with pytest.raises(SettingsError, match="expected one of"):
+        with pytest.raises(SettingsError, match=r"method: unknown ranker 'lapl', expected one of \['apl', 'dcam', .*did you mean 'apl'"):
             make_ranker("lapl", ModelShape(1, 2, 1), 8)
 
 
@@ -343,7 +344,7 @@ def oracle_head_scores(method: str, model, tokenizer) -> np.ndarray:
 
 
 class TestRealModel:
-    @pytest.mark.parametrize("method", METHOD_NAMES)
+    @pytest.mark.parametrize("method", sorted(MORE_LOCAL))
     def test_streaming_equals_direct(self, real, method: str) -> None:
         model, tokenizer = real
         ranking = compute_ranking(
@@ -387,6 +388,17 @@ class TestRealModel:
         assert run("razor", 3) != run("razor", 4)
 
 
+def readme_example(heading: str) -> tuple[str, str]:
+    """The file name and source of the first Python block under ``heading`` in the README or
+    ``docs/`` (its first line is ``# <folder>/<file>.py``)."""
+    root = Path(__file__).resolve().parent.parent
+    for path in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
+        found = re.search(rf"^#+ {heading}\n.*?^```python\n# \S+/(\w+\.py)\n(.*?)^```", path.read_text(), re.M | re.S)
+        if found:
+            return found.group(1), found.group(2)
+    raise AssertionError(f"no '{heading}' section with a Python block in README.md or docs/")
+
+
 # --- bosch-eval rank ----------------------------------------------------------------------------------
 def rank(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bosch-eval")
@@ -406,7 +418,7 @@ def model_with_defaults(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathF
 
 
 class TestRankCommand:
-    @pytest.mark.parametrize("method", METHOD_NAMES)
+    @pytest.mark.parametrize("method", sorted(MORE_LOCAL))
     def test_writes_a_ranking_that_makes_masks(self, model_with_defaults: Path, tmp_path: Path, method: str) -> None:
         out = tmp_path / "ranking.json"
         rank(["--method", method, "--model", str(model_with_defaults), "--calib-examples", "2", "--out", str(out)])
@@ -463,6 +475,41 @@ class TestRankCommand:
             rank(["--method", "dcam", "--model", str(model_with_defaults), "--calib-len", "100", "--out", out])
         with pytest.raises(ModelError, match=r"--calib-len 1024: longer than model .* \(max_position_embeddings = 512\)"):
             rank(["--method", "dcam", "--model", str(model_with_defaults), "--calib-len", "1024", "--out", out])
+
+    def test_an_unknown_method_is_named_before_anything_loads(self, tmp_path: Path) -> None:
+        with pytest.raises(SettingsError, match=r"--method: unknown ranker 'fishr', expected one of \[.*\] \(did you mean 'fisher'\?\)"):
+            rank(["--method", "fishr", "--model", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "r.json")])
+
+    def test_a_new_ranker_is_one_new_file(
+        self, real, model_with_defaults: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The README's "Add a ranker" example, dropped as a new module into the rankers package
+        (here: a second folder of the package's ``__path__``), runs through ``bosch-eval rank``
+        and scores what it says: each head's mean attention lag."""
+        filename, source = readme_example("Add a ranker")
+        plugins = tmp_path / "plugins"
+        plugins.mkdir()
+        (plugins / filename).write_text(source)
+        module = f"{rankers.__name__}.{Path(filename).stem}"
+        assert "mean-lag" not in RANKERS and module not in sys.modules
+        monkeypatch.setattr(rankers, "__path__", [*rankers.__path__, str(plugins)])
+        monkeypatch.setattr(RANKERS, "members", dict(RANKERS.members))  # the test's registration goes with it
+        out = tmp_path / "ranking.json"
+        try:
+            rank(["--method", "mean-lag", "--model", str(model_with_defaults), "--calib-examples", "2",
+                  "--compute-dtype", "float64", "--out", str(out)])  # fmt: skip
+        finally:
+            sys.modules.pop(module, None)
+        ranking = HeadRanking.load(out)
+        assert (ranking.method, ranking.more_local, ranking.window) == ("mean-lag", "lower", WINDOW)
+        model, tokenizer = real
+        lag_sums, rows = np.zeros((3, 8)), 0
+        for ids in calibration_ids(tokenizer, CALIB_LEN, 2, 0):
+            maps, _ = eager_maps(model, ids)
+            lags = np.tril(np.arange(len(ids))[:, None] - np.arange(len(ids))[None, :])
+            lag_sums += np.stack([(m * lags).sum(axis=(1, 2)) for m in maps])
+            rows += len(ids)
+        np.testing.assert_allclose(np.array(ranking.provenance["head_scores"]), lag_sums / rows, rtol=1e-4)
 
     def test_toy_resolves_to_the_bundled_checkpoint(self, tmp_path: Path) -> None:
         with mock.patch.dict("bosch_eval.model_check.BUNDLED_MODELS", toy=tmp_path), pytest.raises(ModelError, match="model 'toy': .*missing"):

@@ -13,12 +13,14 @@ import pytest
 
 from bosch_eval.search import optimizers
 from bosch_eval.search.optimizers import (
-    METHODS,
     NOMAD_MAX_VARIABLES,
+    OPTIMIZERS,
+    Optimizer,
     OptimizerResult,
     SubProblem,
     choose_method,
     minimize,
+    optimizer_methods,
 )
 
 ALPHA = 100.0  # the paper's α (B.2)
@@ -92,7 +94,7 @@ class TestChooseMethod:
         assert choose_method(SubProblem(n=51, k=10, budget=100, seed=0)) == "oneplusone"
         assert choose_method(SubProblem(n=64, k=32, budget=100, seed=0)) == "oneplusone"
 
-    @pytest.mark.parametrize("method", METHODS)
+    @pytest.mark.parametrize("method", optimizer_methods())
     @pytest.mark.parametrize("k", [0, 64])
     def test_a_single_candidate_is_exhaustive_whatever_was_asked(self, method: str, k: int) -> None:
         assert choose_method(SubProblem(n=64, k=k, budget=1, seed=0), method) == "exhaustive"
@@ -106,7 +108,7 @@ class TestChooseMethod:
         [
             (SubProblem(n=8, k=4, budget=69, seed=0), "exhaustive", r"C\(8, 4\) = 70 .* budget of 69"),
             (SubProblem(n=51, k=4, budget=69, seed=0), "nomad", "at most 50 variables.*'oneplusone'"),
-            (SubProblem(n=8, k=4, budget=69, seed=0), "cma", "expected one of"),
+            (SubProblem(n=8, k=4, budget=69, seed=0), "cma", r"^optimizer method: expected one of \['auto', 'exhaustive', 'nomad', 'oneplusone'\], got 'cma'$"),
         ],
     )
     def test_explicit_methods_that_cannot_run_say_why(self, problem: SubProblem, method: str, message: str) -> None:
@@ -114,6 +116,20 @@ class TestChooseMethod:
             choose_method(problem, method)
         with pytest.raises(ValueError, match=message):
             minimize(lambda x: 0.0, problem, method)
+
+    def test_a_registered_optimizer_runs_by_name_and_auto_keeps_to_b2(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        def start_only(memo, problem: SubProblem) -> str:
+            optimizers.start_point(memo, problem)
+            return ""
+
+        monkeypatch.setitem(OPTIMIZERS.members, "start-only", Optimizer(start_only))
+        problem = SubProblem(n=8, k=4, budget=70, seed=0)
+        loss = Recorder(lambda x: 1.0)
+        result = minimize(loss, problem, "start-only")
+        assert (result.method, result.evaluations, len(loss.calls)) == ("start-only", 1, 1)
+        assert optimizer_methods()[-1] == "start-only"
+        # auto takes the first fit optimizer in registration order: oneplusone takes anything.
+        assert [choose_method(SubProblem(n=n, k=4, budget=69, seed=0)) for n in (8, 64)] == ["nomad", "oneplusone"]
 
 
 class TestExhaustive:
@@ -130,7 +146,7 @@ class TestExhaustive:
         result = minimize(lambda x: 1.0, SubProblem(n=5, k=2, budget=10, seed=0))
         assert result.best == (1, 1, 0, 0, 0)
 
-    @pytest.mark.parametrize("method", METHODS)
+    @pytest.mark.parametrize("method", optimizer_methods())
     @pytest.mark.parametrize("k", [0, 7])
     def test_k_zero_or_n_is_one_evaluation(self, method: str, k: int) -> None:
         loss = Recorder(lambda x: 0.5)

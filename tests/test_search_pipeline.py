@@ -17,10 +17,10 @@ import pytest
 
 from bosch_eval.masks import HeadMask, ModelShape, ceil_count
 from bosch_eval.search.journal import Journal, mask_key
-from bosch_eval.search.pipeline import SearchSettings, default_chunk_layers, run_search
+from bosch_eval.search.pipeline import VARIANTS, SearchSettings, Variant, default_chunk_layers, run_search
 from bosch_eval.search.scoring import Anchors, SearchError, subproblem_loss
 from bosch_eval.search.score_book import Bits, ScoreBook
-from bosch_eval.search.stages import StageSettings, refine, stage3
+from bosch_eval.search.stages import StageOutcome, StageSettings, refine, stage3
 from tests.helpers import SHAPE, RetrievalObjective, planted, score_of
 
 
@@ -107,6 +107,24 @@ def test_bad_settings_are_named() -> None:
         SearchSettings(ratio=0.5, optimizer="cma")
     with pytest.raises(ValueError, match="ratio"):
         SearchSettings(ratio=1.5)
+    with pytest.raises(SearchError, match=r"^variant: unknown search variant 'singel', expected one of \['bosch', 'layer', 'multi', 'single'\] \(did you mean 'single'\?\)$"):
+        SearchSettings(ratio=0.5, variant="singel")
+    with pytest.raises(SearchError, match=r"refine: runs after Stage 3, so only with variant 'bosch', got variant 'multi'"):
+        SearchSettings(ratio=0.5, variant="multi", refine=1)
+
+
+def test_a_registered_variant_runs_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A variant of one's own: here, the first layer all SWA and no search."""
+
+    def first_layer_swa(run) -> StageOutcome:
+        return StageOutcome(HeadMask.from_swa_groups(run.shape, {(0, g) for g in range(run.shape.num_kv_heads)}).bits)
+
+    monkeypatch.setitem(VARIANTS.members, "first-layer", Variant(first_layer_swa))
+    objective = planted()
+    result = run_search(objective, SHAPE, SearchSettings(ratio=0.25, variant="first-layer"), progress=False)
+    assert result.mask.method == "bosch-first-layer" and result.mask.num_swa_groups == SHAPE.num_kv_heads
+    assert [row for row in result.mask.bits if not any(row)] == [result.mask.bits[0]]
+    assert result.evaluations == 3 and result.subproblems == []  # the two anchors and the mask
 
 
 class Interrupt(Exception):

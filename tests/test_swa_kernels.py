@@ -3,14 +3,20 @@ random fp32 tensors: query t sees key j iff j ≤ t and (j < S or t − W < j)."
 
 from __future__ import annotations
 
+import sys
 import types
 
 import pytest
 import torch
 from transformers.masking_utils import sliding_window_causal_mask_function
 
+from bosch_eval.errors import SettingsError
 from bosch_eval.local_window import LocalWindow, LocalWindowError
-from bosch_eval.swa_kernels import BACKENDS, Backend, register_backend
+from bosch_eval import swa_kernels
+from bosch_eval.hybrid_attention import hybridize
+from bosch_eval.masks import HeadMask
+from bosch_eval.random_model import random_model
+from bosch_eval.swa_kernels import BACKENDS
 from bosch_eval.swa_kernels import flash as flash_module
 from bosch_eval.swa_kernels import flex as flex_module
 from bosch_eval.swa_kernels.blocked import blocked_attention
@@ -213,12 +219,35 @@ def test_flash_refuses_left_padding_with_sinks():
     assert flash_module._right_padded(torch.tensor([[True, True, False], [True, True, True]]))
 
 
-def test_a_backend_is_one_function_and_one_line(monkeypatch):
-    monkeypatch.setattr("bosch_eval.swa_kernels.BACKENDS", dict(BACKENDS))
-    from bosch_eval import swa_kernels
+def test_a_backend_is_one_new_module(tmp_path, monkeypatch):
+    """A module dropped into the package (here: a second folder of its ``__path__``) that
+    registers the reference kernel again is found by ``attn_backend`` and runs a hybrid model
+    exactly as ``sdpa`` does."""
+    (tmp_path / "bosch_test_again.py").write_text(
+        "from bosch_eval.swa_kernels import BACKENDS, Backend\n"
+        "from bosch_eval.swa_kernels.reference import masked_swa_attention\n"
+        "BACKENDS.register('reference-again', Backend(swa=masked_swa_attention))\n"
+    )
+    monkeypatch.setattr(swa_kernels, "__path__", [*swa_kernels.__path__, str(tmp_path)])
+    monkeypatch.setattr(BACKENDS, "members", dict(BACKENDS.members))
+    model = random_model("qwen3", num_layers=2)
+    groups = model.config.num_key_value_heads
+    mask = HeadMask.from_rows([[g % 2 for g in range(groups)], [1 - g % 2 for g in range(groups)]], model.config.num_attention_heads, window=3)
+    ids = torch.randint(3, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    try:
+        hybridize(model, mask, backend="reference-again")
+        with torch.no_grad():
+            again = model(ids).logits
+    finally:
+        sys.modules.pop(f"{swa_kernels.__name__}.bosch_test_again", None)
+    hybridize(model, mask, backend="sdpa")
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, again)
 
-    register_backend("test_reference_again", Backend(swa=BACKENDS["sdpa"].swa))
-    assert "test_reference_again" in swa_kernels.BACKENDS
+
+def test_an_unknown_backend_is_named():
+    with pytest.raises(SettingsError, match=r"attn_backend: unknown attention backend 'flesh', expected one of \[.*\] \(did you mean 'flex'\?\)"):
+        BACKENDS["flesh"]
 
 
 def test_blocked_rejects_float_masks():

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from bosch_eval.kv_quant.packing import BITS
-from bosch_eval.kv_quant.selection import METHODS
+from bosch_eval.kv_quant.selection import KV_QUANT_METHODS
 from bosch_eval.errors import SettingsError
 
 DEFAULT_GROUP_SIZE = 64  # the seed's and KIVI's choice, used where it divides the head dim
@@ -18,7 +18,8 @@ class KVQuantConfig:
     """Which positions of full-attention KV groups are quantized, and how.
 
     Args:
-        method: ``logquant`` (log-sparse full-precision set) or ``kivi`` (recent window).
+        method: a name in :data:`~bosch_eval.kv_quant.selection.KV_QUANT_METHODS`: ``logquant``
+            (log-sparse full-precision set), ``kivi`` (recent window), ...
         bits: 2 or 4 bits per quantized element.
         window: W_lq; full precision holds ``2W … 3W`` tokens (see ``selection``).
         group_size: channels per value scale (values are quantized per token in groups
@@ -31,8 +32,8 @@ class KVQuantConfig:
     group_size: int
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise SettingsError(f"kv_quant: expected one of {[*METHODS, 'none']}, got {self.method!r}")
+        if self.method not in KV_QUANT_METHODS:
+            raise SettingsError(f"kv_quant: expected one of {[*KV_QUANT_METHODS.names(), 'none']}, got {self.method!r}")
         if self.bits not in BITS:
             raise SettingsError(f"kv_bits: expected one of {list(BITS)}, got {self.bits!r}")
         if not isinstance(self.window, int) or isinstance(self.window, bool) or self.window <= 0:
@@ -76,10 +77,10 @@ def parse_kv_quant(
     if kv_quant is None or kv_quant == "none":
         extra = [name for name, value in (("kv_bits", kv_bits), ("kv_window", kv_window), ("kv_group_size", kv_group_size)) if value is not None]
         if extra:
-            raise SettingsError(f"{', '.join(extra)}: only used with kv_quant={'|'.join(METHODS)}; got kv_quant={kv_quant!r}")
+            raise SettingsError(f"{', '.join(extra)}: only used with kv_quant={'|'.join(KV_QUANT_METHODS.names())}; got kv_quant={kv_quant!r}")
         return None
-    if kv_quant not in METHODS:
-        raise SettingsError(f"kv_quant: expected one of {[*METHODS, 'none']}, got {kv_quant!r}")
+    if kv_quant not in KV_QUANT_METHODS:
+        raise SettingsError(f"kv_quant: expected one of {[*KV_QUANT_METHODS.names(), 'none']}, got {kv_quant!r}")
     if kv_window is None:
         raise SettingsError(f"kv_window: kv_quant={kv_quant} needs kv_window=W_lq (a positive integer)")
     bits = _int_arg("kv_bits", 2 if kv_bits is None else kv_bits)

@@ -28,33 +28,65 @@ tokens and release exactly ``W`` tokens per event, at the same steps
 Events depend only on how many tokens were seen, never on the model's values, so one
 :class:`Selector` is shared by every layer of a cache and a chunked prefill ends in the
 same state as token-by-token decoding.
+
+Each method registers itself in :data:`KV_QUANT_METHODS` under its ``kv_quant=`` name; a
+module of its own in this package is found when the name is first asked for.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
-METHODS = ("logquant", "kivi")
+from bosch_eval.registry import Registry
 
 
-def released_on_event(full_precision: list[int], method: str, window: int) -> tuple[list[int], list[int]]:
-    """One event on a full-precision list of length ``3W``: (positions kept, positions released)."""
+@dataclass(frozen=True)
+class KVQuantMethod:
+    """Which positions an event releases to the quantized store.
+
+    Attributes:
+        release: ``(full_precision, W) -> (kept, released)`` on a full-precision list of
+            ``3W`` positions, ascending; exactly ``W`` are released, the rest kept in order.
+        oldest_first: every event releases the oldest full-precision positions, so the
+            quantized positions are ``0 … n − 1`` in order (the store dequantizes in place).
+    """
+
+    release: Callable[[list[int], int], tuple[list[int], list[int]]]
+    oldest_first: bool = False
+
+
+KV_QUANT_METHODS: Registry[KVQuantMethod] = Registry("KV-quantization method", package="bosch_eval.kv_quant", field="kv_quant")
+
+
+def _log_sparse(full_precision: list[int], window: int) -> tuple[list[int], list[int]]:
+    """LogQuant: the first ``2W`` entries thinned by 2 (even ones kept), the last ``W`` kept."""
     head, tail = full_precision[: 2 * window], full_precision[2 * window :]
-    if method == "logquant":
-        return head[0::2] + tail, head[1::2]
+    return head[0::2] + tail, head[1::2]
+
+
+def _recent_window(full_precision: list[int], window: int) -> tuple[list[int], list[int]]:
+    """KiVi: the oldest ``W`` released, the recent ``2W`` kept."""
     return full_precision[window:], full_precision[:window]
+
+
+KV_QUANT_METHODS.register("logquant", KVQuantMethod(_log_sparse))
+KV_QUANT_METHODS.register("kivi", KVQuantMethod(_recent_window, oldest_first=True))
 
 
 class Selector:
     """The full-precision position set of one cache, advanced as tokens arrive.
 
     Args:
-        method: ``logquant`` or ``kivi``.
+        method: a name in :data:`KV_QUANT_METHODS` (``logquant``, ``kivi``).
         window: W, the LogQuant window (full precision holds ``2W … 3W`` tokens).
     """
 
     def __init__(self, method: str, window: int) -> None:
         self.method, self.window = method, window
+        self.rule = KV_QUANT_METHODS.lookup(method)
         self.seen = 0
         self.full_precision: list[int] = []
         self.events: list[torch.Tensor] = []  # positions released by each event, in order
@@ -68,7 +100,7 @@ class Selector:
         for position in range(self.seen, seen):
             self.full_precision.append(position)
             if len(self.full_precision) == limit:
-                self.full_precision, released = released_on_event(self.full_precision, self.method, self.window)
+                self.full_precision, released = self.rule.release(self.full_precision, self.window)
                 self.events.append(torch.tensor(released, dtype=torch.long))
         self.seen = seen
         self._fp_tensor = None

@@ -105,7 +105,7 @@ class QuantizedKVStore:
         out_keys.index_copy_(2, fp_index, self.fp_keys)
         out_values.index_copy_(2, fp_index, self.fp_values)
         n_q = q_index.shape[0]
-        if self.selector.method == "kivi":  # KiVi quantizes the oldest positions, in order: straight into place
+        if self.selector.rule.oldest_first:  # the oldest positions, in order (KiVi): straight into place
             dequantize_keys(keys_q, bits, dtype, out=out_keys[:, :, :n_q].unflatten(2, (events, -1)))
             dequantize_values(values_q, bits, dtype, out=out_values[:, :, :n_q])
         else:

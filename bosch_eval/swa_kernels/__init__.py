@@ -12,9 +12,12 @@ mask format transformers must build for it, optionally a whole-layer kernel that
 mixed layer (full and SWA groups) in one call, and optionally a per-model cache that the
 hybrid model owns and hands its kernels as ``kernel_cache=`` (flex: its block masks).
 
-Adding a backend is one kernel function and one line::
+Adding a backend is one new module in this package, holding its kernel and one line::
 
-    register_backend("mine", Backend(swa=my_swa_kernel))
+    BACKENDS.register("mine", Backend(swa=my_swa_kernel))
+
+``attn_backend=mine`` then finds it: a name the registry does not know yet imports the
+package's modules first.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 
 import torch
 
+from bosch_eval.registry import Registry
 from bosch_eval.swa_kernels.blocked import blocked_swa_attention
 from bosch_eval.swa_kernels.flash import flash_full_attention, flash_swa_attention, flash_unavailable
 from bosch_eval.swa_kernels.flex import flex_hybrid_layer, flex_swa_attention, flex_unavailable
@@ -56,15 +60,10 @@ class Backend:
     cache: Callable[[], Any] | None = None
 
 
-BACKENDS: dict[str, Backend] = {}
+# ``attn_backend=name`` runs ``BACKENDS[name]``.
+BACKENDS: Registry[Backend] = Registry("attention backend", package=__name__, field="attn_backend")
 
-
-def register_backend(name: str, backend: Backend) -> None:
-    """Make ``attn_backend=name`` run ``backend``."""
-    BACKENDS[name] = backend
-
-
-register_backend("sdpa", Backend(swa=masked_swa_attention))
-register_backend("blocked", Backend(swa=blocked_swa_attention))
-register_backend("flex", Backend(swa=flex_swa_attention, layer=flex_hybrid_layer, unavailable=flex_unavailable, cache=BlockMaskCache))
-register_backend("flash_attention_2", Backend(swa=flash_swa_attention, full=flash_full_attention, mask_format="flash", unavailable=flash_unavailable))
+BACKENDS.register("sdpa", Backend(swa=masked_swa_attention))
+BACKENDS.register("blocked", Backend(swa=blocked_swa_attention))
+BACKENDS.register("flex", Backend(swa=flex_swa_attention, layer=flex_hybrid_layer, unavailable=flex_unavailable, cache=BlockMaskCache))
+BACKENDS.register("flash_attention_2", Backend(swa=flash_swa_attention, full=flash_full_attention, mask_format="flash", unavailable=flash_unavailable))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from bosch_eval.layer_heuristics import LAYER_HEURISTICS
 from bosch_eval.rope_scaling import ROPE_SCALINGS
 
 
@@ -12,7 +13,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``bosch-eval train`` (and of ``python -m bosch_eval.train`` for ``accelerate launch -m``)."""
     parser.add_argument("--model", required=True, help="HF id or path of the model to train, or 'toy' / 'toy-l' / 'smollm2' (a bundled or packaged model)")
     parser.add_argument("--mask-source", help="the head mask, as --model bosch model_args: mask=FILE | ranking=FILE,ratio=R | "
-                        "layers=intr|bme|rand,ratio=R[,seed=S]; plus window=W (default: the mask's, else the model's) and sink=S (attention sinks, default: the mask's, else 0). "
+                        f"layers={'|'.join(LAYER_HEURISTICS.names())},ratio=R[,seed=S]; plus window=W (default: the mask's, else the model's) and sink=S (attention sinks, default: the mask's, else 0). "
                         "Omit it for a hybrid checkpoint (its saved mask); layers=intr,ratio=0 trains the full model")  # fmt: skip
     parser.add_argument("--data", required=True, help="'toy' (toy corpus generator), a .txt/.jsonl file or directory, "
                         "a datasets save_to_disk directory, or hf:NAME[:CONFIG]")  # fmt: skip
@@ -38,7 +39,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rope-factor", type=float, help="YaRN factor F: the context grows F times")
     parser.add_argument("--rope-original-max-positions", type=int,
                         help="context the model was trained for (default: the config's max_position_embeddings)")  # fmt: skip
-    parser.add_argument("--attn-backend", default="auto", help="auto, sdpa, blocked or flash_attention_2")
+    parser.add_argument("--attn-backend", default="auto", help="auto or a backend registered in bosch_eval.swa_kernels (a wrong name lists them)")
     parser.add_argument("--mixed-precision", default="auto", choices=["auto", "no", "bf16", "fp16"],
                         help="auto: bf16 on a CUDA device that supports it, else no")  # fmt: skip
     parser.add_argument("--no-progress-bar", action="store_true", help="no tqdm bar (the log still gets every step)")

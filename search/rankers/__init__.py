@@ -3,11 +3,21 @@
 One module per job: :mod:`.capture` (post-RoPE q/k/v and dL/dO through
 ``AttentionInterface``), :mod:`.blocks` (causal attention streamed in query blocks),
 one module per mechanism (:mod:`.mass`: DCAM and Fisher; :mod:`.apl`; :mod:`.proxy`;
-:mod:`.qada`; :mod:`.razor`), :mod:`.driver` (``compute_ranking``, the registry) and
+:mod:`.qada`; :mod:`.razor`), :mod:`.driver` (``compute_ranking``) and
 :mod:`.reference` (the direct NumPy formulas the tests and the memory benchmark use).
 
-Importing this package is cheap (no torch); the command line lists methods from here.
+Importing this package is cheap (no torch). Each ranker registers itself in :data:`RANKERS`
+under its command-line name; a new ranker is one new module here (see the README's "Add a
+ranker"), found when a name is looked up.
 """
 
-# The registry in .driver maps these names to their classes (a test keeps both in step).
-METHOD_NAMES = ("dcam", "apl", "proxy", "qada", "razor", "fisher")
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bosch_eval.registry import Registry
+
+if TYPE_CHECKING:
+    from bosch_eval.search.rankers.base import Ranker
+
+RANKERS: Registry[type[Ranker]] = Registry("ranker", package=__name__, field="method")

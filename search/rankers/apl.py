@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import torch
 
+from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.rankers.base import Ranker
 from bosch_eval.search.rankers.blocks import AttentionBlock
 
 
+@RANKERS.register("apl")
 class APL(Ranker):
     """Answer-centric peak lag."""
 
-    name = "apl"
     more_local = "higher"
 
     def __init__(self, num_layers: int, num_heads: int, window: int) -> None:

@@ -37,15 +37,16 @@ def calibration_ids(
 class Ranker(ABC):
     """Streaming per-head locality statistics of one method (paper B.3).
 
+    A subclass registers itself under its command-line name with
+    ``@RANKERS.register("name")`` (:data:`bosch_eval.search.rankers.RANKERS`).
+
     Attributes:
-        name: the method's name on the command line.
         more_local: ``"higher"`` or ``"lower"``: which end of the score marks a head
             that tolerates SWA best (``HeadRanking.more_local``).
         needs_grad: the method reads ``dL/dP`` (blocks carry ``dprobs``).
         inputs: what :meth:`sequences` returns, for the provenance.
     """
 
-    name: ClassVar[str]
     more_local: ClassVar[str]
     needs_grad: ClassVar[bool] = False
     inputs: ClassVar[str] = "calibration examples (input + ' ' + target)"

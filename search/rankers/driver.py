@@ -24,18 +24,13 @@ import torch.nn.functional as F
 from bosch_eval.errors import SettingsError
 from bosch_eval.masks import HeadRanking, ModelShape, check_window
 from bosch_eval.model_check import ModelError
-from bosch_eval.search.rankers.apl import APL
+from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.rankers.base import Ranker
 from bosch_eval.search.rankers.blocks import query_blocks
 from bosch_eval.search.rankers.capture import capture_attention
 from bosch_eval.tasks.niah.calibration_sets import DEFAULT_CALIBRATION
-from bosch_eval.search.rankers.mass import DCAM, Fisher
-from bosch_eval.search.rankers.proxy import Proxy
-from bosch_eval.search.rankers.qada import QAdA
-from bosch_eval.search.rankers.razor import Razor
 from bosch_eval.versions import versions
 
-METHODS: dict[str, type[Ranker]] = {cls.name: cls for cls in (DCAM, APL, Proxy, QAdA, Razor, Fisher)}
 DEFAULT_BLOCK_SIZE = 64
 # Rows of output-embedding logits formed at once by Fisher's loss ([rows, vocab] floats).
 LOSS_CHUNK = 512
@@ -47,9 +42,7 @@ def make_ranker(method: str, shape: ModelShape, window: int, options: Mapping[st
     Raises:
         SettingsError: an unknown method or option (the message lists the valid ones).
     """
-    if method not in METHODS:
-        raise SettingsError(f"method: expected one of {sorted(METHODS)}, got {method!r}")
-    cls = METHODS[method]
+    cls = RANKERS.lookup(method)
     fixed = ("self", "num_layers", "num_heads", "window")
     valid = [name for name in inspect.signature(cls.__init__).parameters if name not in fixed]
     unknown = sorted(set(options or {}) - set(valid))
@@ -140,7 +133,7 @@ def compute_ranking(
     """Rank the KV groups of ``model`` with a training-free method of paper B.3.
 
     Args:
-        method: one of :data:`METHODS` (dcam, apl, proxy, qada, razor, fisher).
+        method: a ranker's name in :data:`~bosch_eval.search.rankers.RANKERS`.
         model: a transformers causal LM whose attention dispatches through
             ``AttentionInterface``; put in eval mode for the run (its mode is restored).
         tokenizer: the model's tokenizer (sizes the calibration examples).

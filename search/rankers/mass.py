@@ -23,6 +23,7 @@ from abc import abstractmethod
 
 import torch
 
+from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.rankers.base import Ranker
 from bosch_eval.search.rankers.blocks import AttentionBlock
 
@@ -51,19 +52,18 @@ class _WindowMass(Ranker):
         return torch.where(self.total > 0, self.inside / safe, 1.0)
 
 
+@RANKERS.register("dcam")
 class DCAM(_WindowMass):
     """Distance-conditioned attention mass: attention probability inside the window."""
-
-    name = "dcam"
 
     def weights(self, block: AttentionBlock) -> torch.Tensor:
         return block.probs
 
 
+@RANKERS.register("fisher")
 class Fisher(_WindowMass):
     """Fisher-weighted locality: squared ``∂L/∂α · α`` saliency inside the window."""
 
-    name = "fisher"
     needs_grad = True
 
     def weights(self, block: AttentionBlock) -> torch.Tensor:

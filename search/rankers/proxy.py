@@ -31,14 +31,15 @@ import torch
 import torch.nn.functional as F
 
 from bosch_eval.errors import SettingsError
+from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.rankers.base import Ranker
 from bosch_eval.search.rankers.blocks import AttentionBlock
 
 
+@RANKERS.register("proxy")
 class Proxy(Ranker):
     """Fraction of proxy-ranked key blocks a head needs to cover γ of its attention."""
 
-    name = "proxy"
     more_local = "lower"
 
     def __init__(

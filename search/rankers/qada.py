@@ -29,14 +29,15 @@ from typing import Any
 import torch
 
 from bosch_eval.errors import SettingsError
+from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.rankers.base import Ranker
 from bosch_eval.search.rankers.blocks import AttentionBlock
 
 
+@RANKERS.register("qada")
 class QAdA(Ranker):
     """Gaussian estimate of the share of softmax mass inside the window."""
 
-    name = "qada"
     more_local = "higher"
 
     def __init__(self, num_layers: int, num_heads: int, window: int, buffer: int = 128) -> None:

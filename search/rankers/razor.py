@@ -33,6 +33,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from bosch_eval.errors import SettingsError
+from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.rankers.base import Ranker
 from bosch_eval.search.rankers.blocks import AttentionBlock
 from bosch_eval.tasks.niah.calibration_sets import DEFAULT_CALIBRATION
@@ -50,10 +51,10 @@ def repeated_probes(
     ]
 
 
+@RANKERS.register("razor")
 class Razor(Ranker):
     """Max of the z-scored echo and induction attention on a repeated random block."""
 
-    name = "razor"
     more_local = "lower"
     inputs = "random block of K = calib_len // 4 tokens repeated 4 times"
 
