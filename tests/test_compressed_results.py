@@ -122,8 +122,10 @@ class TestCommittedResults:
             text = gzip.decompress(path.read_bytes()).decode()
             if path.name.endswith(".jsonl.gz"):
                 assert all(json.loads(line) is not None for line in text.splitlines()), path
-            else:
+            elif path.name.endswith(".json.gz"):
                 json.loads(text)
+            else:
+                assert path.name.endswith(".log.gz") and text, path  # a command's output (toy_sinks/run.log.gz)
 
     def test_every_compare_run_reads_its_gzipped_results(self) -> None:
         """Every finished run of every committed comparison keeps its lm-eval results gzipped, and reads."""
@@ -215,3 +217,31 @@ class TestCommittedComparison:  # about 0.5 s per test: the fast lane
         assert list(out.glob("runs/*/*/samples_*.jsonl.gz")) and not list(out.glob("runs/*/*/samples_*.jsonl"))
         saved = json.loads((out / "leaderboard.json").read_text())
         assert any(cell.get("ci") for row in saved["rows"] for cell in row["cells"].values()), "no paired CI to compare"
+
+
+@pytest.mark.slow
+def test_stripped_samples_regenerate_with_their_doc_hash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The committed samples lack the prompt text (results/README.md): the task, built as
+    ``compare`` builds it, gives back each document whose ``doc_hash`` the sample keeps."""
+    from lm_eval.utils import handle_non_serializable, hash_string
+
+    from bosch_eval.lm_eval_session import load_task, task_manager
+
+    monkeypatch.chdir(REPO)
+    config, out = COMPARISONS[2]  # toy_sinks/run: two tasks, 336 documents, about 30 s
+    spec = load_spec(config)
+    path = resolve_model(spec.model)
+    manager = task_manager(spec.tasks, spec.include_path, {"pretrained": path, "tokenizer": path} | dict(spec.metadata))
+    docs = {name: list(task.eval_docs) for task_name in spec.tasks for name, task in load_task(manager, task_name)["tasks"].items()}
+    checked = 0
+    for packed in sorted(Path(out).glob("runs/*/*/samples_*.jsonl.gz")):
+        task = packed.name[len("samples_") :].rsplit("_", 1)[0]
+        for line in gzip.decompress(packed.read_bytes()).decode().splitlines():
+            sample = json.loads(line)
+            assert "input" not in sample["doc"] and "arg_0" not in sample["arguments"]["gen_args_0"], packed
+            doc = docs[task][sample["doc_id"]]
+            assert {k: v for k, v in doc.items() if k != "input"} == sample["doc"], (packed, sample["doc_id"])
+            text = json.dumps(doc, indent=2, default=handle_non_serializable, ensure_ascii=False)  # lm-eval's doc_hash
+            assert hash_string(text) == sample["doc_hash"], (packed, sample["doc_id"])
+            checked += 1
+    assert checked == 336
