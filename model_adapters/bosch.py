@@ -68,6 +68,7 @@ from bosch_eval.hybrid_cache import HybridCache
 from bosch_eval.kv_quant.config import KVQuantConfig, parse_kv_quant
 from bosch_eval.launch import join_cpu_processes, shard_over_processes
 from bosch_eval.lm_eval_logs import quiet_per_length_warnings
+from bosch_eval.threads import apply_thread_policy
 from bosch_eval.mask_sources import resolve_mask
 from bosch_eval.errors import SettingsError
 from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
@@ -158,6 +159,7 @@ class BoschLM(HFLM):
         if kv_cache not in KV_CACHES:
             raise SettingsError(f"kv_cache: expected one of {list(KV_CACHES)}, got {kv_cache!r}")
         quiet_per_length_warnings()  # RULER-style tasks' per-length metrics, expected (see the module)
+        apply_thread_policy()  # lm_eval --model bosch: torch is loaded, its thread count set here (bosch_eval.threads)
         if kwargs.get("tp_plan") is not None:
             # Under tensor parallelism each rank's attention holds a shard of the heads, but the
             # hybrid attention picks KV groups by their global index: slices past the shard would
