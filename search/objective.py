@@ -71,6 +71,7 @@ from bosch_eval.lm_eval_session import (
 from bosch_eval.launch import on_main_then_everywhere
 from bosch_eval.masks import HeadMask, ModelShape
 from bosch_eval.model_check import bundled_alias
+from bosch_eval.search.defaults import DEFAULT_CALIB_TASK
 from bosch_eval.search.objective_racing import ObjectiveRacing
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ if TYPE_CHECKING:
 
     from bosch_eval.model_adapters.bosch import BoschLM
 
-DEFAULT_TASKS = ("bosch_niah_calib",)
+DEFAULT_TASKS = (DEFAULT_CALIB_TASK,)
 EVALUATE_PATH = "lm_eval.evaluator.evaluate"
 
 

@@ -163,8 +163,12 @@ class ScoreBook:
                 outcomes[position] = self._record(keys[position], outcome, stage, seconds)
                 if self.on_score is not None:
                     self.on_score(None if isinstance(outcome, RaceBound) else outcomes[position], bits_list[position])
-        # Masks scored before cost nothing here and do not move the progress bar.
-        return [outcomes[i] if i in outcomes else self.known[keys[i]] for i in range(len(keys))]
+        answers = [outcomes[i] if i in outcomes else self.known[keys[i]] for i in range(len(keys))]
+        if self.on_score is not None:  # masks scored before cost nothing, but were asked: the bar counts asks
+            for i in range(len(keys)):
+                if i not in outcomes:
+                    self.on_score(answers[i], bits_list[i])
+        return answers
 
     def _record(self, key: str, outcome: float | RaceBound, stage: str, seconds: float) -> float | RaceBound:
         """Keep, count and journal one outcome; one the journal holds already (a replay) is

@@ -39,7 +39,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from tqdm import tqdm
 
 from bosch_eval.masks import HeadMask, ModelShape, ceil_count
@@ -188,7 +187,7 @@ def solve(
     )
     if result.crash:
         log.warning(
-            "%s layers %s: NOMAD stopped after %d evaluations (%s); the best feasible mask it evaluated is kept",
+            "%s layers %s: NOMAD stopped after %d masks asked (%s); the best feasible mask it got is kept",
             stage, list(layers), result.evaluations, result.crash,
         )  # fmt: skip
     return best, summary
@@ -227,12 +226,19 @@ def quota_blocks(groups: int, ones_per_layer: int, layers: int, quota: str) -> t
 
 
 class StageProgress:
-    """A tqdm bar for one stage plus a log line per sub-problem (best score, evaluations, ETA).
+    """A tqdm bar for one stage plus a log line per sub-problem (best score, masks asked, ETA).
 
     "Best" is the best *complete* mask: one with as many SWA groups as the stage's result
     (``complete_swa``). A stage's earlier sub-problems score partial masks, with fewer SWA
     groups and so a higher S than any complete mask can reach; their best is shown apart,
     labelled partial, so that it is not read as what the search will end with.
+
+    Counts: a *mask asked* is one answer the optimizers got (the bar's unit; ``total`` is
+    their budget), whether it was evaluated now or answered from memory (a mask seen before,
+    or a journal a resumed run replays). The ETA is what the stage's remaining asks cost at
+    the measured time per mask *evaluated in this run* (answers from memory cost nothing and
+    the journal's timings are of another run, so neither enters the rate); it is an upper
+    bound, since some of the remaining asks will be answered from memory.
     """
 
     def __init__(
@@ -246,7 +252,8 @@ class StageProgress:
         self.best: float | None = None  # of complete masks
         self.best_partial: float | None = None
         self.started = time.perf_counter()
-        self.bar = tqdm(total=total, desc=f"BOSCH {stage}", unit="eval", disable=not enabled)
+        self.evaluated_before = book.new_evaluations  # masks this run evaluated before the stage
+        self.bar = tqdm(total=total, desc=f"BOSCH {stage}", unit="mask", disable=not enabled)
         self.enabled = enabled
         self.book = book
 
@@ -259,7 +266,7 @@ class StageProgress:
         self.bar.close()
 
     def update(self, score: float | None, bits: Bits) -> None:
-        """One evaluation of the mask ``bits`` done; ``None`` for a mask racing stopped early (no score)."""
+        """One mask ``bits`` asked and answered; ``None`` for a mask racing stopped early (no score)."""
         self.done += 1
         if score is not None:
             if sum(row.count(0) for row in bits) == self.complete_swa:
@@ -276,16 +283,32 @@ class StageProgress:
         text = f"best={_shown(self.best)}"
         return text if self.best_partial is None else f"{text}, best partial={_shown(self.best_partial)}"
 
+    def seconds_per_evaluation(self) -> float | None:
+        """Wall time of this stage per mask it evaluated in this run (None before the first);
+        before the stage evaluates one, this run's earlier stages' time per evaluated mask."""
+        evaluated = self.book.new_evaluations - self.evaluated_before
+        if evaluated > 0:
+            return (time.perf_counter() - self.started) / evaluated
+        costs = self.book.costs.values()
+        calls = sum(row["calls"] for row in costs)
+        return sum(row["seconds"] for row in costs) / calls if calls else None
+
+    def eta(self) -> str:
+        """At most how long the stage's remaining asks take, with the rate it is based on."""
+        rate = self.seconds_per_evaluation()
+        if rate is None:
+            return "ETA unknown (no mask evaluated in this run yet)"
+        remaining = max(self.total - self.done, 0)
+        return f"ETA ≤ {rate * remaining:.0f} s ({remaining} masks left to ask at {rate:.1f} s per mask evaluated)"
+
     def report(self, result: SubResult) -> None:
         if not self.enabled:
             return
-        elapsed = time.perf_counter() - self.started
-        eta = elapsed / max(self.done, 1) * max(self.total - self.done, 0)
         partial = "" if self.best_partial is None else f", best partial {_shown(self.best_partial)}"
         log.info(
-            "%s layers %s: S=%.4f with %d/%d SWA (%s, %d evals); best complete (%d SWA groups) %s%s; %d/%d evals; ETA %.0f s",
+            "%s layers %s: S=%.4f with %d/%d SWA (%s, %d masks asked); best complete (%d SWA groups) %s%s; %d/%d masks asked; %s",
             self.stage, list(result.layers), result.score, result.converted, result.variables, result.method,
-            result.evaluations, self.complete_swa, _shown(self.best), partial, self.done, self.total, eta,
+            result.evaluations, self.complete_swa, _shown(self.best), partial, self.done, self.total, self.eta(),
         )  # fmt: skip
 
 
@@ -300,6 +323,8 @@ def _chunks(layers: Sequence[int], max_layers: int) -> list[list[int]]:
     into smaller equally size subsets." Sizes are equal where the count divides, else
     differ by one (the first parts one larger), as ``numpy.array_split`` splits.
     """
+    import numpy as np  # here, not at import: `bosch-eval search --help` must not load numpy
+
     parts = max(1, math.ceil(len(layers) / max_layers))
     return [part.tolist() for part in np.array_split(np.asarray(layers, dtype=int), parts) if len(part)]  # ints, for JSON
 

@@ -268,7 +268,8 @@ class TestRunInputs:
     def test_a_model_directory_is_its_files_but_not_its_card(self, tmp_path):
         import hashlib
 
-        from bosch_eval.compare.inputs import changed, model_identity, run_inputs
+        from bosch_eval.compare.inputs import changed, run_inputs
+        from bosch_eval.model_identity import model_identity
 
         (tmp_path / "config.json").write_text("{}")
         (tmp_path / "model.safetensors").write_bytes(b"weights")

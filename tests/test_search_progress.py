@@ -35,3 +35,49 @@ def test_the_bar_shows_the_best_complete_mask_apart_from_partial_ones() -> None:
         bar.update(0.25, swa)
         bar.update(None, swa)  # a mask racing stopped early: no score
         assert (bar.best, bar.best_partial, bar._bests()) == (0.25, 0.9, "best=0.2500, best partial=0.9000")
+
+
+def test_the_eta_uses_the_time_per_mask_evaluated_in_this_run(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 40: a resumed run said "ETA 250 s" at 83 s per evaluation: masks answered from
+    the journal (free) were averaged into the rate. Six masks come from memory here, then
+    one is evaluated at 0.2 s: 17 asks are left, so the ETA is about 17 × 0.2 s, not 17 × 0.2 / 7."""
+    import time
+
+    from bosch_eval.search.journal import mask_key
+    from bosch_eval.search.stages import SubResult
+
+    rows = [[(i >> shift) & 1 for shift in range(4)] for i in range(16)]
+    journaled = [tuple(tuple(rows[(i + layer) % 16]) for layer in range(4)) for i in range(6)]
+
+    def slow(mask: HeadMask) -> float:
+        time.sleep(0.2)
+        return 0.5
+
+    book = ScoreBook(slow, SHAPE, known={mask_key(bits): 0.5 for bits in journaled})
+    with caplog.at_level(logging.INFO, logger="bosch_eval.search"), StageProgress("stage 3", 24, book, enabled=True, complete_swa=8) as bar:
+        for bits in journaled:
+            book.score(bits, "stage3")  # from the journal: no call
+        book.score(HeadMask.uniform(SHAPE, full=True).bits, "stage3")  # evaluated now
+        bar.report(SubResult("stage 3", (3,), 0.5, 4, 2, "exhaustive", 7, 0.5, 0.0))
+    (line,) = [r.getMessage() for r in caplog.records if "ETA" in r.getMessage()]
+    eta = float(re.search(r"ETA ≤ (\d+) s", line).group(1))
+    assert "7/24 masks asked" in line and round(17 * 0.2) <= eta <= 17 * 0.6
+
+
+def test_every_count_of_masks_evaluated_agrees(tmp_path) -> None:  # noqa: ANN001
+    """One word for one count: the journal's refusal, the resume log and the result count the
+    same distinct masks (scored or stopped early), never journal lines (racing writes values
+    and bounds too)."""
+    from bosch_eval.search.journal import Journal, JournalError
+    from bosch_eval.search.pipeline import Resumed
+
+    path = tmp_path / "journal.jsonl"
+    settings = SearchSettings(ratio=0.5, seed=5, budget_per_layer=10)
+    result = run_search(ExampleObjective(seed=5), SHAPE, settings, journal=Journal(path, {"s": 1}, resume=False), progress=False, racing=True)
+    assert result.pruned > 0 and len(path.read_text().splitlines()) - 1 > result.evaluations  # more lines than masks
+    with pytest.raises(JournalError, match=f"holds {result.evaluations} masks evaluated"):
+        Journal(path, {"s": 1}, resume=False)
+    journal = Journal(path, {"s": 1}, resume=True)
+    assert journal.masks_evaluated == result.evaluations
+    again = run_search(ExampleObjective(seed=5), SHAPE, settings, resumed=Resumed.of(journal), journal=journal, progress=False, racing=True)
+    assert again.evaluations == result.evaluations and again.new_evaluations == 0

@@ -32,6 +32,12 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--kv-length", type=int, help="T of the KV-bytes column (default: the longest task length)")
     parser.add_argument("--from-results", nargs="+", default=[], help="finished lm-eval output directories to add as entries")
     parser.add_argument("--resume", action="store_true", help="skip runs already finished under --out")
+    parser.add_argument(
+        "--new-settings",
+        action="store_true",
+        help="with --resume: evaluate again finished runs made with other settings or inputs (a changed mask file, "
+        "model, limit, ...), keeping the old runs and leaderboard in --out/previous/; without it such a resume is refused",
+    )
     parser.add_argument("--out", required=True, help="output directory")
     parser.set_defaults(run=compare_main)
     return parser
@@ -49,6 +55,8 @@ def compare_main(args: argparse.Namespace) -> None:
     from bosch_eval.compare.runner import output_lock, run_compare
     from bosch_eval.compare.spec import build_spec, load_spec
 
+    if args.new_settings and not args.resume:
+        raise EntryError("--new-settings: evaluates again finished runs that no longer match; pass it with --resume")
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 and args.limit.is_integer() else args.limit)
     try:
         metadata = json.loads(args.metadata) if args.metadata else None
@@ -72,7 +80,7 @@ def compare_main(args: argparse.Namespace) -> None:
         raise EntryError(f"{given}: {spec.reference!r} names no entry; expected one of {names + [e.name for e in extra]}")
     head_dim = _head_dim(spec.model)  # the packed size of kv_quant entries depends on it
     with output_lock(out):  # the runs and the leaderboard: one writer
-        run_compare(spec, out, resume=args.resume, locked=True)
+        run_compare(spec, out, resume=args.resume, locked=True, new_settings=args.new_settings)
         entries = from_compare_dir(out, names) + extra
         order = column_order(entries)
         rows = build_rows(entries, spec.reference, spec.default_kv_length(), head_dim=head_dim, tasks=spec.tasks)
