@@ -50,6 +50,19 @@ def _head_dim(model: str) -> int:
     return ModelShape.head_dim_of(model_config(resolve_model(model)))
 
 
+def kv_length_of(spec: Any) -> int | None:
+    """T of the KV-bytes column: ``kv_length``, else the longest length the metadata names,
+    else, when every task is one of ours, the model's ``calib_len`` (``bosch_defaults.json``),
+    which each of them defaults to (a bosch_niah_calib-only comparison said "T = None")."""
+    from bosch_eval.model_check import resolve_model
+    from bosch_eval.model_defaults import model_defaults
+
+    length = spec.default_kv_length()
+    if length is None and all(task.startswith("bosch_") for task in spec.tasks):
+        length = model_defaults(resolve_model(spec.model)).calib_len
+    return length
+
+
 def compare_main(args: argparse.Namespace) -> None:
     from bosch_eval.compare.leaderboard import build_rows, column_order, from_compare_dir, from_results_dir, write_leaderboard
     from bosch_eval.compare.runner import output_lock, run_compare
@@ -83,8 +96,9 @@ def compare_main(args: argparse.Namespace) -> None:
         run_compare(spec, out, resume=args.resume, locked=True, new_settings=args.new_settings)
         entries = from_compare_dir(out, names) + extra
         order = column_order(entries)
-        rows = build_rows(entries, spec.reference, spec.default_kv_length(), head_dim=head_dim, tasks=spec.tasks)
+        kv_length = kv_length_of(spec)
+        rows = build_rows(entries, spec.reference, kv_length, head_dim=head_dim, tasks=spec.tasks)
         header = {"command": " ".join(["bosch-eval", *args.argv]), "versions": versions("bosch-eval", "lm_eval", "torch", "transformers"), "reference": spec.reference,
-                  "kv_length": spec.default_kv_length(), "settings": spec.settings()}  # fmt: skip
+                  "kv_length": kv_length, "settings": spec.settings()}  # fmt: skip
         write_leaderboard(rows, order, out, header, spec.tasks)
     print((out / "leaderboard.md").read_text())
