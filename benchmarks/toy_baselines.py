@@ -40,7 +40,7 @@ from bosch_eval.model_defaults import model_defaults
 from bosch_eval.search.importers import import_duo
 from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.search.rankers import METHOD_NAMES
-from bosch_eval.search.rankers.driver import compute_ranking
+from bosch_eval.search.rankers.driver import RankingInputs, compute_ranking
 from bosch_eval.model_check import model_path
 from bosch_eval.versions import versions
 
@@ -57,7 +57,7 @@ def time_rankings(path: str, window: int, calib_len: int) -> tuple[dict[str, Hea
         runs, seconds = [], []
         for _ in range(2):
             start = time.perf_counter()
-            runs.append(compute_ranking(method, model, tokenizer, window=window, calib_examples=64, calib_len=calib_len))
+            runs.append(compute_ranking(method, model, tokenizer, RankingInputs(window, 64, calib_len)))
             seconds.append(time.perf_counter() - start)
         rankings[method] = runs[0]
         report[method] = {"seconds": [round(s, 1) for s in seconds], "deterministic": runs[0].scores == runs[1].scores}

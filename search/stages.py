@@ -107,27 +107,39 @@ def subproblem_seed(seed: int, label: str) -> int:
     return zlib.crc32(f"{seed}/{label}".encode())
 
 
+@dataclass(frozen=True)
+class Choice:
+    """One sub-problem: which variables (each a set of cells switched together) may turn SWA,
+    and how many must: ``blocks`` = ``((size, ones), ...)`` over consecutive variables.
+
+    Attributes:
+        variables: the cell sets, in order.
+        blocks: the quota of each block of consecutive variables.
+        target_ratio: ρ̄ of Eq. 5's penalty.
+        budget: the optimizer's evaluations.
+        stage: the stage journaled with each score (``stage1``, ``stage3``, ``refine``, ``layer``).
+        label: names the sub-problem (its optimizer's seed derives from it).
+    """
+
+    variables: Sequence[Sequence[Cell]]
+    blocks: Sequence[tuple[int, int]]
+    target_ratio: float
+    budget: int
+    stage: str
+    label: str
+
+
 def solve(
-    book: ScoreBook,
-    anchors: Anchors,
-    base: Bits,
-    variables: Sequence[Sequence[Cell]],
-    blocks: Sequence[tuple[int, int]],
-    target_ratio: float,
-    budget: int,
-    settings: StageSettings,
-    stage: str,
-    label: str,
-    start: Bits | None = None,
+    book: ScoreBook, anchors: Anchors, base: Bits, choice: Choice, settings: StageSettings, start: Bits | None = None
 ) -> tuple[Bits, SubResult]:
-    """Convert exactly ``ones`` of each block of ``variables`` to SWA (each variable a set of
-    cells switched together; ``blocks`` = ``((size, ones), ...)`` over consecutive variables).
+    """Convert exactly ``ones`` of each block of ``choice.variables`` to SWA in ``base``.
 
     The loss is Eq. 5 with the penalty α(ρ̄ − r)² averaged over the blocks (one block: Eq. 5
     as printed), so every feasible point pays the same penalty and off-quota points more.
     ``start`` (a mask) seeds the optimizer's start point instead of a random one.
     """
-    blocks = tuple((int(size), int(ones)) for size, ones in blocks)
+    variables, target_ratio, budget, stage, label = choice.variables, choice.target_ratio, choice.budget, choice.stage, choice.label
+    blocks = tuple((int(size), int(ones)) for size, ones in choice.blocks)
     starts = list(itertools.accumulate((size for size, _ in blocks), initial=0))
 
     def bits_for(selection: tuple[int, ...]) -> Bits:
@@ -361,9 +373,7 @@ def stage1(
     with StageProgress("stage 1", total, book, progress, settings.higher_is_better, complete_swa=complete) as bar:
         for layers, layer_blocks, budget in zip(problems, blocks, budgets, strict=True):
             label = "stage1/" + ",".join(map(str, layers))
-            bits, result = solve(
-                book, anchors, bits, _cells(shape, layers), layer_blocks, ratio, budget, settings, "stage1", label
-            )
+            bits, result = solve(book, anchors, bits, Choice(_cells(shape, layers), layer_blocks, ratio, budget, "stage1", label), settings)
             for layer in layers:
                 scores[layer] = result.score
             outcome.subproblems.append(result)
@@ -410,18 +420,8 @@ def stage3(
     with StageProgress("stage 3", total, book, progress, settings.higher_is_better, complete_swa=complete) as bar:
         for (ratio, layers), layer_blocks in zip(problems, blocks, strict=True):
             label = f"stage3/{ratio}/" + ",".join(map(str, layers))
-            bits, result = solve(
-                book,
-                anchors,
-                bits,
-                _cells(shape, layers),
-                layer_blocks,
-                ratio,
-                settings.budget_per_layer * len(layers),
-                settings,
-                "stage3",
-                label,
-            )
+            budget = settings.budget_per_layer * len(layers)
+            bits, result = solve(book, anchors, bits, Choice(_cells(shape, layers), layer_blocks, ratio, budget, "stage3", label), settings)
             outcome.subproblems.append(result)
             bar.report(result)
     outcome.bits = bits
@@ -439,9 +439,8 @@ def layer_level(
     total = expected_evaluations(((len(variables), k),), budget, settings.optimizer)
     complete = k * shape.num_kv_heads
     with StageProgress("layer search", total, book, progress, settings.higher_is_better, complete_swa=complete) as bar:
-        bits, result = solve(
-            book, anchors, HeadMask.uniform(shape, full=True).bits, variables, ((len(variables), k),), ratio, budget, settings, "layer", "layer"
-        )
+        choice = Choice(variables, ((len(variables), k),), ratio, budget, "layer", "layer")
+        bits, result = solve(book, anchors, HeadMask.uniform(shape, full=True).bits, choice, settings)
         bar.report(result)
     return StageOutcome(bits, [result])
 
@@ -480,10 +479,11 @@ def refine(
             improved = False
             for layer in order:
                 current = anchors.normalize(book.score(bits, "refine"))
-                candidate, result = solve(
-                    book, anchors, bits, _cells(shape, [layer]), ((shape.num_kv_heads, bits[layer].count(0)),),
-                    layer_ratios[layer], settings.budget_per_layer, settings, "refine", f"refine{number}/{layer}", start=bits,
+                choice = Choice(
+                    _cells(shape, [layer]), ((shape.num_kv_heads, bits[layer].count(0)),), layer_ratios[layer],
+                    settings.budget_per_layer, "refine", f"refine{number}/{layer}",
                 )  # fmt: skip
+                candidate, result = solve(book, anchors, bits, choice, settings, start=bits)
                 if anchors.normalize(result.score) > current:
                     bits, improved = candidate, True
                 outcome.subproblems.append(result)
