@@ -3,7 +3,7 @@
     bosch-eval compare --model toy --tasks niah_single_1 --limit 10 \\
         --metadata '{"max_seq_lengths": [512, 1024]}' \\
         --entry original= --entry bosch=mask=mask.json --entry intr=layers=intr,ratio=0.75 --out cmp
-    bosch-eval compare --config leaderboard.yaml --out cmp [--resume] [--from-results DIR ...]
+    bosch-eval compare --config leaderboard.yaml --out cmp [--resume [--new-settings]] [--from-results DIR ...]
 """
 
 from __future__ import annotations
