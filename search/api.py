@@ -31,7 +31,7 @@ from bosch_eval.model_defaults import model_defaults
 from bosch_eval.model_identity import model_identity, portable_name
 from bosch_eval.outdir_lock import OutputLock
 from bosch_eval.previous_results import keep_aside
-from bosch_eval.search.journal import Journal, JournalError
+from bosch_eval.search.journal import Journal, JournalError, refuse_other_settings
 from bosch_eval.search.defaults import DEFAULT_CALIB_LEN, DEFAULT_CALIB_TASK, DEFAULT_PREFIX_CACHE_MB
 from bosch_eval.search.objective import CalibrationObjective
 from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
@@ -118,6 +118,8 @@ def search_model(
     if length is not None and not calibration.ignore_max_positions:
         check_length(length, model, config, "--calib-len", IGNORE_FLAG)
     out = Path(out)
+    if resume and not new_settings:  # before the model loads; the journal checks again, under the lock
+        refuse_other_settings(out / "journal.jsonl", "settings", settings.to_json())
     lock = OutputLock(out, "search", JournalError) if state.is_main_process else None  # only the main process writes
     on_main_then_everywhere(lock.acquire if lock is not None else None, JournalError, state.num_processes)
     try:

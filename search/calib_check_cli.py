@@ -100,6 +100,7 @@ def run_from_args(args: argparse.Namespace) -> None:
     settings = check_settings(args, ranking_files, mask_files)
     args.out.mkdir(parents=True, exist_ok=True)
     with OutputLock(args.out, "calib-check", CalibCheckError):
+        _pin_settings(args.out, settings, args.new_settings, check_only=True)  # before the model loads
         calib = build_objective(
             args.model,
             CalibrationSettings(tasks=(args.calib,), length=args.calib_len, examples=args.calib_examples, metadata=args.calib_metadata),
@@ -200,14 +201,16 @@ def _summary_json(summary: RatioSummary) -> dict[str, Any]:
             "verdict": summary.verdict}  # fmt: skip
 
 
-def _pin_settings(out: Path, settings: dict[str, Any], new_settings: bool) -> None:
+def _pin_settings(out: Path, settings: dict[str, Any], new_settings: bool, check_only: bool = False) -> None:
     """The first run pins its settings; a later run with other settings is refused, naming
-    them, unless ``new_settings``: then the old check's files move to ``out/previous/``."""
+    them, unless ``new_settings``: then the old check's files move to ``out/previous/``.
+    ``check_only``: refuse, but move and write nothing (before the model loads: settings are
+    pinned only once the tasks and masks are known to be good)."""
     from bosch_eval.previous_results import keep_aside
 
     path = out / "settings.json"
-    if path.is_file():
-        pinned = _comparable(json.loads(path.read_text()))
+    pinned = _comparable(json.loads(path.read_text())) if path.is_file() else None
+    if pinned is not None:
         changed = sorted(key for key in settings.keys() | pinned.keys() if settings.get(key) != pinned.get(key))
         if not changed:
             return
@@ -216,6 +219,9 @@ def _pin_settings(out: Path, settings: dict[str, Any], new_settings: bool) -> No
                 f"{path}: this output directory was made with other settings ({', '.join(changed)}); use another --out, "
                 "or pass --new-settings to keep the old check in previous/ and start afresh"
             )
+    if check_only:
+        return
+    if pinned is not None:
         keep_aside(out, CHECK_FILES, pinned)
     path.write_text(json.dumps(settings, indent=1) + "\n")
 

@@ -305,11 +305,7 @@ class Journal:
             log.warning("%s: ignored %d repeated record(s) of masks journaled twice with equal scores", self.path, copies)
         if changed:
             if self.on_new_settings is None:
-                raise JournalError(
-                    f"{self.path}: the journaled search ran under other settings ({'; '.join(changed)}); resuming would "
-                    "replace its result. Resume with the journal's settings, choose another --out, or pass "
-                    "--new-settings to run these settings on its scores (the old mask.json and report.md are kept)"
-                )
+                raise _other_settings(self.path, changed)
             self.on_new_settings(stored)  # before the header changes: a kill in between keeps the old result
             log.warning(
                 "%s: resuming under other settings (%s); its %d masks evaluated are reused, since a mask's score "
@@ -359,6 +355,29 @@ class Journal:
             self._bounds.pop(record["key"], None)
         elif record["key"] not in self._scores:  # a bound after a score (two writers) adds nothing
             self._bounds[record["key"]] = record
+
+
+def refuse_other_settings(path: str | Path, field: str, value: Any) -> None:
+    """Before anything expensive (a model load): the refusal :class:`Journal` would give for a
+    resume whose header ``field`` differs from ``value``; nothing if there is no readable
+    journal at ``path`` (opening it later says what is wrong)."""
+    try:
+        with open(path, "rb") as handle:
+            stored = json.loads(handle.readline())["header"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    mine = _normalized_header({field: value})
+    changed = [f"{where}: {theirs} → {now}" for where, theirs, now in _differences({field: stored.get(field)}, mine)]
+    if field in stored and changed:
+        raise _other_settings(Path(path), changed)
+
+
+def _other_settings(path: Path, changed: Sequence[str]) -> JournalError:
+    return JournalError(
+        f"{path}: the journaled search ran under other settings ({'; '.join(changed)}); resuming would replace its "
+        "result. Resume with the journal's settings, choose another --out, or pass --new-settings to run these "
+        "settings on its scores (the old mask.json and report.md are kept)"
+    )
 
 
 def _masks_in(lines: Sequence[bytes]) -> int:

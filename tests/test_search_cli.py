@@ -97,7 +97,8 @@ def test_a_resume_under_other_settings_is_refused_unless_asked_and_keeps_the_old
     old_mask, old_report = (copy / "mask.json").read_text(), (copy / "report.md").read_text()
     journaled = {record["key"]: record["score"] for record in journal_lines(copy) if "score" in record}
     other = ("--seed", "1", "--buckets", "0", "0.5", "1")
-    assert main(search_args(model_dir, task_dir, copy, "--resume", *other)) == 2
+    with mock.patch("bosch_eval.search.api.build_objective", side_effect=AssertionError("loaded the model")):
+        assert main(search_args(model_dir, task_dir, copy, "--resume", *other)) == 2  # refused before the model loads
     err = capsys.readouterr().err
     assert "settings.seed: 0 → 1" in err and "settings.buckets" in err and "--new-settings" in err
     assert (copy / "mask.json").read_text() == old_mask and not (copy / "previous").exists()
