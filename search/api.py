@@ -261,6 +261,9 @@ class _AnchorLog:
     def vary_layers_from(self, layer: int | None) -> None:
         self.objective.vary_layers_from(layer)
 
+    def relative_cost(self, lowest_layer: int | None) -> float:
+        return self.objective.relative_cost(lowest_layer)
+
 
 def _open_journal(
     out: Path, header: dict[str, Any], resume: bool, new_settings: bool, state: PartialState

@@ -187,6 +187,15 @@ class CalibrationObjective(ObjectiveRacing):
             work["layers_skipped_share"] = round(cache.layers_skipped / (cache.layers_run + cache.layers_skipped), 4)
         return work
 
+    def relative_cost(self, lowest_layer: int | None) -> float:
+        """One call's cost when masks differ only in layers >= ``lowest_layer``, relative to
+        a call over every layer: with the prefix cache, the layers below are not run (for
+        the examples it holds), without it every layer is."""
+        if getattr(self.lm, "prefix_cache", None) is None or lowest_layer is None:
+            return 1.0
+        layers = self.shape.num_layers
+        return (layers - min(max(lowest_layer, 0), layers - 1)) / layers
+
     def vary_layers_from(self, layer: int | None) -> None:
         """Masks scored next differ only in layers >= ``layer`` (None: no promise); passed
         to the adapter's prefix-activation cache when it has one."""

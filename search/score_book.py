@@ -212,6 +212,13 @@ class ScoreBook:
         row["pruned"] += int(pruned)
         row["seconds"] += seconds
 
+    def relative_cost(self, lowest_layer: int | None) -> float:
+        """What one evaluation of masks that differ only in layers >= ``lowest_layer`` costs,
+        relative to one over the whole model (1.0 unless the score function says less: a
+        prefix cache runs only the layers from the lowest varied one up)."""
+        cost = getattr(self.score_fn, "relative_cost", None)
+        return float(cost(lowest_layer)) if cost is not None else 1.0
+
     @contextlib.contextmanager
     def varying_from(self, layer: int) -> Iterator[None]:
         """Tell the score function that masks differ only in layers >= ``layer`` meanwhile."""

@@ -247,25 +247,39 @@ class StageProgress:
 
     Counts: a *mask asked* is one answer the optimizers got (the bar's unit; ``total`` is
     their budget), whether it was evaluated now or answered from memory (a mask seen before,
-    or a journal a resumed run replays). The ETA is what the stage's remaining asks cost at
-    the measured time per mask *evaluated in this run* (answers from memory cost nothing and
-    the journal's timings are of another run, so neither enters the rate); it is an upper
-    bound, since some of the remaining asks will be answered from memory.
+    or a journal a resumed run replays).
+
+    ETA: the remaining sub-problems' budgets at the time per mask *evaluated in this run*
+    (answers from memory cost nothing, and the journal's timings are another run's). A mask
+    costs what its sub-problem runs: with the prefix cache, the layers from the sub-problem's
+    lowest one up (``plan`` gives each sub-problem's budget and lowest layer, the book their
+    relative cost), so that Stage 1, which goes down from the top layer, does not promise
+    the bottom layers at the top layer's speed (issue 40: "ETA 14 s", then 4 minutes).
     """
 
     def __init__(
-        self, stage: str, total: int, book: ScoreBook, enabled: bool, higher_is_better: bool = True, *, complete_swa: int
+        self,
+        stage: str,
+        plan: Sequence[tuple[int, int | None]],
+        book: ScoreBook,
+        enabled: bool,
+        higher_is_better: bool = True,
+        *,
+        complete_swa: int,
     ) -> None:
         self.stage = stage
-        self.total = total
+        self.plan = list(plan)  # per sub-problem, in order: (masks it may ask, its lowest layer)
+        self.total = sum(asks for asks, _ in self.plan)
         self.done = 0
         self.sign = 1.0 if higher_is_better else -1.0  # best = the highest sign·S
         self.complete_swa = complete_swa
         self.best: float | None = None  # of complete masks
         self.best_partial: float | None = None
         self.started = time.perf_counter()
-        self.evaluated_before = book.new_evaluations  # masks this run evaluated before the stage
-        self.bar = tqdm(total=total, desc=f"BOSCH {stage}", unit="mask", disable=not enabled)
+        self.reported = 0  # sub-problems finished
+        self.evaluated_mark = book.new_evaluations  # this run's evaluations when the last sub-problem ended
+        self.cost_units = 0.0  # this stage's evaluations, each weighted by its relative cost
+        self.bar = tqdm(total=self.total, desc=f"BOSCH {stage}", unit="mask", disable=not enabled)
         self.enabled = enabled
         self.book = book
 
@@ -295,25 +309,28 @@ class StageProgress:
         text = f"best={_shown(self.best)}"
         return text if self.best_partial is None else f"{text}, best partial={_shown(self.best_partial)}"
 
-    def seconds_per_evaluation(self) -> float | None:
-        """Wall time of this stage per mask it evaluated in this run (None before the first);
-        before the stage evaluates one, this run's earlier stages' time per evaluated mask."""
-        evaluated = self.book.new_evaluations - self.evaluated_before
-        if evaluated > 0:
-            return (time.perf_counter() - self.started) / evaluated
-        costs = self.book.costs.values()
-        calls = sum(row["calls"] for row in costs)
-        return sum(row["seconds"] for row in costs) / calls if calls else None
-
     def eta(self) -> str:
-        """At most how long the stage's remaining asks take, with the rate it is based on."""
-        rate = self.seconds_per_evaluation()
-        if rate is None:
-            return "ETA unknown (no mask evaluated in this run yet)"
-        remaining = max(self.total - self.done, 0)
-        return f"ETA ≤ {rate * remaining:.0f} s ({remaining} masks left to ask at {rate:.1f} s per mask evaluated)"
+        """How long the remaining sub-problems take at this stage's measured cost, and why."""
+        if self.cost_units > 0:
+            per_unit = (time.perf_counter() - self.started) / self.cost_units
+        else:  # nothing evaluated in this stage yet: this run's earlier stages (unweighted)
+            costs = self.book.costs.values()
+            calls = sum(row["calls"] for row in costs)
+            if not calls:
+                return "ETA unknown (no mask evaluated in this run yet)"
+            per_unit = sum(row["seconds"] for row in costs) / calls
+        left = self.plan[self.reported :]
+        seconds = per_unit * sum(asks * self.book.relative_cost(lowest) for asks, lowest in left)
+        asks = sum(asks for asks, _ in left)
+        return f"ETA {seconds:.0f} s ({asks} masks left to ask, at most; {per_unit:.1f} s per full-cost mask evaluated in this run)"
 
     def report(self, result: SubResult) -> None:
+        """One sub-problem done (they are reported in ``plan`` order)."""
+        if self.reported < len(self.plan):
+            evaluated = self.book.new_evaluations - self.evaluated_mark
+            self.cost_units += evaluated * self.book.relative_cost(self.plan[self.reported][1])
+            self.reported += 1
+        self.evaluated_mark = self.book.new_evaluations
         if not self.enabled:
             return
         partial = "" if self.best_partial is None else f", best partial {_shown(self.best_partial)}"
@@ -365,12 +382,12 @@ def stage1(
     problems = _chunks(list(range(shape.num_layers - 1, -1, -1)), layers_per_problem)
     blocks = [quota_blocks(shape.num_kv_heads, per_layer, len(layers), settings.quota) for layers in problems]
     budgets = [settings.budget_per_layer * len(layers) for layers in problems]
-    total = sum(expected_evaluations(b, budget, settings.optimizer) for b, budget in zip(blocks, budgets, strict=True))
+    plan = [(expected_evaluations(b, budget, settings.optimizer), min(layers)) for b, budget, layers in zip(blocks, budgets, problems, strict=True)]
     bits: Bits = HeadMask.uniform(shape, full=True).bits
     scores = [0.0] * shape.num_layers
     outcome = StageOutcome(bits)
     complete = sum(ones for layer_blocks in blocks for _, ones in layer_blocks)
-    with StageProgress("stage 1", total, book, progress, settings.higher_is_better, complete_swa=complete) as bar:
+    with StageProgress("stage 1", plan, book, progress, settings.higher_is_better, complete_swa=complete) as bar:
         for layers, layer_blocks, budget in zip(problems, blocks, budgets, strict=True):
             label = "stage1/" + ",".join(map(str, layers))
             bits, result = solve(book, anchors, bits, Choice(_cells(shape, layers), layer_blocks, ratio, budget, "stage1", label), settings)
@@ -412,12 +429,12 @@ def stage3(
     outcome = StageOutcome(bits)
     quota = {ratio: ceil_count(ratio, shape.num_kv_heads) for ratio in groups}
     blocks = [quota_blocks(shape.num_kv_heads, quota[ratio], len(layers), settings.quota) for ratio, layers in problems]
-    total = sum(
-        expected_evaluations(b, settings.budget_per_layer * len(layers), settings.optimizer)
+    plan = [
+        (expected_evaluations(b, settings.budget_per_layer * len(layers), settings.optimizer), min(layers))
         for b, (_, layers) in zip(blocks, problems, strict=True)
-    )
+    ]
     complete = sum(row.count(0) for row in bits) + sum(ones for layer_blocks in blocks for _, ones in layer_blocks)
-    with StageProgress("stage 3", total, book, progress, settings.higher_is_better, complete_swa=complete) as bar:
+    with StageProgress("stage 3", plan, book, progress, settings.higher_is_better, complete_swa=complete) as bar:
         for (ratio, layers), layer_blocks in zip(problems, blocks, strict=True):
             label = f"stage3/{ratio}/" + ",".join(map(str, layers))
             budget = settings.budget_per_layer * len(layers)
@@ -436,9 +453,9 @@ def layer_level(
     variables = [[(layer, group) for group in range(shape.num_kv_heads)] for layer in layers]
     k = ceil_count(ratio, shape.num_layers)
     budget = settings.budget_per_layer * shape.num_layers
-    total = expected_evaluations(((len(variables), k),), budget, settings.optimizer)
+    plan = [(expected_evaluations(((len(variables), k),), budget, settings.optimizer), 0)]
     complete = k * shape.num_kv_heads
-    with StageProgress("layer search", total, book, progress, settings.higher_is_better, complete_swa=complete) as bar:
+    with StageProgress("layer search", plan, book, progress, settings.higher_is_better, complete_swa=complete) as bar:
         choice = Choice(variables, ((len(variables), k),), ratio, budget, "layer", "layer")
         bits, result = solve(book, anchors, HeadMask.uniform(shape, full=True).bits, choice, settings)
         bar.report(result)
@@ -469,12 +486,12 @@ def refine(
         key=lambda layer: (-layer_ratios[layer], -layer),
     )
     outcome = StageOutcome(bits)
-    total = passes * sum(
-        expected_evaluations(((shape.num_kv_heads, bits[layer].count(0)),), settings.budget_per_layer, settings.optimizer)
+    plan = passes * [
+        (expected_evaluations(((shape.num_kv_heads, bits[layer].count(0)),), settings.budget_per_layer, settings.optimizer), layer)
         for layer in order
-    )
+    ]
     complete = sum(row.count(0) for row in bits)  # refinement keeps every layer's count
-    with StageProgress("refine", total, book, progress, settings.higher_is_better, complete_swa=complete) as bar:
+    with StageProgress("refine", plan, book, progress, settings.higher_is_better, complete_swa=complete) as bar:
         for number in range(1, passes + 1):
             improved = False
             for layer in order:
