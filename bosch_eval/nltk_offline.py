@@ -47,6 +47,16 @@ class _DropLine(io.TextIOBase):
             self.pending = ""
         return len(text)
 
+    def isatty(self) -> bool:  # what progress bars and colour checks ask of stdout
+        return self.target.isatty()
+
+    def fileno(self) -> int:
+        return self.target.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.target, "encoding", "utf-8")
+
     def flush(self) -> None:
         if self.pending:
             self.target.write(self.pending)
