@@ -5,7 +5,7 @@ patches around a repeated ``evaluate`` call (generators kept, quiet logging, no 
 context bars, templates compiled once) and the metric helpers (direction and value of a
 ``name`` or ``name,filter`` metric in lm-eval's results).
 
-Core, layer 1 (CONVENTIONS.md "Layers"): it imports lm-eval, torch and our tasks folder's
+Core, layer 1 (docs/conventions.md#layers): it imports lm-eval, torch and our tasks folder's
 location, nothing of search or the adapter.
 """
 

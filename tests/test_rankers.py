@@ -480,7 +480,7 @@ class TestRankCommand:
     def test_a_new_ranker_is_one_new_file(
         self, real, model_with_defaults: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """The README's "Add a ranker" example, dropped as a new module into the rankers package
+        """The "Add a ranker" example (docs/rankings.md), dropped as a new module into the rankers package
         (here: a second folder of the package's ``__path__``), runs through ``bosch-eval rank``
         and scores what it says: each head's mean attention lag."""
         filename, source = readme_example("Add a ranker")
