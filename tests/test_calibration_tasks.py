@@ -43,8 +43,8 @@ def needles_of(doc: dict) -> list[tuple[str, str]]:
 
 
 class TestRetrievalCalibration:
-    def test_default_mix_is_single_and_one_other_key(self, docs):
-        assert [doc["kind"] for doc in docs[:4]] == ["single", "multikey", "single", "multikey"]
+    def test_default_mix_is_two_singles_to_one_with_another_key(self, docs):
+        assert [doc["kind"] for doc in docs[:6]] == ["single", "single", "multikey"] * 2
         for doc in docs:
             assert len({key for key, _ in needles_of(doc)}) == {"single": 1, "multikey": 2}[doc["kind"]]
 

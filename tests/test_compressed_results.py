@@ -1,17 +1,19 @@
-"""Bulky logs under results/ are committed gzipped (issue 38): the readers of lm-eval samples
-(``compare``'s paired CIs) and of search journals (``--resume``) take ``.gz`` too, and the
-committed files still give the committed numbers."""
+"""Bulky logs under results/ are committed gzipped (issue 38): the readers of lm-eval results
+and samples (``compare``'s leaderboard and paired CIs) and of search journals (``--resume``)
+take ``.gz`` too, and the committed files still give the committed numbers."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from bosch_eval.compare.leaderboard import build_rows, column_order, from_compare_dir, write_leaderboard
 from bosch_eval.compare.results import read_run
+from bosch_eval.compare.runner import check_out_dir, plan_runs
 from bosch_eval.compare.spec import load_spec
 from bosch_eval.masks import ModelShape
 from bosch_eval.model_check import model_config, resolve_model
@@ -38,6 +40,27 @@ class TestReadRunGzip:
         plain = read_run(tmp_path).samples
         gzip_in_place(samples)
         assert plain == read_run(tmp_path).samples == {"my_task": rows}
+
+    def test_gzipped_results_read_as_the_plain_file(self, tmp_path: Path) -> None:
+        """Two tasks' results files, one per subdirectory as lm-eval writes them: merged the same way."""
+        first = {"results": {"a": {"acc,none": 0.5}}, "config": {"model_args": "pretrained=toy"},
+                 "configs": {"a": {}}, "group_subtasks": {"a": []}}  # fmt: skip
+        second = {"results": {"b": {"score,none": 0.25}}, "config": {"bosch_truncated": {"b": {"documents": 3}}}, "configs": {"b": {}}}
+        for name, data in (("x/results_2026-01-01T00-00-00.json", first), ("y/results_2026-01-01T00-00-01.json", second)):
+            (tmp_path / name).parent.mkdir()
+            (tmp_path / name).write_text(json.dumps(data))
+        plain = read_run(tmp_path)
+        for path in tmp_path.rglob("results_*.json"):
+            gzip_in_place(path)
+        packed = read_run(tmp_path)
+        merged = lambda run: (run.results, run.config, run.group_subtasks, run.truncated)  # noqa: E731
+        assert merged(packed) == merged(plain)
+        assert packed.results == {"a": {"acc,none": 0.5}, "b": {"score,none": 0.25}} and packed.truncated == {"b": {"documents": 3}}
+
+    def test_a_results_gz_that_is_not_gzip_is_named(self, tmp_path: Path) -> None:
+        (tmp_path / "results_1.json.gz").write_text(json.dumps({"results": {"t": {"acc,none": 0.5}}}))
+        with pytest.raises(ValueError, match=r"results_1\.json\.gz: not a readable gzip file"):
+            read_run(tmp_path)
 
     def test_a_gz_that_is_not_gzip_is_named(self, tmp_path: Path) -> None:
         (tmp_path / "results_1.json").write_text(json.dumps({"results": {"t": {"acc,none": 0.5}}}))
@@ -99,21 +122,126 @@ class TestCommittedResults:
             text = gzip.decompress(path.read_bytes()).decode()
             if path.name.endswith(".jsonl.gz"):
                 assert all(json.loads(line) is not None for line in text.splitlines()), path
-            else:
+            elif path.name.endswith(".json.gz"):
                 json.loads(text)
+            else:
+                assert path.name.endswith(".log.gz") and text, path  # a command's output (toy_sinks/run.log.gz)
 
-    @pytest.mark.slow
-    def test_a_leaderboard_rebuilds_from_its_gzipped_samples(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Every row of the committed vs_static_r0.75 leaderboard, paired CIs included, from the committed runs."""
-        monkeypatch.chdir(REPO)  # the YAML names masks relative to the repo root
+    def test_every_compare_run_reads_its_gzipped_results(self) -> None:
+        """Every finished run of every committed comparison keeps its lm-eval results gzipped, and reads."""
+        runs = sorted(path.parent for path in (REPO / "results").glob("**/runs/*/run.json"))
+        assert len(runs) > 100, runs
+        for run in runs:
+            assert list(run.rglob("results_*.json.gz")) and not list(run.rglob("results_*.json")), run
+            assert read_run(run).results, run
+
+
+# Committed comparisons (config, out) and what each must still do from its gzipped runs.
+# vs_static_r0.5_s1 is left out: it reuses vs_static_r0.5's runs (its README).
+def _comparison(out: str, config: str | None = None) -> tuple[str, str]:
+    return config or f"{out}.yaml", out
+
+
+# Written by today's leaderboard code, their runs pin their inputs, their samples are committed.
+CURRENT = [_comparison("results/calibration/tiebreak/vs_static_r0.5"), _comparison("results/calibration/tiebreak/vs_static_r0.75")]
+# toy_sinks/run pins its inputs too; the others predate pinned inputs (a resume evaluates them again)
+# and the leaderboard's `truncated` field; toy_l/leaderboard and leaderboard_toy never committed samples.
+COMPARISONS = [*CURRENT, _comparison("results/toy_sinks/run", "results/toy_sinks/sinks.yaml"),
+               _comparison("results/toy_l/leaderboard"), _comparison("results/toy_compare/leaderboard_toy"),
+               _comparison("results/toy_compare/small")]  # fmt: skip
+HEADER_FIELDS = ("command", "versions", "reference", "kv_length", "settings")
+WRITTEN = ("leaderboard.json", "leaderboard.md", "leaderboard.csv")
+
+
+def rebuild(config: str, out: Path, dest: Path) -> dict:
+    """The leaderboard of ``out``'s runs as ``compare`` writes it (header from the committed one) into ``dest``."""
+    header = json.loads((Path(out) / "leaderboard.json").read_text())
+    spec = load_spec(config)
+    entries = from_compare_dir(out, [entry.name for entry in spec.entries])
+    head_dim = ModelShape.head_dim_of(model_config(resolve_model(spec.model)))
+    rows = build_rows(entries, spec.reference, spec.default_kv_length(), head_dim=head_dim, tasks=spec.tasks)
+    dest.mkdir(exist_ok=True)
+    write_leaderboard(rows, column_order(entries), dest, {key: header[key] for key in HEADER_FIELDS}, spec.tasks)
+    return json.loads((dest / "leaderboard.json").read_text())
+
+
+class TestCommittedComparison:  # about 0.5 s per test: the fast lane
+    @pytest.fixture(autouse=True)
+    def _at_repo_root(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.chdir(REPO)  # the YAMLs and run.json name masks relative to the repo root
+
+    @pytest.mark.parametrize(("config", "out"), [*CURRENT, COMPARISONS[2]])
+    def test_resume_takes_every_run_as_finished(self, config: str, out: str, tmp_path: Path) -> None:
+        copy = tmp_path / "out"
+        shutil.copytree(out, copy)
+        spec = load_spec(config)
+        plan = plan_runs(spec)
+        assert check_out_dir(spec, copy, resume=True, plan=plan) == {item.run for item in plan}
+
+    @pytest.mark.parametrize(("config", "out"), CURRENT)
+    def test_the_leaderboard_rebuilds_byte_for_byte(self, config: str, out: str, tmp_path: Path) -> None:
+        """Every row, paired CIs included, from the committed (gzipped) runs, as ``compare --resume`` writes it."""
+        rebuild(config, Path(out), tmp_path)
+        for name in WRITTEN:
+            assert (tmp_path / name).read_bytes() == (Path(out) / name).read_bytes(), name
+
+    @pytest.mark.parametrize(("config", "out"), COMPARISONS)
+    def test_gzipped_runs_give_the_leaderboard_of_the_unpacked_ones(self, config: str, out: str, tmp_path: Path) -> None:
+        copy = tmp_path / "out"
+        shutil.copytree(Path(out) / "runs", copy / "runs")
+        shutil.copy(Path(out) / "leaderboard.json", copy)
+        for path in copy.rglob("*.gz"):
+            path.with_suffix("").write_bytes(gzip.decompress(path.read_bytes()))
+            path.unlink()
+        rebuild(config, Path(out), tmp_path / "packed")
+        rebuild(config, copy, tmp_path / "plain")
+        for name in WRITTEN:
+            assert (tmp_path / "packed" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes(), name
+
+    @pytest.mark.parametrize(("config", "out"), COMPARISONS)
+    def test_every_committed_score_rebuilds(self, config: str, out: str, tmp_path: Path) -> None:
+        """Each cell's metric and mean (and CI where the samples are committed) as the committed leaderboard has it."""
+        committed = json.loads((Path(out) / "leaderboard.json").read_text())
+        rebuilt = rebuild(config, Path(out), tmp_path)
+        with_samples = bool(list(Path(out).glob("runs/*/*/samples_*")))
+        assert [row["entry"] for row in rebuilt["rows"]] == [row["entry"] for row in committed["rows"]]
+        for new, old in zip(rebuilt["rows"], committed["rows"]):
+            assert new["cells"].keys() == old["cells"].keys(), new["entry"]
+            for task, cell in old["cells"].items():
+                keys = ("metric", "mean", "ci") if with_samples else ("metric", "mean")
+                assert {k: new["cells"][task][k] for k in keys} == {k: cell[k] for k in keys}, (new["entry"], task)
+
+    def test_paired_cis_come_from_gzipped_samples(self) -> None:
+        """The byte-for-byte rebuild covers paired CIs read from gzipped samples."""
         out = Path("results/calibration/tiebreak/vs_static_r0.75")
         assert list(out.glob("runs/*/*/samples_*.jsonl.gz")) and not list(out.glob("runs/*/*/samples_*.jsonl"))
-        committed = json.loads((out / "leaderboard.json").read_text())
-        assert any(cell.get("ci") for row in committed["rows"] for cell in row["cells"].values()), "no paired CI to compare"
-        spec = load_spec(f"{out}.yaml")
-        entries = from_compare_dir(out, [entry.name for entry in spec.entries])
-        head_dim = ModelShape.head_dim_of(model_config(resolve_model(spec.model)))
-        rows = build_rows(entries, spec.reference, spec.default_kv_length(), head_dim=head_dim, tasks=spec.tasks)
-        write_leaderboard(rows, column_order(entries), tmp_path, committed, spec.tasks)
-        assert json.loads((tmp_path / "leaderboard.json").read_text())["rows"] == committed["rows"]
-        assert (tmp_path / "leaderboard.md").read_text() == (out / "leaderboard.md").read_text()
+        saved = json.loads((out / "leaderboard.json").read_text())
+        assert any(cell.get("ci") for row in saved["rows"] for cell in row["cells"].values()), "no paired CI to compare"
+
+
+@pytest.mark.slow
+def test_stripped_samples_regenerate_with_their_doc_hash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The committed samples lack the prompt text (results/README.md): the task, built as
+    ``compare`` builds it, gives back each document whose ``doc_hash`` the sample keeps."""
+    from lm_eval.utils import handle_non_serializable, hash_string
+
+    from bosch_eval.lm_eval_session import load_task, task_manager
+
+    monkeypatch.chdir(REPO)
+    config, out = COMPARISONS[2]  # toy_sinks/run: two tasks, 336 documents, about 30 s
+    spec = load_spec(config)
+    path = resolve_model(spec.model)
+    manager = task_manager(spec.tasks, spec.include_path, {"pretrained": path, "tokenizer": path} | dict(spec.metadata))
+    docs = {name: list(task.eval_docs) for task_name in spec.tasks for name, task in load_task(manager, task_name)["tasks"].items()}
+    checked = 0
+    for packed in sorted(Path(out).glob("runs/*/*/samples_*.jsonl.gz")):
+        task = packed.name[len("samples_") :].rsplit("_", 1)[0]
+        for line in gzip.decompress(packed.read_bytes()).decode().splitlines():
+            sample = json.loads(line)
+            assert "input" not in sample["doc"] and "arg_0" not in sample["arguments"]["gen_args_0"], packed
+            doc = docs[task][sample["doc_id"]]
+            assert {k: v for k, v in doc.items() if k != "input"} == sample["doc"], (packed, sample["doc_id"])
+            text = json.dumps(doc, indent=2, default=handle_non_serializable, ensure_ascii=False)  # lm-eval's doc_hash
+            assert hash_string(text) == sample["doc_hash"], (packed, sample["doc_id"])
+            checked += 1
+    assert checked == 336

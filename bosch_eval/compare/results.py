@@ -21,7 +21,7 @@ from typing import Any
 
 @dataclass
 class RunResults:
-    """One run's merged lm-eval results (every results_*.json under its directory)."""
+    """One run's merged lm-eval results (every results_*.json[.gz] under its directory)."""
 
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     group_subtasks: dict[str, list[str]] = field(default_factory=dict)
@@ -35,22 +35,22 @@ def read_run(directory: str | Path) -> RunResults:
     """Merge every lm-eval results and samples file below ``directory``.
 
     Raises:
-        FileNotFoundError: no ``results_*.json`` below it.
-        ValueError: a results or samples file that is not JSON, or a ``samples_*.jsonl.gz``
-            that is not gzip (naming it).
+        FileNotFoundError: no ``results_*.json`` (or ``.json.gz``) below it.
+        ValueError: a results or samples file that is not JSON, or a ``.gz`` that is not
+            gzip (naming it).
     """
     directory = Path(directory)
-    files = sorted(directory.rglob("results_*.json"))
+    # Committed runs keep their results and samples gzipped (results/, issue 38); lm-eval writes them plain.
+    files = sorted([*directory.rglob("results_*.json"), *directory.rglob("results_*.json.gz")])
     if not files:
         raise FileNotFoundError(f"{directory}: no lm-eval results_*.json below it")
     run = RunResults()
     for path in files:
-        data = _read_json(path)
+        data = _read_json(path, _read_text(path))
         run.results.update(data.get("results", {}))
         run.group_subtasks.update(data.get("group_subtasks", {}))
         run.config = run.config or data.get("config", {})
         run.truncated.update(_truncated_tasks(data))
-    # Committed runs keep their samples gzipped (results/); lm-eval writes them plain.
     for path in sorted([*directory.rglob("samples_*.jsonl"), *directory.rglob("samples_*.jsonl.gz")]):
         task = path.name[len("samples_") :].rsplit("_", 1)[0]
         run.samples[task] = [_read_json(path, line) for line in _read_text(path).splitlines() if line.strip()]

@@ -62,7 +62,7 @@ def main() -> None:
         f"# SmolLM2 on bosch_retrieval_calib formats, full attention ({args.dtype}, {args.seq_len} tokens, "
         f"calib_seed {args.calib_seed}: a development draw)",
         "",
-        f"`{shlex.join(['python', *sys.argv])}`; {versions('torch', 'transformers')}",
+        f"`{shlex.join(['python', *sys.argv])}`; {', '.join(f'{k} {v}' for k, v in versions('torch', 'transformers').items())}",
         "",
         "| format | kinds | other keys (multikey) | examples | acc |",
         "|---|---|---|---|---|",

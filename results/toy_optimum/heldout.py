@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bosch_eval.compare.results import read_run
+
 OPTIMUM = Path("results/toy_optimum")
 LEADERBOARD = Path("results/toy_compare/leaderboard_toy")
 
@@ -23,13 +25,12 @@ def mask_key(bits: list[list[int]]) -> str:
 
 def run_scores(run: Path) -> dict[str, float]:
     scores: dict[str, float] = {}
-    for path in run.rglob("results_*.json"):
-        results = json.loads(path.read_text())["results"]
-        if "niah_single_1" in results:
-            scores["niah_single_1@512"] = results["niah_single_1"]["512,none"]
-            scores["niah_single_1@1024"] = results["niah_single_1"]["1024,none"]
-        if "bosch_niah" in results:
-            scores["bosch_niah"] = results["bosch_niah"]["score,none"]
+    results = read_run(run).results  # the committed runs' results_*.json are gzipped (issue 38)
+    if "niah_single_1" in results:
+        scores["niah_single_1@512"] = results["niah_single_1"]["512,none"]
+        scores["niah_single_1@1024"] = results["niah_single_1"]["1024,none"]
+    if "bosch_niah" in results:
+        scores["bosch_niah"] = results["bosch_niah"]["score,none"]
     return scores
 
 

