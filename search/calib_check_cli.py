@@ -71,6 +71,7 @@ def add_calib_check_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--calib-examples", type=int, help="calibration examples (default 64)")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when torch sees a GPU, else cpu)")
     parser.add_argument("--batch-size", type=int, default=8, help="lm-eval batch size")
+    parser.add_argument("--dtype", help="model dtype, e.g. bfloat16 (default: the checkpoint's); use the search's")
     parser.add_argument(
         "--out", type=Path, required=True, help="output directory (a killed check resumes there with the same settings)"
     )
@@ -104,7 +105,7 @@ def run_from_args(args: argparse.Namespace) -> None:
         calib = build_objective(
             args.model,
             CalibrationSettings(tasks=(args.calib,), length=args.calib_len, examples=args.calib_examples, metadata=args.calib_metadata),
-            LoadSettings(window=args.window, device=args.device, batch_size=args.batch_size),
+            LoadSettings(window=args.window, device=args.device, batch_size=args.batch_size, dtype=args.dtype),
         )
         dev = CalibrationObjective(calib.lm, [args.dev], metadata={**_model_metadata(calib), **args.dev_metadata})
         panel = build_panel(calib.shape, calib.lm.head_mask.window, ratios, rankings, args.random, given)
@@ -124,6 +125,8 @@ def check_settings(args: argparse.Namespace, rankings: list[tuple[str, str]], ma
 
     settings = {key: getattr(args, key) for key in (
         "calib", "calib_metadata", "dev", "dev_metadata", "ratios", "random", "window", "calib_len", "calib_examples")}  # fmt: skip
+    if args.dtype is not None:  # absent from checks made before --dtype existed, which resume unchanged
+        settings["dtype"] = args.dtype
     settings["model"] = portable_name(args.model)
     settings["ranking"] = {name: {"sha256": file_digest(path)} for name, path in rankings}
     settings["mask"] = {name: {"sha256": file_digest(path)} for name, path in masks}

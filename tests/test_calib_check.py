@@ -185,8 +185,22 @@ class TestPinnedSettings:
         from argparse import Namespace
 
         args = Namespace(model="toy", calib="bosch_niah_calib", calib_metadata={}, dev="bosch_niah_dev", dev_metadata={},
-                         ratios=[0.5], random=2, window=None, calib_len=None, calib_examples=None)  # fmt: skip
+                         ratios=[0.5], random=2, window=None, calib_len=None, calib_examples=None, dtype=None)  # fmt: skip
         return args, [("apl", str(ranking))], []
+
+    def test_a_dtype_is_pinned_only_when_given(self, tmp_path: Path) -> None:
+        from bosch_eval.search.calib_check_cli import _pin_settings, check_settings
+
+        ranking = tmp_path / "apl.json"
+        ranking.write_text('{"scores": 1}')
+        args, rankings, masks = self.args(tmp_path, ranking)
+        assert "dtype" not in check_settings(args, rankings, masks)  # a check made before --dtype resumes
+        out = tmp_path / "out"
+        out.mkdir()
+        _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
+        args.dtype = "bfloat16"
+        with pytest.raises(CalibCheckError, match=r"other settings \(dtype\)"):
+            _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
 
     def test_a_moved_file_with_the_same_content_matches(self, tmp_path: Path) -> None:
         from bosch_eval.search.calib_check_cli import _pin_settings, check_settings
