@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests/helpers.py holds the reference; run as a script, benchmarks/ is sys.path[0]
 
 from bosch_eval.bench import environment  # noqa: E402
-from bosch_eval.hybrid_attention import hybridize, resolve_backend  # noqa: E402
+from bosch_eval.hybrid_attention import hybridize  # noqa: E402
+from bosch_eval.hybrid_spec import resolve_backend  # noqa: E402
 from bosch_eval.masks import HeadMask, ModelShape  # noqa: E402
 from bosch_eval.random_model import FAMILIES, random_model  # noqa: E402
 from bosch_eval.swa_kernels import BACKENDS  # noqa: E402
@@ -45,7 +46,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 def runnable_backends(device: torch.device) -> tuple[list[str], dict[str, str]]:
     """Backends that can run on ``device``, ``auto``'s choice first, and why the others cannot."""
-    auto = resolve_backend("auto", device)
+    auto = resolve_backend("auto", device).name
     skipped = {name: reason for name, backend in BACKENDS.items() if (reason := backend.unavailable(device)) is not None}
     return [auto, *(name for name in BACKENDS if name != auto and name not in skipped)], skipped
 

@@ -131,7 +131,7 @@ def main() -> None:
     from lm_eval.tasks import TaskManager
 
     from bosch_eval.model_defaults import model_defaults
-    from bosch_eval.search.objective_loading import build_objective
+    from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
     from bosch_eval.tasks import TASKS_DIR
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -140,7 +140,7 @@ def main() -> None:
         calib_len = args.calib_len or defaults.calib_len or 1024
         window = args.window or defaults.window or 128
         objective = build_objective(
-            path, calib_examples=args.examples, calib_len=calib_len, window=window, dtype="float32", batch_size=args.batch_size
+            path, CalibrationSettings(examples=args.examples, length=calib_len), LoadSettings(window=window, dtype="float32", batch_size=args.batch_size)
         )
         mask = half_swa_mask(objective.shape)
         objective(mask)  # warm-up; builds the requests the forward replays

@@ -125,7 +125,7 @@ def worker(method: str, path: str, length: int, block_size: int) -> dict[str, An
     import psutil
     import torch
 
-    from bosch_eval.search.rankers.driver import _loss_backward, compute_ranking
+    from bosch_eval.search.rankers.driver import RankingCompute, RankingInputs, _loss_backward, compute_ranking
 
     torch.manual_seed(0)
     model, tokenizer, label, default_window = load_model()
@@ -138,9 +138,8 @@ def worker(method: str, path: str, length: int, block_size: int) -> dict[str, An
         scores = None
     elif path == "streaming":
         ranking = compute_ranking(
-            method, model, tokenizer, window=window, calib_examples=1, calib_len=length, block_size=block_size,
-            dtype=torch.float64,
-        )  # fmt: skip
+            method, model, tokenizer, RankingInputs(window, 1, length), compute=RankingCompute(block_size=block_size, dtype=torch.float64)
+        )
         scores = ranking.provenance["head_scores"]
     else:
         scores = direct_head_scores(method, model, inputs, window).tolist()

@@ -30,8 +30,9 @@ from pathlib import Path
 
 import torch
 
+from bosch_eval.search.api import RunOptions, search_model
+from bosch_eval.search.objective_loading import LoadSettings
 from bosch_eval.search.pipeline import SearchSettings
-from bosch_eval.search.api import search_model
 
 SETTINGS = {
     "off": {"racing": False, "prefix_cache_mb": 0},
@@ -53,7 +54,9 @@ def journal(out: Path) -> tuple[dict[str, float], dict[str, float]]:
 
 
 def one_process(ratio: float, name: str, out: Path) -> dict:
-    result = search_model("toy", SearchSettings(ratio=ratio), out, progress=False, **SETTINGS[name])
+    racing, prefix_cache_mb = SETTINGS[name]["racing"], SETTINGS[name]["prefix_cache_mb"]
+    load, run = LoadSettings(prefix_cache_mb=prefix_cache_mb), RunOptions(racing=racing, progress=False)
+    result = search_model("toy", SearchSettings(ratio=ratio), out, load=load, run=run)
     return {"wall_s": result.wall_s, "bits": result.mask.bits, "score": result.score, "work": result.work, "out": out}
 
 

@@ -38,9 +38,9 @@ from bosch_eval.layer_heuristics import layer_heuristic_mask
 from bosch_eval.masks import HeadMask, HeadRanking, ModelShape, ceil_count
 from bosch_eval.model_defaults import model_defaults
 from bosch_eval.search.importers import import_duo
-from bosch_eval.search.objective_loading import build_objective
+from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.search.rankers import RANKERS
-from bosch_eval.search.rankers.driver import compute_ranking
+from bosch_eval.search.rankers.driver import RankingInputs, compute_ranking
 from bosch_eval.model_check import model_path
 from bosch_eval.versions import versions
 
@@ -57,7 +57,7 @@ def time_rankings(path: str, window: int, calib_len: int) -> tuple[dict[str, Hea
         runs, seconds = [], []
         for _ in range(2):
             start = time.perf_counter()
-            runs.append(compute_ranking(method, model, tokenizer, window=window, calib_examples=64, calib_len=calib_len))
+            runs.append(compute_ranking(method, model, tokenizer, RankingInputs(window, 64, calib_len)))
             seconds.append(time.perf_counter() - start)
         rankings[method] = runs[0]
         report[method] = {"seconds": [round(s, 1) for s in seconds], "deterministic": runs[0].scores == runs[1].scores}
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     for ratio, (_, problems) in per_ratio.items():
         print(f"ρ = {ratio}: " + (f"INVALID {problems}" if problems else "every mask valid and deterministic"), flush=True)
 
-    objective = build_objective("toy", window=window, calib_len=calib_len)
+    objective = build_objective("toy", CalibrationSettings(length=calib_len), LoadSettings(window=window))
     scores: dict[str, dict[str, float]] = {}
     for ratio in args.score_ratios:
         masks = per_ratio[ratio][0] if ratio in per_ratio else build_masks(rankings, shape, ratio, window)[0]

@@ -28,7 +28,7 @@ from bosch_eval.doc_selection import per_length_indices
 from bosch_eval.layer_heuristics import random_masks
 from bosch_eval.masks import HeadMask
 from bosch_eval.model_defaults import model_defaults
-from bosch_eval.search.objective_loading import build_objective
+from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.versions import versions
 
 RULER_LENGTHS = (512, 1024)
@@ -38,7 +38,7 @@ RULER_DOCS_PER_LENGTH = 500  # lm-eval's niah_utils generates this many per leng
 def calibration_scores(model: str, calib_len: int, window: int, ratios: list[float], random_count: int) -> dict[str, Any]:
     """``acc`` of bosch_niah_calib for full, all-SWA and random masks, scored by the search's
     own objective (same settings as ``bosch-eval search``, so the numbers compare)."""
-    objective = build_objective(model, window=window, calib_len=calib_len)
+    objective = build_objective(model, CalibrationSettings(length=calib_len), LoadSettings(window=window))
     shape = objective.shape
     randoms = {str(ratio): [objective(mask) for mask in random_masks(shape, ratio, range(random_count), window)] for ratio in ratios}
     return {

@@ -61,7 +61,7 @@ def _bench(args: argparse.Namespace) -> None:
     import torch
 
     from bosch_eval.bench import balanced_mask, environment, plot, ratio_table, rows_as_json, run_bench
-    from bosch_eval.hybrid_attention import backend_names, resolve_backend
+    from bosch_eval.hybrid_spec import backend_names, resolve_backend
 
     if args.backend not in backend_names():
         raise SettingsError(f"--backend: expected one of {backend_names()}, got {args.backend!r}")

@@ -18,7 +18,19 @@ from bosch_eval.search.calib_check_cli import add_calib_check_parser
 from bosch_eval.search.import_cli import add_import_parser
 from bosch_eval.search.rank_cli import add_rank_parser
 from bosch_eval.search.search_cli import add_search_parser
+from bosch_eval.threads import apply_thread_policy
 from bosch_eval.train.cli import add_train_parser
+
+# The bundled tasks and groups that no other bundled group contains, and what each is for
+# (tests/test_cli.py checks the names against tasks/).
+TASK_FAMILIES = {
+    "bosch_niah_calib": "the search's default calibration set: one needle, the query repeats its wording",
+    "bosch_retrieval_calib": "a calibration set that needs the key to find the value (distractors, multi-key, multi-value)",
+    "bosch_niah_dev": "the development split that calib-check ranks masks on (never the test set)",
+    "bosch_niah": "held-out needle-in-a-haystack suite, single and multi-key, scored per length",
+    "bosch_longbench": "LongBench's categories over lm-eval's longbench tasks, with their weighted scores",
+}
+
 
 def _toy_model(args: argparse.Namespace) -> None:
     from bosch_eval.model_check import resolve_model
@@ -47,7 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     toy.set_defaults(run=_toy_model)
 
-    tasks = commands.add_parser("tasks", help="the bundled lm-eval tasks (bosch_niah_calib, bosch_niah, bosch_longbench)")
+    tasks = commands.add_parser(
+        "tasks",
+        help=f"the bundled lm-eval task families ({', '.join(TASK_FAMILIES)})",
+        description="The bundled lm-eval tasks; pass the directory that --path prints to lm_eval as --include_path.\n\n"
+        + "\n".join(f"  {name}: {what}" for name, what in TASK_FAMILIES.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     tasks.add_argument("--path", action="store_true", required=True, help="print the directory to pass as --include_path")
     tasks.set_defaults(run=_tasks_dir)
 
@@ -68,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
+    apply_thread_policy()  # before any command imports torch (bosch_eval.threads says why)
     quiet_per_length_warnings()  # compare and search build lm-eval tasks before any adapter exists
     return exit_status("bosch-eval", lambda: args.run(args))
 

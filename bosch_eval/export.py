@@ -32,10 +32,11 @@ from bosch_eval.checkpoint import CONFIG_FIELD as MASK_FIELD
 from bosch_eval.hybrid_attention import hybridize
 from bosch_eval.kv_quant.config import CONFIG_FIELD as KV_QUANT_FIELD
 from bosch_eval.errors import BoschError
+from bosch_eval.local_window import WINDOW_CONVENTIONS
 from bosch_eval.masks import HeadMask
 
 SERVING_FORMAT = "bosch-serving/1"
-CONVENTIONS = ("inclusive", "exclusive")
+CONVENTIONS = WINDOW_CONVENTIONS
 SLIDING, FULL = "sliding_attention", "full_attention"
 # Positions whose logits the export check compares: the last ones of a 2W-token probe, each
 # of which loses W or more keys in a sliding layer.

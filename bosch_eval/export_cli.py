@@ -6,10 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bosch_eval.checkpoint import CONFIG_FIELD, saved_mask
-from bosch_eval.export import CONVENTIONS, ExportError, export_transformers, write_serving
 from bosch_eval.layer_heuristics import LAYER_HEURISTICS
-from bosch_eval.mask_sources import resolve_mask
+from bosch_eval.local_window import WINDOW_CONVENTIONS
 from bosch_eval.masks import HeadMask, MaskError, ModelShape, check_window
 from bosch_eval.model_check import model_config, resolve_model
 from bosch_eval.model_defaults import model_defaults
@@ -20,6 +18,9 @@ TARGETS = ("transformers", "serving")
 def _mask(args: argparse.Namespace) -> tuple[HeadMask, str]:
     """The mask asked for: --mask, --ranking/--layers with --ratio, or the one a hybrid
     checkpoint (--model) embeds."""
+    from bosch_eval.checkpoint import CONFIG_FIELD, saved_mask  # transformers: not for --help
+    from bosch_eval.mask_sources import resolve_mask
+
     if args.model is None:
         if args.mask is None:
             raise MaskError("export: pass --model M (with --mask, --ranking or --layers, or a hybrid checkpoint) or --mask FILE")
@@ -50,6 +51,8 @@ def _mask(args: argparse.Namespace) -> tuple[HeadMask, str]:
 
 
 def _export(args: argparse.Namespace) -> None:
+    from bosch_eval.export import ExportError, export_transformers, write_serving  # torch: not for --help
+
     mask, source = _mask(args)
     if mask.model is None and args.model is not None:
         mask = mask.with_meta(model=args.model)  # heuristic and ranking masks name no model
@@ -86,7 +89,7 @@ def add_export_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--window-convention",
         default="inclusive",
-        choices=CONVENTIONS,
+        choices=WINDOW_CONVENTIONS,
         help="serving: inclusive = W keys including the query (transformers, vLLM, SGLang); exclusive = W-1 before it",
     )
     parser.set_defaults(run=_export)

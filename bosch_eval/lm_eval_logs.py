@@ -18,7 +18,7 @@ warnings about any other metric still show.
 Also dropped: "<task>: Custom kwargs can be passed to `--metadata` ... For details see task
 Readme.", a two-line hint lm-eval prints at every build of a task with a generated dataset,
 whether or not ``--metadata`` was given; dropped only for RULER's tasks (``niah_*``,
-``ruler_*``) and ours (``bosch_*``, whose settings the README documents). Other tasks with
+``ruler_*``) and ours (``bosch_*``, whose settings docs/tasks.md documents). Other tasks with
 a generated dataset (babilong, graphwalks, a user's own) keep it.
 
 The filters are installed process-wide (logger filters, by the adapter and by ``bosch-eval``'s

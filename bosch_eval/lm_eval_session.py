@@ -5,7 +5,7 @@ patches around a repeated ``evaluate`` call (generators kept, quiet logging, no 
 context bars, templates compiled once) and the metric helpers (direction and value of a
 ``name`` or ``name,filter`` metric in lm-eval's results).
 
-Core, layer 1 (CONVENTIONS.md "Layers"): it imports lm-eval, torch and our tasks folder's
+Core, layer 1 (docs/conventions.md#layers): it imports lm-eval, torch and our tasks folder's
 location, nothing of search or the adapter.
 """
 
@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from bosch_eval.errors import BoschError
+from bosch_eval.nltk_offline import nltk_download_explained
 
 if TYPE_CHECKING:
     from lm_eval.tasks import TaskDict, TaskManager
@@ -71,7 +72,7 @@ def load_task(manager: TaskManager, name: str) -> TaskDict:
     """
     from lm_eval.defaults import DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED
 
-    with global_rng_kept():
+    with global_rng_kept(), nltk_download_explained():  # RULER's import-time nltk.download, offline
         random.seed(DEFAULT_RANDOM_SEED)
         np.random.seed(DEFAULT_OTHER_SEED)
         torch.manual_seed(DEFAULT_OTHER_SEED)

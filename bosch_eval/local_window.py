@@ -31,6 +31,11 @@ from typing import Any
 
 from bosch_eval.errors import BoschError
 
+# How a serving engine counts a window of W (bosch_eval.export): "inclusive", W keys
+# including the query (this value's own count: transformers, vLLM, SGLang), or
+# "exclusive", W − 1 keys before it.
+WINDOW_CONVENTIONS = ("inclusive", "exclusive")
+
 # (batch, head, q_idx, kv_idx) -> bool, or a bool tensor when the indices are tensors.
 MaskFunction = Callable[[Any, Any, Any, Any], Any]
 

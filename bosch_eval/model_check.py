@@ -58,11 +58,6 @@ def model_path(name: str = "toy") -> Path:
     return directory
 
 
-def bundled_alias(path: str) -> str | None:
-    """The alias of a bundled model's directory, or None for any other path or id."""
-    return next((alias for alias, directory in BUNDLED_MODELS.items() if path == str(directory)), None)
-
-
 def model_aliases() -> list[str]:
     """Every short model name a command accepts: the bundled toys and the packaged GGUFs."""
     from bosch_eval.gguf_models import PACKAGED_GGUF  # no torch: read at interpreter start by lm_eval's hook

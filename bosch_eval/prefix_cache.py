@@ -36,10 +36,6 @@ from bosch_eval.hybrid_spec import HybridSpec
 
 log = logging.getLogger("bosch_eval.prefix_cache")
 
-# The search's default budget. At the paper's scale one example's states are T·D·2 bytes
-# (32k × 2048 × bf16 = 128 MB): 1 GB keeps 8 of its 64 calibration examples on the GPU.
-DEFAULT_BUDGET_MB = 1024
-
 Forward = Callable[[torch.Tensor], torch.Tensor]  # input ids [B, T] -> what the caller wants
 
 

@@ -5,6 +5,8 @@
 # ranking (APL) and a layer heuristic (INTR), on held-out NIAH tasks and on the calibration
 # task (in-sample for BOSCH), with KV-cache bytes and paired 95% CIs against the original.
 # Usage: examples/quickstart.sh [OUT_DIR]   (default: quickstart; an existing search resumes)
+# Threads: each command uses one less than the cores it may use (bosch_eval/threads.py), so a
+# busy machine does not slow it down tenfold; OMP_NUM_THREADS=N overrides.
 set -euo pipefail
 out="${1:-quickstart}"
 started=$SECONDS
@@ -32,7 +34,7 @@ from pathlib import Path
 out = Path(sys.argv[1])
 provenance = json.loads((out / "search" / "mask.json").read_text())["provenance"]
 print(f"mask:        {out / 'search' / 'mask.json'} (S = {provenance['score']:.3f} on bosch_niah_calib, "
-      f"full model {provenance['anchors']['all_full']:.3f}; {provenance['evaluations']} masks, {provenance['wall_s']:.0f} s of search)")
+      f"full model {provenance['anchors']['all_full']:.3f}; {provenance['evaluations']} masks evaluated, {provenance['wall_s']:.0f} s of search)")
 print(f"leaderboard: {out / 'leaderboard'}/leaderboard.md (.csv, .json, pareto.png; lm-eval's results and samples in runs/)")
 print()
 print((out / "leaderboard" / "leaderboard.md").read_text().split("\n\n", 2)[2])

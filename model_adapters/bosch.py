@@ -83,6 +83,7 @@ from bosch_eval.model_adapters.truncation import TruncationPolicy, over_long_con
 from bosch_eval.model_check import ModelError, check_causal_decoder, model_config, resolve_model
 from bosch_eval.model_defaults import model_defaults, resolve_window
 from bosch_eval.prefix_cache import PrefixActivations
+from bosch_eval.threads import apply_thread_policy
 from bosch_eval.transformers_compat import cache_argument
 
 # What lm-eval 0.4.13's CLI passes when --device is not given (EvaluatorConfig's default);
@@ -166,6 +167,7 @@ class BoschLM(HFLM):
         settings, loader_args = adapter_settings(model_args)
         self.settings = settings
         quiet_per_length_warnings()  # RULER-style tasks' per-length metrics, expected (see the module)
+        apply_thread_policy()  # lm_eval --model bosch: torch is loaded, its thread count set here (bosch_eval.threads)
         if isinstance(pretrained, str):
             pretrained = resolve_model(pretrained)  # "toy": the bundled model; a missing model fails here
             # Mask, ranking, window and kv_quant errors from the config alone, before minutes of weight loading.

@@ -7,12 +7,14 @@ import sys
 
 from bosch_eval.errors import exit_status
 from bosch_eval.search.search_cli import add_search_arguments, run_from_args
+from bosch_eval.threads import apply_thread_policy
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bosch_eval.search", description=__doc__)
     add_search_arguments(parser)
     args = parser.parse_args()
+    apply_thread_policy()  # each process of an `accelerate launch` decides for itself
     return exit_status("bosch_eval.search", lambda: run_from_args(args))
 
 

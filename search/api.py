@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,24 +26,48 @@ from accelerate import PartialState
 from bosch_eval.device import pick_device
 from bosch_eval.launch import launch_state, on_main_then_everywhere
 from bosch_eval.masks import HeadMask, ModelShape, uniform_bit
-from bosch_eval.model_check import IGNORE_FLAG, IGNORE_METADATA, check_length, model_config, resolve_model
+from bosch_eval.model_check import IGNORE_FLAG, check_length, model_config, resolve_model
 from bosch_eval.model_defaults import model_defaults, resolve_window
+from bosch_eval.model_identity import model_identity, portable_name
 from bosch_eval.outdir_lock import OutputLock
-from bosch_eval.prefix_cache import DEFAULT_BUDGET_MB as DEFAULT_PREFIX_CACHE_MB
-from bosch_eval.search.journal import Journal, JournalError
+from bosch_eval.previous_results import keep_aside
+from bosch_eval.search.journal import Journal, JournalError, refuse_other_settings
+from bosch_eval.search.defaults import DEFAULT_CALIB_LEN, DEFAULT_CALIB_TASK, DEFAULT_PREFIX_CACHE_MB
 from bosch_eval.search.objective import CalibrationObjective
-from bosch_eval.search.objective_loading import build_objective
-from bosch_eval.search.pipeline import SearchResult, SearchSettings, run_search, validate_for_shape
+from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
+from bosch_eval.search.pipeline import Resumed, SearchResult, SearchSettings, run_search, validate_for_shape
 from bosch_eval.search.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound
 from bosch_eval.search.report import render_report
 from bosch_eval.search.score_book import ScoreBook
 from bosch_eval.search.scoring import Anchors, SearchError
 from bosch_eval.versions import versions
 
-DEFAULT_CALIB_TASK = "bosch_niah_calib"
-DEFAULT_CALIB_LEN = 32768  # bosch_niah_calib's own default (tasks/niah/calibration.py)
 log = logging.getLogger("bosch_eval.search")
 VERSIONED_PACKAGES = ("python", "bosch-eval", "torch", "transformers", "lm_eval", "accelerate", "PyNomadBBO")
+RESULT_FILES = ("mask.json", "report.md")  # what a search under new settings replaces (kept aside first)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How the search runs; none of it changes the mask or any full score.
+
+    Attributes:
+        racing: stop a candidate once it provably cannot win (skipped, with a log line,
+            where the calibration cannot be raced exactly).
+        race_chunk: examples per racing step.
+        progress: tqdm bars and per-sub-problem log lines (main process only).
+    """
+
+    racing: bool = True
+    race_chunk: int = DEFAULT_RACE_CHUNK
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.race_chunk, bool) or not isinstance(self.race_chunk, int) or self.race_chunk < 1:
+            raise SearchError(f"--race-chunk: expected a number of examples >= 1, got {self.race_chunk!r}")
+
+
+SEARCH_LOAD = LoadSettings(prefix_cache_mb=DEFAULT_PREFIX_CACHE_MB)
 
 
 def search_model(
@@ -50,121 +75,131 @@ def search_model(
     settings: SearchSettings,
     out: str | Path,
     *,
-    window: int | None = None,
+    calibration: CalibrationSettings = CalibrationSettings(),
+    load: LoadSettings = SEARCH_LOAD,
+    run: RunOptions = RunOptions(),
     resume: bool = False,
-    calib_tasks: Sequence[str] = (DEFAULT_CALIB_TASK,),
-    include_path: str | None = None,
-    calib_metric: str = "acc",
-    calib_examples: int | None = None,
-    calib_len: int | None = None,
-    calib_seed: int = 0,
-    device: str | None = None,
-    batch_size: int = 1,
-    dtype: str | None = None,
-    progress: bool = True,
-    ignore_max_positions: bool = False,
-    model_args: Mapping[str, Any] | None = None,
-    racing: bool = True,
-    race_chunk: int = DEFAULT_RACE_CHUNK,
-    prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB,
+    new_settings: bool = False,
 ) -> SearchResult:
     """Run BOSCH on ``model`` and write mask.json, journal.jsonl and report.md into ``out``.
 
     The model is loaded once and the calibration tasks are built once; every process of an
-    ``accelerate launch`` must call this with the same arguments. ``ignore_max_positions``:
-    allow a calibration length past the config's ``max_position_embeddings``. ``model_args``:
-    more adapter/loader arguments (``--model-args``, checked by ``parse_model_args``), pinned in
-    the journal header when given. ``racing``, ``race_chunk`` and ``prefix_cache_mb`` make
-    the search do less work without changing its mask or any full score (``racing`` is
-    skipped, with a log line, where the calibration cannot be raced exactly).
+    ``accelerate launch`` must call this with the same arguments. ``load.model_args`` (more
+    adapter/loader arguments, ``--model-args``, checked by ``parse_model_args``) are pinned in
+    the journal header when given. ``resume`` continues the search journaled in ``out``; one
+    under other search settings would replace its result and is refused unless
+    ``new_settings``, which keeps the old mask.json and report.md in ``out/previous/``.
 
     Raises:
         ModelError: the model does not exist, or a length does not fit it (MaskError: a window).
         SearchError: a setting does not fit the model (checked before any weight loads).
         JournalError: another search holds ``out``, or its journal cannot be resumed.
     """
-    device = pick_device(device, "--device")  # None: cuda when torch sees a GPU, else cpu (said once)
+    device = pick_device(load.device, "--device")  # None: cuda when torch sees a GPU, else cpu (said once)
     state = launch_state(device)  # before any other accelerate state: joins CPU processes over gloo
-    if isinstance(race_chunk, bool) or not isinstance(race_chunk, int) or race_chunk < 1:
-        raise SearchError(f"--race-chunk: expected a number of examples >= 1, got {race_chunk!r}")
-    if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, int) or prefix_cache_mb < 0:
-        raise SearchError(f"--prefix-cache-mb: expected megabytes >= 0 (0 = no cache), got {prefix_cache_mb!r}")
+    if isinstance(load.prefix_cache_mb, bool) or not isinstance(load.prefix_cache_mb, int) or load.prefix_cache_mb < 0:
+        raise SearchError(f"--prefix-cache-mb: expected megabytes >= 0 (0 = no cache), got {load.prefix_cache_mb!r}")
     path = resolve_model(model)
     config = model_config(path)
-    validate_for_shape(settings, ModelShape.from_config(config))
+    shape = ModelShape.from_config(config)
+    validate_for_shape(settings, shape)
+    pinned = settings.pinned_json(shape)
     defaults = model_defaults(path)
-    window = resolve_window(window, default=defaults.window, source=model, flag="--window W")
-    length = calib_len if calib_len is not None else defaults.calib_len
-    if length is None and DEFAULT_CALIB_TASK in calib_tasks:
+    window = resolve_window(load.window, default=defaults.window, source=model, flag="--window W")
+    length = calibration.length if calibration.length is not None else defaults.calib_len
+    if length is None and DEFAULT_CALIB_TASK in calibration.tasks:
         length = DEFAULT_CALIB_LEN
-    if length is not None and not ignore_max_positions:
+    if length is not None and not calibration.ignore_max_positions:
         check_length(length, model, config, "--calib-len", IGNORE_FLAG)
     out = Path(out)
+    if resume and not new_settings:  # before the model loads; the journal checks again, under the lock
+        refuse_other_settings(out / "journal.jsonl", "settings", pinned, migrate=lambda stored: migrate_header(stored, {"settings": pinned}))
     lock = OutputLock(out, "search", JournalError) if state.is_main_process else None  # only the main process writes
     on_main_then_everywhere(lock.acquire if lock is not None else None, JournalError, state.num_processes)
     try:
-        log.info("loading %s and building the calibration task(s) %s", model, ", ".join(calib_tasks))
+        log.info("loading %s and building the calibration task(s) %s", model, ", ".join(calibration.tasks))
         started = time.perf_counter()
-        objective = build_objective(
-            path,
-            tasks=calib_tasks,
-            include_path=include_path,
-            calib_examples=calib_examples,
-            calib_len=calib_len,
-            calib_seed=calib_seed,
-            metric=calib_metric,
-            device=device,
-            batch_size=batch_size,
-            dtype=dtype,
-            window=window,
-            metadata={IGNORE_METADATA: True} if ignore_max_positions else None,
-            max_length=length if ignore_max_positions else None,
-            model_args=model_args,
-            prefix_cache_mb=prefix_cache_mb,
-        )
-        objective.race_chunk = race_chunk
+        objective = build_objective(path, calibration, replace(load, window=window, device=device))
+        objective.race_chunk = run.race_chunk
+        racing = run.racing
         if racing and (problem := objective.racing_problem()) is not None:
             log.info("racing off: %s; every mask is scored on every example", problem)
             racing = False
         objective.racing = racing
         log.info("ready in %.1f s; evaluating the anchors S(all SWA) and S(all full)", time.perf_counter() - started)
-        calibration = objective.describe()
-        header = {"model": model, "window": window, "calibration": calibration, "settings": settings.to_json()}
-        if model_args:  # they can change every score (revision, peft, quantization): a resume must match them
-            header["model_args"] = {key: str(value) for key, value in model_args.items()}
-        journal, known, bounds, examples = _open_journal(out / "journal.jsonl", header, resume, state)
-        score_fn = _AnchorLog(objective) if progress and state.is_main_process else objective
+        calibration_json = objective.describe()
+        header = journal_header(model, path, window, calibration_json, pinned, load.model_args)
+        journal, resumed = _open_journal(out, header, resume, new_settings, state)
+        progress = run.progress and state.is_main_process
+        score_fn = _AnchorLog(objective) if progress else objective
         if uniform_bit(settings.ratio) is not None:
-            result = _only_mask(score_fn, objective.shape, settings, known, journal)
+            result = _only_mask(score_fn, objective.shape, settings, resumed.scores, journal)
         else:
             result = run_search(
                 score_fn,
                 objective.shape,
                 settings,
-                known=known,
+                resumed=resumed,
                 journal=journal,
-                progress=progress and state.is_main_process,
+                progress=progress,
                 higher_is_better=objective.higher_is_better,
                 racing=racing,
-                bounds=bounds,
-                examples=examples,
             )
         result.work = objective.work()
         if state.is_main_process:
             result.wall_s += journal.prior_wall_s if journal is not None else 0.0  # earlier runs of a resumed search
             provenance = dict(
-                result.provenance(), calibration=calibration, seed=settings.seed, versions=versions(*VERSIONED_PACKAGES), processes=state.num_processes
+                result.provenance(), calibration=calibration_json, seed=settings.seed, versions=versions(*VERSIONED_PACKAGES), processes=state.num_processes
             )
             # --model-args sink=S ran every score with S sinks: the mask file says so.
-            sinks = int((model_args or {}).get("sink") or 0)
+            sinks = int((load.model_args or {}).get("sink") or 0)
             mask = result.mask.with_meta(window=window, sinks=sinks, model=model, provenance=provenance)
             mask.save(out / "mask.json")
-            (out / "report.md").write_text(render_report(result, model, window, calibration))
+            (out / "report.md").write_text(render_report(result, model, window, calibration_json))
         state.wait_for_everyone()
     finally:
         if lock is not None:
             lock.release()
     return result
+
+
+def journal_header(
+    model: str, path: str, window: int, calibration: Mapping[str, Any], settings: Mapping[str, Any], model_args: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """What the journal pins: the model by its name (a bundled model's alias, wherever the
+    checkout lies) and identity (:func:`bosch_eval.model_identity.model_identity`), the
+    window, the calibration and the search settings (:meth:`SearchSettings.pinned_json`)."""
+    header = {
+        "model": portable_name(model),
+        "model_identity": model_identity(path, (model_args or {}).get("revision")),
+        "window": window,
+        "calibration": dict(calibration),
+        "settings": dict(settings),
+    }
+    if model_args:  # they can change every score (revision, peft, quantization): a resume must match them
+        header["model_args"] = {key: str(value) for key, value in model_args.items()}
+    return header
+
+
+def migrate_header(stored: dict[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
+    """A journal header as this version writes it: paths of a bundled model's directory (from
+    any checkout) become its alias, a journal from before models were pinned by identity
+    takes today's identity (it pinned the model by name only; logged), and Stage-2 buckets
+    pinned as null (the model's default, before pins named them) become the ones they meant."""
+    header = dict(stored)
+    if isinstance(header.get("model"), str):
+        header["model"] = portable_name(header["model"])
+    calibration = header.get("calibration")
+    if isinstance(calibration, dict) and isinstance(calibration.get("metadata"), dict):
+        metadata = {key: portable_name(value) if isinstance(value, str) else value for key, value in calibration["metadata"].items()}
+        header["calibration"] = dict(calibration, metadata=metadata)
+    if "model_identity" not in header and "model_identity" in current:
+        log.info("the journal pins the model %r by name only (an older bosch-eval); its files are pinned now", header.get("model"))
+        header["model_identity"] = current["model_identity"]
+    settings, now = header.get("settings"), current.get("settings")
+    if isinstance(settings, dict) and "buckets" in settings and settings["buckets"] is None and isinstance(now, Mapping):
+        header["settings"] = dict(settings, buckets=now.get("buckets"))  # the model is pinned: its default is the same
+    return header
 
 
 def _only_mask(
@@ -224,20 +259,34 @@ class _AnchorLog:
     def vary_layers_from(self, layer: int | None) -> None:
         self.objective.vary_layers_from(layer)
 
+    def relative_cost(self, lowest_layer: int | None) -> float:
+        return self.objective.relative_cost(lowest_layer)
+
 
 def _open_journal(
-    path: Path, header: dict[str, Any], resume: bool, state: PartialState
-) -> tuple[Journal | None, dict[str, float], dict[str, float], dict[str, dict[str, dict[int, float]]]]:
-    """The main process opens the journal; every process gets its scores, racing bounds and
-    per-example values (one broadcast: every process must replay the same races)."""
+    out: Path, header: dict[str, Any], resume: bool, new_settings: bool, state: PartialState
+) -> tuple[Journal | None, Resumed]:
+    """The main process opens the journal; every process gets what it holds (one broadcast:
+    every process must replay the same races)."""
     journal: Journal | None = None
 
-    def open_journal() -> tuple[dict[str, float], dict[str, float], dict[str, dict[str, dict[int, float]]]]:
+    def keep_old_result(stored: dict[str, Any]) -> None:
+        keep_aside(out, RESULT_FILES, {"journal header": stored})
+
+    def open_journal() -> Resumed:
         nonlocal journal
-        path.parent.mkdir(parents=True, exist_ok=True)
-        journal = Journal(path, header, resume=resume, reusable=("settings",), wall_time=True)
-        return {record["key"]: record["score"] for record in journal.records}, journal.bounds, journal.examples
+        out.mkdir(parents=True, exist_ok=True)
+        journal = Journal(
+            out / "journal.jsonl",
+            header,
+            resume=resume,
+            reusable=("settings",),
+            wall_time=True,
+            on_new_settings=keep_old_result if new_settings else None,
+            migrate=lambda stored: migrate_header(stored, header),
+        )
+        return Resumed.of(journal)
 
     main = open_journal if state.is_main_process else None
-    known, bounds, examples = on_main_then_everywhere(main, JournalError, state.num_processes)
-    return journal, known, bounds, examples
+    resumed = on_main_then_everywhere(main, JournalError, state.num_processes)
+    return journal, resumed

@@ -4,8 +4,10 @@
         --dev-metadata '{"dev_lengths": [512, 1024]}' --ranking fisher=fisher.json --out check
 
 Every score is appended to ``<out>/scores.jsonl`` as it is made, so a killed check resumes
-where it stopped (the settings in ``<out>/settings.json`` must match); ``check.json`` and
-``report.md`` are written at the end, the command and versions first.
+where it stopped when run again with the same settings (``<out>/settings.json``); other
+settings on that ``--out`` are refused unless ``--new-settings`` (the old files then move to
+``<out>/previous/``). ``check.json`` and ``report.md`` are written at the end, the command
+and versions first.
 """
 
 from __future__ import annotations
@@ -15,19 +17,33 @@ import json
 import math
 import shlex
 from pathlib import Path
-from typing import Any
-
-from tqdm import tqdm
+from typing import TYPE_CHECKING, Any
 
 from bosch_eval.errors import BoschError
-from bosch_eval.masks import HeadMask, HeadRanking, check_ratio
-from bosch_eval.outdir_lock import OutputLock
-from bosch_eval.search.calib_check import PanelMask, RatioSummary, build_panel, layer_drops, summarize
-from bosch_eval.search.objective import DEFAULT_TASKS, CalibrationObjective
-from bosch_eval.search.objective_loading import build_objective
+from bosch_eval.search.defaults import DEFAULT_CALIB_TASK
 from bosch_eval.versions import versions
 
+if TYPE_CHECKING:
+    from bosch_eval.search.calib_check import PanelMask, RatioSummary
+    from bosch_eval.search.objective import CalibrationObjective
+
 DEFAULT_DEV = "bosch_niah_dev"
+CHECK_FILES = ("scores.jsonl", "check.json", "report.md", "settings.json")  # what --new-settings keeps aside
+
+# What --help shows (the module docstring is for the code: its markup would print as is).
+DESCRIPTION = """\
+Score one panel of masks on a calibration task and on a development task, per SWA ratio, and
+say whether the calibration ranks masks the way the development split does.
+
+example:
+  bosch-eval calib-check --model toy-l --calib bosch_niah_calib --dev bosch_niah_dev \\
+      --dev-metadata '{"dev_lengths": [512, 1024]}' --ranking fisher=fisher.json --out check
+
+Every score is appended to OUT/scores.jsonl as it is made: a killed check, run again with the
+same settings, resumes where it stopped. Other settings on the same --out are refused unless
+--new-settings is given (the old files then move to OUT/previous/). OUT/check.json and
+OUT/report.md are written at the end.
+"""
 
 
 class CalibCheckError(BoschError):
@@ -38,11 +54,11 @@ def add_calib_check_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "calib-check",
         help="is a calibration set fit for the search? masks scored on it and on a dev split, per ratio",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--model", required=True, help="HF id or local directory; toy / toy-l are the bundled models, smollm2 the packaged one, or a .gguf file")
-    parser.add_argument("--calib", default=DEFAULT_TASKS[0], help=f"calibration task (default {DEFAULT_TASKS[0]})")
+    parser.add_argument("--calib", default=DEFAULT_CALIB_TASK, help=f"calibration task (default {DEFAULT_CALIB_TASK})")
     parser.add_argument("--calib-metadata", type=json.loads, default={}, help="JSON metadata for the calibration task")
     parser.add_argument("--dev", default=DEFAULT_DEV, help=f"development task, never the test set (default {DEFAULT_DEV})")
     parser.add_argument("--dev-metadata", type=json.loads, default={}, help="JSON metadata for the dev task")
@@ -55,29 +71,46 @@ def add_calib_check_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--calib-examples", type=int, help="calibration examples (default 64)")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when torch sees a GPU, else cpu)")
     parser.add_argument("--batch-size", type=int, default=8, help="lm-eval batch size")
-    parser.add_argument("--out", type=Path, required=True, help="output directory (resumed when its settings match)")
+    parser.add_argument("--dtype", help="model dtype, e.g. bfloat16 (default: the checkpoint's); use the search's")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="output directory (a killed check resumes there with the same settings)"
+    )
+    parser.add_argument(
+        "--new-settings",
+        action="store_true",
+        help="--out holds a check made with other settings: move its files to --out/previous/ and start afresh "
+        "(without it, such a check is refused)",
+    )
     parser.set_defaults(run=run_from_args)
     return parser
 
 
 def run_from_args(args: argparse.Namespace) -> None:
+    from bosch_eval.masks import HeadMask, HeadRanking, check_ratio
+    from bosch_eval.outdir_lock import OutputLock
+    from bosch_eval.search.calib_check import build_panel
+    from bosch_eval.search.objective import CalibrationObjective
+    from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
+
     ratios = [check_ratio(ratio, "--ratios") for ratio in args.ratios]
     if args.random < 2:
         raise CalibCheckError(f"--random: expected at least 2 random masks per ratio (their spread is reported), got {args.random}")
-    rankings = {name: HeadRanking.load(path) for name, path in _named_files(args.ranking, "--ranking")}
-    given = {name: HeadMask.load(path) for name, path in _named_files(args.mask, "--mask")}
-    settings = {key: _plain(getattr(args, key)) for key in (
-        "model", "calib", "calib_metadata", "dev", "dev_metadata", "ratios", "random", "ranking", "mask", "window",
-        "calib_len", "calib_examples")}  # fmt: skip
+    ranking_files, mask_files = _named_files(args.ranking, "--ranking"), _named_files(args.mask, "--mask")
+    rankings = {name: HeadRanking.load(path) for name, path in ranking_files}
+    given = {name: HeadMask.load(path) for name, path in mask_files}
+    settings = check_settings(args, ranking_files, mask_files)
     args.out.mkdir(parents=True, exist_ok=True)
     with OutputLock(args.out, "calib-check", CalibCheckError):
+        _pin_settings(args.out, settings, args.new_settings, check_only=True)  # before the model loads
         calib = build_objective(
-            args.model, tasks=[args.calib], window=args.window, calib_len=args.calib_len, calib_examples=args.calib_examples,
-            metadata=args.calib_metadata, device=args.device, batch_size=args.batch_size,
-        )  # fmt: skip
+            args.model,
+            CalibrationSettings(tasks=(args.calib,), length=args.calib_len, examples=args.calib_examples, metadata=args.calib_metadata),
+            LoadSettings(window=args.window, device=args.device, batch_size=args.batch_size, dtype=args.dtype),
+        )
         dev = CalibrationObjective(calib.lm, [args.dev], metadata={**_model_metadata(calib), **args.dev_metadata})
         panel = build_panel(calib.shape, calib.lm.head_mask.window, ratios, rankings, args.random, given)
-        _pin_settings(args.out / "settings.json", settings)  # only once the tasks and masks are known to be good
+        # Only once the tasks and masks are known to be good.
+        _pin_settings(args.out, settings, args.new_settings)
         scores = score_panel(panel, {"calib": calib, "dev": dev}, args.out / "scores.jsonl")
         report = make_report(panel, scores, settings, " ".join(["bosch-eval", *map(shlex.quote, args.argv)]))
         (args.out / "check.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -85,8 +118,25 @@ def run_from_args(args: argparse.Namespace) -> None:
     print(render(report))
 
 
+def check_settings(args: argparse.Namespace, rankings: list[tuple[str, str]], masks: list[tuple[str, str]]) -> dict[str, Any]:
+    """What decides the check's scores, pinned in ``settings.json``: the model by its name (a
+    bundled model's alias, wherever the checkout lies), ranking and mask files by content."""
+    from bosch_eval.model_identity import file_digest, portable_name
+
+    settings = {key: getattr(args, key) for key in (
+        "calib", "calib_metadata", "dev", "dev_metadata", "ratios", "random", "window", "calib_len", "calib_examples")}  # fmt: skip
+    if args.dtype is not None:  # absent from checks made before --dtype existed, which resume unchanged
+        settings["dtype"] = args.dtype
+    settings["model"] = portable_name(args.model)
+    settings["ranking"] = {name: {"sha256": file_digest(path)} for name, path in rankings}
+    settings["mask"] = {name: {"sha256": file_digest(path)} for name, path in masks}
+    return settings
+
+
 def score_panel(panel: list[PanelMask], objectives: dict[str, CalibrationObjective], journal: Path) -> dict[str, dict[str, float]]:
     """Every panel mask's score on every objective, resumed from and appended to ``journal``."""
+    from tqdm import tqdm
+
     scores: dict[str, dict[str, float]] = {side: {} for side in objectives}
     if journal.is_file():
         for line in journal.read_text().splitlines():
@@ -104,6 +154,8 @@ def score_panel(panel: list[PanelMask], objectives: dict[str, CalibrationObjecti
 
 
 def make_report(panel: list[PanelMask], scores: dict[str, dict[str, float]], settings: dict[str, Any], command: str) -> dict[str, Any]:
+    from bosch_eval.search.calib_check import layer_drops, summarize
+
     calib, dev = scores["calib"], scores["dev"]
     return {
         "command": command,
@@ -152,15 +204,45 @@ def _summary_json(summary: RatioSummary) -> dict[str, Any]:
             "verdict": summary.verdict}  # fmt: skip
 
 
-def _pin_settings(path: Path, settings: dict[str, Any]) -> None:
-    """The first run pins its settings; a later run with other settings is refused, naming them."""
-    if path.is_file():
-        pinned = json.loads(path.read_text())
+def _pin_settings(out: Path, settings: dict[str, Any], new_settings: bool, check_only: bool = False) -> None:
+    """The first run pins its settings; a later run with other settings is refused, naming
+    them, unless ``new_settings``: then the old check's files move to ``out/previous/``.
+    ``check_only``: refuse, but move and write nothing (before the model loads: settings are
+    pinned only once the tasks and masks are known to be good)."""
+    from bosch_eval.previous_results import keep_aside
+
+    path = out / "settings.json"
+    pinned = _comparable(json.loads(path.read_text())) if path.is_file() else None
+    if pinned is not None:
         changed = sorted(key for key in settings.keys() | pinned.keys() if settings.get(key) != pinned.get(key))
-        if changed:
-            raise CalibCheckError(f"{path}: this output directory was made with other settings ({', '.join(changed)}); use another --out")
+        if not changed:
+            return
+        if not new_settings:
+            raise CalibCheckError(
+                f"{path}: this output directory was made with other settings ({', '.join(changed)}); use another --out, "
+                "or pass --new-settings to keep the old check in previous/ and start afresh"
+            )
+    if check_only:
         return
+    if pinned is not None:
+        keep_aside(out, CHECK_FILES, pinned)
     path.write_text(json.dumps(settings, indent=1) + "\n")
+
+
+def _comparable(pinned: dict[str, Any]) -> dict[str, Any]:
+    """Pinned settings as this version writes them: a bundled model's path becomes its alias,
+    and files an older bosch-eval pinned as ``NAME=PATH`` are read where they were named
+    (one that is gone cannot match)."""
+    from bosch_eval.model_identity import file_digest, portable_name
+
+    pinned = dict(pinned)
+    if isinstance(pinned.get("model"), str):
+        pinned["model"] = portable_name(pinned["model"])
+    for key in ("ranking", "mask"):
+        if isinstance(pinned.get(key), list):
+            named = (item.partition("=")[::2] for item in pinned[key])
+            pinned[key] = {name: {"sha256": file_digest(path)} if Path(path).is_file() else {"file": path} for name, path in named}
+    return pinned
 
 
 def _named_files(items: list[str], flag: str) -> list[tuple[str, str]]:

@@ -35,7 +35,7 @@ from bosch_eval.errors import exit_status
 from bosch_eval.masks import HeadMask, ModelShape, ceil_count, check_ratio
 from bosch_eval.model_defaults import model_defaults, resolve_window
 from bosch_eval.search.journal import Journal, JournalError, mask_key
-from bosch_eval.search.objective_loading import build_objective
+from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.outdir_lock import OutputLock
 from bosch_eval.search.scoring import SearchError
 from bosch_eval.model_check import resolve_model
@@ -207,7 +207,7 @@ def run(args: argparse.Namespace) -> None:
     places = _parse_places(args.place, shape, swa_groups, args.model)
     window = resolve_window(args.window, default=model_defaults(path).window, source=args.model, flag="--window W")
     objective = build_objective(
-        path, window=window, calib_len=args.calib_len, calib_examples=args.calib_examples, device=args.device
+        path, CalibrationSettings(length=args.calib_len, examples=args.calib_examples), LoadSettings(window=window, device=args.device)
     )
     header = {
         "model": args.model,
@@ -218,7 +218,7 @@ def run(args: argparse.Namespace) -> None:
     out = Path(args.out)
     with OutputLock(out, "search", JournalError):  # one process writes an output directory at a time
         journal = Journal(out / "journal.jsonl", header, resume=args.resume)
-        log.info("%s: %d masks with %d of %d KV groups SWA (%d journaled)", args.model, total, swa_groups, cells, len(journal))
+        log.info("%s: %d masks with %d of %d KV groups SWA (%d already evaluated)", args.model, total, swa_groups, cells, journal.masks_evaluated)
         scores = enumerate_scores(objective, shape, swa_groups, journal)
         _write_summary(out, header, cells, scores, places)
 

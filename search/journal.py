@@ -29,8 +29,14 @@ from the last example scored.
 The header holds what determines a mask's score (model, window, calibration): resuming
 under another one would mix scores of different problems, so it is refused, naming the
 field. The search's own settings (ratio, seed, buckets, ...) decide which masks are asked
-for, not what they score: a resume under other settings reuses every journaled score and
-the header takes the new settings (the log names each changed field).
+for, not what they score, but they decide the result: a resume under other settings would
+replace a finished search's mask, so it is refused too, naming every changed field, unless
+the caller passes ``on_new_settings`` (``--new-settings``), which then keeps the old result
+aside before the header takes the new settings; every journaled score is reused.
+
+Counts, in every message: a *mask evaluated* is a distinct mask whose S was computed, to the
+end (*scored*) or until racing ruled it out (*stopped early*); journal lines (records) are
+never counted for people.
 
 Two processes appending to one journal (see ``outdir_lock``) could write one mask twice;
 the same key with the same score is recovered from (the copy is ignored), with two
@@ -44,7 +50,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,8 +108,12 @@ class Journal:
     creates, truncates or writes it; appended records live in memory only.
 
     ``reusable``: header fields whose change does not change any journaled score (the
-    search settings); a resume under other values reuses the records and rewrites the
-    header. ``wall_time=True``: every record gets ``wall_s``, the search time spent on
+    search settings). A resume under other values of them is refused, naming every changed
+    field, unless ``on_new_settings`` is given: it is called with the journal's header (to
+    keep the old result aside) before the header is rewritten, and the records are reused.
+    ``migrate``: turns a header read from the file into today's form before it is compared
+    (old journals pinned paths where today's pin names and hashes).
+    ``wall_time=True``: every record gets ``wall_s``, the search time spent on
     this journal so far (earlier runs included), so a resumed run reports the whole cost.
     """
 
@@ -115,11 +125,15 @@ class Journal:
         writable: bool = True,
         reusable: Sequence[str] = (),
         wall_time: bool = False,
+        on_new_settings: Callable[[dict[str, Any]], None] | None = None,
+        migrate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
         self.path = Path(path)
         self.writable = writable
         self.reusable = tuple(reusable)
         self.wall_time = wall_time
+        self.on_new_settings = on_new_settings
+        self.migrate = migrate
         self._header = _normalized_header(header)
         self._records: list[dict[str, Any]] = []
         self._scores: dict[str, float] = {}
@@ -166,6 +180,11 @@ class Journal:
 
     def __len__(self) -> int:
         return len(self._records)
+
+    @property
+    def masks_evaluated(self) -> int:
+        """Distinct masks journaled with a score or a racing bound (the count every message uses)."""
+        return len(self._scores.keys() | self._bounds.keys())
 
     @property
     def prior_wall_s(self) -> float:
@@ -282,11 +301,13 @@ class Journal:
         if not resume:
             if len(lines) > 1:
                 raise JournalError(
-                    f"{self.path}: holds {len(lines) - 1} finished evaluations; pass --resume to continue that "
+                    f"{self.path}: holds {_masks_in(lines[1:])} masks evaluated; pass --resume to continue that "
                     "search, or choose another --out (finished work is never overwritten)"
                 )
             return False
-        changed = self._check_header(json.loads(lines[0])["header"])
+        stored = json.loads(lines[0])["header"]
+        migrated = self.migrate(json.loads(lines[0])["header"]) if self.migrate is not None else stored
+        changed = self._check_header(migrated)
         copies = 0
         for number, line in enumerate(lines[1:], start=2):
             problem = _line_problem(line, number)
@@ -312,18 +333,22 @@ class Journal:
         if copies:
             log.warning("%s: ignored %d repeated record(s) of masks journaled twice with equal scores", self.path, copies)
         if changed:
+            if self.on_new_settings is None:
+                raise _other_settings(self.path, changed)
+            self.on_new_settings(stored)  # before the header changes: a kill in between keeps the old result
             log.warning(
-                "%s: resuming under other settings (%s); its %d journaled scores are reused, since a mask's score "
+                "%s: resuming under other settings (%s); its %d masks evaluated are reused, since a mask's score "
                 "does not depend on them",
                 self.path,
                 "; ".join(changed),
-                len(self._records),
+                self.masks_evaluated,
             )
         if dropped:
             log.warning("%s: dropped a last line cut short by an interrupted write (%d bytes)", self.path, len(dropped))
-        if self.writable and (dropped or changed):
+        rewrite = changed or migrated != stored
+        if self.writable and (dropped or rewrite):
             # Rewritten whole and renamed over the old file: a kill leaves the old or the new one.
-            header = json.dumps({"journal": JOURNAL_FORMAT, "header": self._header}).encode() if changed else lines[0]
+            header = json.dumps({"journal": JOURNAL_FORMAT, "header": self._header}).encode() if rewrite else lines[0]
             temporary = self.path.with_suffix(".jsonl.tmp")
             with temporary.open("wb") as handle:
                 handle.write(b"\n".join([header, *lines[1:]]) + b"\n")
@@ -359,6 +384,49 @@ class Journal:
             self._bounds.pop(record["key"], None)
         elif record["key"] not in self._scores:  # a bound after a score (two writers) adds nothing
             self._bounds[record["key"]] = record
+
+
+def refuse_other_settings(
+    path: str | Path, field: str, value: Any, migrate: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+) -> None:
+    """Before anything expensive (a model load): the refusal :class:`Journal` would give for a
+    resume whose header ``field`` differs from ``value`` (the stored header read through
+    ``migrate``, as :class:`Journal` reads it); nothing if there is no readable journal at
+    ``path``, plain or gzipped (opening it later says what is wrong)."""
+    path = Path(path)
+    packed = path.with_name(path.name + ".gz")  # a committed journal, unpacked only once the resume goes on
+    try:
+        with open(path, "rb") if path.exists() or not packed.exists() else gzip.open(packed, "rb") as handle:
+            stored = json.loads(handle.readline())["header"]
+    except (OSError, EOFError, ValueError, KeyError, TypeError):
+        return
+    if migrate is not None and isinstance(stored, dict):
+        stored = migrate(stored)
+    mine = _normalized_header({field: value})
+    changed = [f"{where}: {theirs} → {now}" for where, theirs, now in _differences({field: stored.get(field)}, mine)]
+    if field in stored and changed:
+        raise _other_settings(path, changed)
+
+
+def _other_settings(path: Path, changed: Sequence[str]) -> JournalError:
+    return JournalError(
+        f"{path}: the journaled search ran under other settings ({'; '.join(changed)}); resuming would replace its "
+        "result. Resume with the journal's settings, choose another --out, or pass --new-settings to run these "
+        "settings on its scores (the old mask.json and report.md are kept)"
+    )
+
+
+def _masks_in(lines: Sequence[bytes]) -> int:
+    """Distinct masks with a score or a bound among journal lines (values records hold neither)."""
+    keys = set()
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and ("score" in record or "bound" in record):
+            keys.add(record.get("key"))
+    return len(keys)
 
 
 def _normalized_header(header: Mapping[str, Any]) -> dict[str, Any]:

@@ -70,7 +70,8 @@ from bosch_eval.lm_eval_session import (
 )
 from bosch_eval.launch import on_main_then_everywhere
 from bosch_eval.masks import HeadMask, ModelShape
-from bosch_eval.model_check import bundled_alias
+from bosch_eval.model_identity import portable_name
+from bosch_eval.search.defaults import DEFAULT_CALIB_TASK
 from bosch_eval.search.objective_racing import ObjectiveRacing
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ if TYPE_CHECKING:
 
     from bosch_eval.model_adapters.bosch import BoschLM
 
-DEFAULT_TASKS = ("bosch_niah_calib",)
+DEFAULT_TASKS = (DEFAULT_CALIB_TASK,)
 EVALUATE_PATH = "lm_eval.evaluator.evaluate"
 
 
@@ -186,6 +187,15 @@ class CalibrationObjective(ObjectiveRacing):
             work["layers_skipped_share"] = round(cache.layers_skipped / (cache.layers_run + cache.layers_skipped), 4)
         return work
 
+    def relative_cost(self, lowest_layer: int | None) -> float:
+        """One call's cost when masks differ only in layers >= ``lowest_layer``, relative to
+        a call over every layer: with the prefix cache, the layers below are not run (for
+        the examples it holds), without it every layer is."""
+        if getattr(self.lm, "prefix_cache", None) is None or lowest_layer is None:
+            return 1.0
+        layers = self.shape.num_layers
+        return (layers - min(max(lowest_layer, 0), layers - 1)) / layers
+
     def vary_layers_from(self, layer: int | None) -> None:
         """Masks scored next differ only in layers >= ``layer`` (None: no promise); passed
         to the adapter's prefix-activation cache when it has one."""
@@ -194,7 +204,8 @@ class CalibrationObjective(ObjectiveRacing):
     def describe(self) -> dict[str, Any]:
         """What S(z) is, for the provenance of a search (JSON-serializable). The same for one
         process or N, so a journal written by one resumes under the other, and the same in
-        every checkout (the bundled model's directory is written as ``toy``)."""
+        every checkout (the bundled model's directory is written as ``toy``, a converted
+        ``smollm2`` as ``smollm2``)."""
         examples = self._sizes()
         return {
             "tasks": list(self.tasks),
@@ -288,9 +299,10 @@ class CalibrationObjective(ObjectiveRacing):
 
 # -- helpers ------------------------------------------------------------------------------
 def _portable(value: Any) -> Any:
-    """A bundled toy model's directory as its alias: a journal written in one checkout then
-    resumes in another (the directory differs, the model does not)."""
-    return (isinstance(value, str) and bundled_alias(value)) or value
+    """A bundled model's directory, or a packaged GGUF's converted checkpoint, as its alias
+    (:func:`bosch_eval.model_identity.portable_name`): a journal written in one checkout or
+    cache then resumes in another (the directory differs, the model does not)."""
+    return portable_name(value) if isinstance(value, str) else value
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -6,89 +6,128 @@ tokenizer) from the arguments.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from bosch_eval.launch import launch_state
-from bosch_eval.model_check import resolve_model
+from bosch_eval.model_check import IGNORE_METADATA, resolve_model
 from bosch_eval.model_defaults import model_defaults, resolve_window
+from bosch_eval.search.defaults import DEFAULT_CALIB_EXAMPLES, DEFAULT_CALIB_LEN
 from bosch_eval.search.objective import DEFAULT_TASKS, CalibrationObjective
 
-DEFAULT_CALIB_EXAMPLES = 64
 
+@dataclass(frozen=True)
+class CalibrationSettings:
+    """What S(z) is measured on: the calibration task(s), their metric and their size.
 
-def build_objective(
-    model: str,
-    *,
-    tasks: Sequence[str] = DEFAULT_TASKS,
-    include_path: str | Path | None = None,
-    calib_examples: int | None = None,
-    calib_len: int | None = None,
-    calib_seed: int = 0,
-    metric: str = "acc",
-    device: str | None = None,
-    batch_size: int = 1,
-    dtype: str | None = None,
-    attn_backend: str = "auto",
-    window: int | None = None,
-    metadata: Mapping[str, Any] | None = None,
-    limit: int | float | None = None,
-    max_length: int | None = None,
-    model_args: Mapping[str, Any] | None = None,
-    prefix_cache_mb: int = 0,
-) -> CalibrationObjective:
-    """Load ``model`` once as a ``bosch`` adapter (all heads full) and build its S(z).
-
-    Args:
-        model: a Hugging Face id or local directory; ``toy`` is the bundled model.
+    Attributes:
         tasks: calibration task/group names (``bosch_niah_calib`` by default).
         include_path: an extra lm-eval task directory for ``tasks``.
-        calib_examples: ``bosch_niah_calib`` examples (default 64).
-        calib_len: ``bosch_niah_calib`` length in tokens (default: the model's
-            ``bosch_defaults.json``, else the task's 32768).
-        calib_seed: seed of the ``bosch_niah_calib`` examples.
         metric: the calibration metric.
+        examples: ``bosch_niah_calib`` examples (default 64).
+        length: ``bosch_niah_calib`` length in tokens (default: the model's
+            ``bosch_defaults.json``, else the task's 32768).
+        seed: seed of the ``bosch_niah_calib`` examples.
+        limit: lm-eval's ``limit`` per task.
+        metadata: more TaskManager metadata for the user's own tasks (wins over ours).
+        ignore_max_positions: the config understates the model's context (rope scaling):
+            the tasks may build inputs past ``max_position_embeddings`` and the adapter
+            does not truncate them to it.
+    """
+
+    tasks: tuple[str, ...] = DEFAULT_TASKS
+    include_path: str | None = None
+    metric: str = "acc"
+    examples: int | None = None
+    length: int | None = None
+    seed: int = 0
+    limit: int | float | None = None
+    metadata: Mapping[str, Any] | None = None
+    ignore_max_positions: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tasks, str):  # one name, not its letters
+            object.__setattr__(self, "tasks", (self.tasks,))
+        object.__setattr__(self, "tasks", tuple(self.tasks))
+        if self.include_path is not None:
+            object.__setattr__(self, "include_path", str(self.include_path))
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """How the model is loaded as the ``bosch`` adapter and run (all heads full until the
+    first mask).
+
+    Attributes:
+        window: the SWA window of every scored mask (default: ``bosch_defaults.json``).
         device: ``cpu`` or ``cuda`` (under ``accelerate launch``: each process's device);
             None: cuda when torch sees a GPU, else cpu (:func:`bosch_eval.device.pick_device`).
         batch_size: lm-eval batch size of one call.
         dtype: model dtype (default: the checkpoint's).
         attn_backend: hybrid attention backend.
-        window: the SWA window of every scored mask (default: ``bosch_defaults.json``).
-        metadata: more TaskManager metadata for the user's own tasks (wins over ours).
-        limit: lm-eval's ``limit`` per task.
-        max_length: HFLM's ``max_length`` (default: the config's; inputs are left-truncated
-            to it), for configs that understate the model's context.
         model_args: more adapter/loader keyword arguments (``--model-args``).
         prefix_cache_mb: the adapter's prefix-activation cache budget (0 = none).
+    """
+
+    window: int | None = None
+    device: str | None = None
+    batch_size: int = 1
+    dtype: str | None = None
+    attn_backend: str = "auto"
+    model_args: Mapping[str, Any] | None = None
+    prefix_cache_mb: int = 0
+
+
+def build_objective(
+    model: str, calibration: CalibrationSettings = CalibrationSettings(), load: LoadSettings = LoadSettings()
+) -> CalibrationObjective:
+    """Load ``model`` once as a ``bosch`` adapter (all heads full) and build its S(z).
+
+    Args:
+        model: a Hugging Face id or local directory; ``toy`` is the bundled model.
+        calibration: the task(s) and calibration set S(z) is measured on.
+        load: how the model is loaded and run.
     """
     from bosch_eval.device import pick_device
     from bosch_eval.model_adapters.bosch import BoschLM
 
-    device = pick_device(device, "device")
+    device = pick_device(load.device, "device")
     launch_state(device)
     path = resolve_model(model)
     defaults = model_defaults(path)
-    window = resolve_window(window, default=defaults.window, source=model, flag="window=W")
+    window = resolve_window(load.window, default=defaults.window, source=model, flag="window=W")
+    length = calibration.length if calibration.length is not None else defaults.calib_len
+    # A config that understates the context: HFLM would left-truncate inputs to it.
+    longest = length if length is not None else (DEFAULT_CALIB_LEN if DEFAULT_TASKS[0] in calibration.tasks else None)
+    max_length = {"max_length": longest} if calibration.ignore_max_positions and longest is not None else {}
     lm = BoschLM(
         pretrained=path,
         layers="intr",
         ratio=0.0,  # all full until the first set_mask
         window=window,
         device=device,
-        batch_size=batch_size,
-        dtype=dtype if dtype is not None else "auto",
-        attn_backend=attn_backend,
+        batch_size=load.batch_size,
+        dtype=load.dtype if load.dtype is not None else "auto",
+        attn_backend=load.attn_backend,
         memoize_tokens=True,
-        prefix_cache_mb=prefix_cache_mb,
-        **({"max_length": max_length} if max_length is not None else {}),
-        **dict(model_args or {}),
+        prefix_cache_mb=load.prefix_cache_mb,
+        **max_length,
+        **dict(load.model_args or {}),
     )
-    task_metadata: dict[str, Any] = {"pretrained": path, "tokenizer": path, "calib_seed": calib_seed}
-    calib_len = calib_len if calib_len is not None else defaults.calib_len
-    if calib_len is not None:
-        task_metadata["seq_len"] = calib_len
-    if calib_examples is not None or "bosch_niah_calib" in tasks:
-        task_metadata["num_examples"] = calib_examples if calib_examples is not None else DEFAULT_CALIB_EXAMPLES
-    task_metadata.update(metadata or {})
-    return CalibrationObjective(lm, tasks, include_path=include_path, metadata=task_metadata, metric=metric, limit=limit)
+    task_metadata: dict[str, Any] = {"pretrained": path, "tokenizer": path, "calib_seed": calibration.seed}
+    if length is not None:
+        task_metadata["seq_len"] = length
+    if calibration.examples is not None or "bosch_niah_calib" in calibration.tasks:
+        task_metadata["num_examples"] = calibration.examples if calibration.examples is not None else DEFAULT_CALIB_EXAMPLES
+    if calibration.ignore_max_positions:
+        task_metadata[IGNORE_METADATA] = True
+    task_metadata.update(calibration.metadata or {})
+    return CalibrationObjective(
+        lm,
+        calibration.tasks,
+        include_path=calibration.include_path,
+        metadata=task_metadata,
+        metric=calibration.metric,
+        limit=calibration.limit,
+    )

@@ -126,6 +126,13 @@ class SearchSettings:
     def to_json(self) -> dict[str, Any]:
         return dict(asdict(self), buckets=None if self.buckets is None else list(self.buckets))
 
+    def pinned_json(self, shape: ModelShape) -> dict[str, Any]:
+        """The settings as a journal pins them for a model of ``shape``: ``buckets`` as Stage 2
+        uses them there (:meth:`buckets_for`), so that the default and the same buckets named
+        are one setting (every journal written before the default depended on G names the
+        paper's buckets)."""
+        return dict(self.to_json(), buckets=list(self.buckets_for(shape)))
+
 
 @dataclass
 class SearchResult:
@@ -185,41 +192,57 @@ class SearchResult:
         }
 
 
+@dataclass(frozen=True)
+class Resumed:
+    """What a resumed journal holds, keyed by ``mask_key``.
+
+    Attributes:
+        scores: S of every mask evaluated to the end.
+        bounds: racing bounds of masks stopped early (the best S each could still reach).
+        examples: per-example values, ``{mask_key: {task: {document: value}}}``: a racing
+            search replays the masks they cover and never scores them again.
+    """
+
+    scores: dict[str, float] = field(default_factory=dict)
+    bounds: dict[str, float] = field(default_factory=dict)
+    examples: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, journal: Journal) -> Resumed:
+        return cls({record["key"]: record["score"] for record in journal.records}, journal.bounds, journal.examples)
+
+
 def run_search(
     score_fn: Callable[[HeadMask], float],
     shape: ModelShape,
     settings: SearchSettings,
     *,
-    known: dict[str, float] | None = None,
+    resumed: Resumed | None = None,
     journal: Journal | None = None,
     progress: bool = True,
     higher_is_better: bool = True,
     racing: bool = False,
-    bounds: dict[str, float] | None = None,
-    examples: dict[str, dict[str, dict[int, float]]] | None = None,
 ) -> SearchResult:
     """Find a head mask with SWA ratio ``settings.ratio`` that optimizes ``score_fn``.
 
     Args:
-        score_fn: S(z); called once per distinct mask, never for a mask in ``known``.
+        score_fn: S(z); called once per distinct mask, never for a mask ``resumed`` scored.
         shape: the model's L, H and G.
-        known: scores of masks already evaluated (a resumed journal), keyed by ``mask_key``.
+        resumed: what a resumed journal holds (scores, racing bounds, per-example values).
         journal: where each new score is appended before the next evaluation (main process only).
         progress: tqdm bars and log lines.
         higher_is_better: the direction of S (lm-eval's ``higher_is_better`` of the
             calibration metric); ``False`` searches for the lowest S (perplexity).
         racing: stop candidates early that provably cannot win (``score_fn`` needs a
             ``race`` method, see :class:`ScoreBook`); the mask and every full score stay the same.
-        bounds: journaled racing bounds of masks stopped early, keyed by ``mask_key``.
-        examples: journaled per-example values, ``{mask_key: {task: {document: value}}}``:
-            a racing search replays the masks they cover and never scores them again.
 
     Raises:
         SearchError: settings that do not fit ``shape``, or anchors that cannot rank masks.
     """
     validate_for_shape(settings, shape)
     started = time.perf_counter()
-    book = ScoreBook(score_fn, shape, known, journal, racing=racing, bounds=bounds, examples=examples)
+    resumed = resumed if resumed is not None else Resumed()
+    book = ScoreBook(score_fn, shape, resumed.scores, journal, racing=racing, bounds=resumed.bounds, examples=resumed.examples)
     full = HeadMask.uniform(shape, full=True).bits
     swa = HeadMask.uniform(shape, full=False).bits
     all_swa = book.score(swa, "anchor")

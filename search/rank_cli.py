@@ -114,7 +114,7 @@ def rank_main(args: argparse.Namespace) -> None:
     from bosch_eval.device import pick_device
     from bosch_eval.model_check import check_length, model_config, resolve_model
     from bosch_eval.model_defaults import model_defaults, resolve_window
-    from bosch_eval.search.rankers.driver import compute_ranking
+    from bosch_eval.search.rankers.driver import RankingCompute, RankingInputs, compute_ranking
     from bosch_eval.tasks.niah.haystack import TemplateTooLong
 
     from bosch_eval.model_adapters.loader_args import parse_model_args
@@ -143,14 +143,8 @@ def rank_main(args: argparse.Namespace) -> None:
             args.method,
             model,
             tokenizer,
-            window=window,
-            calib_examples=args.calib_examples,
-            calib_len=calib_len,
-            calib_seed=args.seed,
-            calib_task=args.calib_task,
-            block_size=args.block_size,
-            device=device,
-            dtype=getattr(torch, args.compute_dtype),
+            RankingInputs(window=window, examples=args.calib_examples, length=calib_len, seed=args.seed, task=args.calib_task),
+            compute=RankingCompute(block_size=args.block_size, device=device, dtype=getattr(torch, args.compute_dtype)),
             options=options,
             model_name=args.model,
         )

@@ -32,7 +32,7 @@ def render_report(result: SearchResult, model: str, window: int, calibration: Ma
         f"| S(found mask) | {result.score:.4f} |",
         f"| Ŝ(found mask) | {anchors.normalize(result.score):.4f} |",
         f"| SWA ratio reached | {mask.swa_ratio:.4f} ({mask.num_swa_groups} of {mask.shape.num_layers * mask.shape.num_kv_heads} KV groups) |",
-        f"| distinct masks evaluated | {result.evaluations} ({result.new_evaluations} in the last run; "
+        f"| masks evaluated (distinct masks whose S was computed) | {result.evaluations} ({result.new_evaluations} in the last run; "
         f"{result.pruned} stopped early by racing, with a bound instead of a score) |",
         *(
             [f"| calibration examples forwarded per S() call | {result.work['examples_per_call']:g} of {result.work['examples_per_full_call']:g} |"]
@@ -76,7 +76,9 @@ def render_report(result: SearchResult, model: str, window: int, calibration: Ma
     lines += [
         "## Sub-problems (in search order)",
         "",
-        "| stage | layers | target ratio | SWA / variables | optimizer | evaluations (stopped early) | S | loss |",
+        "A mask asked is one answer an optimizer got, evaluated then or answered from memory (a mask seen before).",
+        "",
+        "| stage | layers | target ratio | SWA / variables | optimizer | masks asked (stopped early) | S | loss |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for sub in result.subproblems:
@@ -90,7 +92,7 @@ def render_report(result: SearchResult, model: str, window: int, calibration: Ma
     if crashed:
         lines.append("")
         lines += [
-            f"NOMAD crashed in {sub.stage} layers {','.join(map(str, sub.layers))} after {sub.evaluations} evaluations "
+            f"NOMAD crashed in {sub.stage} layers {','.join(map(str, sub.layers))} after {sub.evaluations} masks asked "
             f"({sub.crash}); the best feasible mask among those evaluated was kept."
             for sub in crashed
         ]

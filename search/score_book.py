@@ -163,8 +163,12 @@ class ScoreBook:
                 outcomes[position] = self._record(keys[position], outcome, stage, seconds)
                 if self.on_score is not None:
                     self.on_score(None if isinstance(outcome, RaceBound) else outcomes[position], bits_list[position])
-        # Masks scored before cost nothing here and do not move the progress bar.
-        return [outcomes[i] if i in outcomes else self.known[keys[i]] for i in range(len(keys))]
+        answers = [outcomes[i] if i in outcomes else self.known[keys[i]] for i in range(len(keys))]
+        if self.on_score is not None:  # masks scored before cost nothing, but were asked: the bar counts asks
+            for i in range(len(keys)):
+                if i not in outcomes:
+                    self.on_score(answers[i], bits_list[i])
+        return answers
 
     def _record(self, key: str, outcome: float | RaceBound, stage: str, seconds: float) -> float | RaceBound:
         """Keep, count and journal one outcome; one the journal holds already (a replay) is
@@ -207,6 +211,13 @@ class ScoreBook:
         row["calls"] += 1
         row["pruned"] += int(pruned)
         row["seconds"] += seconds
+
+    def relative_cost(self, lowest_layer: int | None) -> float:
+        """What one evaluation of masks that differ only in layers >= ``lowest_layer`` costs,
+        relative to one over the whole model (1.0 unless the score function says less: a
+        prefix cache runs only the layers from the lowest varied one up)."""
+        cost = getattr(self.score_fn, "relative_cost", None)
+        return float(cost(lowest_layer)) if cost is not None else 1.0
 
     @contextlib.contextmanager
     def varying_from(self, layer: int) -> Iterator[None]:

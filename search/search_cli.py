@@ -16,32 +16,25 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from accelerate import PartialState
-
-from bosch_eval.masks import ModelShape, ceil_count
-from bosch_eval.model_adapters.loader_args import parse_model_args
-from bosch_eval.model_check import IGNORE_FLAG, model_config, resolve_model
-from bosch_eval.prefix_cache import DEFAULT_BUDGET_MB as DEFAULT_PREFIX_CACHE_MB
-from bosch_eval.search.api import DEFAULT_CALIB_TASK, search_model
-from bosch_eval.search.cost import estimate_calls
+# Only what the flags show: the search itself (torch, lm-eval, accelerate) is imported by
+# run_from_args, so that `--help` prints at once.
+from bosch_eval.model_check import IGNORE_FLAG
+from bosch_eval.search.defaults import DEFAULT_CALIB_TASK, DEFAULT_PREFIX_CACHE_MB
 from bosch_eval.search.optimizers import optimizer_methods
-from bosch_eval.search.pipeline import VARIANTS, SearchSettings, validate_for_shape
+from bosch_eval.search.pipeline import VARIANTS, SearchSettings
 from bosch_eval.search.racing import DEFAULT_RACE_CHUNK
 from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, SearchError
 from bosch_eval.search.stage2 import DEFAULT_BUCKETS
 from bosch_eval.search.stages import QUOTAS
 
+if TYPE_CHECKING:
+    from bosch_eval.search.api import RunOptions
+    from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings
+
 # `--estimate` given without its number: the calls, without a time.
 CALLS_ONLY = float("nan")
-
-# Flags passed on under their own names: to SearchSettings, and to search_model.
-SETTINGS_FLAGS = ("ratio", "variant", "optimizer", "budget_per_layer", "alpha", "gamma", "seed", "chunk_layers", "quota", "refine")
-SEARCH_MODEL_FLAGS = (
-    "window", "resume", "calib_tasks", "include_path", "calib_metric", "calib_examples", "calib_len", "calib_seed",
-    "device", "batch_size", "dtype", "ignore_max_positions", "racing", "race_chunk", "prefix_cache_mb",
-)  # fmt: skip
 
 
 def add_search_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +44,12 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", type=int, help="SWA window W (default: the model's bosch_defaults.json)")
     parser.add_argument("--out", help="output directory (default: bosch_search/<model>-<variant>-r<ratio>-s<seed>)")
     parser.add_argument("--resume", action="store_true", help="continue the search journaled in --out, re-evaluating nothing")
+    parser.add_argument(
+        "--new-settings",
+        action="store_true",
+        help="with --resume: run settings other than the journal's (ratio, seed, ...) on its scores; without it such a "
+        "resume is refused, since it would replace the result. The old mask.json and report.md move to --out/previous/",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of every optimizer (default 0)")
     parser.add_argument("--budget-per-layer", type=int, default=100, help="κ: evaluations per layer (default 100, paper B.2)")
     parser.add_argument("--variant", choices=VARIANTS, default="bosch", help="bosch (stages 1–3) or an ablation of §3.4")
@@ -138,21 +137,72 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_from_args(args: argparse.Namespace) -> None:
     """Build the settings from parsed flags and run the search."""
+    from accelerate import PartialState
+
+    from bosch_eval.model_adapters.loader_args import parse_model_args
+    from bosch_eval.search.api import search_model
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    buckets = tuple(args.buckets) if args.buckets is not None else None
-    settings = SearchSettings(buckets=buckets, **{name: getattr(args, name) for name in SETTINGS_FLAGS})
+    if args.new_settings and not args.resume:
+        raise SearchError("--new-settings: continues a journaled search under other settings; pass it with --resume")
+    settings = search_settings(args)
     model_args = parse_model_args(args.model_args)
     if args.estimate is not None:
         print(render_estimate(args.model, settings, None if args.estimate is CALLS_ONLY else args.estimate))
         return
     out = args.out or f"bosch_search/{Path(args.model).name}-{args.variant}-r{args.ratio:g}-s{args.seed}"
-    result = search_model(args.model, settings, out, model_args=model_args, **{name: getattr(args, name) for name in SEARCH_MODEL_FLAGS})
+    calibration, load, run = run_settings(args, model_args)
+    result = search_model(
+        args.model, settings, out, calibration=calibration, load=load, run=run, resume=args.resume, new_settings=args.new_settings
+    )
     if PartialState().is_main_process:
         print(
             f"{out}/mask.json: S = {result.score:.4f} (full {result.anchors.all_full:.4f}, all-SWA {result.anchors.all_swa:.4f}), "
-            f"SWA ratio {result.mask.swa_ratio:.4f}, {result.evaluations} masks evaluated ({result.new_evaluations} now), "
+            f"SWA ratio {result.mask.swa_ratio:.4f}, {result.evaluations} masks evaluated ({result.new_evaluations} in this run), "
             f"{result.wall_s:.1f} s of search"
         )
+
+
+def search_settings(args: argparse.Namespace) -> SearchSettings:
+    """What decides the search's result, from its flags."""
+    return SearchSettings(
+        ratio=args.ratio,
+        variant=args.variant,
+        optimizer=args.optimizer,
+        budget_per_layer=args.budget_per_layer,
+        alpha=args.alpha,
+        gamma=args.gamma,
+        seed=args.seed,
+        buckets=tuple(args.buckets) if args.buckets is not None else None,  # None: the model's (default_buckets)
+        chunk_layers=args.chunk_layers,
+        quota=args.quota,
+        refine=args.refine,
+    )
+
+
+def run_settings(args: argparse.Namespace, model_args: dict[str, Any]) -> tuple[CalibrationSettings, LoadSettings, RunOptions]:
+    """The calibration, the model's load settings and how the search runs, from its flags."""
+    from bosch_eval.search.api import RunOptions
+    from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings
+
+    calibration = CalibrationSettings(
+        tasks=tuple(args.calib_tasks),
+        include_path=args.include_path,
+        metric=args.calib_metric,
+        examples=args.calib_examples,
+        length=args.calib_len,
+        seed=args.calib_seed,
+        ignore_max_positions=args.ignore_max_positions,
+    )
+    load = LoadSettings(
+        window=args.window,
+        device=args.device,
+        batch_size=args.batch_size,
+        dtype=args.dtype,
+        model_args=model_args or None,
+        prefix_cache_mb=args.prefix_cache_mb,
+    )
+    return calibration, load, RunOptions(racing=args.racing, race_chunk=args.race_chunk)
 
 
 def render_estimate(model: str, settings: SearchSettings, seconds_per_call: float | None) -> str:
@@ -162,6 +212,11 @@ def render_estimate(model: str, settings: SearchSettings, seconds_per_call: floa
     Raises:
         SearchError: a time that is not positive, or settings that do not fit the model.
     """
+    from bosch_eval.masks import ModelShape, ceil_count
+    from bosch_eval.model_check import model_config, resolve_model
+    from bosch_eval.search.cost import estimate_calls
+    from bosch_eval.search.pipeline import validate_for_shape
+
     if seconds_per_call is not None and not seconds_per_call > 0:
         raise SearchError(f"--estimate: expected the seconds one S() call takes (> 0), got {seconds_per_call}")
     shape = ModelShape.from_config(model_config(resolve_model(model)))

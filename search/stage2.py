@@ -28,7 +28,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 
 from bosch_eval.masks import ceil_count, check_ratio
 
@@ -147,6 +146,8 @@ def assign_layer_ratios(
             f"original_score: the relative drop (s_best − s_orig) / s_orig is undefined unless the "
             f"full-attention score is a positive finite number, got {original_score!r}"
         )
+    import numpy as np  # here, not at import: `bosch-eval search --help` must not load numpy
+
     ratio = check_ratio(target_ratio, "target_ratio")
     if isinstance(groups_per_layer, bool) or not isinstance(groups_per_layer, int) or groups_per_layer < 1:
         raise ValueError(f"groups_per_layer: expected a positive integer (KV groups per layer), got {groups_per_layer!r}")
@@ -190,6 +191,8 @@ def _layer_drops(scores: list[float], original: float) -> list[float]:
 
 def _weights(drops: list[float], low: float, high: float) -> list[float]:
     """Clip the drops to their [p_lo, p_hi] percentiles and scale them to [0, 1]."""
+    import numpy as np
+
     q_lo, q_hi = (float(q) for q in np.percentile(np.asarray(drops), [low, high], method="linear"))
     if q_hi == q_lo:
         return [0.0] * len(drops)

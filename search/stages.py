@@ -39,7 +39,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from tqdm import tqdm
 
 from bosch_eval.masks import HeadMask, ModelShape, ceil_count, uniform_bit
@@ -108,27 +107,39 @@ def subproblem_seed(seed: int, label: str) -> int:
     return zlib.crc32(f"{seed}/{label}".encode())
 
 
+@dataclass(frozen=True)
+class Choice:
+    """One sub-problem: which variables (each a set of cells switched together) may turn SWA,
+    and how many must: ``blocks`` = ``((size, ones), ...)`` over consecutive variables.
+
+    Attributes:
+        variables: the cell sets, in order.
+        blocks: the quota of each block of consecutive variables.
+        target_ratio: ρ̄ of Eq. 5's penalty.
+        budget: the optimizer's evaluations.
+        stage: the stage journaled with each score (``stage1``, ``stage3``, ``refine``, ``layer``).
+        label: names the sub-problem (its optimizer's seed derives from it).
+    """
+
+    variables: Sequence[Sequence[Cell]]
+    blocks: Sequence[tuple[int, int]]
+    target_ratio: float
+    budget: int
+    stage: str
+    label: str
+
+
 def solve(
-    book: ScoreBook,
-    anchors: Anchors,
-    base: Bits,
-    variables: Sequence[Sequence[Cell]],
-    blocks: Sequence[tuple[int, int]],
-    target_ratio: float,
-    budget: int,
-    settings: StageSettings,
-    stage: str,
-    label: str,
-    start: Bits | None = None,
+    book: ScoreBook, anchors: Anchors, base: Bits, choice: Choice, settings: StageSettings, start: Bits | None = None
 ) -> tuple[Bits, SubResult]:
-    """Convert exactly ``ones`` of each block of ``variables`` to SWA (each variable a set of
-    cells switched together; ``blocks`` = ``((size, ones), ...)`` over consecutive variables).
+    """Convert exactly ``ones`` of each block of ``choice.variables`` to SWA in ``base``.
 
     The loss is Eq. 5 with the penalty α(ρ̄ − r)² averaged over the blocks (one block: Eq. 5
     as printed), so every feasible point pays the same penalty and off-quota points more.
     ``start`` (a mask) seeds the optimizer's start point instead of a random one.
     """
-    blocks = tuple((int(size), int(ones)) for size, ones in blocks)
+    variables, target_ratio, budget, stage, label = choice.variables, choice.target_ratio, choice.budget, choice.stage, choice.label
+    blocks = tuple((int(size), int(ones)) for size, ones in choice.blocks)
     starts = list(itertools.accumulate((size for size, _ in blocks), initial=0))
 
     def bits_for(selection: tuple[int, ...]) -> Bits:
@@ -188,7 +199,7 @@ def solve(
     )
     if result.crash:
         log.warning(
-            "%s layers %s: NOMAD stopped after %d evaluations (%s); the best feasible mask it evaluated is kept",
+            "%s layers %s: NOMAD stopped after %d masks asked (%s); the best feasible mask it got is kept",
             stage, list(layers), result.evaluations, result.crash,
         )  # fmt: skip
     return best, summary
@@ -227,26 +238,48 @@ def quota_blocks(groups: int, ones_per_layer: int, layers: int, quota: str) -> t
 
 
 class StageProgress:
-    """A tqdm bar for one stage plus a log line per sub-problem (best score, evaluations, ETA).
+    """A tqdm bar for one stage plus a log line per sub-problem (best score, masks asked, ETA).
 
     "Best" is the best *complete* mask: one with as many SWA groups as the stage's result
     (``complete_swa``). A stage's earlier sub-problems score partial masks, with fewer SWA
     groups and so a higher S than any complete mask can reach; their best is shown apart,
     labelled partial, so that it is not read as what the search will end with.
+
+    Counts: a *mask asked* is one answer the optimizers got (the bar's unit; ``total`` is
+    their budget), whether it was evaluated now or answered from memory (a mask seen before,
+    or a journal a resumed run replays).
+
+    ETA: the remaining sub-problems' budgets at the time per mask *evaluated in this run*
+    (answers from memory cost nothing, and the journal's timings are another run's). A mask
+    costs what its sub-problem runs: with the prefix cache, the layers from the sub-problem's
+    lowest one up (``plan`` gives each sub-problem's budget and lowest layer, the book their
+    relative cost), so that Stage 1, which goes down from the top layer, does not promise
+    the bottom layers at the top layer's speed (issue 40: "ETA 14 s", then 4 minutes).
     """
 
     def __init__(
-        self, stage: str, total: int, book: ScoreBook, enabled: bool, higher_is_better: bool = True, *, complete_swa: int
+        self,
+        stage: str,
+        plan: Sequence[tuple[int, int | None]],
+        book: ScoreBook,
+        enabled: bool,
+        higher_is_better: bool = True,
+        *,
+        complete_swa: int,
     ) -> None:
         self.stage = stage
-        self.total = total
+        self.plan = list(plan)  # per sub-problem, in order: (masks it may ask, its lowest layer)
+        self.total = sum(asks for asks, _ in self.plan)
         self.done = 0
         self.sign = 1.0 if higher_is_better else -1.0  # best = the highest sign·S
         self.complete_swa = complete_swa
         self.best: float | None = None  # of complete masks
         self.best_partial: float | None = None
         self.started = time.perf_counter()
-        self.bar = tqdm(total=total, desc=f"BOSCH {stage}", unit="eval", disable=not enabled)
+        self.reported = 0  # sub-problems finished
+        self.evaluated_mark = book.new_evaluations  # this run's evaluations when the last sub-problem ended
+        self.cost_units = 0.0  # this stage's evaluations, each weighted by its relative cost
+        self.bar = tqdm(total=self.total, desc=f"BOSCH {stage}", unit="mask", disable=not enabled)
         self.enabled = enabled
         self.book = book
 
@@ -259,7 +292,7 @@ class StageProgress:
         self.bar.close()
 
     def update(self, score: float | None, bits: Bits) -> None:
-        """One evaluation of the mask ``bits`` done; ``None`` for a mask racing stopped early (no score)."""
+        """One mask ``bits`` asked and answered; ``None`` for a mask racing stopped early (no score)."""
         self.done += 1
         if score is not None:
             if sum(row.count(0) for row in bits) == self.complete_swa:
@@ -276,16 +309,35 @@ class StageProgress:
         text = f"best={_shown(self.best)}"
         return text if self.best_partial is None else f"{text}, best partial={_shown(self.best_partial)}"
 
+    def eta(self) -> str:
+        """How long the remaining sub-problems take at this stage's measured cost, and why."""
+        if self.cost_units > 0:
+            per_unit = (time.perf_counter() - self.started) / self.cost_units
+        else:  # nothing evaluated in this stage yet: this run's earlier stages (unweighted)
+            costs = self.book.costs.values()
+            calls = sum(row["calls"] for row in costs)
+            if not calls:
+                return "ETA unknown (no mask evaluated in this run yet)"
+            per_unit = sum(row["seconds"] for row in costs) / calls
+        left = self.plan[self.reported :]
+        seconds = per_unit * sum(asks * self.book.relative_cost(lowest) for asks, lowest in left)
+        asks = sum(asks for asks, _ in left)
+        return f"ETA {seconds:.0f} s ({asks} masks left to ask, at most; {per_unit:.1f} s per full-cost mask evaluated in this run)"
+
     def report(self, result: SubResult) -> None:
+        """One sub-problem done (they are reported in ``plan`` order)."""
+        if self.reported < len(self.plan):
+            evaluated = self.book.new_evaluations - self.evaluated_mark
+            self.cost_units += evaluated * self.book.relative_cost(self.plan[self.reported][1])
+            self.reported += 1
+        self.evaluated_mark = self.book.new_evaluations
         if not self.enabled:
             return
-        elapsed = time.perf_counter() - self.started
-        eta = elapsed / max(self.done, 1) * max(self.total - self.done, 0)
         partial = "" if self.best_partial is None else f", best partial {_shown(self.best_partial)}"
         log.info(
-            "%s layers %s: S=%.4f with %d/%d SWA (%s, %d evals); best complete (%d SWA groups) %s%s; %d/%d evals; ETA %.0f s",
+            "%s layers %s: S=%.4f with %d/%d SWA (%s, %d masks asked); best complete (%d SWA groups) %s%s; %d/%d masks asked; %s",
             self.stage, list(result.layers), result.score, result.converted, result.variables, result.method,
-            result.evaluations, self.complete_swa, _shown(self.best), partial, self.done, self.total, eta,
+            result.evaluations, self.complete_swa, _shown(self.best), partial, self.done, self.total, self.eta(),
         )  # fmt: skip
 
 
@@ -300,6 +352,8 @@ def _chunks(layers: Sequence[int], max_layers: int) -> list[list[int]]:
     into smaller equally size subsets." Sizes are equal where the count divides, else
     differ by one (the first parts one larger), as ``numpy.array_split`` splits.
     """
+    import numpy as np  # here, not at import: `bosch-eval search --help` must not load numpy
+
     parts = max(1, math.ceil(len(layers) / max_layers))
     return [part.tolist() for part in np.array_split(np.asarray(layers, dtype=int), parts) if len(part)]  # ints, for JSON
 
@@ -328,17 +382,15 @@ def stage1(
     problems = _chunks(list(range(shape.num_layers - 1, -1, -1)), layers_per_problem)
     blocks = [quota_blocks(shape.num_kv_heads, per_layer, len(layers), settings.quota) for layers in problems]
     budgets = [settings.budget_per_layer * len(layers) for layers in problems]
-    total = sum(expected_evaluations(b, budget, settings.optimizer) for b, budget in zip(blocks, budgets, strict=True))
+    plan = [(expected_evaluations(b, budget, settings.optimizer), min(layers)) for b, budget, layers in zip(blocks, budgets, problems, strict=True)]
     bits: Bits = HeadMask.uniform(shape, full=True).bits
     scores = [0.0] * shape.num_layers
     outcome = StageOutcome(bits)
     complete = sum(ones for layer_blocks in blocks for _, ones in layer_blocks)
-    with StageProgress("stage 1", total, book, progress, settings.higher_is_better, complete_swa=complete) as bar:
+    with StageProgress("stage 1", plan, book, progress, settings.higher_is_better, complete_swa=complete) as bar:
         for layers, layer_blocks, budget in zip(problems, blocks, budgets, strict=True):
             label = "stage1/" + ",".join(map(str, layers))
-            bits, result = solve(
-                book, anchors, bits, _cells(shape, layers), layer_blocks, ratio, budget, settings, "stage1", label
-            )
+            bits, result = solve(book, anchors, bits, Choice(_cells(shape, layers), layer_blocks, ratio, budget, "stage1", label), settings)
             for layer in layers:
                 scores[layer] = result.score
             outcome.subproblems.append(result)
@@ -378,26 +430,16 @@ def stage3(
     outcome = StageOutcome(bits)
     quota = {ratio: ceil_count(ratio, shape.num_kv_heads) for ratio in groups}
     blocks = [quota_blocks(shape.num_kv_heads, quota[ratio], len(layers), settings.quota) for ratio, layers in problems]
-    total = sum(
-        expected_evaluations(b, settings.budget_per_layer * len(layers), settings.optimizer)
+    plan = [
+        (expected_evaluations(b, settings.budget_per_layer * len(layers), settings.optimizer), min(layers))
         for b, (_, layers) in zip(blocks, problems, strict=True)
-    )
+    ]
     complete = sum(row.count(0) for row in bits) + sum(ones for layer_blocks in blocks for _, ones in layer_blocks)
-    with StageProgress("stage 3", total, book, progress, settings.higher_is_better, complete_swa=complete) as bar:
+    with StageProgress("stage 3", plan, book, progress, settings.higher_is_better, complete_swa=complete) as bar:
         for (ratio, layers), layer_blocks in zip(problems, blocks, strict=True):
             label = f"stage3/{ratio}/" + ",".join(map(str, layers))
-            bits, result = solve(
-                book,
-                anchors,
-                bits,
-                _cells(shape, layers),
-                layer_blocks,
-                ratio,
-                settings.budget_per_layer * len(layers),
-                settings,
-                "stage3",
-                label,
-            )
+            budget = settings.budget_per_layer * len(layers)
+            bits, result = solve(book, anchors, bits, Choice(_cells(shape, layers), layer_blocks, ratio, budget, "stage3", label), settings)
             outcome.subproblems.append(result)
             bar.report(result)
     outcome.bits = bits
@@ -412,12 +454,11 @@ def layer_level(
     variables = [[(layer, group) for group in range(shape.num_kv_heads)] for layer in layers]
     k = ceil_count(ratio, shape.num_layers)
     budget = settings.budget_per_layer * shape.num_layers
-    total = expected_evaluations(((len(variables), k),), budget, settings.optimizer)
+    plan = [(expected_evaluations(((len(variables), k),), budget, settings.optimizer), 0)]
     complete = k * shape.num_kv_heads
-    with StageProgress("layer search", total, book, progress, settings.higher_is_better, complete_swa=complete) as bar:
-        bits, result = solve(
-            book, anchors, HeadMask.uniform(shape, full=True).bits, variables, ((len(variables), k),), ratio, budget, settings, "layer", "layer"
-        )
+    with StageProgress("layer search", plan, book, progress, settings.higher_is_better, complete_swa=complete) as bar:
+        choice = Choice(variables, ((len(variables), k),), ratio, budget, "layer", "layer")
+        bits, result = solve(book, anchors, HeadMask.uniform(shape, full=True).bits, choice, settings)
         bar.report(result)
     return StageOutcome(bits, [result])
 
@@ -446,20 +487,21 @@ def refine(
         key=lambda layer: (-layer_ratios[layer], -layer),
     )
     outcome = StageOutcome(bits)
-    total = passes * sum(
-        expected_evaluations(((shape.num_kv_heads, bits[layer].count(0)),), settings.budget_per_layer, settings.optimizer)
+    plan = passes * [
+        (expected_evaluations(((shape.num_kv_heads, bits[layer].count(0)),), settings.budget_per_layer, settings.optimizer), layer)
         for layer in order
-    )
+    ]
     complete = sum(row.count(0) for row in bits)  # refinement keeps every layer's count
-    with StageProgress("refine", total, book, progress, settings.higher_is_better, complete_swa=complete) as bar:
+    with StageProgress("refine", plan, book, progress, settings.higher_is_better, complete_swa=complete) as bar:
         for number in range(1, passes + 1):
             improved = False
             for layer in order:
                 current = anchors.normalize(book.score(bits, "refine"))
-                candidate, result = solve(
-                    book, anchors, bits, _cells(shape, [layer]), ((shape.num_kv_heads, bits[layer].count(0)),),
-                    layer_ratios[layer], settings.budget_per_layer, settings, "refine", f"refine{number}/{layer}", start=bits,
+                choice = Choice(
+                    _cells(shape, [layer]), ((shape.num_kv_heads, bits[layer].count(0)),), layer_ratios[layer],
+                    settings.budget_per_layer, "refine", f"refine{number}/{layer}",
                 )  # fmt: skip
+                candidate, result = solve(book, anchors, bits, choice, settings, start=bits)
                 if anchors.normalize(result.score) > current:
                     bits, improved = candidate, True
                 outcome.subproblems.append(result)

@@ -171,18 +171,15 @@ def masks(shape: ModelShape) -> list[HeadMask]:
 def score_masks(model_dir: str, task_dir: str) -> dict[str, Any]:
     """Build the objective once, score :func:`masks`, record what this process scored
     (one process of ``objective_worker.py``, or the single-process reference)."""
-    from bosch_eval.search.objective_loading import build_objective
+    from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
 
     objective = build_objective(
         model_dir,
-        tasks=[PPL_TASK],
-        include_path=task_dir,
-        calib_examples=CALIB_METADATA["num_examples"],
-        calib_len=CALIB_METADATA["seq_len"],
-        metric="perplexity",
-        dtype="float32",
-        batch_size=1,  # a document's score does not depend on its shard's other documents
-        window=WINDOW,
+        CalibrationSettings(
+            tasks=(PPL_TASK,), include_path=task_dir, examples=CALIB_METADATA["num_examples"], length=CALIB_METADATA["seq_len"], metric="perplexity"
+        ),
+        # batch 1: a document's score does not depend on its shard's other documents
+        LoadSettings(dtype="float32", batch_size=1, window=WINDOW),
     )
     lm = objective.lm
     seen: list[list[int]] = []

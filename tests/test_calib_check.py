@@ -14,7 +14,7 @@ from scipy.stats import spearmanr
 from bosch_eval.cli import main
 from bosch_eval.masks import HeadMask, HeadRanking, ModelShape
 from bosch_eval.search.calib_check import bootstrap_ci, build_panel, layer_drops, spearman, summarize
-from bosch_eval.search.calib_check_cli import score_panel
+from bosch_eval.search.calib_check_cli import CalibCheckError, score_panel
 
 SHAPE = ModelShape(num_layers=4, num_heads=8, num_kv_heads=4)
 
@@ -151,8 +151,18 @@ def test_calib_check_end_to_end_on_the_toy_model(tmp_path: Path, capsys: pytest.
     assert main(argv) == 0  # resumed: nothing scored again
     assert (out / "scores.jsonl").read_text() == lines
     capsys.readouterr()
-    assert main([item if item != "2" else "3" for item in argv]) == 2  # --random 3
+    other = [item if item != "2" else "3" for item in argv]  # --random 3
+    from unittest import mock
+
+    with mock.patch("bosch_eval.search.objective_loading.build_objective", side_effect=AssertionError("loaded the model")):
+        assert main(other) == 2  # refused before the model loads
     assert "made with other settings (random)" in capsys.readouterr().err
+    check = (out / "check.json").read_text()
+    assert main([*other, "--new-settings"]) == 0  # asked for: the old check is kept beside the new one
+    (kept,) = (out / "previous").iterdir()
+    assert (kept / "check.json").read_text() == check and (kept / "scores.jsonl").read_text() == lines
+    assert json.loads((kept / "settings.json").read_text())["random"] == 2
+    assert json.loads((out / "settings.json").read_text())["random"] == 3
 
 
 @pytest.mark.slow
@@ -165,3 +175,57 @@ def test_a_failed_check_pins_no_settings(tmp_path: Path, capsys: pytest.CaptureF
     assert not (out / "settings.json").exists()
     assert main(common) == 0  # the corrected command is not refused
 
+
+
+class TestPinnedSettings:
+    """settings.json pins files by content and a bundled model by its alias: a check resumes
+    from any clone, and one an older bosch-eval pinned by paths still does."""
+
+    def args(self, tmp_path: Path, ranking: Path) -> tuple:
+        from argparse import Namespace
+
+        args = Namespace(model="toy", calib="bosch_niah_calib", calib_metadata={}, dev="bosch_niah_dev", dev_metadata={},
+                         ratios=[0.5], random=2, window=None, calib_len=None, calib_examples=None, dtype=None)  # fmt: skip
+        return args, [("apl", str(ranking))], []
+
+    def test_a_dtype_is_pinned_only_when_given(self, tmp_path: Path) -> None:
+        from bosch_eval.search.calib_check_cli import _pin_settings, check_settings
+
+        ranking = tmp_path / "apl.json"
+        ranking.write_text('{"scores": 1}')
+        args, rankings, masks = self.args(tmp_path, ranking)
+        assert "dtype" not in check_settings(args, rankings, masks)  # a check made before --dtype resumes
+        out = tmp_path / "out"
+        out.mkdir()
+        _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
+        args.dtype = "bfloat16"
+        with pytest.raises(CalibCheckError, match=r"other settings \(dtype\)"):
+            _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
+
+    def test_a_moved_file_with_the_same_content_matches(self, tmp_path: Path) -> None:
+        from bosch_eval.search.calib_check_cli import _pin_settings, check_settings
+
+        first, second = tmp_path / "a" / "apl.json", tmp_path / "b" / "apl.json"
+        for path in (first, second):
+            path.parent.mkdir()
+            path.write_text('{"scores": 1}')
+        out = tmp_path / "out"
+        out.mkdir()
+        _pin_settings(out, check_settings(*self.args(tmp_path, first)), new_settings=False)
+        _pin_settings(out, check_settings(*self.args(tmp_path, second)), new_settings=False)  # no error
+        second.write_text('{"scores": 2}')
+        with pytest.raises(CalibCheckError, match=r"other settings \(ranking\)"):
+            _pin_settings(out, check_settings(*self.args(tmp_path, second)), new_settings=False)
+
+    def test_settings_pinned_by_path_still_match(self, tmp_path: Path) -> None:
+        from bosch_eval.search.calib_check_cli import _pin_settings, check_settings
+
+        ranking = tmp_path / "apl.json"
+        ranking.write_text('{"scores": 1}')
+        args, rankings, masks = self.args(tmp_path, ranking)
+        old = {**check_settings(args, rankings, masks), "ranking": [f"apl={ranking}"], "mask": [],
+               "model": "/elsewhere/bosch_eval/toy/model"}  # fmt: skip
+        out = tmp_path / "out"
+        out.mkdir()
+        (out / "settings.json").write_text(json.dumps(old))
+        _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)  # no error

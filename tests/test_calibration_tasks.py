@@ -167,9 +167,9 @@ class TestTiebreak:
     @pytest.mark.slow
     def test_the_search_objective_races_on_it_and_keeps_acc(self):
         from bosch_eval.masks import HeadMask
-        from bosch_eval.search.objective_loading import build_objective
+        from bosch_eval.search.objective_loading import CalibrationSettings, build_objective
 
-        plain = build_objective("toy", calib_len=256, calib_examples=4)
+        plain = build_objective("toy", CalibrationSettings(length=256, examples=4))
         tie = CalibrationObjective(plain.lm, ["bosch_niah_calib"], metadata=plain.metadata, metric="acc_tiebreak")
         assert tie.racing_problem() is None
         full = HeadMask.uniform(plain.shape, full=True, window=32)

@@ -62,7 +62,7 @@ def test_resume_after_a_kill_evaluates_only_the_rest(tmp_path, monkeypatch):
     assert record["mask"]["swa_ratio"] == 0.5
 
     changed = spec(["original=", "bosch=layers=bme,ratio=0.5", "intr=layers=intr,ratio=0.5"])
-    with pytest.raises(EntryError, match="entry 'bosch': field 'args'"):
+    with pytest.raises(EntryError, match="run 'bosch' \\(entry 'bosch'\\): field 'args'"):
         runner.run_compare(changed, tmp_path, resume=True, progress=False)
 
 
@@ -125,9 +125,9 @@ def _cli(out, *extra, tasks=("bosch_niah_calib",), model_args="device=cpu,batch_
     return [*args, *(a for e in entries for a in ("--entry", e)), "--out", str(out), *extra]
 
 
-def test_resume_evaluates_again_a_run_whose_inputs_changed(tmp_path, caplog):
+def test_a_run_whose_inputs_changed_is_refused_unless_asked_and_then_kept_aside(tmp_path, caplog):
     # A new search writes another mask to the same path; the model's files change under the
-    # same directory: --resume must not keep the old rows.
+    # same directory: --resume must neither keep the old rows nor silently replace them.
     import shutil
 
     from bosch_eval.masks import HeadMask
@@ -140,20 +140,38 @@ def test_resume_evaluates_again_a_run_whose_inputs_changed(tmp_path, caplog):
     local = lambda: build_spec({**FIELDS, "model": str(model)}, entries, "test")  # noqa: E731
     assert runner.run_compare(local(), out, progress=False) == ["original", "bosch"]
     assert runner.run_compare(local(), out, resume=True, progress=False) == []  # nothing changed
+    old_run = (out / "runs" / "bosch" / "run.json").read_text()
 
     all_swa = HeadMask.from_rows([[0] * 4] * 4, 8, window=32)
     all_swa.save(mask)
-    with caplog.at_level("WARNING", logger="bosch_eval.compare"):
-        assert runner.run_compare(local(), out, resume=True, progress=False) == ["bosch"]
-    assert f"run 'bosch' in {out}: mask file {mask} changed (sha256 " in caplog.text
+    with pytest.raises(EntryError, match=rf"run 'bosch' \(entry 'bosch'\): mask file {mask} changed \(sha256 .*--new-settings"):
+        runner.run_compare(local(), out, resume=True, progress=False)
+    assert (out / "runs" / "bosch" / "run.json").read_text() == old_run
+    with caplog.at_level("WARNING"):
+        assert runner.run_compare(local(), out, resume=True, progress=False, new_settings=True) == ["bosch"]
+    (kept,) = (out / "previous").iterdir()
+    assert (kept / "runs" / "bosch" / "run.json").read_text() == old_run  # the old result, beside the new one
     record = json.loads((out / "runs" / "bosch" / "run.json").read_text())
     assert record["mask"]["mask"] == [[0] * 4] * 4 and record["inputs"]["mask"]["file"] == str(mask)
 
-    caplog.clear()
     (model / "generation_config.json").write_text((model / "generation_config.json").read_text() + "\n")
-    with caplog.at_level("WARNING", logger="bosch_eval.compare"):
-        assert runner.run_compare(local(), out, resume=True, progress=False) == ["original", "bosch"]
-    assert "the model changed (files generation_config.json)" in caplog.text
+    with pytest.raises(EntryError, match="the model changed \\(files generation_config.json\\)"):
+        runner.run_compare(local(), out, resume=True, progress=False)
+    assert runner.run_compare(local(), out, resume=True, progress=False, new_settings=True) == ["original", "bosch"]
+
+
+def test_other_settings_are_refused_unless_asked(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert main(_cli(out)) == 0
+    capsys.readouterr()
+    other = [*_cli(out, "--resume"), "--limit", "2"]
+    assert main(other) == 2
+    assert "other settings (limit: None → 2)" in capsys.readouterr().err
+    before = (out / "leaderboard.md").read_text()
+    assert main([*other, "--new-settings"]) == 0
+    (kept,) = (out / "previous").iterdir()
+    assert (kept / "leaderboard.md").read_text() == before and (kept / "runs" / "original" / "run.json").is_file()
+    assert json.loads((out / "compare.json").read_text())["settings"]["limit"] == 2
 
 
 def test_a_failed_compare_pins_no_settings(tmp_path, monkeypatch, capsys):
@@ -178,7 +196,7 @@ def test_a_failed_compare_pins_no_settings(tmp_path, monkeypatch, capsys):
     assert main(_cli(out)) == 0  # the corrected command, on the same --out
     assert json.loads((out / "compare.json").read_text())["settings"]["model_args"] == {"device": "cpu", "batch_size": "4"}
     assert main(_cli(out, "--resume", "--limit", "2")) == 2  # a finished run pins them
-    assert "field 'limit' was None in this output directory, now 2" in capsys.readouterr().err
+    assert "other settings (limit: None → 2)" in capsys.readouterr().err
 
 
 def test_two_compares_on_one_out(tmp_path, monkeypatch, capsys):

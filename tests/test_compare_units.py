@@ -267,7 +267,8 @@ class TestRunInputs:
     def test_a_model_directory_is_its_files_but_not_its_card(self, tmp_path):
         import hashlib
 
-        from bosch_eval.compare.inputs import changed, model_identity, run_inputs
+        from bosch_eval.compare.inputs import changed, run_inputs
+        from bosch_eval.model_identity import model_identity
 
         (tmp_path / "config.json").write_text("{}")
         (tmp_path / "model.safetensors").write_bytes(b"weights")
@@ -362,3 +363,27 @@ class TestHeadline:
         table = (tmp_path / "leaderboard.md").read_text()
         assert "no task is held out" in table and "mean over []" not in table and "headline |" not in table
         assert not (tmp_path / "pareto.png").exists()  # the earlier plot does not stay beside this table
+
+
+class TestKVLength:
+    """Issue 40: a comparison on bosch_niah_calib alone printed "T = None" and "–" for KV bytes."""
+
+    def spec(self, tasks: list[str], metadata: dict | None = None):  # noqa: ANN201
+        from bosch_eval.compare.entries import parse_entry
+        from bosch_eval.compare.spec import build_spec
+
+        return build_spec({"model": "toy", "tasks": tasks, "metadata": metadata or {}}, [parse_entry("original=")], "test")
+
+    def test_our_tasks_default_to_the_models_calibration_length(self) -> None:
+        from bosch_eval.compare.cli import kv_length_of
+
+        assert kv_length_of(self.spec(["bosch_niah_calib"])) == 1024  # toy's bosch_defaults.json calib_len
+        assert kv_length_of(self.spec(["bosch_niah_calib"], {"seq_len": 256})) == 256
+
+    def test_other_tasks_without_lengths_say_so_instead_of_none(self) -> None:
+        from bosch_eval.compare.cli import kv_length_of
+        from bosch_eval.compare.leaderboard import _kv_legend
+
+        assert kv_length_of(self.spec(["niah_single_1"])) is None
+        assert "None" not in _kv_legend(None) and "--kv-length" in _kv_legend(None)
+        assert _kv_legend(512) == "KV bytes: relative to the original at T = 512."

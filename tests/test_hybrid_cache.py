@@ -133,7 +133,7 @@ def test_decode_steps_read_only_the_window_in_swa_groups(monkeypatch):
         calls.append(("plain", query.shape[2], key.shape[2], columns))
         return sdpa_full_attention(module, query, key, value, attention_mask, **kwargs)
 
-    monkeypatch.setitem(BACKENDS, "recording", Backend(swa=swa, full=full))
+    monkeypatch.setitem(BACKENDS.members, "recording", Backend(swa=swa, full=full))
     sinks, new_tokens = 2, 30
     model = hybrid_model(MASKS["all_swa"], "recording", sinks=sinks)
     ids, attention = left_padded_batch(model.config.vocab_size, [13, 6], seed=6)

@@ -1,4 +1,4 @@
-"""The floor of the layers (CONVENTIONS.md, "Layers"): the core never imports upward.
+"""The floor of the layers (docs/conventions.md#layers): the core never imports upward.
 
 Core (layer 1) is every module under ``bosch_eval/`` except the features that live there
 (``compare/``, ``train/``, ``analyze/``, ``bench.py``, and ``toy/``, the bundled models' training

@@ -21,7 +21,7 @@ from bosch_eval.tasks import TASKS_DIR
 from bosch_eval import launch
 from bosch_eval.launch import launch_state
 from bosch_eval.search.objective import EVALUATE_PATH, CalibrationObjective, ObjectiveError
-from bosch_eval.search.objective_loading import build_objective
+from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.search.racing import RaceBound
 from tests.helpers import CALIB_METADATA, DOT_TASK, PLAIN_GROUP, PPL_TASK, WINDOW, masks, write_tasks
 
@@ -37,14 +37,10 @@ def task_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def objective(tiny_model_dir: Path, task_dir: Path) -> CalibrationObjective:
     return build_objective(
         str(tiny_model_dir),
-        tasks=[PPL_TASK],
-        include_path=task_dir,
-        calib_examples=CALIB_METADATA["num_examples"],
-        calib_len=CALIB_METADATA["seq_len"],
-        metric="perplexity",
-        dtype="float32",
-        batch_size=BATCH_SIZE,
-        window=WINDOW,
+        CalibrationSettings(
+            tasks=(PPL_TASK,), include_path=task_dir, examples=CALIB_METADATA["num_examples"], length=CALIB_METADATA["seq_len"], metric="perplexity"
+        ),
+        LoadSettings(dtype="float32", batch_size=BATCH_SIZE, window=WINDOW),
     )
 
 
@@ -83,7 +79,7 @@ class TestScores:
         assert scores[3] == scores[0]
 
     def test_default_task_is_bosch_niah_calib(self, tiny_model_dir):
-        objective = build_objective(str(tiny_model_dir), calib_examples=4, calib_len=320, window=WINDOW, dtype="float32", batch_size=2)
+        objective = build_objective(str(tiny_model_dir), CalibrationSettings(examples=4, length=320), LoadSettings(window=WINDOW, dtype="float32", batch_size=2))
         info = objective.describe()
         assert info["tasks"] == ["bosch_niah_calib"] and info["metric"] == "acc"
         assert info["num_examples"] == {"bosch_niah_calib": 4}
@@ -278,7 +274,7 @@ class TestOnTheTrainedToyModel:
     @pytest.fixture(scope="class")
     @classmethod
     def toy(cls) -> CalibrationObjective:
-        return build_objective("toy", calib_examples=16, batch_size=4)
+        return build_objective("toy", CalibrationSettings(examples=16), LoadSettings(batch_size=4))
 
     def test_masks_score_differently_and_as_a_fresh_simple_evaluate(self, toy):
         from bosch_eval.model_check import resolve_model
@@ -314,12 +310,12 @@ class TestSpeedupsOnTheToyModel:
     @pytest.fixture(scope="class")
     @classmethod
     def plain(cls) -> CalibrationObjective:
-        return build_objective("toy", calib_examples=16, batch_size=4)
+        return build_objective("toy", CalibrationSettings(examples=16), LoadSettings(batch_size=4))
 
     @pytest.fixture(scope="class")
     @classmethod
     def cached(cls) -> CalibrationObjective:
-        objective = build_objective("toy", calib_examples=16, batch_size=4, prefix_cache_mb=256)
+        objective = build_objective("toy", CalibrationSettings(examples=16), LoadSettings(batch_size=4, prefix_cache_mb=256))
         objective.race_chunk = 4
         return objective
 
@@ -370,7 +366,7 @@ class TestSpeedupsOnTheToyModel:
         assert skipped > 0 and cache.layers_skipped > skipped
 
     def test_over_its_budget_the_cache_runs_every_layer(self, plain, caplog):
-        small = build_objective("toy", calib_examples=4, batch_size=4, prefix_cache_mb=1)
+        small = build_objective("toy", CalibrationSettings(examples=4), LoadSettings(batch_size=4, prefix_cache_mb=1))
         mask = self.top_layer_masks(plain.shape)[0]
         small.vary_layers_from(3)
         with caplog.at_level("WARNING", logger="bosch_eval.prefix_cache"):

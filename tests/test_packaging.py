@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-# Source folder -> installed path (DESIGN.md): the card's top-level folders live under
-# the bosch_eval namespace, so nothing generic such as `search` lands in site-packages.
+# Source folder -> installed path (docs/architecture.md#what-each-folder-holds): the card's
+# top-level folders live under the bosch_eval namespace, so nothing generic such as `search`
+# lands in site-packages.
 INSTALLED_AS = {
     "bosch_eval": "bosch_eval",
     "model_adapters": "bosch_eval/model_adapters",

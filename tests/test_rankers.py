@@ -28,7 +28,7 @@ from bosch_eval.search.rankers.apl import APL
 from bosch_eval.search.rankers.base import Ranker, calibration_ids
 from bosch_eval.search.rankers.blocks import AttentionBlock, query_blocks
 from bosch_eval.search.rankers.capture import capture_attention
-from bosch_eval.search.rankers.driver import compute_ranking, group_means, make_ranker
+from bosch_eval.search.rankers.driver import RankingCompute, RankingInputs, compute_ranking, group_means, make_ranker
 from bosch_eval.search.rankers.mass import DCAM, Fisher
 from bosch_eval.search.rankers.proxy import Proxy
 from bosch_eval.search.rankers.qada import QAdA
@@ -348,9 +348,8 @@ class TestRealModel:
     def test_streaming_equals_direct(self, real, method: str) -> None:
         model, tokenizer = real
         ranking = compute_ranking(
-            method, model, tokenizer, window=WINDOW, calib_examples=EXAMPLES, calib_len=CALIB_LEN,
-            block_size=37, dtype=torch.float64,
-        )  # fmt: skip
+            method, model, tokenizer, RankingInputs(WINDOW, EXAMPLES, CALIB_LEN), compute=RankingCompute(block_size=37, dtype=torch.float64)
+        )
         expected = oracle_head_scores(method, model, tokenizer)
         np.testing.assert_allclose(np.array(ranking.provenance["head_scores"]), expected, atol=TOL, rtol=0)
         np.testing.assert_allclose(np.array(ranking.scores), ref.group_mean(expected, 4), atol=TOL, rtol=0)
@@ -379,9 +378,7 @@ class TestRealModel:
 
     def test_deterministic_for_a_seed(self, real) -> None:
         model, tokenizer = real
-        run = lambda method, seed: compute_ranking(  # noqa: E731
-            method, model, tokenizer, window=WINDOW, calib_examples=1, calib_len=CALIB_LEN, calib_seed=seed
-        ).scores
+        run = lambda method, seed: compute_ranking(method, model, tokenizer, RankingInputs(WINDOW, 1, CALIB_LEN, seed=seed)).scores  # noqa: E731
         assert run("dcam", 0) == run("dcam", 0)
         assert run("dcam", 0) != run("dcam", 1)
         assert run("razor", 3) == run("razor", 3)
@@ -483,7 +480,7 @@ class TestRankCommand:
     def test_a_new_ranker_is_one_new_file(
         self, real, model_with_defaults: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """The README's "Add a ranker" example, dropped as a new module into the rankers package
+        """The "Add a ranker" example (docs/rankings.md), dropped as a new module into the rankers package
         (here: a second folder of the package's ``__path__``), runs through ``bosch-eval rank``
         and scores what it says: each head's mean attention lag."""
         filename, source = readme_example("Add a ranker")

@@ -70,7 +70,7 @@ def test_resume_of_a_finished_search_evaluates_nothing(finished: tuple[Path, Pat
     before = (out / "journal.jsonl").read_text()
     first = HeadMask.load(out / "mask.json").bits
     assert main(search_args(model_dir, task_dir, out, "--resume")) == 0
-    assert "(0 now)" in capsys.readouterr().out
+    assert "(0 in this run)" in capsys.readouterr().out
     assert (out / "journal.jsonl").read_text() == before
     assert HeadMask.load(out / "mask.json").bits == first
 
@@ -83,21 +83,81 @@ def test_a_journal_of_another_window_is_refused_naming_the_field(finished: tuple
     assert "header field 'window' is 256 in the journal but 128 in this search" in capsys.readouterr().err
 
 
-def test_a_resume_under_other_search_settings_reuses_the_scores(finished: tuple[Path, Path, Path], tmp_path: Path, caplog) -> None:
-    """A mask's score does not depend on the seed or the Stage-2 buckets: nothing journaled is redone."""
+def test_a_resume_under_other_settings_is_refused_unless_asked_and_keeps_the_old_result(
+    finished: tuple[Path, Path, Path], tmp_path: Path, capsys, caplog
+) -> None:
+    """Issue 40: `--resume --ratio 0.75` replaced a finished ρ = 0.5 mask. Now it is refused,
+    naming the fields; asked for (--new-settings), it reuses every journaled score and keeps
+    the old mask and report beside the new ones."""
+    import shutil
+
     model_dir, task_dir, out = finished
     copy = tmp_path / "copy"
-    copy.mkdir()
-    (copy / "journal.jsonl").write_text((out / "journal.jsonl").read_text())
-    journaled = {record["key"]: record["score"] for record in journal_lines(copy) if "key" in record}
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns(".bosch-search.lock"))
+    old_mask, old_report = (copy / "mask.json").read_text(), (copy / "report.md").read_text()
+    journaled = {record["key"]: record["score"] for record in journal_lines(copy) if "score" in record}
+    other = ("--seed", "1", "--buckets", "0", "0.5", "1")
+    with mock.patch("bosch_eval.search.api.build_objective", side_effect=AssertionError("loaded the model")):
+        assert main(search_args(model_dir, task_dir, copy, "--resume", *other)) == 2  # refused before the model loads
+    err = capsys.readouterr().err
+    assert "settings.seed: 0 → 1" in err and "settings.buckets" in err and "--new-settings" in err
+    assert (copy / "mask.json").read_text() == old_mask and not (copy / "previous").exists()
     with caplog.at_level("WARNING"):
-        assert main(search_args(model_dir, task_dir, copy, "--resume", "--seed", "1", "--buckets", "0", "0.5", "1")) == 0
-    assert "settings.seed: 0 → 1" in caplog.text and "settings.buckets" in caplog.text
+        assert main(search_args(model_dir, task_dir, copy, "--resume", "--new-settings", *other)) == 0
+    assert "settings.seed: 0 → 1" in caplog.text
+    (kept,) = (copy / "previous").iterdir()
+    assert (kept / "mask.json").read_text() == old_mask and (kept / "report.md").read_text() == old_report
+    assert json.loads((kept / "settings.json").read_text())["journal header"]["settings"]["seed"] == 0
     lines = journal_lines(copy)
     assert lines[0]["header"]["settings"]["seed"] == 1
-    records = [record for record in lines[1:]]
+    assert json.loads((copy / "mask.json").read_text())["provenance"]["search"]["seed"] == 1
+    records = [record for record in lines[1:] if "score" in record]
     assert {r["key"]: r["score"] for r in records[: len(journaled)]} == journaled  # kept, none re-scored
     assert len({r["key"] for r in records}) == len(records)
+
+
+@pytest.mark.parametrize("pinned", [None, [0.0, 0.25, 0.5, 0.75, 1.0]], ids=["default-as-null", "paper-buckets-named"])
+def test_the_default_buckets_and_the_same_buckets_named_are_one_setting(
+    finished: tuple[Path, Path, Path], tmp_path: Path, capsys, pinned: list[float] | None
+) -> None:
+    """Stage 2's default buckets depend on G (``buckets=None``); journals pinned them as null, or,
+    before that, named the paper's. With G = 4 both are this search's buckets: it resumes."""
+    import shutil
+
+    model_dir, task_dir, out = finished
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns(".bosch-search.lock"))
+    lines = (copy / "journal.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    first["header"]["settings"]["buckets"] = pinned
+    (copy / "journal.jsonl").write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    assert main(search_args(model_dir, task_dir, copy, "--resume")) == 0
+    assert "(0 in this run)" in capsys.readouterr().out
+    assert journal_lines(copy)[0]["header"]["settings"]["buckets"] == [0.0, 0.25, 0.5, 0.75, 1.0]
+
+
+def test_a_gzipped_journal_under_other_settings_is_refused_before_the_model_loads(
+    finished: tuple[Path, Path, Path], tmp_path: Path, capsys
+) -> None:
+    """Committed journals are gzipped (results/); the check before the load reads them too."""
+    import gzip
+    import shutil
+
+    model_dir, task_dir, out = finished
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns(".bosch-search.lock"))
+    (copy / "journal.jsonl.gz").write_bytes(gzip.compress((copy / "journal.jsonl").read_bytes()))
+    (copy / "journal.jsonl").unlink()
+    with mock.patch("bosch_eval.search.api.build_objective", side_effect=AssertionError("loaded the model")):
+        assert main(search_args(model_dir, task_dir, copy, "--resume", "--seed", "1")) == 2
+    err = capsys.readouterr().err
+    assert "journal.jsonl" in err and "settings.seed: 0 → 1" in err and "--new-settings" in err
+
+
+def test_new_settings_needs_resume(finished: tuple[Path, Path, Path], tmp_path: Path, capsys) -> None:
+    model_dir, task_dir, _ = finished
+    assert main(search_args(model_dir, task_dir, tmp_path / "run", "--new-settings")) == 2
+    assert "--new-settings" in capsys.readouterr().err and not (tmp_path / "run").exists()
 
 
 def test_a_resumed_finished_search_keeps_its_wall_time(finished: tuple[Path, Path, Path]) -> None:

@@ -194,7 +194,7 @@ class TestRefusals:
         path = tmp_path / "j.jsonl"
         Journal(path, HEADER, resume=False).append("1", 0.5)
         before = path.read_bytes()
-        with pytest.raises(JournalError, match="holds 1 finished evaluations; pass --resume .* another --out"):
+        with pytest.raises(JournalError, match="holds 1 masks evaluated; pass --resume .* another --out"):
             Journal(path, HEADER, resume=False)
         assert path.read_bytes() == before
 
@@ -238,12 +238,19 @@ class TestRefusals:
         with pytest.raises(JournalError, match=r"'calibration\.metadata\.seq_len' is 1024 in the journal but 2048"):
             Journal(path, changed, resume=True)
 
-    def test_reusable_fields_may_change_and_the_header_follows(self, tmp_path: Path, caplog) -> None:
+    def test_reusable_fields_change_only_when_asked_and_the_header_follows(self, tmp_path: Path, caplog) -> None:
         path = tmp_path / "j.jsonl"
         header = {"model": "toy", "settings": {"seed": 0, "buckets": [0, 0.5, 1]}}
         Journal(path, header, resume=False).append("1", 0.5)
         changed = {"model": "toy", "settings": {"seed": 1, "buckets": [0, 0.25, 0.5, 0.75, 1]}}
-        journal = Journal(path, changed, resume=True, reusable=("settings",))
+        before = path.read_bytes()
+        # Unasked, a resume under other settings would replace the finished result: refused, naming every field.
+        with pytest.raises(JournalError, match=r"other settings \(settings\.seed: 0 → 1; settings\.buckets: .*--new-settings"):
+            Journal(path, changed, resume=True, reusable=("settings",))
+        assert path.read_bytes() == before
+        told: list[tuple[dict, bytes]] = []  # the old header, and the file when the caller is told (not yet rewritten)
+        journal = Journal(path, changed, resume=True, reusable=("settings",), on_new_settings=lambda old: told.append((old, path.read_bytes())))
+        assert told == [(header, before)]
         assert journal.lookup("1") == 0.5
         assert "settings.seed: 0 → 1" in caplog.text and "settings.buckets: [0, 0.5, 1] → [0, 0.25" in caplog.text
         assert lines_of(path) == [{"journal": "bosch-journal/1", "header": changed}, {"key": "1", "score": 0.5}]

@@ -95,4 +95,4 @@ def test_two_searches_on_one_out(tiny_model_dir: Path, tmp_path: Path) -> None:
     keys = [record["key"] for record in journal.records]
     assert len(keys) == len(set(keys)) == json.loads((out / "mask.json").read_text())["provenance"]["evaluations"]
     again = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0 and "(0 now)" in again.stdout
+    assert again.returncode == 0 and "(0 in this run)" in again.stdout

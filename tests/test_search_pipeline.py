@@ -17,7 +17,7 @@ import pytest
 
 from bosch_eval.masks import HeadMask, ModelShape, ceil_count
 from bosch_eval.search.journal import Journal, mask_key
-from bosch_eval.search.pipeline import VARIANTS, SearchSettings, Variant, default_chunk_layers, run_search
+from bosch_eval.search.pipeline import VARIANTS, Resumed, SearchSettings, Variant, default_chunk_layers, run_search
 from bosch_eval.search.scoring import Anchors, SearchError, subproblem_loss
 from bosch_eval.search.score_book import Bits, ScoreBook
 from bosch_eval.search.stages import StageOutcome, StageSettings, refine, stage3
@@ -150,7 +150,7 @@ def test_resume_after_interruption_reevaluates_nothing(tmp_path: Path) -> None:
     assert len(journal) == 20
     known = {record["key"]: record["score"] for record in journal.records}
     resumed_objective = planted()
-    resumed = run_search(resumed_objective, SHAPE, settings, known=known, journal=journal, progress=False)
+    resumed = run_search(resumed_objective, SHAPE, settings, resumed=Resumed(scores=known), journal=journal, progress=False)
     assert resumed.mask.bits == reference.mask.bits
     assert not set(resumed_objective.calls) & set(known)  # nothing journaled was evaluated again
     keys = [record["key"] for record in Journal(path, header, resume=True).records]
@@ -162,7 +162,7 @@ import sys, time
 sys.path.insert(0, {tests!r})
 from helpers import SHAPE, planted
 from bosch_eval.search.journal import Journal
-from bosch_eval.search.pipeline import SearchSettings, run_search
+from bosch_eval.search.pipeline import Resumed, SearchSettings, run_search
 settings = SearchSettings(ratio=0.5)
 journal = Journal({path!r}, {{"test": "sigkill"}}, resume=True)
 known = {{record["key"]: record["score"] for record in journal.records}}
@@ -170,7 +170,7 @@ objective = planted()
 def slow(mask):
     time.sleep({delay})
     return objective(mask)
-result = run_search(slow, SHAPE, settings, known=known, journal=journal, progress=False)
+result = run_search(slow, SHAPE, settings, resumed=Resumed(scores=known), journal=journal, progress=False)
 print("MASK", [list(row) for row in result.mask.bits])
 """
 

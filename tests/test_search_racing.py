@@ -11,7 +11,7 @@ import pytest
 from bosch_eval.masks import HeadMask
 from bosch_eval.search.journal import Journal, JournalError
 from bosch_eval.search.optimizers import Bound, Cutoff, SubProblem, minimize
-from bosch_eval.search.pipeline import SearchSettings, run_search
+from bosch_eval.search.pipeline import Resumed, SearchSettings, run_search
 from bosch_eval.search.racing import Racer, RaceBound, Tally, ruled_out
 from tests.helpers import SHAPE, ExampleObjective, Killed
 
@@ -213,11 +213,7 @@ class TestSearch:
 def resumed_search(path, objective: ExampleObjective, settings: SearchSettings, resume: bool = True):  # noqa: ANN001, ANN201
     """A racing search journaled at ``path``, given what the journal holds (as the search CLI does)."""
     journal = Journal(path, {"m": 1}, resume=resume)
-    known = {record["key"]: record["score"] for record in journal.records}
-    return run_search(
-        objective, SHAPE, settings, known=known, journal=journal, bounds=journal.bounds, examples=journal.examples,
-        progress=False, racing=True,
-    )  # fmt: skip
+    return run_search(objective, SHAPE, settings, resumed=Resumed.of(journal), journal=journal, progress=False, racing=True)
 
 
 def journal_records(path) -> list[str]:  # noqa: ANN001

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from bosch_eval.layer_heuristics import random_masks
-from bosch_eval.search.objective_loading import build_objective
+from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.search.pipeline import SearchSettings, run_search
 
 pytestmark = pytest.mark.slow
@@ -20,7 +20,7 @@ WINDOW = 32  # the toy model's recommended window
 
 @pytest.fixture(scope="module")
 def objective():
-    return build_objective("toy", window=WINDOW, calib_examples=16, calib_len=512)
+    return build_objective("toy", CalibrationSettings(examples=16, length=512), LoadSettings(window=WINDOW))
 
 
 def test_search_beats_random_masks_and_the_stage1_ablation(objective) -> None:

@@ -3,7 +3,7 @@
     bosch-eval compare --model toy --tasks niah_single_1 --limit 10 \\
         --metadata '{"max_seq_lengths": [512, 1024]}' \\
         --entry original= --entry bosch=mask=mask.json --entry intr=layers=intr,ratio=0.75 --out cmp
-    bosch-eval compare --config leaderboard.yaml --out cmp [--resume] [--from-results DIR ...]
+    bosch-eval compare --config leaderboard.yaml --out cmp [--resume [--new-settings]] [--from-results DIR ...]
 """
 
 from __future__ import annotations
@@ -32,6 +32,12 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--kv-length", type=int, help="T of the KV-bytes column (default: the longest task length)")
     parser.add_argument("--from-results", nargs="+", default=[], help="finished lm-eval output directories to add as entries")
     parser.add_argument("--resume", action="store_true", help="skip runs already finished under --out")
+    parser.add_argument(
+        "--new-settings",
+        action="store_true",
+        help="with --resume: evaluate again finished runs made with other settings or inputs (a changed mask file, "
+        "model, limit, ...), keeping the old runs and leaderboard in --out/previous/; without it such a resume is refused",
+    )
     parser.add_argument("--out", required=True, help="output directory")
     parser.set_defaults(run=compare_main)
     return parser
@@ -44,11 +50,26 @@ def _head_dim(model: str) -> int:
     return ModelShape.head_dim_of(model_config(resolve_model(model)))
 
 
+def kv_length_of(spec: Any) -> int | None:
+    """T of the KV-bytes column: ``kv_length``, else the longest length the metadata names,
+    else, when every task is one of ours, the model's ``calib_len`` (``bosch_defaults.json``),
+    which each of them defaults to (a bosch_niah_calib-only comparison said "T = None")."""
+    from bosch_eval.model_check import resolve_model
+    from bosch_eval.model_defaults import model_defaults
+
+    length = spec.default_kv_length()
+    if length is None and all(task.startswith("bosch_") for task in spec.tasks):
+        length = model_defaults(resolve_model(spec.model)).calib_len
+    return length
+
+
 def compare_main(args: argparse.Namespace) -> None:
     from bosch_eval.compare.leaderboard import build_rows, column_order, from_compare_dir, from_results_dir, write_leaderboard
     from bosch_eval.compare.runner import output_lock, run_compare
     from bosch_eval.compare.spec import build_spec, load_spec
 
+    if args.new_settings and not args.resume:
+        raise EntryError("--new-settings: evaluates again finished runs that no longer match; pass it with --resume")
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 and args.limit.is_integer() else args.limit)
     try:
         metadata = json.loads(args.metadata) if args.metadata else None
@@ -72,11 +93,12 @@ def compare_main(args: argparse.Namespace) -> None:
         raise EntryError(f"{given}: {spec.reference!r} names no entry; expected one of {names + [e.name for e in extra]}")
     head_dim = _head_dim(spec.model)  # the packed size of kv_quant entries depends on it
     with output_lock(out):  # the runs and the leaderboard: one writer
-        run_compare(spec, out, resume=args.resume, locked=True)
+        run_compare(spec, out, resume=args.resume, locked=True, new_settings=args.new_settings)
         entries = from_compare_dir(out, names) + extra
         order = column_order(entries)
-        rows = build_rows(entries, spec.reference, spec.default_kv_length(), head_dim=head_dim, tasks=spec.tasks)
+        kv_length = kv_length_of(spec)
+        rows = build_rows(entries, spec.reference, kv_length, head_dim=head_dim, tasks=spec.tasks)
         header = {"command": " ".join(["bosch-eval", *args.argv]), "versions": versions("bosch-eval", "lm_eval", "torch", "transformers"), "reference": spec.reference,
-                  "kv_length": spec.default_kv_length(), "settings": spec.settings()}  # fmt: skip
+                  "kv_length": kv_length, "settings": spec.settings()}  # fmt: skip
         write_leaderboard(rows, order, out, header, spec.tasks)
     print((out / "leaderboard.md").read_text())

@@ -240,6 +240,12 @@ def _table(rows: list[Row], columns: list[str], with_headline: list[str] | None)
     return lines
 
 
+def _kv_legend(kv_length: int | None) -> str:
+    if kv_length is None:
+        return "KV bytes: not computed, no task length is known (pass --kv-length, or metadata max_seq_lengths / seq_len)."
+    return f"KV bytes: relative to the original at T = {kv_length}."
+
+
 def write_leaderboard(rows: list[Row], order: list[str], out: Path, header: dict[str, Any], tasks: list[str]) -> None:
     """``leaderboard.md``, ``.csv``, ``.json`` and ``pareto.png`` under ``out``.
 
@@ -257,7 +263,7 @@ def write_leaderboard(rows: list[Row], order: list[str], out: Path, header: dict
     legend = [TRUNCATED_LEGEND, ""] if any(cell.truncated for row in rows for cell in row.cells.values()) else []
     lines = [f"$ {header['command']}", "", f"versions: {json.dumps(header['versions'])}", "",
              f"Cells: score ± sd over seeds (difference to `{header['reference']}` [95% CI], {CI_METHOD}). "
-             f"*in-sample*: the entry's mask was searched on this task. KV bytes: relative to the original at T = {kv_t}. "
+             f"*in-sample*: the entry's mask was searched on this task. {_kv_legend(kv_t)} "
              f"{headline_text}", "", *legend, *_table(rows, main, held or None)]  # fmt: skip
     if rest:
         lines += ["", "Subtasks and subgroups:", "", *_table(rows, rest, None)]

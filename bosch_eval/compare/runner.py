@@ -10,7 +10,8 @@ Layout under ``out``::
 
 Killing the run loses at most the run in progress (``.partial`` is cleared on restart);
 ``resume=True`` skips finished runs whose pinned inputs (:mod:`bosch_eval.compare.inputs`)
-are unchanged and evaluates the others again. The settings are pinned when the first run
+are unchanged; one whose settings or inputs changed is refused, or with ``new_settings``
+kept in ``previous/`` and evaluated again. The settings are pinned when the first run
 finishes, not before: a comparison that fails before that (an unknown task, a CUDA error)
 leaves nothing that refuses the corrected command.
 """
@@ -27,16 +28,19 @@ from pathlib import Path
 from typing import Any
 
 from bosch_eval.compare.entries import Entry, EntryError
-from bosch_eval.compare.inputs import changed, model_identity, run_inputs
+from bosch_eval.compare.inputs import FILE_SOURCES, changed, run_inputs
 from bosch_eval.compare.spec import CompareSpec
 from bosch_eval.device import AUTO, pick_device
 from bosch_eval.doc_selection import samples_for_limit
 from bosch_eval.errors import BoschError
 from bosch_eval.masks import HeadMask, ModelShape
+from bosch_eval.model_identity import model_identity, portable_name
 from bosch_eval.outdir_lock import OutputLock
+from bosch_eval.previous_results import keep_aside
 
 RUN_FILE = "run.json"
 SETTINGS_FILE = "compare.json"
+LEADERBOARD_FILES = ("leaderboard.md", "leaderboard.csv", "leaderboard.json", "pareto.png")  # made from the runs
 
 log = logging.getLogger("bosch_eval.compare")
 
@@ -91,40 +95,70 @@ def plan_runs(spec: CompareSpec) -> list[PlannedRun]:
     return plan
 
 
-def check_out_dir(spec: CompareSpec, out: Path, resume: bool, plan: list[PlannedRun]) -> set[str]:
+def check_out_dir(spec: CompareSpec, out: Path, resume: bool, plan: list[PlannedRun], new_settings: bool = False) -> set[str]:
     """Prepare ``out`` (its lock held); return the finished runs to skip.
 
-    A finished run whose inputs changed is not skipped: it is evaluated again (and replaced
-    when done), and the log says why.
+    A finished run is never replaced unasked: with other settings, other model_args or other
+    inputs (:func:`bosch_eval.compare.inputs.changed`) a resume is refused, naming what
+    differs, unless ``new_settings``; then the finished runs that no longer stand, and the
+    leaderboard made from them, move to ``out/previous/<time>/`` and are evaluated again.
 
     Raises:
         EntryError: finished runs exist without ``resume``, or they were made with other
-            settings, or a finished run was made with other model_args.
+            settings, model_args or inputs (without ``new_settings``).
     """
     finished = {p.name for p in (out / "runs").iterdir() if (p / RUN_FILE).is_file()} if (out / "runs").is_dir() else set()
-    settings_file = out / SETTINGS_FILE
-    if finished and settings_file.is_file():
-        saved = json.loads(settings_file.read_text())["settings"]
-        for key, value in spec.settings().items():
-            if saved.get(key) != value:
-                raise EntryError(f"{out}: field {key!r} was {saved.get(key)!r} in this output directory, now {value!r}; use another --out")
     if finished and not resume:
         raise EntryError(f"{out}: {len(finished)} runs are already finished ({sorted(finished)[:3]}...); pass --resume or another --out")
-    skip = set()
+    settings_file = out / SETTINGS_FILE
+    if finished and settings_file.is_file():
+        saved = _portable_settings(json.loads(settings_file.read_text())["settings"])
+        differ = [f"{key}: {saved.get(key)!r} → {value!r}" for key, value in spec.settings().items() if saved.get(key) != value]
+        if differ and not new_settings:
+            raise EntryError(
+                f"{out}: its finished runs were made with other settings ({'; '.join(differ)}); use another --out, or pass "
+                "--new-settings to evaluate them again (the old runs and leaderboard are kept in previous/)"
+            )
+        if differ:
+            keep_aside(out, ["runs", SETTINGS_FILE, *LEADERBOARD_FILES], {"settings": saved})
+            finished = set()
+    skip, stale = set(), {}
     for item in plan:
         if item.run not in finished:
             continue
         record = json.loads((out / "runs" / item.run / RUN_FILE).read_text())
-        if record["model_args"] != item.args:
-            made = record["model_args"]
-            raise EntryError(f"entry {item.entry.name!r}: field 'args' is {item.args} but run {item.run!r} in {out} was made with {made}")
         reasons = changed(record.get("inputs"), item.inputs)
+        if _args_key(record["model_args"]) != _args_key(item.args):
+            reasons.insert(0, f"field 'args' is {item.args} but the run was made with {record['model_args']}")
         if reasons:
-            log.warning("run %r in %s: %s; evaluating it again", item.run, out, "; ".join(reasons))
+            stale[item.run] = f"run {item.run!r} (entry {item.entry.name!r}): {'; '.join(reasons)}"
         else:
             skip.add(item.run)
+    if stale and not new_settings:
+        raise EntryError(
+            f"{out}: finished runs no longer match this comparison: {' | '.join(stale.values())}; pass --new-settings to "
+            "evaluate them again (the old runs and leaderboard are kept in previous/), or use another --out"
+        )
+    if stale:
+        log.warning("%s: evaluating again: %s", out, " | ".join(stale.values()))
+        keep_aside(out, [f"runs/{run}" for run in stale] + list(LEADERBOARD_FILES), {"runs": stale})
     shutil.rmtree(out / ".partial", ignore_errors=True)  # the run a kill interrupted
     return skip
+
+
+def _args_key(args: dict[str, str]) -> dict[str, str]:
+    """A run's model_args as they decide its scores: a mask or ranking file by its content
+    (pinned in the run's inputs), not by the path it was named by, so a relative and an
+    absolute path, or another clone's, name the same run."""
+    return {key: value for key, value in args.items() if key not in FILE_SOURCES or value == "full"}
+
+
+def _portable_settings(saved: dict[str, Any]) -> dict[str, Any]:
+    """Pinned settings as this version writes them: a bundled model's path is its alias."""
+    saved = dict(saved)
+    if isinstance(saved.get("model"), str):
+        saved["model"] = portable_name(saved["model"])
+    return saved
 
 
 def _finish_run(spec: CompareSpec, out: Path, item: PlannedRun, partial: Path) -> None:
@@ -194,10 +228,14 @@ def _build_tasks(spec: CompareSpec, path: str) -> tuple[Any, dict[str, list[Any]
     return manager, objects, leaves
 
 
-def run_compare(spec: CompareSpec, out: str | Path, resume: bool = False, progress: bool = True, locked: bool = False) -> list[str]:
+def run_compare(
+    spec: CompareSpec, out: str | Path, resume: bool = False, progress: bool = True, locked: bool = False, new_settings: bool = False
+) -> list[str]:
     """Evaluate every planned run not yet finished (with these inputs); return their names.
 
     ``locked``: the caller already holds :func:`output_lock` on ``out`` (it writes more there).
+    ``new_settings``: finished runs made otherwise are kept aside and evaluated again
+    (:func:`check_out_dir`).
 
     Raises:
         EntryError: a bad entry or task, another comparison running on ``out``, or ``out``
@@ -212,7 +250,7 @@ def run_compare(spec: CompareSpec, out: str | Path, resume: bool = False, progre
     out = Path(out)
     plan = plan_runs(spec)
     with contextlib.nullcontext() if locked else output_lock(out):
-        finished = check_out_dir(spec, out, resume, plan)
+        finished = check_out_dir(spec, out, resume, plan, new_settings)
         todo = [item for item in plan if item.run not in finished]
         if not todo:
             return []

@@ -57,8 +57,11 @@ class CompareSpec:
 
     def settings(self) -> dict[str, Any]:
         """The task-side settings every run of one output directory shares."""
-        keys = ("model", "tasks", "model_args", "metadata", "limit", "gen_kwargs", "include_path", "bootstrap_iters")
-        return json.loads(json.dumps({k: asdict(self)[k] if k != "model_args" else self.model_args for k in keys}))
+        from bosch_eval.model_identity import portable_name
+
+        keys = ("tasks", "model_args", "metadata", "limit", "gen_kwargs", "include_path", "bootstrap_iters")
+        settings = {"model": portable_name(self.model)} | {k: asdict(self)[k] if k != "model_args" else self.model_args for k in keys}
+        return json.loads(json.dumps(settings))
 
     def default_kv_length(self) -> int | None:
         """The longest length the tasks are run at (``max_seq_lengths``/``seq_len``), if stated."""

@@ -19,7 +19,7 @@ EXPORT="${EXPORT:-50}"
 OUT="${OUT:-runs/toy_train}"
 TASKS_DIR="$(bosch-eval tasks --path)"
 TOY="$(bosch-eval toy-model --path)"  # upstream RULER tokenizes with the pretrained= name: a path, not "toy"
-LR="${LR:-3e-4}"  # the toy was pretrained at 3e-3 decaying to 3e-4; 20 steps at 3e-4 keep its calibration score (README)
+LR="${LR:-3e-4}"  # the toy was pretrained at 3e-3 decaying to 3e-4; 20 steps at 3e-4 keep its calibration score (README.md here)
 COMMON=(--model toy --data toy --seq-len 1024 --batch-size 8 --micro-batch-size 1 --lr "$LR" --warmup-ratio 0.1
         --save-every 10 --no-progress-bar)
 YARN=(--rope-scaling yarn --rope-factor 2 --rope-original-max-positions 1024)

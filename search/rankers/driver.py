@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -114,19 +115,61 @@ def _loss_backward(model: Any, ids: torch.Tensor) -> None:
         torch.autograd.grad(hidden, embeds, grad_outputs=grad_hidden)
 
 
+@dataclass(frozen=True)
+class RankingInputs:
+    """What a ranking is measured on: the SWA window its scores refer to and the calibration
+    examples it reads (Razor: its probes).
+
+    Attributes:
+        window: the SWA window W.
+        examples: number of calibration examples (Razor: probes).
+        length: tokens per calibration example (Razor: probe length 4·⌊T/4⌋).
+        seed: seed of the calibration examples (Razor: of the probes).
+        task: the calibration set whose examples the method reads (not Razor).
+    """
+
+    window: int
+    examples: int
+    length: int
+    seed: int = 0
+    task: str = DEFAULT_CALIBRATION
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "window", check_window(self.window, "window"))
+        for name, value in (("calib_examples", self.examples), ("calib_len", self.length)):
+            _check_positive(name, value)
+
+
+@dataclass(frozen=True)
+class RankingCompute:
+    """How a ranking is computed; none of it changes the scores beyond rounding.
+
+    Attributes:
+        block_size: query rows per streamed block, Bq.
+        device: where to run; the model is moved there (default: where it is).
+        dtype: precision of the attention blocks (accumulators are float64).
+    """
+
+    block_size: int = DEFAULT_BLOCK_SIZE
+    device: str | torch.device | None = None
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        _check_positive("block_size", self.block_size)
+
+
+def _check_positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SettingsError(f"{name}: expected a positive integer, got {value!r}")
+
+
 def compute_ranking(
     method: str,
     model: Any,
     tokenizer: Any,
+    inputs: RankingInputs,
     *,
-    window: int,
-    calib_examples: int,
-    calib_len: int,
-    calib_seed: int = 0,
-    calib_task: str = DEFAULT_CALIBRATION,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    device: str | torch.device | None = None,
-    dtype: torch.dtype = torch.float32,
+    compute: RankingCompute = RankingCompute(),
     options: Mapping[str, Any] | None = None,
     model_name: str | None = None,
 ) -> HeadRanking:
@@ -137,14 +180,8 @@ def compute_ranking(
         model: a transformers causal LM whose attention dispatches through
             ``AttentionInterface``; put in eval mode for the run (its mode is restored).
         tokenizer: the model's tokenizer (sizes the calibration examples).
-        window: the SWA window W the scores refer to.
-        calib_examples: number of calibration examples (Razor: probes).
-        calib_len: tokens per calibration example (Razor: probe length 4·⌊T/4⌋).
-        calib_seed: seed of the calibration examples (Razor: of the probes).
-        calib_task: the calibration set whose examples the method reads (not Razor).
-        block_size: query rows per streamed block, Bq.
-        device: where to run; the model is moved there (default: where it is).
-        dtype: precision of the attention blocks (accumulators are float64).
+        inputs: the window and the calibration examples the scores are measured on.
+        compute: block size, device and precision of the run.
         options: method settings (proxy: block, gamma, proxy_heads; qada: buffer).
         model_name: recorded in the ranking (default: the config's ``_name_or_path``).
 
@@ -152,10 +189,9 @@ def compute_ranking(
         SettingsError: a bad method, option or size (MaskError: a bad window; ModelError: a model
             the capture cannot run).
     """
-    window = check_window(window, "window")
-    for name, value in (("calib_examples", calib_examples), ("calib_len", calib_len), ("block_size", block_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise SettingsError(f"{name}: expected a positive integer, got {value!r}")
+    window = inputs.window
+    calib_examples, calib_len, calib_seed, calib_task = inputs.examples, inputs.length, inputs.seed, inputs.task
+    block_size, device, dtype = compute.block_size, compute.device, compute.dtype
     shape = ModelShape.from_config(model.config)
     ranker = make_ranker(method, shape, window, options)
     if device is not None:

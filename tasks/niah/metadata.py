@@ -41,7 +41,7 @@ class _OwnTasksMetadataHint(logging.Filter):
 
     lm-eval 0.4.13 (``ConfigurableTask.download``) logs it for every task with a
     ``custom_dataset``, unconditionally, so ``bosch_niah`` printed it seven times even
-    when ``--metadata`` was given. Our tasks' settings are documented (README, module
+    when ``--metadata`` was given. Our tasks' settings are documented (docs/tasks.md, module
     docstrings) and a bad one is an error, so the hint says nothing; other tasks keep it.
     """
 
