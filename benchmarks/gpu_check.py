@@ -17,7 +17,10 @@ rest; each writes its files as it goes:
 3. ``lm_eval``: one ``lm_eval --model bosch`` run (the toy model with a mixed per-group mask:
    ``bosch_niah_calib`` prefill and ``bosch_niah_single_1`` generation on the hybrid cache)
    on the device, then the same run on the CPU; every score compared.
-4. ``search``: the time of a small ``bosch-eval search --model toy-l`` on the device.
+4. ``objective``: one S() call (the search's objective, ``benchmarks/objective_speed.py``) with
+   hybrid masks at ρ = 0.75 and 0.5 against the original model's forward on the same
+   calibration requests, on the bench's model shape in bf16 (16 examples × 8192 tokens).
+5. ``search``: the time of a small ``bosch-eval search --model toy-l`` on the device.
 
 Writes ``<out>/<device name>/``: ``environment.json`` (device, versions, the command),
 ``stages.json``, ``summary.md`` (rewritten after every stage), and one folder per stage with
@@ -71,13 +74,15 @@ class Plan:
     search_budget_per_layer: int
     search_examples: int
     search_length: int | None  # None: toy-l's own calibration length (1024)
+    objective_length: int  # tokens per calibration example of the S() timing
+    objective_examples: int
     budget_s: float
 
 
-FULL = Plan(("gpt2", "llama", "mistral", "qwen2", "qwen3"), "random:qwen3-1.7b", (8192, 32768), 8, 1024, 16, 15, 32, None, 480)
-QUICK = Plan(("gpt2", "qwen3"), "random:attn-heavy", (128, 256), 2, 256, 4, 2, 4, 256, 420)
+FULL = Plan(("gpt2", "llama", "mistral", "qwen2", "qwen3"), "random:qwen3-1.7b", (8192, 32768), 8, 1024, 16, 15, 32, None, 8192, 16, 480)
+QUICK = Plan(("gpt2", "qwen3"), "random:attn-heavy", (128, 256), 2, 256, 4, 2, 4, 256, 256, 4, 420)
 # Shares of the budget per stage; a stage also gets what the stages before it left unused.
-SHARES = {"correctness": 70, "bench": 270, "lm_eval": 60, "search": 80}
+SHARES = {"correctness": 60, "bench": 240, "lm_eval": 50, "objective": 60, "search": 70}
 RATIOS = ("0.75", "0.5")
 DECODE_BATCH = 8
 SCORE_TOLERANCE = 1e-4  # |score on the device − score on the CPU| counted as equal
@@ -226,7 +231,25 @@ def stage_search(folder: Path, seconds: float, plan: Plan, device: str) -> dict[
     return result
 
 
-STAGES = {"correctness": stage_correctness, "bench": stage_bench, "lm_eval": stage_lm_eval, "search": stage_search}
+def stage_objective(folder: Path, seconds: float, plan: Plan, device: str) -> dict[str, Any]:
+    """S() of hybrids against S() of the original (every group full, the unpatched kernel) on the
+    same calibration requests, on the bench's model shape in bf16 (benchmarks/objective_speed.py)."""
+    out = folder / "objective"
+    configs = ["dtype=bfloat16,mask=full", *(f"dtype=bfloat16,layers=bme,ratio={ratio}" for ratio in RATIOS)]
+    command = [
+        sys.executable, str(ROOT / "benchmarks/objective_speed.py"), "--model", plan.bench_model, "--task", "bosch_niah_calib",
+        "--seq-len", str(plan.objective_length), "--examples", str(plan.objective_examples), "--batch-size", "4", "--device", device,
+        "--repeats", "3", "--work", str(out / "model"), "--configs", *configs, "--out", str(out / "objective.md"),
+    ]  # fmt: skip
+    result = run_limited(command, seconds, out / "run.log")
+    report = out / "objective.json"
+    if report.exists():
+        result["rows"] = [{key: row[key] for key in ("config", "median_s", "vs_first")} for row in json.loads(report.read_text())["rows"]]
+    shutil.rmtree(out / "model", ignore_errors=True)  # gigabytes of random weights
+    return result
+
+
+STAGES = {"correctness": stage_correctness, "bench": stage_bench, "lm_eval": stage_lm_eval, "objective": stage_objective, "search": stage_search}
 
 
 # -- the summary ------------------------------------------------------------------------------------------
@@ -279,6 +302,10 @@ def summary(environment: dict[str, Any], results: dict[str, dict[str, Any]]) -> 
         lines += ["| score | device | cpu |", "|---|---|---|"]
         for key in sorted(set(r["scores"].get("device", {})) | set(r["scores"].get("cpu", {}))):
             lines.append(f"| {key} | {r['scores']['device'].get(key, '-')} | {r['scores']['cpu'].get(key, '-')} |")
+    if "objective" in results and "rows" in results["objective"]:
+        lines += ["", "## S() of a hybrid against the original's forward on the same requests (below 1: cheaper)", ""]
+        lines += ["| configuration | median s | vs original |", "|---|---|---|"]
+        lines += [f"| `{row['config']}` | {row['median_s']:.2f} | {row['vs_first']:.2f} |" for row in results["objective"]["rows"]]
     if "search" in results and "command" in results["search"]:
         r = results["search"]
         if "evaluations" in r:

@@ -94,6 +94,9 @@ def test_summary_shows_every_stage_and_a_failed_backend(tmp_path):
         }},
         "lm_eval": {"status": "ok", "seconds": 50, "limit_s": 60, "equal": True, "max_abs_difference": 0.0, "exactly_equal": 1,
                     "scores": {"device": {"t/acc": 0.5}, "cpu": {"t/acc": 0.5}}},
+        "objective": {"status": "ok", "seconds": 40, "limit_s": 50, "rows": [
+            {"config": "dtype=bfloat16,mask=full", "median_s": 2.0, "vs_first": 1.0},
+            {"config": "dtype=bfloat16,layers=bme,ratio=0.75", "median_s": 1.5, "vs_first": 0.75}]},
         "search": {"status": "timed out after 80 s", "seconds": 80, "limit_s": 80, "command": "bosch-eval search", "scored_masks": 12},
     }  # fmt: skip
     text = gpu_check.summary({"device": "NVIDIA H100", "command": "python benchmarks/gpu_check.py"}, results)
@@ -102,6 +105,7 @@ def test_summary_shows_every_stage_and_a_failed_backend(tmp_path):
     assert "ρ=0.75 prefill 0.40× (target >= 1.25): NOT met" in text and "Targets at T = 32768, flex: T = 32768 not measured" in text
     assert "on the device against the CPU: equal" in text and "| t/acc | 0.5 | 0.5 |" in text
     assert "timed out after 80 s; 12 masks scored in the journal before it stopped" in text
+    assert "| `dtype=bfloat16,layers=bme,ratio=0.75` | 1.50 | 0.75 |" in text
 
 
 @pytest.mark.slow
@@ -119,6 +123,8 @@ def test_quick_check_on_cpu_runs_every_stage_and_packs_them(tmp_path):
     bench = stages["bench"]["backends"]
     assert list(bench)[0] == "blocked" and all(len(run["speedups"]) == 4 for run in bench.values())  # 2 ratios × 2 lengths
     assert stages["lm_eval"]["equal"] and stages["search"]["evaluations"] > 0
+    assert [row["config"] for row in stages["objective"]["rows"]] == [
+        "dtype=bfloat16,mask=full", "dtype=bfloat16,layers=bme,ratio=0.75", "dtype=bfloat16,layers=bme,ratio=0.5"]
     environment = json.loads((folder / "environment.json").read_text())
     assert environment["device"].startswith("cpu") and environment["torch"] and "--quick" in environment["command"]
     assert (tmp_path / "pack" / "summary.md").read_text() == (folder / "summary.md").read_text()

@@ -26,7 +26,8 @@ case $step in
                 --tasks bosch_niah_calib,$CALIB --metadata '{"seq_len": 1024, "num_examples": 64}' --log_samples --output_path "$R/card/${run%%:*}"
             done
             bosch-eval compare --config $R/card/ruler.yaml --out $R/card/ruler --resume
-            python $R/cost_of_s.py --out $R/card/cost_of_s.md ;;
+            python benchmarks/objective_speed.py --model smollm2 --configs dtype=bfloat16,layers=bme,ratio=0.75 dtype=float32,layers=bme,ratio=0.75 \
+              --out $R/card/cost_of_s.md ;;
   rank)     for method in apl dcam proxy qada razor fisher; do
               bosch-eval rank --method $method --model smollm2 --calib-task $CALIB --dtype bfloat16 --out $R/rankings/$method.json
             done ;;
