@@ -165,7 +165,7 @@ def stage_bench(folder: Path, seconds: float, plan: Plan, device: str) -> dict[s
 
 
 def stage_lm_eval(folder: Path, seconds: float, plan: Plan, device: str) -> dict[str, Any]:
-    from bosch_eval.masks import HeadMask
+    from bosch_eval.masks.head_mask import HeadMask
     from bosch_eval.tasks import TASKS_DIR
 
     out = folder / "lm_eval"

@@ -68,7 +68,7 @@ def model_dir(scratch: Path) -> tuple[str, str]:
 
 def half_swa_mask(shape: Any) -> Any:
     """Every other KV group SWA, alternating by layer: half of them."""
-    from bosch_eval.masks import HeadMask
+    from bosch_eval.masks.head_mask import HeadMask
 
     rows = [[(layer + group) % 2 for group in range(shape.num_kv_heads)] for layer in range(shape.num_layers)]
     return HeadMask.from_rows(rows, shape.num_heads)

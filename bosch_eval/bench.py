@@ -39,12 +39,12 @@ import torch
 from transformers import DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from bosch_eval.errors import SettingsError
 from bosch_eval.hybrid_attention import hybrid_state, hybridize
 from bosch_eval.hybrid_cache import HybridCache, kv_cache_bytes
 from bosch_eval.kv_quant.config import KVQuantConfig
-from bosch_eval.errors import SettingsError
 from bosch_eval.kv_quant.formula import kv_cache_bytes_formula
-from bosch_eval.masks import HeadMask, ModelShape, ceil_count, check_ratio
+from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count, check_ratio
 from bosch_eval.transformers_compat import cache_argument
 
 

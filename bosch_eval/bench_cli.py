@@ -7,7 +7,7 @@ from typing import Any
 
 from bosch_eval.device import pick_device
 from bosch_eval.errors import SettingsError
-from bosch_eval.masks import HeadMask, ModelShape, check_sinks
+from bosch_eval.masks.head_mask import HeadMask, ModelShape, check_sinks
 from bosch_eval.model_check import ModelError, model_config, resolve_model
 
 # Random-weight models for timing (no download). attn-heavy: hidden width 128 against 16 heads

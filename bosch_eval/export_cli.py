@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bosch_eval.layer_heuristics import LAYER_HEURISTICS
 from bosch_eval.local_window import WINDOW_CONVENTIONS
-from bosch_eval.masks import HeadMask, MaskError, ModelShape, check_window
+from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape, check_window
+from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS
 from bosch_eval.model_check import model_config, resolve_model
 from bosch_eval.model_defaults import model_defaults
 
@@ -19,7 +19,7 @@ def _mask(args: argparse.Namespace) -> tuple[HeadMask, str]:
     """The mask asked for: --mask, --ranking/--layers with --ratio, or the one a hybrid
     checkpoint (--model) embeds."""
     from bosch_eval.checkpoint import CONFIG_FIELD, saved_mask  # transformers: not for --help
-    from bosch_eval.mask_sources import resolve_mask
+    from bosch_eval.masks.mask_sources import resolve_mask
 
     if args.model is None:
         if args.mask is None:

@@ -35,7 +35,7 @@ from transformers.masking_utils import AttentionMaskInterface, flash_attention_m
 from bosch_eval.errors import SettingsError
 from bosch_eval.hybrid_spec import GroupRun, HybridSpec, LayerSplit
 from bosch_eval.local_window import LocalWindow
-from bosch_eval.masks import HeadMask, MaskError, ModelShape
+from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
 from bosch_eval.model_check import ModelError
 from bosch_eval.restore_point import RestorePoint
 from bosch_eval.swa_kernels import Backend

@@ -18,7 +18,7 @@ from typing import Any
 
 from bosch_eval.errors import SettingsError
 from bosch_eval.local_window import LocalWindow, LocalWindowError
-from bosch_eval.masks import HeadMask, MaskError, ModelShape, check_window
+from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape, check_window
 from bosch_eval.swa_kernels import BACKENDS as KERNELS
 from bosch_eval.swa_kernels import Backend
 from bosch_eval.swa_kernels.choice import BackendChoice, choose_backend

@@ -73,8 +73,8 @@ from bosch_eval.hybrid_cache import HybridCache
 from bosch_eval.kv_quant.config import KVQuantConfig, parse_kv_quant
 from bosch_eval.launch import join_cpu_processes, shard_over_processes
 from bosch_eval.lm_eval_logs import quiet_per_length_warnings
-from bosch_eval.mask_sources import resolve_mask
-from bosch_eval.masks import HeadMask, MaskError, ModelShape
+from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
+from bosch_eval.masks.mask_sources import resolve_mask
 from bosch_eval.model_adapters.compressed_scoring import CompressedScoring
 from bosch_eval.model_adapters.loader_args import adapter_settings, hflm_parameters
 from bosch_eval.model_adapters.scoring import ContinuationScorer, ForwardLogits, PrefixCachedLogits

@@ -25,14 +25,14 @@ from accelerate import PartialState
 
 from bosch_eval.device import pick_device
 from bosch_eval.launch import launch_state, on_main_then_everywhere
-from bosch_eval.masks import HeadMask, ModelShape, uniform_bit
+from bosch_eval.masks.head_mask import HeadMask, ModelShape, uniform_bit
 from bosch_eval.model_check import IGNORE_FLAG, check_length, model_config, resolve_model
 from bosch_eval.model_defaults import model_defaults, resolve_window
 from bosch_eval.model_identity import model_identity, portable_name
 from bosch_eval.outdir_lock import OutputLock
 from bosch_eval.previous_results import keep_aside
-from bosch_eval.search.journal import Journal, JournalError, refuse_other_settings
 from bosch_eval.search.defaults import DEFAULT_CALIB_LEN, DEFAULT_CALIB_TASK, DEFAULT_PREFIX_CACHE_MB
+from bosch_eval.search.journal import Journal, JournalError, refuse_other_settings
 from bosch_eval.search.objective import CalibrationObjective
 from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.search.pipeline import Resumed, SearchResult, SearchSettings, run_search, validate_for_shape

@@ -86,7 +86,7 @@ def add_calib_check_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run_from_args(args: argparse.Namespace) -> None:
-    from bosch_eval.masks import HeadMask, HeadRanking, check_ratio
+    from bosch_eval.masks.head_mask import HeadMask, HeadRanking, check_ratio
     from bosch_eval.outdir_lock import OutputLock
     from bosch_eval.search.calib_check import build_panel
     from bosch_eval.search.objective import CalibrationObjective

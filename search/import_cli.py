@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bosch_eval.masks import HeadMask
+from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.search.importers import IMPORTERS, UPSTREAM, import_pattern, model_shape
 
 

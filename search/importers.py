@@ -67,7 +67,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape, check_window
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError, ModelShape, check_window
 
 Grid = list[list[float]]
 

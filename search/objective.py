@@ -55,6 +55,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bosch_eval.launch import on_main_then_everywhere
 from bosch_eval.lm_eval_session import (
     FEWSHOT_SEED,
     LmEvalError,
@@ -68,8 +69,7 @@ from bosch_eval.lm_eval_session import (
     task_manager,
     templates_compiled_once,
 )
-from bosch_eval.launch import on_main_then_everywhere
-from bosch_eval.masks import HeadMask, ModelShape
+from bosch_eval.masks.head_mask import HeadMask, ModelShape
 from bosch_eval.model_identity import portable_name
 from bosch_eval.search.defaults import DEFAULT_CALIB_TASK
 from bosch_eval.search.objective_racing import ObjectiveRacing

@@ -212,7 +212,7 @@ def render_estimate(model: str, settings: SearchSettings, seconds_per_call: floa
     Raises:
         SearchError: a time that is not positive, or settings that do not fit the model.
     """
-    from bosch_eval.masks import ModelShape, ceil_count
+    from bosch_eval.masks.head_mask import ModelShape, ceil_count
     from bosch_eval.model_check import model_config, resolve_model
     from bosch_eval.search.cost import estimate_calls
     from bosch_eval.search.pipeline import validate_for_shape

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from lm_eval.api.instance import Instance
 
-from bosch_eval.masks import HeadMask, ModelShape
+from bosch_eval.masks.head_mask import HeadMask, ModelShape
 from bosch_eval.search.journal import mask_key
 from bosch_eval.search.racing import Racer, Tally
 

@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bosch_eval.device import DeviceError
 from bosch_eval.errors import SettingsError
-from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError, ModelShape
 from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.model_adapters.continuation_logits import logits_at, scored_positions
 from bosch_eval.model_check import ModelError

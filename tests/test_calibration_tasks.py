@@ -166,7 +166,7 @@ class TestTiebreak:
 
     @pytest.mark.slow
     def test_the_search_objective_races_on_it_and_keeps_acc(self):
-        from bosch_eval.masks import HeadMask
+        from bosch_eval.masks.head_mask import HeadMask
         from bosch_eval.search.objective_loading import CalibrationSettings, build_objective
 
         plain = build_objective("toy", CalibrationSettings(length=256, examples=4))

@@ -16,7 +16,7 @@ from bosch_eval.compare.entries import parse_entry
 from bosch_eval.compare.leaderboard import Cell, EntryRuns, Row, build_rows, pareto_labels, plot_pareto, write_leaderboard
 from bosch_eval.compare.results import RunResults, read_run
 from bosch_eval.compare.spec import build_spec
-from bosch_eval.masks import HeadMask
+from bosch_eval.masks.head_mask import HeadMask
 
 INFO = {"documents": 4, "longest_input_tokens": 391, "max_length": 256}
 HEADER = {"command": "bosch-eval compare ...", "versions": {}, "reference": "original", "kv_length": 4}

@@ -12,8 +12,6 @@ import torch
 
 from bosch_eval.compare.entries import EntryError, parse_entry
 from bosch_eval.compare.kv_bytes import entry_kv_bytes, relative_kv_bytes
-from bosch_eval.kv_quant.config import parse_kv_quant
-from bosch_eval.kv_quant.formula import kv_cache_bytes_formula
 from bosch_eval.compare.leaderboard import EntryRuns, build_rows
 from bosch_eval.compare.paired_ci import paired_bootstrap_ci
 from bosch_eval.compare.results import RunResults, main_score
@@ -21,7 +19,9 @@ from bosch_eval.compare.spec import load_spec
 from bosch_eval.doc_selection import limited_indices, per_length_indices
 from bosch_eval.hybrid_attention import hybridize
 from bosch_eval.hybrid_cache import HybridCache, kv_cache_bytes
-from bosch_eval.masks import HeadMask
+from bosch_eval.kv_quant.config import parse_kv_quant
+from bosch_eval.kv_quant.formula import kv_cache_bytes_formula
+from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.random_model import random_model
 
 
@@ -241,7 +241,7 @@ class TestEntryKeys:
 
     def test_mask_full_is_the_original(self):
         from bosch_eval.compare.runner import resolve_entry_mask
-        from bosch_eval.masks import ModelShape
+        from bosch_eval.masks.head_mask import ModelShape
 
         entry = parse_entry("q=mask=full,kv_quant=logquant")
         assert entry.is_original and entry.load_args == {"kv_quant": "logquant"}

@@ -9,7 +9,7 @@ import torch
 
 from bosch_eval.hybrid_attention import hybridize
 from bosch_eval.local_window import LocalWindow
-from bosch_eval.masks import HeadMask, ModelShape
+from bosch_eval.masks.head_mask import HeadMask, ModelShape
 from bosch_eval.random_model import random_model
 from bosch_eval.swa_kernels import flex
 from bosch_eval.swa_kernels.flex_blocks import BLOCK, BlockMaskCache, block_mask_for, kind_tiles

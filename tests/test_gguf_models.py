@@ -243,7 +243,7 @@ def test_the_real_smollm2(monkeypatch: pytest.MonkeyPatch) -> None:
     """Converted into the user's cache (kept: a conversion takes 15-50 s), it has SmolLM2-135M's
     shape, scores like the GGUF transformers loads directly, and completes a fact."""
     monkeypatch.delenv(CACHE_ENV, raising=False)
-    from bosch_eval.masks import ModelShape
+    from bosch_eval.masks.head_mask import ModelShape
     from bosch_eval.model_check import model_config
 
     directory = resolve_model("smollm2")

@@ -15,7 +15,7 @@ from bosch_eval.hybrid_attention import apply_spec, hybrid_state, hybridize
 from bosch_eval.hybrid_cache import HybridCache
 from bosch_eval.hybrid_spec import HybridSpec
 from bosch_eval.local_window import LocalWindow
-from bosch_eval.masks import HeadMask, MaskError, ModelShape
+from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
 from bosch_eval.random_model import random_model
 from bosch_eval.swa_kernels import choice, flash, flex
 from tests.helpers import left_padded_batch

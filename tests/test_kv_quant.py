@@ -10,9 +10,10 @@ import sys
 import pytest
 import torch
 
+from bosch_eval import kv_quant
+from bosch_eval.errors import SettingsError
 from bosch_eval.hybrid_attention import hybrid_state, hybridize
 from bosch_eval.hybrid_cache import HybridCache, HybridHeadLayer, kv_cache_bytes
-from bosch_eval import kv_quant
 from bosch_eval.kv_quant import fused as fused_module
 from bosch_eval.kv_quant.config import KVQuantConfig, parse_kv_quant
 from bosch_eval.kv_quant.formula import kv_cache_bytes_formula
@@ -27,8 +28,7 @@ from bosch_eval.kv_quant.packing import (
 )
 from bosch_eval.kv_quant.selection import KV_QUANT_METHODS, Selector
 from bosch_eval.kv_quant.store import QuantizedKVStore
-from bosch_eval.errors import SettingsError
-from bosch_eval.masks import HeadMask
+from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.random_model import random_model
 from tests.helpers import left_padded_batch
 

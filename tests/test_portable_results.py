@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bosch_eval.cli import main
-from bosch_eval.masks import HeadMask
+from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.model_check import BUNDLED_MODELS
 from bosch_eval.model_identity import model_identity, portable_name
 

@@ -15,7 +15,7 @@ import torch
 
 from bosch_eval.hybrid_spec import HybridSpec
 from bosch_eval.local_window import LocalWindow
-from bosch_eval.masks import HeadMask
+from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.prefix_cache import PrefixActivations
 from bosch_eval.random_model import random_model, save_random_checkpoint

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bosch_eval.errors import SettingsError
-from bosch_eval.masks import MaskError
+from bosch_eval.masks.head_mask import MaskError
 from bosch_eval.registry import Registry
 
 
@@ -143,7 +143,7 @@ class TestCommandLineStaysCheap:
             import argparse, contextlib, io, sys
             from bosch_eval.search.rank_cli import add_rank_parser
             from bosch_eval.search.rankers import RANKERS
-            from bosch_eval.layer_heuristics import LAYER_HEURISTICS
+            from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS
             from bosch_eval.search.optimizers import OPTIMIZERS
             from bosch_eval.search.pipeline import VARIANTS
             assert LAYER_HEURISTICS.names() == ("intr", "bme", "rand")

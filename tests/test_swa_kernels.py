@@ -10,11 +10,11 @@ import pytest
 import torch
 from transformers.masking_utils import sliding_window_causal_mask_function
 
-from bosch_eval.errors import SettingsError
-from bosch_eval.local_window import LocalWindow, LocalWindowError
 from bosch_eval import swa_kernels
+from bosch_eval.errors import SettingsError
 from bosch_eval.hybrid_attention import hybridize
-from bosch_eval.masks import HeadMask
+from bosch_eval.local_window import LocalWindow, LocalWindowError
+from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.random_model import random_model
 from bosch_eval.swa_kernels import BACKENDS
 from bosch_eval.swa_kernels import flash as flash_module

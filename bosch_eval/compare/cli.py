@@ -44,7 +44,7 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _head_dim(model: str) -> int:
-    from bosch_eval.masks import ModelShape
+    from bosch_eval.masks.head_mask import ModelShape
     from bosch_eval.model_check import model_config, resolve_model
 
     return ModelShape.head_dim_of(model_config(resolve_model(model)))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bosch_eval.masks import HeadMask
+from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.model_identity import file_digest
 
 FILE_SOURCES = ("mask", "ranking")

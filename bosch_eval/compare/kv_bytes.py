@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from bosch_eval.kv_quant.config import parse_kv_quant
 from bosch_eval.kv_quant.formula import kv_cache_bytes_formula
-from bosch_eval.masks import HeadMask
+from bosch_eval.masks.head_mask import HeadMask
 
 REFERENCE_DTYPE_BYTES = 2  # the original model's cache in fp16/bf16
 

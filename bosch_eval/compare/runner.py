@@ -33,7 +33,7 @@ from bosch_eval.compare.spec import CompareSpec
 from bosch_eval.device import AUTO, pick_device
 from bosch_eval.doc_selection import samples_for_limit
 from bosch_eval.errors import BoschError
-from bosch_eval.masks import HeadMask, ModelShape
+from bosch_eval.masks.head_mask import HeadMask, ModelShape
 from bosch_eval.model_identity import model_identity, portable_name
 from bosch_eval.outdir_lock import OutputLock
 from bosch_eval.previous_results import keep_aside
@@ -193,7 +193,7 @@ def _load_model(spec: CompareSpec, load_args: dict[str, str]) -> Any:
 
 def resolve_entry_mask(args: dict[str, str], shape: ModelShape, default_window: int | None, model: str) -> HeadMask:
     """The mask a run's model_args ask for (all full for the original), validated against ``shape``."""
-    from bosch_eval.mask_sources import resolve_mask
+    from bosch_eval.masks.mask_sources import resolve_mask
     from bosch_eval.model_adapters.settings import AdapterSettings
     from bosch_eval.model_defaults import resolve_window
 

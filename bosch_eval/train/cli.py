@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bosch_eval.layer_heuristics import LAYER_HEURISTICS
+from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS
 from bosch_eval.rope_scaling import ROPE_SCALINGS
 
 

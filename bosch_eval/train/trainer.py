@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from bosch_eval.errors import SettingsError
-from bosch_eval.masks import HeadMask, MaskError
+from bosch_eval.masks.head_mask import HeadMask, MaskError
 from bosch_eval.versions import versions
 
 STATE_DIR = "state"  # resumable Accelerate states, state/step-00000010 ...
@@ -103,11 +103,11 @@ def load_model(settings: TrainSettings, device: torch.device) -> tuple[Any, Any,
 
     from bosch_eval.checkpoint import saved_mask
     from bosch_eval.hybrid_attention import hybridize
-    from bosch_eval.mask_sources import resolve_mask
-    from bosch_eval.masks import ModelShape
+    from bosch_eval.masks.head_mask import ModelShape
+    from bosch_eval.masks.mask_sources import resolve_mask
+    from bosch_eval.model_check import resolve_model
     from bosch_eval.model_defaults import model_defaults
     from bosch_eval.rope_scaling import scaled_config
-    from bosch_eval.model_check import resolve_model
 
     path = resolve_model(settings.model)
     extra: dict[str, Any] = {}

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from bosch_eval.errors import SettingsError
-from bosch_eval.masks import HeadRanking, ModelShape, check_window
+from bosch_eval.masks.head_mask import HeadRanking, ModelShape, check_window
 from bosch_eval.model_check import ModelError
 from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.rankers.base import Ranker

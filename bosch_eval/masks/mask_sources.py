@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.layer_heuristics import LAYER_HEURISTICS, layer_heuristic_mask
-from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape, check_ratio, check_sinks
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError, ModelShape, check_ratio, check_sinks
+from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS, layer_heuristic_mask
 from bosch_eval.model_defaults import resolve_window
 
 
