@@ -5,7 +5,7 @@ Packages: ``bosch_eval/`` and the card's top-level folders ``model_adapters/``,
 (``bosch_eval.search`` ...), so nothing generic such as ``search`` lands in
 site-packages. setuptools' declarative ``packages.find`` cannot add a name prefix, so
 the packages under each folder are found here (every folder with an ``__init__.py``);
-a hand-kept list once left ``bosch_eval.swa_kernels`` out of the wheel.
+a hand-kept list once left ``bosch_eval.attention.kernels`` out of the wheel.
 
 Start-up file: lm-eval 0.4.13 cannot discover plugins, so a ``.pth`` start-up line imports
 ``bosch_eval.lm_eval_hook`` (see there). setuptools has no declarative way to install a

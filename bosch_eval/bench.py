@@ -39,8 +39,8 @@ import torch
 from transformers import DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from bosch_eval.attention.hybrid_attention import hybrid_state, hybridize
 from bosch_eval.errors import SettingsError
-from bosch_eval.hybrid_attention import hybrid_state, hybridize
 from bosch_eval.hybrid_cache import HybridCache, kv_cache_bytes
 from bosch_eval.kv_quant.config import KVQuantConfig
 from bosch_eval.kv_quant.formula import kv_cache_bytes_formula

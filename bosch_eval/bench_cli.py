@@ -60,8 +60,8 @@ def _bench(args: argparse.Namespace) -> None:
 
     import torch
 
+    from bosch_eval.attention.hybrid_spec import backend_names, resolve_backend
     from bosch_eval.bench import balanced_mask, environment, plot, ratio_table, rows_as_json, run_bench
-    from bosch_eval.hybrid_spec import backend_names, resolve_backend
 
     if args.backend not in backend_names():
         raise SettingsError(f"--backend: expected one of {backend_names()}, got {args.backend!r}")
@@ -160,7 +160,7 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     bench.add_argument("--chunk", type=int, help="prefill in chunks of C tokens (default: one pass)")
     bench.add_argument("--repeats", type=_at_least(1), default=3, help="timed, interleaved repeats per configuration; medians are reported (default 3)")
     bench.add_argument("--warmup", type=_at_least(0), default=1, help="untimed runs of every configuration before the timed ones (default 1)")
-    bench.add_argument("--backend", default="auto", help="attention backend of the hybrids: auto (default) or one registered in bosch_eval.swa_kernels (a wrong name lists them)")
+    bench.add_argument("--backend", default="auto", help="attention backend of the hybrids: auto (default) or one registered in bosch_eval.attention.kernels (a wrong name lists them)")
     bench.add_argument(
         "--no-profile", dest="profile", action="store_false",
         help="skip the attention-share and decode-peak runs (two more runs per configuration; their columns read -)",

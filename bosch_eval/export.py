@@ -28,11 +28,11 @@ from typing import Any
 
 import torch
 
+from bosch_eval.attention.hybrid_attention import hybridize
+from bosch_eval.attention.local_window import WINDOW_CONVENTIONS
 from bosch_eval.checkpoint import CONFIG_FIELD as MASK_FIELD
 from bosch_eval.errors import BoschError
-from bosch_eval.hybrid_attention import hybridize
 from bosch_eval.kv_quant.config import CONFIG_FIELD as KV_QUANT_FIELD
-from bosch_eval.local_window import WINDOW_CONVENTIONS
 from bosch_eval.masks.head_mask import HeadMask
 
 SERVING_FORMAT = "bosch-serving/1"

@@ -5,7 +5,7 @@ Per layer of a hybridized model (transformers' ``Cache`` API, one layer object e
 * no SWA group: a plain ``DynamicLayer`` (every position, as the unpatched model);
 * otherwise a :class:`HybridHeadLayer`: the full-attention KV groups keep every position,
   the SWA groups the positions the next query can still see
-  (:meth:`~bosch_eval.local_window.LocalWindow.retained`): the first ``S`` (sinks) and the
+  (:meth:`~bosch_eval.attention.local_window.LocalWindow.retained`): the first ``S`` (sinks) and the
   last ``W − 1`` (with ``S = 0`` the same as transformers' ``DynamicSlidingWindowLayer``).
 
 Bytes held = Σ_layers (G_full·T + G_swa·(min(T, S) + min(max(T − S, 0), W − 1))) × 2 (K and V)
@@ -32,13 +32,13 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
-from bosch_eval.hybrid_attention import HybridAttention, HybridStates, hybrid_state
-from bosch_eval.hybrid_spec import GroupRun, HybridSpec, LayerSplit
+from bosch_eval.attention.hybrid_attention import HybridAttention, HybridStates, hybrid_state
+from bosch_eval.attention.hybrid_spec import GroupRun, HybridSpec, LayerSplit
+from bosch_eval.attention.local_window import LocalWindow
 from bosch_eval.kv_quant.config import KVQuantConfig
 from bosch_eval.kv_quant.layer import QuantizedFullLayer
 from bosch_eval.kv_quant.selection import Selector
 from bosch_eval.kv_quant.store import QuantizedKVStore
-from bosch_eval.local_window import LocalWindow
 
 
 class HybridHeadLayer(DynamicLayer):

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from bosch_eval.hybrid_spec import HybridSpec
+from bosch_eval.attention.hybrid_spec import HybridSpec
 
 log = logging.getLogger("bosch_eval.prefix_cache")
 

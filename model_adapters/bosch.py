@@ -9,7 +9,7 @@ model_args (besides everything HFLM accepts):
 * ``layers=intr|bme|rand,ratio=R[,seed=S]``: a layer heuristic (``seed`` for ``rand``);
 * ``window=W``: overrides the window stored in the mask or ranking;
 * ``sink=S``: attention-sink positions every SWA query also sees besides its window
-  (overrides the mask's own ``sinks``; default 0, :mod:`bosch_eval.local_window`);
+  (overrides the mask's own ``sinks``; default 0, :mod:`bosch_eval.attention.local_window`);
 * ``attn_backend=auto|sdpa|blocked|flash_attention_2``;
 * ``kv_cache=hybrid|dynamic``: generation keeps only ``W − 1`` positions for SWA groups
   (``hybrid``, default) or every position (``dynamic``, transformers' default cache);
@@ -65,10 +65,10 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
+from bosch_eval.attention.hybrid_attention import HybridAttention, hybridize
 from bosch_eval.checkpoint import saved_kv_quant, saved_mask, set_saved_kv_quant
 from bosch_eval.device import pick_device
 from bosch_eval.errors import SettingsError
-from bosch_eval.hybrid_attention import HybridAttention, hybridize
 from bosch_eval.hybrid_cache import HybridCache
 from bosch_eval.kv_quant.config import KVQuantConfig, parse_kv_quant
 from bosch_eval.launch import join_cpu_processes, shard_over_processes

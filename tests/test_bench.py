@@ -12,9 +12,9 @@ from transformers import DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import bosch_eval.bench as bench
+from bosch_eval.attention.hybrid_attention import hybridize
 from bosch_eval.bench import BenchRow, Measurement, balanced_mask, peak_memory, ratio_table, run_bench, speedups, stopwatch
 from bosch_eval.cli import main
-from bosch_eval.hybrid_attention import hybridize
 from bosch_eval.hybrid_cache import HybridCache
 from bosch_eval.masks.head_mask import ModelShape
 from bosch_eval.random_model import random_model

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bosch_eval.attention.hybrid_attention import hybrid_state, hybridize
+from bosch_eval.attention.hybrid_spec import GroupRun, HybridSpec
 from bosch_eval.errors import SettingsError
-from bosch_eval.hybrid_attention import hybrid_state, hybridize
-from bosch_eval.hybrid_spec import GroupRun, HybridSpec
 from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
 from bosch_eval.random_model import FAMILIES, random_model
 from tests.helpers import left_padded_batch, reference_logits
@@ -21,7 +21,7 @@ CPU_BACKENDS = ["sdpa", "blocked", "flex"]
 def eager_flex(monkeypatch):
     """Flex runs eagerly here: compiled, every new sequence length is a compile (tens of
     seconds on CPU); the compiled path has its own test in test_swa_kernels."""
-    monkeypatch.setattr("bosch_eval.swa_kernels.flex.compile_policy", False)
+    monkeypatch.setattr("bosch_eval.attention.kernels.flex.compile_policy", False)
 
 
 def random_mask(model, seed: int, sinks: int = 0) -> HeadMask:
@@ -213,7 +213,7 @@ def test_cuda_backends_match_dense_band_reference_in_bf16(family, backend, monke
     band reference, at bf16 resolution, with and without sinks."""
     if backend == "flash_attention_2":
         pytest.importorskip("flash_attn", reason="needs flash-attn (pip install 'bosch-eval[flash]')")
-    monkeypatch.setattr("bosch_eval.swa_kernels.flex.compile_policy", None)
+    monkeypatch.setattr("bosch_eval.attention.kernels.flex.compile_policy", None)
     model = random_model(family, seed=3).to("cuda")
     ids, attention = left_padded_batch(model.config.vocab_size, [40, 26, 9], seed=4, device="cuda")
     for sinks in (0, 3):

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from bosch_eval import kv_quant
+from bosch_eval.attention.hybrid_attention import hybrid_state, hybridize
 from bosch_eval.errors import SettingsError
-from bosch_eval.hybrid_attention import hybrid_state, hybridize
 from bosch_eval.hybrid_cache import HybridCache, HybridHeadLayer, kv_cache_bytes
 from bosch_eval.kv_quant import fused as fused_module
 from bosch_eval.kv_quant.config import KVQuantConfig, parse_kv_quant

@@ -10,9 +10,9 @@ import torch
 from lm_eval.api.instance import Instance
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from bosch_eval.attention.hybrid_attention import hybrid_state
 from bosch_eval.checkpoint import saved_kv_quant
 from bosch_eval.errors import SettingsError
-from bosch_eval.hybrid_attention import hybrid_state
 from bosch_eval.hybrid_cache import HybridCache
 from bosch_eval.kv_quant.config import KVQuantConfig
 from bosch_eval.masks.head_mask import HeadMask

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bosch_eval.hybrid_spec import HybridSpec
-from bosch_eval.local_window import LocalWindow
+from bosch_eval.attention.hybrid_spec import HybridSpec
+from bosch_eval.attention.local_window import LocalWindow
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.prefix_cache import PrefixActivations

@@ -154,7 +154,7 @@ class TestResume:
 
 class TestCheckpoint:
     def test_lm_eval_adapter_loads_the_trained_model_with_its_mask(self, tiny_model_dir, tmp_path):
-        from bosch_eval.hybrid_attention import hybrid_state
+        from bosch_eval.attention.hybrid_attention import hybrid_state
         from bosch_eval.model_adapters.bosch import BoschLM
 
         settings = settings_for(tiny_model_dir, steps=2)

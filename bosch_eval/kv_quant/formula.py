@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from bosch_eval.attention.local_window import LocalWindow
 from bosch_eval.kv_quant.config import KVQuantConfig
-from bosch_eval.local_window import LocalWindow
 
 
 def quantized_token_count(seq_len: int, kv_window: int) -> int:
@@ -48,7 +48,7 @@ def kv_cache_bytes_formula(
     Args:
         mask: ``[L][G]`` bits, 1 = full attention, 0 = SWA; ``None``: every group full.
         window: W of the SWA groups; needed when the mask has SWA groups. They keep what
-            :meth:`~bosch_eval.local_window.LocalWindow.retained` says:
+            :meth:`~bosch_eval.attention.local_window.LocalWindow.retained` says:
             ``min(T, S) + min(max(T − S, 0), W − 1)`` positions.
         kv_quant: LogQuant/KiVi settings for the full groups; ``None``: full precision.
         dtype_bytes: bytes per element of the model's states (2 for fp16/bf16, 4 for fp32);

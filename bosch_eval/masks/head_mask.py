@@ -16,7 +16,7 @@ A ranking (``bosch-ranking/1``) scores every KV group; applying a ratio ρ conve
 ⌈ρ·L·G⌉ most local groups to SWA.
 
 Both may carry ``"sinks": S`` (attention-sink positions every SWA query also sees,
-:class:`~bosch_eval.local_window.LocalWindow`); it is optional, absent means 0, and it is
+:class:`~bosch_eval.attention.local_window.LocalWindow`); it is optional, absent means 0, and it is
 written only when S > 0, so files without sinks read and write as before.
 """
 
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bosch_eval.attention.local_window import LocalWindow
 from bosch_eval.errors import BoschError
-from bosch_eval.local_window import LocalWindow
 
 MASK_FORMAT = "bosch-mask/1"
 RANKING_FORMAT = "bosch-ranking/1"

@@ -101,8 +101,8 @@ def load_model(settings: TrainSettings, device: torch.device) -> tuple[Any, Any,
     from lm_eval.utils import simple_parse_args_string
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from bosch_eval.attention.hybrid_attention import hybridize
     from bosch_eval.checkpoint import saved_mask
-    from bosch_eval.hybrid_attention import hybridize
     from bosch_eval.masks.head_mask import ModelShape
     from bosch_eval.masks.mask_sources import resolve_mask
     from bosch_eval.model_check import resolve_model

@@ -6,7 +6,7 @@ entry (the kernel runs ``mask_mod`` there) and which hold only allowed entries (
 ``create_block_mask`` finds the tiles by evaluating ``mask_mod`` on every (b, h, q, kv):
 O(B·H·T·K) memory and time, in every layer of every forward (48 GiB at 32k tokens). Here
 the tiles of the two kinds of heads come from interval arithmetic on the band
-(:class:`~bosch_eval.local_window.LocalWindow`), O((T/128)·(K/128)); the model's 4D mask,
+(:class:`~bosch_eval.attention.local_window.LocalWindow`), O((T/128)·(K/128)); the model's 4D mask,
 when there is one, is reduced per tile once per forward. The ``mask_mod`` is still the
 exact predicate, so a tile marked partial that holds no allowed entry costs time, never
 correctness; a tile is marked full only when every entry is allowed.
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from bosch_eval.local_window import LocalWindow
+from bosch_eval.attention.local_window import LocalWindow
 
 BLOCK = 128  # torch's default sparse block size (both axes)
 

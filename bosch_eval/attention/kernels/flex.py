@@ -1,5 +1,5 @@
 """FlexAttention kernels (``torch.nn.attention.flex_attention``, torch ≥ 2.5): the band
-predicate of :class:`~bosch_eval.local_window.LocalWindow` is the ``mask_mod``, so a hybrid
+predicate of :class:`~bosch_eval.attention.local_window.LocalWindow` is the ``mask_mod``, so a hybrid
 layer — full heads causal, SWA heads windowed with sinks, the model's padding on top — is
 one call.
 
@@ -8,7 +8,7 @@ that will run (Inductor: C++ on CPU, Triton on CUDA); otherwise flex runs eagerl
 but it materializes the scores), with the reason logged once. Set ``compile_policy`` to
 ``False`` to force eager (tests, or to avoid a compile per new sequence length on CPU).
 
-Block masks (:mod:`bosch_eval.swa_kernels.flex_blocks`) are built from the band's block
+Block masks (:mod:`bosch_eval.attention.kernels.flex_blocks`) are built from the band's block
 arithmetic, never by evaluating the predicate over T × K, and a :class:`BlockMaskCache`
 owned by the hybrid model reuses them across layers and calls.
 """
@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from bosch_eval.local_window import LocalWindow
-from bosch_eval.swa_kernels.flex_blocks import BlockMaskCache, block_mask_for
+from bosch_eval.attention.kernels.flex_blocks import BlockMaskCache, block_mask_for
+from bosch_eval.attention.local_window import LocalWindow
 
 logger = logging.getLogger("bosch_eval")
 

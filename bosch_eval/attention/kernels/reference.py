@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from bosch_eval.local_window import LocalWindow
+from bosch_eval.attention.local_window import LocalWindow
 
 
 def restrict_to_window(

@@ -1,6 +1,6 @@
 """Hybrid full/SWA attention for any transformers decoder, via ``AttentionInterface``.
 
-A :class:`~bosch_eval.hybrid_spec.HybridSpec` (mask, window and sinks, backend) is applied
+A :class:`~bosch_eval.attention.hybrid_spec.HybridSpec` (mask, window and sinks, backend) is applied
 to a model by :func:`apply_spec` (or :func:`hybridize`, which builds the spec first). That
 returns a :class:`HybridAttention` handle, which every attention module of the model
 references. The registered attention function reads the module's ``layer_idx`` and the
@@ -14,13 +14,13 @@ model back exactly as it was â€” attention implementation, config and modules â€
 lm-eval's ``hf_steered``. Search mode (paper B.2) swaps the spec on the handle in place
 (:meth:`HybridAttention.set_mask`, :meth:`HybridAttention.swap`): no reload, no weight copy.
 
-Window semantics (everywhere): :class:`~bosch_eval.local_window.LocalWindow`, W keys up to
+Window semantics (everywhere): :class:`~bosch_eval.attention.local_window.LocalWindow`, W keys up to
 and including the query plus S sink positions; with S = 0, identical to transformers'
 ``sliding_attention`` layers. Layers that the model itself already runs with a sliding
 window keep it; our SWA groups there use ``min(W, model window)`` (and the model's own
 mask still applies, so sinks there are seen only within its window).
 
-Kernels come from the registry in :mod:`bosch_eval.swa_kernels` (``attn_backend=``).
+Kernels come from the registry in :mod:`bosch_eval.attention.kernels` (``attn_backend=``).
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask, sdpa_mask
 
+from bosch_eval.attention.hybrid_spec import GroupRun, HybridSpec, LayerSplit
+from bosch_eval.attention.kernels import Backend
+from bosch_eval.attention.local_window import LocalWindow
+from bosch_eval.attention.restore_point import RestorePoint
 from bosch_eval.errors import SettingsError
-from bosch_eval.hybrid_spec import GroupRun, HybridSpec, LayerSplit
-from bosch_eval.local_window import LocalWindow
 from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
 from bosch_eval.model_check import ModelError
-from bosch_eval.restore_point import RestorePoint
-from bosch_eval.swa_kernels import Backend
 
 # The attention implementation registered with transformers, per mask format.
 IMPLEMENTATIONS = {"sdpa": "bosch_sdpa", "flash": "bosch_flash_attention_2"}
@@ -231,7 +231,7 @@ def hybrid_attention_forward(
     if handle is None:
         raise RuntimeError(
             f"{type(module).__name__} runs the bosch attention implementation but carries no mask; "
-            "use bosch_eval.hybrid_attention.hybridize(model, mask)"
+            "use bosch_eval.attention.hybrid_attention.hybridize(model, mask)"
         )
     split = handle.layer_split(module.layer_idx)
     if isinstance(key, HybridStates):
@@ -402,7 +402,7 @@ def hybridize(
         mask: the head mask; must match the model's L, H and G.
         window: W; defaults to the mask's own ``window``.
         backend: ``auto`` (chosen for the model's device and dtype) or a registered backend
-            (:func:`~bosch_eval.hybrid_spec.backend_names`).
+            (:func:`~bosch_eval.attention.hybrid_spec.backend_names`).
         source: how to name the mask in error messages (e.g. its file).
         sinks: S; defaults to the mask's own ``sinks``.
 

@@ -1,12 +1,12 @@
 """The hybrid spec: what a hybrid model runs, as one immutable value.
 
 ``HybridSpec(mask, local, backend)``: the head mask (1 = full, 0 = SWA per KV group), the
-SWA groups' window and sinks (:class:`~bosch_eval.local_window.LocalWindow`) and a concrete
-kernel backend (:mod:`bosch_eval.swa_kernels`, never ``auto``). Every consumer reads this
+SWA groups' window and sinks (:class:`~bosch_eval.attention.local_window.LocalWindow`) and a concrete
+kernel backend (:mod:`bosch_eval.attention.kernels`, never ``auto``). Every consumer reads this
 one value: the attention function, the deploy-mode cache, the prefix cache, bench and
 export. It is built and validated once (:meth:`HybridSpec.build`); search mode makes a new
 one per mask (:meth:`HybridSpec.with_mask`, cheap: no model access) and swaps it on the
-model's handle (:mod:`bosch_eval.hybrid_attention`).
+model's handle (:mod:`bosch_eval.attention.hybrid_attention`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from bosch_eval.attention.kernels import BACKENDS as KERNELS
+from bosch_eval.attention.kernels import Backend
+from bosch_eval.attention.kernels.choice import BackendChoice, choose_backend
+from bosch_eval.attention.local_window import LocalWindow, LocalWindowError
 from bosch_eval.errors import SettingsError
-from bosch_eval.local_window import LocalWindow, LocalWindowError
 from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape, check_window
-from bosch_eval.swa_kernels import BACKENDS as KERNELS
-from bosch_eval.swa_kernels import Backend
-from bosch_eval.swa_kernels.choice import BackendChoice, choose_backend
 
 
 def backend_names() -> list[str]:

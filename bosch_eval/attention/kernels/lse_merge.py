@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from bosch_eval.local_window import LocalWindow, causal, recent, sink
+from bosch_eval.attention.local_window import LocalWindow, causal, recent, sink
 
 # (query, key, value, key_padding [B, K] bool or None, window, scaling) -> (out [B, T, H, D], lse [B, H, T] fp32)
 WindowedWithLse = Callable[

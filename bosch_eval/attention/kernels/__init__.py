@@ -1,6 +1,6 @@
 """The registry of SWA kernels: one signature, one entry per backend.
 
-Every kernel computes windowed attention (:class:`~bosch_eval.local_window.LocalWindow`:
+Every kernel computes windowed attention (:class:`~bosch_eval.attention.local_window.LocalWindow`:
 window and sinks, one band predicate) for all the query heads it is handed::
 
     kernel(module, query [B, H, T, D], key [B, G, K, D], value [B, G, K, Dv],
@@ -28,12 +28,12 @@ from typing import Any
 
 import torch
 
+from bosch_eval.attention.kernels.blocked import blocked_swa_attention
+from bosch_eval.attention.kernels.flash import flash_full_attention, flash_swa_attention, flash_unavailable
+from bosch_eval.attention.kernels.flex import flex_hybrid_layer, flex_swa_attention, flex_unavailable
+from bosch_eval.attention.kernels.flex_blocks import BlockMaskCache
+from bosch_eval.attention.kernels.reference import masked_swa_attention, sdpa_full_attention
 from bosch_eval.registry import Registry
-from bosch_eval.swa_kernels.blocked import blocked_swa_attention
-from bosch_eval.swa_kernels.flash import flash_full_attention, flash_swa_attention, flash_unavailable
-from bosch_eval.swa_kernels.flex import flex_hybrid_layer, flex_swa_attention, flex_unavailable
-from bosch_eval.swa_kernels.flex_blocks import BlockMaskCache
-from bosch_eval.swa_kernels.reference import masked_swa_attention, sdpa_full_attention
 
 SwaKernel = Callable[..., torch.Tensor]
 

@@ -4,7 +4,7 @@ Without sinks, SWA is transformers' own flash path with ``sliding_window=W`` (it
 ``window_size=(W − 1, W − 1)``, which under causality is exactly our window). flash-attn has
 no sink option, so with sinks the window is one flash call that also returns its
 log-sum-exp, and the sinks outside the window are merged in exactly
-(:mod:`bosch_eval.swa_kernels.lse_merge`).
+(:mod:`bosch_eval.attention.kernels.lse_merge`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from bosch_eval.local_window import LocalWindow
+from bosch_eval.attention.kernels.lse_merge import sink_merged_attention
+from bosch_eval.attention.local_window import LocalWindow
 from bosch_eval.errors import SettingsError
-from bosch_eval.swa_kernels.lse_merge import sink_merged_attention
 
 
 def flash_unavailable(device: torch.device) -> str | None:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bosch_eval.local_window import LocalWindow
+from bosch_eval.attention.local_window import LocalWindow
 
 
 def default_block_size(window: int) -> int:

@@ -4,7 +4,7 @@
 on its sub-models' configs and on their sub-configs; the spec is saved in one config field
 (``bosch_mask``) for ``save_pretrained``. A :class:`RestorePoint` records each of those as it
 was (or that it was absent) and restores exactly that. Attributes set on modules are the
-handle's to remove (``bosch_eval.hybrid_attention``).
+handle's to remove (``bosch_eval.attention.hybrid_attention``).
 """
 
 from __future__ import annotations

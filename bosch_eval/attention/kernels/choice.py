@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from bosch_eval.swa_kernels import flash, flex
+from bosch_eval.attention.kernels import flash, flex
 
 logger = logging.getLogger("bosch_eval")
 
