@@ -9,17 +9,17 @@ allocator peak; on CPU the peak resident set size above the start, see
 moment of the decode steps, the KV cache included and the weights not
 (:func:`decode_peak`, from the profiler's allocation events). The original runs unpatched
 (``sdpa``, transformers' dynamic cache); hybrids run the bosch attention (``backend``,
-default ``auto``) on the deploy-mode :class:`~bosch_eval.hybrid_cache.HybridCache`.
+default ``auto``) on the deploy-mode :class:`~bosch_eval.caches.hybrid_cache.HybridCache`.
 
 Timing is honest on a GPU: every configuration runs once untimed first (CUDA context,
 kernel selection and compilation, allocator growth: the first configuration would pay
 them otherwise), every timer synchronizes the device on both sides
 (:func:`stopwatch`), and rows report medians of the warm, interleaved repeats.
 
-A configuration may add KV quantization (LogQuant/KiVi, ``bosch_eval.kv_quant``) to its
+A configuration may add KV quantization (LogQuant/KiVi, ``bosch_eval.caches.kv_quant``) to its
 full-attention groups; without a mask it runs on the all-full mask (the original
 attention). Each row has the bytes measured from the stored tensors next to the
-closed-form :func:`~bosch_eval.kv_quant.formula.kv_cache_bytes_formula`.
+closed-form :func:`~bosch_eval.caches.kv_quant.formula.kv_cache_bytes_formula`.
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ from transformers import DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from bosch_eval.attention.hybrid_attention import hybrid_state, hybridize
+from bosch_eval.caches.hybrid_cache import HybridCache, kv_cache_bytes
+from bosch_eval.caches.kv_quant.config import KVQuantConfig
+from bosch_eval.caches.kv_quant.formula import kv_cache_bytes_formula
 from bosch_eval.errors import SettingsError
-from bosch_eval.hybrid_cache import HybridCache, kv_cache_bytes
-from bosch_eval.kv_quant.config import KVQuantConfig
-from bosch_eval.kv_quant.formula import kv_cache_bytes_formula
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count, check_ratio
 from bosch_eval.transformers_compat import cache_argument
 

@@ -119,7 +119,7 @@ def _kv_quant_configs(args: argparse.Namespace, model: Any, configs: list) -> li
     if not args.kv_quant:
         return []
     from bosch_eval.bench import kv_quant_label
-    from bosch_eval.kv_quant.config import parse_kv_quant
+    from bosch_eval.caches.kv_quant.config import parse_kv_quant
 
     head_dim = ModelShape.head_dim_of(model.config)
     extra = []

@@ -18,12 +18,12 @@ model_args (besides everything HFLM accepts):
 * ``progress_bars=False``: no per-call request bars (the search turns them off: its own
   bar counts objective calls).
 * ``prefix_cache_mb=N``: a prefix-activation cache of at most N MB for the search
-  (:mod:`bosch_eval.prefix_cache`; used only once told which layers vary, 0 = none).
+  (:mod:`bosch_eval.caches.prefix_cache`; used only once told which layers vary, 0 = none).
 * ``rope_scaling=yarn,rope_factor=F[,rope_original_max_positions=N]``: YaRN context
   extension set on the config before the model is built (``bosch_eval.rope_scaling``).
 * ``mask=full``: no head mask (every group full attention), e.g. for a KV-quantized original;
 * ``kv_quant=logquant|kivi|none,kv_bits=2|4,kv_window=W_lq[,kv_group_size=G]``: quantize the
-  full-attention groups' KV cache (:mod:`bosch_eval.kv_quant`). Loglikelihood requests are
+  full-attention groups' KV cache (:mod:`bosch_eval.caches.kv_quant`). Loglikelihood requests are
   then scored as served: prefill(context) at full precision → compress → the continuation
   through the compressed cache (``compressed_scoring``); generation uses the same cache.
   Perplexity (``loglikelihood_rolling``) is refused with ``kv_quant``: each window would be
@@ -66,11 +66,12 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from bosch_eval.attention.hybrid_attention import HybridAttention, hybridize
+from bosch_eval.caches.hybrid_cache import HybridCache
+from bosch_eval.caches.kv_quant.config import KVQuantConfig, parse_kv_quant
+from bosch_eval.caches.prefix_cache import PrefixActivations
 from bosch_eval.checkpoint import saved_kv_quant, saved_mask, set_saved_kv_quant
 from bosch_eval.device import pick_device
 from bosch_eval.errors import SettingsError
-from bosch_eval.hybrid_cache import HybridCache
-from bosch_eval.kv_quant.config import KVQuantConfig, parse_kv_quant
 from bosch_eval.launch import join_cpu_processes, shard_over_processes
 from bosch_eval.lm_eval_logs import quiet_per_length_warnings
 from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
@@ -82,7 +83,6 @@ from bosch_eval.model_adapters.settings import AdapterSettings
 from bosch_eval.model_adapters.truncation import TruncationPolicy, over_long_contexts, over_long_pairs
 from bosch_eval.model_check import ModelError, check_causal_decoder, model_config, resolve_model
 from bosch_eval.model_defaults import model_defaults, resolve_window
-from bosch_eval.prefix_cache import PrefixActivations
 from bosch_eval.threads import apply_thread_policy
 from bosch_eval.transformers_compat import cache_argument
 

@@ -14,8 +14,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 import bosch_eval.bench as bench
 from bosch_eval.attention.hybrid_attention import hybridize
 from bosch_eval.bench import BenchRow, Measurement, balanced_mask, peak_memory, ratio_table, run_bench, speedups, stopwatch
+from bosch_eval.caches.hybrid_cache import HybridCache
 from bosch_eval.cli import main
-from bosch_eval.hybrid_cache import HybridCache
 from bosch_eval.masks.head_mask import ModelShape
 from bosch_eval.random_model import random_model
 
@@ -224,7 +224,7 @@ def test_tensor_memory_peak_counts_live_tensors_only():
 
 
 def test_decode_peak_holds_the_cache_and_sees_quantization_shrink_it():
-    from bosch_eval.kv_quant.config import KVQuantConfig
+    from bosch_eval.caches.kv_quant.config import KVQuantConfig
 
     model = random_model("qwen3", num_layers=4)
     ids = torch.randint(0, model.config.vocab_size, (1, 512), generator=torch.Generator().manual_seed(0))

@@ -11,6 +11,9 @@ import pytest
 import torch
 
 from bosch_eval.attention.hybrid_attention import hybridize
+from bosch_eval.caches.hybrid_cache import HybridCache, kv_cache_bytes
+from bosch_eval.caches.kv_quant.config import parse_kv_quant
+from bosch_eval.caches.kv_quant.formula import kv_cache_bytes_formula
 from bosch_eval.compare.entries import EntryError, parse_entry
 from bosch_eval.compare.kv_bytes import entry_kv_bytes, relative_kv_bytes
 from bosch_eval.compare.leaderboard import EntryRuns, build_rows
@@ -18,9 +21,6 @@ from bosch_eval.compare.paired_ci import paired_bootstrap_ci
 from bosch_eval.compare.results import RunResults, main_score
 from bosch_eval.compare.spec import load_spec
 from bosch_eval.doc_selection import limited_indices, per_length_indices
-from bosch_eval.hybrid_cache import HybridCache, kv_cache_bytes
-from bosch_eval.kv_quant.config import parse_kv_quant
-from bosch_eval.kv_quant.formula import kv_cache_bytes_formula
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.random_model import random_model
 

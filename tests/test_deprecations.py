@@ -18,7 +18,7 @@ import torch
 
 from bosch_eval.attention.hybrid_attention import hybridize
 from bosch_eval.bench import measure
-from bosch_eval.hybrid_cache import HybridCache
+from bosch_eval.caches.hybrid_cache import HybridCache
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.model_adapters.compressed_scoring import continuation_logits_through_cache
 from bosch_eval.random_model import random_model

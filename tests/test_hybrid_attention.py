@@ -239,7 +239,7 @@ def test_layer_split_runs_of_consecutive_groups():
 def test_multi_head_families_decode_on_the_hybrid_cache_as_by_recomputation(family):
     """G = H models (GPT-2 has no num_key_value_groups at all): the deploy-mode cache
     keeps W − 1 positions per SWA head and greedy decoding equals recomputation."""
-    from bosch_eval.hybrid_cache import HybridCache
+    from bosch_eval.caches.hybrid_cache import HybridCache
 
     model = random_model(family)
     assert ModelShape.from_config(model.config).group_size == 1

@@ -8,8 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from bosch_eval.attention.hybrid_attention import hybridize
-from bosch_eval.hybrid_cache import HybridCache, HybridHeadLayer, kv_cache_bytes
-from bosch_eval.kv_quant.formula import kv_cache_bytes_formula
+from bosch_eval.caches.hybrid_cache import HybridCache, HybridHeadLayer, kv_cache_bytes
+from bosch_eval.caches.kv_quant.formula import kv_cache_bytes_formula
 from bosch_eval.masks.head_mask import HeadMask, ModelShape
 from bosch_eval.model_check import model_path
 from bosch_eval.random_model import random_model

@@ -369,7 +369,7 @@ class TestSpeedupsOnTheToyModel:
         small = build_objective("toy", CalibrationSettings(examples=4), LoadSettings(batch_size=4, prefix_cache_mb=1))
         mask = self.top_layer_masks(plain.shape)[0]
         small.vary_layers_from(3)
-        with caplog.at_level("WARNING", logger="bosch_eval.prefix_cache"):
+        with caplog.at_level("WARNING", logger="bosch_eval.caches.prefix_cache"):
             scores = [small(mask), small(mask)]
         assert small.lm.prefix_cache.layers_skipped == 0 and "budget of 1 MB" in caplog.text
         assert scores[0] == scores[1]

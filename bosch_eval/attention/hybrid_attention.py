@@ -51,7 +51,7 @@ CONFIG_FIELD = "bosch_mask"
 
 
 class HybridStates(NamedTuple):
-    """Keys (or values) handed over by a deploy-mode cache layer (``bosch_eval.hybrid_cache``):
+    """Keys (or values) handed over by a deploy-mode cache layer (``bosch_eval.caches.hybrid_cache``):
     ``full [B, G_full, S, D]`` over every position and ``swa [B, G_swa, S_swa, D]`` over
     the last ``S_swa`` positions, ending at the last query."""
 

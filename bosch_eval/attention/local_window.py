@@ -18,7 +18,7 @@ Index convention: kernels see keys ``0 … K−1`` and queries that are the last
 (query ``i`` at key index ``K − T + i``). A hybrid cache that dropped positions hands its SWA
 groups the first ``S`` positions followed by a contiguous run ending at the last query; the
 dropped middle was out of every query's window, so the predicate on these indices is still
-exact (``bosch_eval.hybrid_cache``).
+exact (``bosch_eval.caches.hybrid_cache``).
 
 This module imports no torch at load: the KV-bytes formula is pure arithmetic.
 """

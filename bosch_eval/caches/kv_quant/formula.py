@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from bosch_eval.attention.local_window import LocalWindow
-from bosch_eval.kv_quant.config import KVQuantConfig
+from bosch_eval.caches.kv_quant.config import KVQuantConfig
 
 
 def quantized_token_count(seq_len: int, kv_window: int) -> int:

@@ -19,9 +19,9 @@ A hybrid layer hands :class:`HybridStates` (full part, SWA part) to the attentio
 function instead of one ``[B, G, S, D]`` tensor, because the two parts have different
 lengths; only the bosch attention function consumes them.
 
-With a :class:`~bosch_eval.kv_quant.config.KVQuantConfig` (LogQuant or KiVi), the
+With a :class:`~bosch_eval.caches.kv_quant.config.KVQuantConfig` (LogQuant or KiVi), the
 full-attention groups of every layer are stored quantized outside their full-precision
-set (:mod:`bosch_eval.kv_quant`); SWA groups keep their full-precision window as above.
+set (:mod:`bosch_eval.caches.kv_quant`); SWA groups keep their full-precision window as above.
 One selector per cache decides the full-precision positions for all layers.
 """
 
@@ -35,10 +35,10 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 from bosch_eval.attention.hybrid_attention import HybridAttention, HybridStates, hybrid_state
 from bosch_eval.attention.hybrid_spec import GroupRun, HybridSpec, LayerSplit
 from bosch_eval.attention.local_window import LocalWindow
-from bosch_eval.kv_quant.config import KVQuantConfig
-from bosch_eval.kv_quant.layer import QuantizedFullLayer
-from bosch_eval.kv_quant.selection import Selector
-from bosch_eval.kv_quant.store import QuantizedKVStore
+from bosch_eval.caches.kv_quant.config import KVQuantConfig
+from bosch_eval.caches.kv_quant.layer import QuantizedFullLayer
+from bosch_eval.caches.kv_quant.selection import Selector
+from bosch_eval.caches.kv_quant.store import QuantizedKVStore
 
 
 class HybridHeadLayer(DynamicLayer):

@@ -58,7 +58,7 @@ class KVQuantMethod:
     oldest_first: bool = False
 
 
-KV_QUANT_METHODS: Registry[KVQuantMethod] = Registry("KV-quantization method", package="bosch_eval.kv_quant", field="kv_quant")
+KV_QUANT_METHODS: Registry[KVQuantMethod] = Registry("KV-quantization method", package="bosch_eval.caches.kv_quant", field="kv_quant")
 
 
 def _log_sparse(full_precision: list[int], window: int) -> tuple[list[int], list[int]]:

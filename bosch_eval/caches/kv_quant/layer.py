@@ -7,9 +7,9 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from bosch_eval.kv_quant.config import KVQuantConfig
-from bosch_eval.kv_quant.selection import Selector
-from bosch_eval.kv_quant.store import QuantizedKVStore
+from bosch_eval.caches.kv_quant.config import KVQuantConfig
+from bosch_eval.caches.kv_quant.selection import Selector
+from bosch_eval.caches.kv_quant.store import QuantizedKVStore
 
 
 class QuantizedFullLayer(DynamicLayer):

@@ -34,7 +34,7 @@ import torch
 
 from bosch_eval.attention.hybrid_spec import HybridSpec
 
-log = logging.getLogger("bosch_eval.prefix_cache")
+log = logging.getLogger("bosch_eval.caches.prefix_cache")
 
 Forward = Callable[[torch.Tensor], torch.Tensor]  # input ids [B, T] -> what the caller wants
 

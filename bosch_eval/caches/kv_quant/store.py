@@ -5,7 +5,7 @@ Append-only: a token is quantized once, on the event that releases it from the
 full-precision set, and never touched again (the reference implementation re-quantizes
 the whole older span each time the window rolls). Each event releases ``W`` tokens; their
 keys get one scale per channel over those ``W`` tokens, their values one scale per token
-and ``group_size`` channels (:mod:`bosch_eval.kv_quant.packing`).
+and ``group_size`` channels (:mod:`bosch_eval.caches.kv_quant.packing`).
 
 What a step attends to: every earlier position, dequantized where it is stored quantized,
 in position order (keys keep the RoPE they were cached with; padding masks line up),
@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import torch
 
-from bosch_eval.kv_quant.config import KVQuantConfig
-from bosch_eval.kv_quant.fused import compiled_rebuild
-from bosch_eval.kv_quant.packing import Quantized, dequantize_keys, dequantize_values, quantize_keys, quantize_values
-from bosch_eval.kv_quant.selection import Selector
+from bosch_eval.caches.kv_quant.config import KVQuantConfig
+from bosch_eval.caches.kv_quant.fused import compiled_rebuild
+from bosch_eval.caches.kv_quant.packing import Quantized, dequantize_keys, dequantize_values, quantize_keys, quantize_values
+from bosch_eval.caches.kv_quant.selection import Selector
 
 
 class QuantizedKVStore:
@@ -72,7 +72,7 @@ class QuantizedKVStore:
 
     def _rebuild(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Every stored position in order (dequantized where quantized), then the ``[B, G, q, D]``
-        new ``keys``/``values``: one compiled pass (:mod:`bosch_eval.kv_quant.fused`) where
+        new ``keys``/``values``: one compiled pass (:mod:`bosch_eval.caches.kv_quant.fused`) where
         torch.compile works, else the eager rebuild."""
         device = self.fp_keys.device
         fp_index, q_index = self.fp_positions.to(device), self.quantized_positions.to(device)
