@@ -3,7 +3,7 @@
     python benchmarks/backend_reference.py --device cuda [--families qwen3 gpt2] [--out DIR]
 
 For each registered backend that can run on the device (``bosch_eval.attention.kernels``; what
-``auto`` resolves to comes first), each model family of ``bosch_eval.random_model``, sinks 0
+``auto`` resolves to comes first), each model family of ``bosch_eval.models.random_model``, sinks 0
 and 3, fp32 and bf16: the logits of a hybridized random model on a left-padded batch
 against the same model under the dense band reference of the tests (``tests/helpers.py``:
 an explicit [T, K] band per head, attention in float64), over the real (unpadded) positions.
@@ -34,7 +34,7 @@ from bosch_eval.attention.hybrid_spec import resolve_backend  # noqa: E402
 from bosch_eval.attention.kernels import BACKENDS  # noqa: E402
 from bosch_eval.bench import environment  # noqa: E402
 from bosch_eval.masks.head_mask import HeadMask, ModelShape  # noqa: E402
-from bosch_eval.random_model import FAMILIES, random_model  # noqa: E402
+from bosch_eval.models.random_model import FAMILIES, random_model  # noqa: E402
 from tests.helpers import left_padded_batch, reference_logits  # noqa: E402
 
 WINDOW = 5

@@ -27,7 +27,7 @@ import lm_eval
 from bosch_eval.doc_selection import per_length_indices
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.masks.layer_heuristics import random_masks
-from bosch_eval.model_defaults import model_defaults
+from bosch_eval.models.model_defaults import model_defaults
 from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.versions import versions
 

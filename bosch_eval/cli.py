@@ -7,13 +7,13 @@ import sys
 from collections.abc import Sequence
 
 from bosch_eval.analyze.cli import add_analyze_parser
-from bosch_eval.compare.cli import add_compare_parser
 from bosch_eval.bench_cli import add_bench_parser
-from bosch_eval.export_cli import add_export_parser
+from bosch_eval.compare.cli import add_compare_parser
 from bosch_eval.errors import exit_status
+from bosch_eval.export_cli import add_export_parser
 from bosch_eval.lm_eval_logs import quiet_per_length_warnings
 from bosch_eval.mask_cli import add_mask_parser
-from bosch_eval.model_check import model_aliases
+from bosch_eval.models.model_check import model_aliases
 from bosch_eval.search.calib_check_cli import add_calib_check_parser
 from bosch_eval.search.import_cli import add_import_parser
 from bosch_eval.search.rank_cli import add_rank_parser
@@ -33,7 +33,7 @@ TASK_FAMILIES = {
 
 
 def _toy_model(args: argparse.Namespace) -> None:
-    from bosch_eval.model_check import resolve_model
+    from bosch_eval.models.model_check import resolve_model
 
     print(resolve_model(args.name))
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from bosch_eval.model_check import ModelError
+from bosch_eval.models.model_check import ModelError
 
 log = logging.getLogger("bosch_eval")
 

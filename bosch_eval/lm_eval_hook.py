@@ -77,7 +77,7 @@ def resolve_bundled_aliases(argv: list[str]) -> list[str]:
         return argv
     if model != "bosch":
         return argv
-    from bosch_eval.model_check import names_a_local_model  # no torch: a few ms, lm_eval command only
+    from bosch_eval.models.model_check import names_a_local_model  # no torch: a few ms, lm_eval command only
 
     def rewrite(text: str) -> str:
         if text.lstrip().startswith("{"):  # JSON model_args: left as given
@@ -108,7 +108,7 @@ def _local_directory(name: str) -> str:
     """The directory of a bundled or packaged model (converting a GGUF on first use), or ``name``
     unchanged when it cannot be resolved: the adapter then fails on it with its one-line error."""
     from bosch_eval.errors import BoschError
-    from bosch_eval.model_check import resolve_model
+    from bosch_eval.models.model_check import resolve_model
 
     try:
         return resolve_model(name)

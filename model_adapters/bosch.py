@@ -20,7 +20,7 @@ model_args (besides everything HFLM accepts):
 * ``prefix_cache_mb=N``: a prefix-activation cache of at most N MB for the search
   (:mod:`bosch_eval.caches.prefix_cache`; used only once told which layers vary, 0 = none).
 * ``rope_scaling=yarn,rope_factor=F[,rope_original_max_positions=N]``: YaRN context
-  extension set on the config before the model is built (``bosch_eval.rope_scaling``).
+  extension set on the config before the model is built (``bosch_eval.models.rope_scaling``).
 * ``mask=full``: no head mask (every group full attention), e.g. for a KV-quantized original;
 * ``kv_quant=logquant|kivi|none,kv_bits=2|4,kv_window=W_lq[,kv_group_size=G]``: quantize the
   full-attention groups' KV cache (:mod:`bosch_eval.caches.kv_quant`). Loglikelihood requests are
@@ -69,7 +69,6 @@ from bosch_eval.attention.hybrid_attention import HybridAttention, hybridize
 from bosch_eval.caches.hybrid_cache import HybridCache
 from bosch_eval.caches.kv_quant.config import KVQuantConfig, parse_kv_quant
 from bosch_eval.caches.prefix_cache import PrefixActivations
-from bosch_eval.checkpoint import saved_kv_quant, saved_mask, set_saved_kv_quant
 from bosch_eval.device import pick_device
 from bosch_eval.errors import SettingsError
 from bosch_eval.launch import join_cpu_processes, shard_over_processes
@@ -81,10 +80,11 @@ from bosch_eval.model_adapters.loader_args import adapter_settings, hflm_paramet
 from bosch_eval.model_adapters.scoring import ContinuationScorer, ForwardLogits, PrefixCachedLogits
 from bosch_eval.model_adapters.settings import AdapterSettings
 from bosch_eval.model_adapters.truncation import TruncationPolicy, over_long_contexts, over_long_pairs
-from bosch_eval.model_check import ModelError, check_causal_decoder, model_config, resolve_model
-from bosch_eval.model_defaults import model_defaults, resolve_window
+from bosch_eval.models.checkpoint import saved_kv_quant, saved_mask, set_saved_kv_quant
+from bosch_eval.models.model_check import ModelError, check_causal_decoder, model_config, resolve_model
+from bosch_eval.models.model_defaults import model_defaults, resolve_window
+from bosch_eval.models.transformers_compat import cache_argument
 from bosch_eval.threads import apply_thread_policy
-from bosch_eval.transformers_compat import cache_argument
 
 # What lm-eval 0.4.13's CLI passes when --device is not given (EvaluatorConfig's default);
 # HFLM falls back to the CPU for it when no GPU exists, and so do we.
@@ -141,7 +141,7 @@ def _load_device(requested: str | None) -> str:
 def _rope_config(pretrained: str | torch.nn.Module, settings: AdapterSettings, loader_args: dict[str, Any]) -> Any:
     """A YaRN-scaled config for HFLM's ``from_pretrained`` (the rotary embedding is built from
     the config when the model is constructed), or None without ``rope_scaling``."""
-    from bosch_eval.rope_scaling import scaled_config
+    from bosch_eval.models.rope_scaling import scaled_config
 
     if settings.rope_scaling is None:
         return None

@@ -26,9 +26,9 @@ from accelerate import PartialState
 from bosch_eval.device import pick_device
 from bosch_eval.launch import launch_state, on_main_then_everywhere
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, uniform_bit
-from bosch_eval.model_check import IGNORE_FLAG, check_length, model_config, resolve_model
-from bosch_eval.model_defaults import model_defaults, resolve_window
-from bosch_eval.model_identity import model_identity, portable_name
+from bosch_eval.models.model_check import IGNORE_FLAG, check_length, model_config, resolve_model
+from bosch_eval.models.model_defaults import model_defaults, resolve_window
+from bosch_eval.models.model_identity import model_identity, portable_name
 from bosch_eval.outdir_lock import OutputLock
 from bosch_eval.previous_results import keep_aside
 from bosch_eval.search.defaults import DEFAULT_CALIB_LEN, DEFAULT_CALIB_TASK, DEFAULT_PREFIX_CACHE_MB
@@ -167,7 +167,7 @@ def journal_header(
     model: str, path: str, window: int, calibration: Mapping[str, Any], settings: Mapping[str, Any], model_args: Mapping[str, Any] | None
 ) -> dict[str, Any]:
     """What the journal pins: the model by its name (a bundled model's alias, wherever the
-    checkout lies) and identity (:func:`bosch_eval.model_identity.model_identity`), the
+    checkout lies) and identity (:func:`bosch_eval.models.model_identity.model_identity`), the
     window, the calibration and the search settings (:meth:`SearchSettings.pinned_json`)."""
     header = {
         "model": portable_name(model),

@@ -342,7 +342,7 @@ def import_pattern(
 def model_shape(model: str) -> ModelShape:
     """L, H, G of a Hugging Face model id or local path (``toy``: the bundled model), from
     its config only (no weights)."""
-    from bosch_eval.model_check import model_config, resolve_model
+    from bosch_eval.models.model_check import model_config, resolve_model
 
     return ModelShape.from_config(model_config(resolve_model(model)))
 

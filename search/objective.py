@@ -70,7 +70,7 @@ from bosch_eval.lm_eval_session import (
     templates_compiled_once,
 )
 from bosch_eval.masks.head_mask import HeadMask, ModelShape
-from bosch_eval.model_identity import portable_name
+from bosch_eval.models.model_identity import portable_name
 from bosch_eval.search.defaults import DEFAULT_CALIB_TASK
 from bosch_eval.search.objective_racing import ObjectiveRacing
 
@@ -300,7 +300,7 @@ class CalibrationObjective(ObjectiveRacing):
 # -- helpers ------------------------------------------------------------------------------
 def _portable(value: Any) -> Any:
     """A bundled model's directory, or a packaged GGUF's converted checkpoint, as its alias
-    (:func:`bosch_eval.model_identity.portable_name`): a journal written in one checkout or
+    (:func:`bosch_eval.models.model_identity.portable_name`): a journal written in one checkout or
     cache then resumes in another (the directory differs, the model does not)."""
     return portable_name(value) if isinstance(value, str) else value
 

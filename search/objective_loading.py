@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from bosch_eval.launch import launch_state
-from bosch_eval.model_check import IGNORE_METADATA, resolve_model
-from bosch_eval.model_defaults import model_defaults, resolve_window
+from bosch_eval.models.model_check import IGNORE_METADATA, resolve_model
+from bosch_eval.models.model_defaults import model_defaults, resolve_window
 from bosch_eval.search.defaults import DEFAULT_CALIB_EXAMPLES, DEFAULT_CALIB_LEN
 from bosch_eval.search.objective import DEFAULT_TASKS, CalibrationObjective
 

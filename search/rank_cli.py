@@ -112,8 +112,8 @@ def rank_main(args: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from bosch_eval.device import pick_device
-    from bosch_eval.model_check import check_length, model_config, resolve_model
-    from bosch_eval.model_defaults import model_defaults, resolve_window
+    from bosch_eval.models.model_check import check_length, model_config, resolve_model
+    from bosch_eval.models.model_defaults import model_defaults, resolve_window
     from bosch_eval.search.rankers.driver import RankingCompute, RankingInputs, compute_ranking
     from bosch_eval.tasks.niah.haystack import TemplateTooLong
 

@@ -17,7 +17,7 @@ from bosch_eval.bench import BenchRow, Measurement, balanced_mask, peak_memory, 
 from bosch_eval.caches.hybrid_cache import HybridCache
 from bosch_eval.cli import main
 from bosch_eval.masks.head_mask import ModelShape
-from bosch_eval.random_model import random_model
+from bosch_eval.models.random_model import random_model
 
 
 def test_balanced_mask_spreads_swa_groups_over_layers():

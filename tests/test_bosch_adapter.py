@@ -23,8 +23,8 @@ from bosch_eval.errors import SettingsError
 from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError, ModelShape
 from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.model_adapters.continuation_logits import logits_at, scored_positions
-from bosch_eval.model_check import ModelError
-from bosch_eval.random_model import random_model
+from bosch_eval.models.model_check import ModelError
+from bosch_eval.models.random_model import random_model
 from tests.helpers import generation_requests, requests
 
 FIXTURE_TASKS = Path(__file__).parent / "fixtures" / "tasks"

@@ -9,9 +9,9 @@ import re
 import pytest
 from lm_eval.tasks import TaskManager
 
-from bosch_eval.random_model import train_tokenizer
-from bosch_eval.tasks import TASKS_DIR
+from bosch_eval.models.random_model import train_tokenizer
 from bosch_eval.search.objective import CalibrationObjective
+from bosch_eval.tasks import TASKS_DIR
 from bosch_eval.tasks.niah import calibration, dev_split, eval_suite, retrieval_calib, tiebreak, words
 from bosch_eval.tasks.niah.haystack import count_tokens
 

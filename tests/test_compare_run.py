@@ -131,7 +131,7 @@ def test_a_run_whose_inputs_changed_is_refused_unless_asked_and_then_kept_aside(
     import shutil
 
     from bosch_eval.masks.head_mask import HeadMask
-    from bosch_eval.model_check import resolve_model
+    from bosch_eval.models.model_check import resolve_model
 
     mask, model, out = tmp_path / "mask.json", tmp_path / "model", tmp_path / "cmp"
     shutil.copy(MASK, mask)

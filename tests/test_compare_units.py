@@ -22,7 +22,7 @@ from bosch_eval.compare.results import RunResults, main_score
 from bosch_eval.compare.spec import load_spec
 from bosch_eval.doc_selection import limited_indices, per_length_indices
 from bosch_eval.masks.head_mask import HeadMask
-from bosch_eval.random_model import random_model
+from bosch_eval.models.random_model import random_model
 
 
 class TestEntries:
@@ -199,7 +199,7 @@ def test_ruler_documents_do_not_depend_on_the_global_random_state():
     import random
 
     from bosch_eval.lm_eval_session import load_task, task_manager
-    from bosch_eval.model_check import resolve_model
+    from bosch_eval.models.model_check import resolve_model
 
     path = resolve_model("toy")
     manager = task_manager(["niah_single_1"], None, {"pretrained": path, "tokenizer": path, "max_seq_lengths": [512]})
@@ -268,7 +268,7 @@ class TestRunInputs:
         import hashlib
 
         from bosch_eval.compare.inputs import changed, run_inputs
-        from bosch_eval.model_identity import model_identity
+        from bosch_eval.models.model_identity import model_identity
 
         (tmp_path / "config.json").write_text("{}")
         (tmp_path / "model.safetensors").write_bytes(b"weights")

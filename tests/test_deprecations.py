@@ -21,8 +21,8 @@ from bosch_eval.bench import measure
 from bosch_eval.caches.hybrid_cache import HybridCache
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.model_adapters.compressed_scoring import continuation_logits_through_cache
-from bosch_eval.random_model import random_model
-from bosch_eval.transformers_compat import cache_argument
+from bosch_eval.models.random_model import random_model
+from bosch_eval.models.transformers_compat import cache_argument
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIRS = ("bosch_eval", "model_adapters", "search", "tasks")

@@ -10,7 +10,7 @@ from bosch_eval.attention.hybrid_attention import hybrid_state, hybridize
 from bosch_eval.attention.hybrid_spec import GroupRun, HybridSpec
 from bosch_eval.errors import SettingsError
 from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
-from bosch_eval.random_model import FAMILIES, random_model
+from bosch_eval.models.random_model import FAMILIES, random_model
 from tests.helpers import left_padded_batch, reference_logits
 
 WINDOW = 5

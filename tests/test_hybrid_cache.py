@@ -11,8 +11,8 @@ from bosch_eval.attention.hybrid_attention import hybridize
 from bosch_eval.caches.hybrid_cache import HybridCache, HybridHeadLayer, kv_cache_bytes
 from bosch_eval.caches.kv_quant.formula import kv_cache_bytes_formula
 from bosch_eval.masks.head_mask import HeadMask, ModelShape
-from bosch_eval.model_check import model_path
-from bosch_eval.random_model import random_model
+from bosch_eval.models.model_check import model_path
+from bosch_eval.models.random_model import random_model
 from tests.helpers import left_padded_batch
 
 WINDOW = 8

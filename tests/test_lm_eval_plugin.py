@@ -50,7 +50,7 @@ def pth_file() -> Path:
 def test_hook_is_active_at_start_and_imports_nothing_heavy(pth_file, tmp_path):
     state = python_json(
         "import json, sys; print(json.dumps({'hook': 'bosch_eval.lm_eval_hook' in sys.modules,"
-        " 'heavy': sorted(m for m in sys.modules if m.split('.')[0] in %r or m.startswith('bosch_eval.model'))}))"
+        " 'heavy': sorted(m for m in sys.modules if m.split('.')[0] in %r or m.startswith(('bosch_eval.model_adapters', 'bosch_eval.models')))}))"
         % (HEAVY,),
         cwd=tmp_path,
     )

@@ -55,7 +55,7 @@ RULER = """
 import logging
 logging.basicConfig(level=logging.WARNING)
 from bosch_eval.lm_eval_session import load_task, task_manager
-from bosch_eval.model_check import model_path
+from bosch_eval.models.model_check import model_path
 path = str(model_path("toy"))
 manager = task_manager(["niah_single_1"], None, {"pretrained": path, "tokenizer": path, "max_seq_lengths": [256]})
 load_task(manager, "niah_single_1")

@@ -277,7 +277,7 @@ class TestOnTheTrainedToyModel:
         return build_objective("toy", CalibrationSettings(examples=16), LoadSettings(batch_size=4))
 
     def test_masks_score_differently_and_as_a_fresh_simple_evaluate(self, toy):
-        from bosch_eval.model_check import resolve_model
+        from bosch_eval.models.model_check import resolve_model
 
         assert toy.higher_is_better is True and toy.metric == "acc"
         shape = toy.shape

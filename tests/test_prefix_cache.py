@@ -18,7 +18,7 @@ from bosch_eval.attention.local_window import LocalWindow
 from bosch_eval.caches.prefix_cache import PrefixActivations
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.model_adapters.bosch import BoschLM
-from bosch_eval.random_model import random_model, save_random_checkpoint
+from bosch_eval.models.random_model import random_model, save_random_checkpoint
 
 
 @pytest.fixture(scope="module")

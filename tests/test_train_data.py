@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bosch_eval.errors import SettingsError
-from bosch_eval.random_model import train_tokenizer
+from bosch_eval.models.random_model import train_tokenizer
 from bosch_eval.train.data import PackedSequences, open_source
 
 DOCS = ["the quick brown fox", "a needle in the haystack: 7 3 1", "what colour is the box", "red green blue"]

@@ -38,7 +38,7 @@ from bosch_eval.attention.local_window import LocalWindow
 from bosch_eval.attention.restore_point import RestorePoint
 from bosch_eval.errors import SettingsError
 from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
-from bosch_eval.model_check import ModelError
+from bosch_eval.models.model_check import ModelError
 
 # The attention implementation registered with transformers, per mask format.
 IMPLEMENTATIONS = {"sdpa": "bosch_sdpa", "flash": "bosch_flash_attention_2"}
@@ -46,7 +46,7 @@ SDPA_IMPLEMENTATION, FLASH_IMPLEMENTATION = IMPLEMENTATIONS["sdpa"], IMPLEMENTAT
 
 # The attribute by which the model and each of its attention modules reference the handle.
 HANDLE_ATTRIBUTE = "bosch_hybrid"
-# The config field save_pretrained writes the mask into (bosch_eval.checkpoint reads it).
+# The config field save_pretrained writes the mask into (bosch_eval.models.checkpoint reads it).
 CONFIG_FIELD = "bosch_mask"
 
 

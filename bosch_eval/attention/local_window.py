@@ -31,7 +31,7 @@ from typing import Any
 
 from bosch_eval.errors import BoschError
 
-# How a serving engine counts a window of W (bosch_eval.export): "inclusive", W keys
+# How a serving engine counts a window of W (bosch_eval.models.export): "inclusive", W keys
 # including the query (this value's own count: transformers, vLLM, SGLang), or
 # "exclusive", W − 1 keys before it.
 WINDOW_CONVENTIONS = ("inclusive", "exclusive")

@@ -34,7 +34,7 @@ from bosch_eval.device import AUTO, pick_device
 from bosch_eval.doc_selection import samples_for_limit
 from bosch_eval.errors import BoschError
 from bosch_eval.masks.head_mask import HeadMask, ModelShape
-from bosch_eval.model_identity import model_identity, portable_name
+from bosch_eval.models.model_identity import model_identity, portable_name
 from bosch_eval.outdir_lock import OutputLock
 from bosch_eval.previous_results import keep_aside
 
@@ -77,8 +77,8 @@ def plan_runs(spec: CompareSpec) -> list[PlannedRun]:
     from transformers import AutoConfig
 
     from bosch_eval.model_adapters.loader_args import adapter_settings, typed_model_args
-    from bosch_eval.model_defaults import model_defaults
-    from bosch_eval.model_check import resolve_model
+    from bosch_eval.models.model_check import resolve_model
+    from bosch_eval.models.model_defaults import model_defaults
 
     path = resolve_model(spec.model)
     shape = ModelShape.from_config(AutoConfig.from_pretrained(path))
@@ -179,8 +179,8 @@ def _load_model(spec: CompareSpec, load_args: dict[str, str]) -> Any:
 
     from bosch_eval.model_adapters.bosch import BoschLM
     from bosch_eval.model_adapters.loader_args import typed_model_args
-    from bosch_eval.model_defaults import model_defaults, resolve_window
-    from bosch_eval.model_check import resolve_model
+    from bosch_eval.models.model_check import resolve_model
+    from bosch_eval.models.model_defaults import model_defaults, resolve_window
 
     path = resolve_model(spec.model)
     shape = ModelShape.from_config(AutoConfig.from_pretrained(path))
@@ -195,7 +195,7 @@ def resolve_entry_mask(args: dict[str, str], shape: ModelShape, default_window: 
     """The mask a run's model_args ask for (all full for the original), validated against ``shape``."""
     from bosch_eval.masks.mask_sources import resolve_mask
     from bosch_eval.model_adapters.settings import AdapterSettings
-    from bosch_eval.model_defaults import resolve_window
+    from bosch_eval.models.model_defaults import resolve_window
 
     # Converted as the adapter converts them (ratio='0.5' -> 0.5, window='abc' -> an error naming window).
     given = AdapterSettings(**{k: v for k, v in args.items() if k in AdapterSettings.mask_source_names()})
@@ -245,7 +245,7 @@ def run_compare(
     from lm_eval.loggers import EvaluationTracker
     from tqdm import tqdm
 
-    from bosch_eval.model_check import resolve_model
+    from bosch_eval.models.model_check import resolve_model
 
     out = Path(out)
     plan = plan_runs(spec)

@@ -102,12 +102,12 @@ def load_model(settings: TrainSettings, device: torch.device) -> tuple[Any, Any,
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from bosch_eval.attention.hybrid_attention import hybridize
-    from bosch_eval.checkpoint import saved_mask
     from bosch_eval.masks.head_mask import ModelShape
     from bosch_eval.masks.mask_sources import resolve_mask
-    from bosch_eval.model_check import resolve_model
-    from bosch_eval.model_defaults import model_defaults
-    from bosch_eval.rope_scaling import scaled_config
+    from bosch_eval.models.checkpoint import saved_mask
+    from bosch_eval.models.model_check import resolve_model
+    from bosch_eval.models.model_defaults import model_defaults
+    from bosch_eval.models.rope_scaling import scaled_config
 
     path = resolve_model(settings.model)
     extra: dict[str, Any] = {}
@@ -271,8 +271,8 @@ def _save_state(accelerator: Any, out: Path, step: int, keep: int) -> None:
 
 def _export(accelerator: Any, model: Any, tokenizer: Any, path: Path, settings: TrainSettings, progress: Progress) -> None:
     """A hybrid checkpoint (mask in ``config.json``), tokenizer, model defaults and ``training.json``."""
-    from bosch_eval.model_defaults import DEFAULTS_FILE
-    from bosch_eval.model_check import resolve_model
+    from bosch_eval.models.model_check import resolve_model
+    from bosch_eval.models.model_defaults import DEFAULTS_FILE
 
     state_dict = accelerator.get_state_dict(model)  # gathers FSDP shards; every process must call it
     if accelerator.is_main_process:

@@ -27,7 +27,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from bosch_eval.attention.hybrid_attention import attention_modules
 from bosch_eval.errors import SettingsError
-from bosch_eval.model_check import ModelError
+from bosch_eval.models.model_check import ModelError
 
 CAPTURE_IMPLEMENTATION = "bosch_rank_capture"
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from bosch_eval.errors import SettingsError
 from bosch_eval.masks.head_mask import HeadRanking, ModelShape, check_window
-from bosch_eval.model_check import ModelError
+from bosch_eval.models.model_check import ModelError
 from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.rankers.base import Ranker
 from bosch_eval.search.rankers.blocks import query_blocks

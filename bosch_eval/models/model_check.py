@@ -2,7 +2,7 @@
 
 * :func:`resolve_model`: the one model resolver of every command (``toy`` / ``toy-l`` → the
   bundled model's directory, :data:`BUNDLED_MODELS`; ``smollm2`` or a ``.gguf`` file → its
-  converted checkpoint in the cache, :mod:`bosch_eval.gguf_models`; anything else checked
+  converted checkpoint in the cache, :mod:`bosch_eval.models.gguf_models`; anything else checked
   to exist).
 * :func:`check_model_exists`: a local checkpoint directory, or a Hugging Face hub id that
   resolves (offline mode respected: with ``HF_HUB_OFFLINE=1`` only the local cache is
@@ -35,7 +35,7 @@ class ModelError(BoschError):
     """A model that does not exist or cannot be used, or a length it cannot hold."""
 
 
-TOY_DIR = Path(__file__).resolve().parent / "toy"
+TOY_DIR = Path(__file__).resolve().parents[1] / "toy"  # bosch_eval/toy/, beside this models/ folder
 
 # The bundled toy models (bosch_eval/toy/, trained by bosch_eval.toy.train): alias -> checkpoint
 # directory. "toy" has 4 layers x 4 KV groups (16 head-selection variables, small enough to
@@ -60,7 +60,7 @@ def model_path(name: str = "toy") -> Path:
 
 def model_aliases() -> list[str]:
     """Every short model name a command accepts: the bundled toys and the packaged GGUFs."""
-    from bosch_eval.gguf_models import PACKAGED_GGUF  # no torch: read at interpreter start by lm_eval's hook
+    from bosch_eval.models.gguf_models import PACKAGED_GGUF  # no torch: read at interpreter start by lm_eval's hook
 
     return sorted([*BUNDLED_MODELS, *PACKAGED_GGUF])
 
@@ -68,7 +68,7 @@ def model_aliases() -> list[str]:
 def names_a_local_model(name: str) -> bool:
     """Whether :func:`resolve_model` turns ``name`` into another directory (an alias or a
     ``.gguf`` file), rather than passing it on."""
-    from bosch_eval.gguf_models import is_gguf_path
+    from bosch_eval.models.gguf_models import is_gguf_path
 
     return name in model_aliases() or is_gguf_path(name)
 
@@ -77,7 +77,7 @@ def resolve_model(name: str, check: bool = True) -> str:
     """The one model resolver of every command: ``"toy"`` or ``"toy-l"`` (short for
     ``pretrained=$(bosch-eval toy-model --path [--name toy-l])``) → the bundled model's
     directory; ``"smollm2"`` or a ``.gguf`` file → its checkpoint converted once into the
-    cache (:func:`bosch_eval.gguf_models.resolve_gguf`); any other id or path is returned
+    cache (:func:`bosch_eval.models.gguf_models.resolve_gguf`); any other id or path is returned
     unchanged, after checking (``check``) that it is a checkpoint directory or a hub id that
     resolves.
 
@@ -91,7 +91,7 @@ def resolve_model(name: str, check: bool = True) -> str:
         except FileNotFoundError as err:
             raise ModelError(f"model {name!r}: {err}") from None
     if names_a_local_model(name):
-        from bosch_eval.gguf_models import resolve_gguf
+        from bosch_eval.models.gguf_models import resolve_gguf
 
         return str(resolve_gguf(name))
     return check_model_exists(name) if check else name

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from bosch_eval.errors import SettingsError
-from bosch_eval.model_check import ModelError
+from bosch_eval.models.model_check import ModelError
 
 ROPE_SCALINGS = ("yarn",)
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.model_check import ModelError
+from bosch_eval.models.model_check import ModelError
 
 log = logging.getLogger("bosch_eval")
 
@@ -60,7 +60,7 @@ class PackagedGguf:
         filename: the GGUF file in the package's directory.
         distribution: the pip name, for the install line.
         defaults: the ``bosch_defaults.json`` of the converted checkpoint (``window``,
-            ``calib_len``; see :mod:`bosch_eval.model_defaults`), kept in step with this
+            ``calib_len``; see :mod:`bosch_eval.models.model_defaults`), kept in step with this
             table on every resolve. Empty until chosen on a development split.
     """
 
@@ -312,7 +312,7 @@ def _versions() -> dict[str, str]:
 def _sync_defaults(directory: Path, defaults: Mapping[str, Any]) -> None:
     """Keep the converted checkpoint's ``bosch_defaults.json`` equal to :data:`PACKAGED_GGUF`'s
     (a cached directory outlives the release that converted it). Replaced atomically."""
-    from bosch_eval.model_defaults import DEFAULTS_FILE
+    from bosch_eval.models.model_defaults import DEFAULTS_FILE
 
     path = directory / DEFAULTS_FILE
     text = json.dumps(dict(defaults), sort_keys=True) + "\n"

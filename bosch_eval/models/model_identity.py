@@ -27,13 +27,13 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.gguf_models import PACKAGED_GGUF, SOURCE_FILE, packaged_alias
-from bosch_eval.model_check import BUNDLED_MODELS
+from bosch_eval.models.gguf_models import PACKAGED_GGUF, SOURCE_FILE, packaged_alias
+from bosch_eval.models.model_check import BUNDLED_MODELS
 
 CHUNK = 1 << 20
 NOT_READ_AT_LOAD = (".md",)  # model cards
 NOT_READ_AT_LOAD_NAMES = (SOURCE_FILE,)  # a converted GGUF's record of its source file
-_PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the folder holding bosch_eval/
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding bosch_eval/ (this is bosch_eval/models/)
 
 
 def file_digest(path: str | Path) -> str:
@@ -48,7 +48,7 @@ def file_digest(path: str | Path) -> str:
 def portable_name(value: str) -> str:
     """The alias of a bundled model for its directory's path (this checkout's, or any path
     ending in the same ``bosch_eval/<...>`` folders), or of a packaged GGUF for its converted
-    checkpoint's (:func:`bosch_eval.gguf_models.packaged_alias`); anything else unchanged."""
+    checkpoint's (:func:`bosch_eval.models.gguf_models.packaged_alias`); anything else unchanged."""
     for alias, directory in BUNDLED_MODELS.items():
         if value == str(directory):
             return alias
