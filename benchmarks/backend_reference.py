@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="directory for cases.jsonl and reference.md (default: print only)")
     args = parser.parse_args(argv)
 
-    from bosch_eval.device import pick_device
+    from bosch_eval.runtime.device import pick_device
 
     device = torch.device(pick_device(args.device, "--device"))
     backends, skipped = runnable_backends(device)

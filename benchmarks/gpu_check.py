@@ -312,7 +312,7 @@ def environment_of(device: str, argv: list[str], plan: Plan) -> dict[str, Any]:
     import torch
 
     from bosch_eval.bench import environment
-    from bosch_eval.versions import versions
+    from bosch_eval.runtime.versions import versions
 
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
     return {
@@ -338,15 +338,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
 
-    from bosch_eval.device import pick_device
-    from bosch_eval.errors import exit_status
+    from bosch_eval.runtime.device import pick_device
+    from bosch_eval.runtime.errors import exit_status
 
     def run() -> None:
         device = pick_device(args.device, "--device")  # no CUDA: an error naming --device, before anything runs
         environment = environment_of(device, argv, plan)
         folder = args.out / slug(environment["device"])
         if folder.exists() and any(folder.iterdir()):
-            from bosch_eval.errors import SettingsError
+            from bosch_eval.runtime.errors import SettingsError
 
             raise SettingsError(f"--out: {folder} already holds a check; pass another --out (results are never overwritten)")
         folder.mkdir(parents=True)

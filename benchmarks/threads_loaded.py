@@ -1,5 +1,5 @@
 """Forward passes of the bundled toy model with 1 thread and with one per core, alone and
-beside a busy process: why ``bosch_eval.threads`` leaves one core free.
+beside a busy process: why ``bosch_eval.runtime.threads`` leaves one core free.
 
     python benchmarks/threads_loaded.py [--rounds 3] [--forwards 20] [--length 1024]
 

@@ -43,9 +43,9 @@ from bosch_eval.attention.hybrid_attention import hybrid_state, hybridize
 from bosch_eval.caches.hybrid_cache import HybridCache, kv_cache_bytes
 from bosch_eval.caches.kv_quant.config import KVQuantConfig
 from bosch_eval.caches.kv_quant.formula import kv_cache_bytes_formula
-from bosch_eval.errors import SettingsError
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count, check_ratio
 from bosch_eval.models.transformers_compat import cache_argument
+from bosch_eval.runtime.errors import SettingsError
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bosch_eval.device import pick_device
-from bosch_eval.errors import SettingsError
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, check_sinks
 from bosch_eval.models.model_check import ModelError, model_config, resolve_model
+from bosch_eval.runtime.device import pick_device
+from bosch_eval.runtime.errors import SettingsError
 
 # Random-weight models for timing (no download). attn-heavy: hidden width 128 against 16 heads
 # × 128, so attention is ~80% of the prefill at T = 8192 (the bench's "attention share").

@@ -37,10 +37,10 @@ model_args (besides everything HFLM accepts):
   reports earlier tasks too, so read your task's key), and ``bosch_allow_truncation``.
 
 ``device``: none given (or ``auto``) picks CUDA when torch sees it, else the CPU, and says
-which (:func:`bosch_eval.device.pick_device`); a device that does not exist is an error.
+which (:func:`bosch_eval.runtime.device.pick_device`); a device that does not exist is an error.
 
 Under ``accelerate launch --num_processes N`` (GPUs or ``--cpu``, one node or many) each
-process scores its 1/N of the requests; see :func:`bosch_eval.launch.shard_over_processes`.
+process scores its 1/N of the requests; see :func:`bosch_eval.runtime.launch.shard_over_processes`.
 
 Every other key is refused before anything loads, naming the nearest valid key
 (:mod:`bosch_eval.model_adapters.loader_args`); values are converted once into
@@ -69,10 +69,6 @@ from bosch_eval.attention.hybrid_attention import HybridAttention, hybridize
 from bosch_eval.caches.hybrid_cache import HybridCache
 from bosch_eval.caches.kv_quant.config import KVQuantConfig, parse_kv_quant
 from bosch_eval.caches.prefix_cache import PrefixActivations
-from bosch_eval.device import pick_device
-from bosch_eval.errors import SettingsError
-from bosch_eval.launch import join_cpu_processes, shard_over_processes
-from bosch_eval.lm_eval_logs import quiet_per_length_warnings
 from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
 from bosch_eval.masks.mask_sources import resolve_mask
 from bosch_eval.model_adapters.compressed_scoring import CompressedScoring
@@ -84,7 +80,11 @@ from bosch_eval.models.checkpoint import saved_kv_quant, saved_mask, set_saved_k
 from bosch_eval.models.model_check import ModelError, check_causal_decoder, model_config, resolve_model
 from bosch_eval.models.model_defaults import model_defaults, resolve_window
 from bosch_eval.models.transformers_compat import cache_argument
-from bosch_eval.threads import apply_thread_policy
+from bosch_eval.runtime.device import pick_device
+from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.launch import join_cpu_processes, shard_over_processes
+from bosch_eval.runtime.lm_eval_logs import quiet_per_length_warnings
+from bosch_eval.runtime.threads import apply_thread_policy
 
 # What lm-eval 0.4.13's CLI passes when --device is not given (EvaluatorConfig's default);
 # HFLM falls back to the CPU for it when no GPU exists, and so do we.
@@ -167,7 +167,7 @@ class BoschLM(HFLM):
         settings, loader_args = adapter_settings(model_args)
         self.settings = settings
         quiet_per_length_warnings()  # RULER-style tasks' per-length metrics, expected (see the module)
-        apply_thread_policy()  # lm_eval --model bosch: torch is loaded, its thread count set here (bosch_eval.threads)
+        apply_thread_policy()  # lm_eval --model bosch: torch is loaded, its thread count set here (bosch_eval.runtime.threads)
         if isinstance(pretrained, str):
             pretrained = resolve_model(pretrained)  # "toy": the bundled model; a missing model fails here
             # Mask, ranking, window and kv_quant errors from the config alone, before minutes of weight loading.

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.errors import SettingsError
 from bosch_eval.masks.head_mask import HeadMask, HeadRanking, check_ratio, check_sinks, check_window
 from bosch_eval.models.rope_scaling import check_rope_args
+from bosch_eval.runtime.errors import SettingsError
 
 KV_CACHES = ("hybrid", "dynamic")
 # Field metadata: the field chooses the head mask, so it can be swapped in place on a loaded

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count, check_ratio
-from bosch_eval.registry import Registry
+from bosch_eval.runtime.registry import Registry
 from bosch_eval.search.journal import Journal
 from bosch_eval.search.optimizers import NOMAD_MAX_VARIABLES, optimizer_methods
 from bosch_eval.search.saturation import stage1_saturation

@@ -93,7 +93,7 @@ def test_a_truncated_task_is_marked_in_the_leaderboard(tmp_path, capsys):
 def test_compare_shows_its_own_bar_only_and_the_device_line_before_it(tmp_path, monkeypatch, capfd):
     import tqdm
 
-    from bosch_eval import device
+    from bosch_eval.runtime import device
 
     events: list[str] = []
     monkeypatch.setattr(device, "_say_picked", lambda picked, reason: events.append("device line"))

@@ -20,9 +20,9 @@ from bosch_eval.compare.leaderboard import EntryRuns, build_rows
 from bosch_eval.compare.paired_ci import paired_bootstrap_ci
 from bosch_eval.compare.results import RunResults, main_score
 from bosch_eval.compare.spec import load_spec
-from bosch_eval.doc_selection import limited_indices, per_length_indices
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.models.random_model import random_model
+from bosch_eval.runtime.doc_selection import limited_indices, per_length_indices
 
 
 class TestEntries:
@@ -198,8 +198,8 @@ def test_ruler_documents_do_not_depend_on_the_global_random_state():
     # unseeded, a comparison resumed in another process scored other documents than its first part.
     import random
 
-    from bosch_eval.lm_eval_session import load_task, task_manager
     from bosch_eval.models.model_check import resolve_model
+    from bosch_eval.runtime.lm_eval_session import load_task, task_manager
 
     path = resolve_model("toy")
     manager = task_manager(["niah_single_1"], None, {"pretrained": path, "tokenizer": path, "max_seq_lengths": [512]})

@@ -225,7 +225,7 @@ def test_stripped_samples_regenerate_with_their_doc_hash(monkeypatch: pytest.Mon
     ``compare`` builds it, gives back each document whose ``doc_hash`` the sample keeps."""
     from lm_eval.utils import handle_non_serializable, hash_string
 
-    from bosch_eval.lm_eval_session import load_task, task_manager
+    from bosch_eval.runtime.lm_eval_session import load_task, task_manager
 
     monkeypatch.chdir(REPO)
     config, out = COMPARISONS[2]  # toy_sinks/run: two tasks, 336 documents, about 30 s

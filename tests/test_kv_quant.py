@@ -27,9 +27,9 @@ from bosch_eval.caches.kv_quant.packing import (
 )
 from bosch_eval.caches.kv_quant.selection import KV_QUANT_METHODS, Selector
 from bosch_eval.caches.kv_quant.store import QuantizedKVStore
-from bosch_eval.errors import SettingsError
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.models.random_model import random_model
+from bosch_eval.runtime.errors import SettingsError
 from tests.helpers import left_padded_batch
 
 

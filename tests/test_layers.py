@@ -45,7 +45,7 @@ def imported_names(path: Path) -> list[tuple[int, str]]:
 
 def test_the_walk_sees_the_core():
     names = {path.relative_to(PACKAGE).as_posix() for path in core_modules()}
-    assert {"masks/head_mask.py", "models/model_check.py", "lm_eval_session.py", "masks/mask_sources.py"} <= names
+    assert {"masks/head_mask.py", "models/model_check.py", "runtime/lm_eval_session.py", "masks/mask_sources.py"} <= names
     assert not any(name.startswith(("compare/", "cli.py")) for name in names)
 
 

@@ -15,10 +15,10 @@ import torch
 from lm_eval.api.task import ConfigurableTask
 from lm_eval.tasks import TaskManager
 
-from bosch_eval import launch
-from bosch_eval.launch import launch_state
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.model_adapters.bosch import BoschLM
+from bosch_eval.runtime import launch
+from bosch_eval.runtime.launch import launch_state
 from bosch_eval.search.objective import EVALUATE_PATH, CalibrationObjective, ObjectiveError
 from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.search.racing import RaceBound

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from bosch_eval.errors import SettingsError
 from bosch_eval.masks.head_mask import HeadRanking, ModelShape, ceil_count
 from bosch_eval.models.model_check import ModelError, resolve_model
+from bosch_eval.runtime.errors import SettingsError
 from bosch_eval.search import rankers
 from bosch_eval.search.rank_cli import add_rank_parser
 from bosch_eval.search.rankers import RANKERS

@@ -19,9 +19,9 @@ from bosch_eval.attention.kernels.blocked import blocked_attention
 from bosch_eval.attention.kernels.flex import flex_attention_layer
 from bosch_eval.attention.kernels.lse_merge import eager_windowed, sink_merged_attention
 from bosch_eval.attention.local_window import LocalWindow, LocalWindowError
-from bosch_eval.errors import SettingsError
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.models.random_model import random_model
+from bosch_eval.runtime.errors import SettingsError
 
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}  # fp32 kernels against a float64 reference
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bosch_eval.errors import BoschError
+from bosch_eval.runtime.errors import BoschError
 
 # How a serving engine counts a window of W (bosch_eval.models.export): "inclusive", W keys
 # including the query (this value's own count: transformers, vLLM, SGLang), or

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bosch_eval.compare.entries import EntryError, parse_entry
-from bosch_eval.versions import versions
+from bosch_eval.runtime.versions import versions
 
 
 def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:

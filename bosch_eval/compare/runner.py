@@ -6,7 +6,7 @@ Layout under ``out``::
     runs/<run>/           one finished run: lm-eval's results_*.json and samples_*.jsonl
                           (one pair per task) and run.json (entry, mask, window, inputs)
     .partial/<run>/       the run in progress; moved to runs/ when its last task is done
-    .bosch-compare.lock   one comparison per ``out`` at a time (:mod:`bosch_eval.outdir_lock`)
+    .bosch-compare.lock   one comparison per ``out`` at a time (:mod:`bosch_eval.runtime.outdir_lock`)
 
 Killing the run loses at most the run in progress (``.partial`` is cleared on restart);
 ``resume=True`` skips finished runs whose pinned inputs (:mod:`bosch_eval.compare.inputs`)
@@ -30,13 +30,13 @@ from typing import Any
 from bosch_eval.compare.entries import Entry, EntryError
 from bosch_eval.compare.inputs import FILE_SOURCES, changed, run_inputs
 from bosch_eval.compare.spec import CompareSpec
-from bosch_eval.device import AUTO, pick_device
-from bosch_eval.doc_selection import samples_for_limit
-from bosch_eval.errors import BoschError
 from bosch_eval.masks.head_mask import HeadMask, ModelShape
 from bosch_eval.models.model_identity import model_identity, portable_name
-from bosch_eval.outdir_lock import OutputLock
-from bosch_eval.previous_results import keep_aside
+from bosch_eval.runtime.device import AUTO, pick_device
+from bosch_eval.runtime.doc_selection import samples_for_limit
+from bosch_eval.runtime.errors import BoschError
+from bosch_eval.runtime.outdir_lock import OutputLock
+from bosch_eval.runtime.previous_results import keep_aside
 
 RUN_FILE = "run.json"
 SETTINGS_FILE = "compare.json"
@@ -210,7 +210,7 @@ def resolve_entry_mask(args: dict[str, str], shape: ModelShape, default_window: 
 
 def _build_tasks(spec: CompareSpec, path: str) -> tuple[Any, dict[str, list[Any]], dict[str, dict[str, Any]]]:
     """The TaskManager, each task name's objects and its leaf Tasks (built once)."""
-    from bosch_eval.lm_eval_session import LmEvalError, load_task, task_manager
+    from bosch_eval.runtime.lm_eval_session import LmEvalError, load_task, task_manager
 
     # Synthetic tasks (RULER, bosch_niah*) size their documents with the model's tokenizer.
     metadata = {"pretrained": path, "tokenizer": path} | dict(spec.metadata)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bosch_eval.attention.local_window import LocalWindow
-from bosch_eval.errors import BoschError
+from bosch_eval.runtime.errors import BoschError
 
 MASK_FORMAT = "bosch-mask/1"
 RANKING_FORMAT = "bosch-ranking/1"

@@ -21,7 +21,7 @@ import random
 from collections.abc import Callable
 
 from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape, ceil_count, check_ratio
-from bosch_eval.registry import Registry
+from bosch_eval.runtime.registry import Registry
 
 LayerHeuristic = Callable[[ModelShape, float, int], HeadMask]
 # In registration order, the order the calibration check's panel shows them.

@@ -31,9 +31,9 @@ import torch
 from bosch_eval.attention.hybrid_attention import hybridize
 from bosch_eval.attention.local_window import WINDOW_CONVENTIONS
 from bosch_eval.caches.kv_quant.config import CONFIG_FIELD as KV_QUANT_FIELD
-from bosch_eval.errors import BoschError
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.models.checkpoint import CONFIG_FIELD as MASK_FIELD
+from bosch_eval.runtime.errors import BoschError
 
 SERVING_FORMAT = "bosch-serving/1"
 CONVENTIONS = WINDOW_CONVENTIONS

@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.errors import BoschError
+from bosch_eval.runtime.errors import BoschError
 
 IGNORE_FLAG = "--ignore-max-positions"
 IGNORE_METADATA = "ignore_max_positions"

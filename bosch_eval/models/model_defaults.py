@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.errors import SettingsError
 from bosch_eval.masks.head_mask import MaskError, check_window
+from bosch_eval.runtime.errors import SettingsError
 
 DEFAULTS_FILE = "bosch_defaults.json"
 # The W an all-full mask gets when nothing names one: no group is SWA, so W is never read.

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bosch_eval.errors import SettingsError
 from bosch_eval.models.model_check import ModelError
+from bosch_eval.runtime.errors import SettingsError
 
 ROPE_SCALINGS = ("yarn",)
 

@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from bosch_eval.errors import SettingsError
 from bosch_eval.masks.head_mask import HeadMask, MaskError
-from bosch_eval.versions import versions
+from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.versions import versions
 
 STATE_DIR = "state"  # resumable Accelerate states, state/step-00000010 ...
 

@@ -22,7 +22,7 @@ import lm_eval
 from lm_eval.tasks import TaskManager
 
 from bosch_eval.model_adapters.bosch import BoschLM
-from bosch_eval.versions import versions
+from bosch_eval.runtime.versions import versions
 
 
 def main() -> None:

@@ -33,7 +33,7 @@ from bosch_eval.attention.kernels.flash import flash_full_attention, flash_swa_a
 from bosch_eval.attention.kernels.flex import flex_hybrid_layer, flex_swa_attention, flex_unavailable
 from bosch_eval.attention.kernels.flex_blocks import BlockMaskCache
 from bosch_eval.attention.kernels.reference import masked_swa_attention, sdpa_full_attention
-from bosch_eval.registry import Registry
+from bosch_eval.runtime.registry import Registry
 
 SwaKernel = Callable[..., torch.Tensor]
 

@@ -16,7 +16,7 @@ import torch
 
 from bosch_eval.attention.kernels.lse_merge import sink_merged_attention
 from bosch_eval.attention.local_window import LocalWindow
-from bosch_eval.errors import SettingsError
+from bosch_eval.runtime.errors import SettingsError
 
 
 def flash_unavailable(device: torch.device) -> str | None:

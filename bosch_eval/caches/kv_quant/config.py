@@ -7,7 +7,7 @@ from typing import Any
 
 from bosch_eval.caches.kv_quant.packing import BITS
 from bosch_eval.caches.kv_quant.selection import KV_QUANT_METHODS
-from bosch_eval.errors import SettingsError
+from bosch_eval.runtime.errors import SettingsError
 
 DEFAULT_GROUP_SIZE = 64  # the seed's and KIVI's choice, used where it divides the head dim
 CONFIG_FIELD = "bosch_kv_quant"  # where a hybrid checkpoint's config.json keeps the settings

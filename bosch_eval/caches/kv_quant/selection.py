@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bosch_eval.registry import Registry
+from bosch_eval.runtime.registry import Registry
 
 
 @dataclass(frozen=True)

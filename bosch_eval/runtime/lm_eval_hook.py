@@ -32,7 +32,7 @@ Two more things, only in the ``lm_eval`` command itself (never in other programs
   the tokenizer (RULER's ``niah_*``) look it up by that name on the Hugging Face hub, which
   failed after a minute of network retries. Only ``key=value`` arguments are rewritten (not
   JSON ones, nor a ``--config`` file).
-* Our errors (:class:`bosch_eval.errors.BoschError` and its subclasses: bad model_args, a model
+* Our errors (:class:`bosch_eval.runtime.errors.BoschError` and its subclasses: bad model_args, a model
   that cannot be used, an input longer than the model holds) end the command with one line,
   ``lm_eval: error: <message>``, instead of the message at the bottom of a traceback.
 """
@@ -107,8 +107,8 @@ def resolve_bundled_aliases(argv: list[str]) -> list[str]:
 def _local_directory(name: str) -> str:
     """The directory of a bundled or packaged model (converting a GGUF on first use), or ``name``
     unchanged when it cannot be resolved: the adapter then fails on it with its one-line error."""
-    from bosch_eval.errors import BoschError
     from bosch_eval.models.model_check import resolve_model
+    from bosch_eval.runtime.errors import BoschError
 
     try:
         return resolve_model(name)
@@ -130,7 +130,7 @@ def missing_tasks_hint(exc: BaseException) -> str | None:
 def _one_line_errors(exc_type: type[BaseException], exc: BaseException, tb: object) -> None:
     """sys.excepthook of the ``lm_eval`` command: our errors in one line, the rest as before
     (lm-eval's missing-task error followed by :func:`missing_tasks_hint`)."""
-    errors = sys.modules.get("bosch_eval.errors")  # not loaded: the error cannot be ours
+    errors = sys.modules.get("bosch_eval.runtime.errors")  # not loaded: the error cannot be ours
     if errors is not None and isinstance(exc, errors.BoschError):
         sys.stderr.write(f"lm_eval: error: {exc}\n")
         return
@@ -179,7 +179,7 @@ def discover_tasks(manager_module: ModuleType) -> None:
         import functools
         import inspect
 
-        from bosch_eval.lm_eval_session import bundled_tasks_dir
+        from bosch_eval.runtime.lm_eval_session import bundled_tasks_dir
 
         manager = manager_module.TaskManager
         init = manager.__init__

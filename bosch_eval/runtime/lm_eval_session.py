@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from bosch_eval.errors import BoschError
-from bosch_eval.nltk_offline import nltk_download_explained
+from bosch_eval.runtime.errors import BoschError
+from bosch_eval.runtime.nltk_offline import nltk_download_explained
 
 if TYPE_CHECKING:
     from lm_eval.tasks import TaskDict, TaskManager

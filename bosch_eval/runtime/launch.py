@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from accelerate import Accelerator, PartialState
 from accelerate.utils import broadcast_object_list
 
-from bosch_eval.lm_eval_session import LmEvalError
+from bosch_eval.runtime.lm_eval_session import LmEvalError
 
 if TYPE_CHECKING:
     from lm_eval.models.huggingface import HFLM
@@ -68,7 +68,7 @@ def launch_state(device: str = "cpu") -> PartialState:
             f"launched as {launched} processes, but accelerate's state was created for {state.num_processes}: "
             "something called PartialState()/Accelerator() before launch_state(device); on a machine "
             "without GPUs that leaves every process alone (each would score every document and write "
-            "every file). Call bosch_eval.launch.launch_state(device) first."
+            "every file). Call bosch_eval.runtime.launch.launch_state(device) first."
         )
     return state
 

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar, overload
 
-from bosch_eval.errors import SettingsError
+from bosch_eval.runtime.errors import SettingsError
 
 T = TypeVar("T")
 # Names travel through lm-eval's model_args ("a=1,b=2") and command lines.
