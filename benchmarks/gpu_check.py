@@ -139,7 +139,7 @@ def stage_bench(folder: Path, seconds: float, plan: Plan, device: str) -> dict[s
     import torch
     from backend_reference import runnable_backends  # benchmarks/ is sys.path[0]
 
-    from bosch_eval.bench import BenchRow, speedups
+    from bosch_eval.bench.runner import BenchRow, speedups
 
     backends, skipped = runnable_backends(torch.device(device))
     deadline = time.monotonic() + seconds
@@ -311,7 +311,7 @@ def _number(value: float | None) -> str:
 def environment_of(device: str, argv: list[str], plan: Plan) -> dict[str, Any]:
     import torch
 
-    from bosch_eval.bench import environment
+    from bosch_eval.bench.runner import environment
     from bosch_eval.runtime.versions import versions
 
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()

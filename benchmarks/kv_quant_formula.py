@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from bosch_eval.bench import balanced_mask
+from bosch_eval.bench.runner import balanced_mask
 from bosch_eval.caches.kv_quant.config import KVQuantConfig
 from bosch_eval.caches.kv_quant.formula import kv_cache_bytes_formula
 from bosch_eval.masks.head_mask import ModelShape

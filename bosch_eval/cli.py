@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from bosch_eval.analyze.cli import add_analyze_parser
-from bosch_eval.bench_cli import add_bench_parser
+from bosch_eval.bench.cli import add_bench_parser
 from bosch_eval.compare.cli import add_compare_parser
 from bosch_eval.export_cli import add_export_parser
 from bosch_eval.mask_cli import add_mask_parser

@@ -11,9 +11,9 @@ import torch
 from transformers import DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-import bosch_eval.bench as bench
+import bosch_eval.bench.runner as bench
 from bosch_eval.attention.hybrid_attention import hybridize
-from bosch_eval.bench import BenchRow, Measurement, balanced_mask, peak_memory, ratio_table, run_bench, speedups, stopwatch
+from bosch_eval.bench.runner import BenchRow, Measurement, balanced_mask, peak_memory, ratio_table, run_bench, speedups, stopwatch
 from bosch_eval.caches.hybrid_cache import HybridCache
 from bosch_eval.cli import main
 from bosch_eval.masks.head_mask import ModelShape
@@ -70,7 +70,7 @@ def test_cli_backend_and_no_profile(tmp_path):
 
 
 def test_cli_refuses_bad_settings_before_loading_the_weights(tmp_path, capsys):
-    with mock.patch("bosch_eval.bench_cli._bench_model", side_effect=AssertionError("loaded the weights")):
+    with mock.patch("bosch_eval.bench.cli._bench_model", side_effect=AssertionError("loaded the weights")):
         assert main(["bench", "--model", "random:attn-heavy", "--backend", "fast", "--out", str(tmp_path)]) == 2
         assert "--backend: expected one of ['auto', 'sdpa', 'blocked', 'flex'" in capsys.readouterr().err
         assert main(["bench", "--model", "random:attn-heavy", "--backend", "flash_attention_2", "--device", "cpu", "--out", str(tmp_path)]) == 2

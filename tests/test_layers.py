@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "bosch_eval"
-NOT_CORE = ("cli.py", "bench_cli.py", "mask_cli.py", "export_cli.py", "bench.py", "compare", "train", "analyze", "toy")
+NOT_CORE = ("cli.py", "mask_cli.py", "export_cli.py", "bench", "compare", "train", "analyze", "toy")
 UPPER = ("bosch_eval.search", "bosch_eval.model_adapters", "bosch_eval.tasks")
 
 

@@ -61,7 +61,7 @@ def _bench(args: argparse.Namespace) -> None:
     import torch
 
     from bosch_eval.attention.hybrid_spec import backend_names, resolve_backend
-    from bosch_eval.bench import balanced_mask, environment, plot, ratio_table, rows_as_json, run_bench
+    from bosch_eval.bench.runner import balanced_mask, environment, plot, ratio_table, rows_as_json, run_bench
 
     if args.backend not in backend_names():
         raise SettingsError(f"--backend: expected one of {backend_names()}, got {args.backend!r}")
@@ -118,7 +118,7 @@ def _kv_quant_configs(args: argparse.Namespace, model: Any, configs: list) -> li
     """``--kv-quant m1,m2``: each method alone, then on each mask configuration."""
     if not args.kv_quant:
         return []
-    from bosch_eval.bench import kv_quant_label
+    from bosch_eval.bench.runner import kv_quant_label
     from bosch_eval.caches.kv_quant.config import parse_kv_quant
 
     head_dim = ModelShape.head_dim_of(model.config)
