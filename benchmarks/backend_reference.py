@@ -2,8 +2,8 @@
 
     python benchmarks/backend_reference.py --device cuda [--families qwen3 gpt2] [--out DIR]
 
-For each registered backend that can run on the device (``bosch_eval.swa_kernels``; what
-``auto`` resolves to comes first), each model family of ``bosch_eval.random_model``, sinks 0
+For each registered backend that can run on the device (``bosch_eval.attention.kernels``; what
+``auto`` resolves to comes first), each model family of ``bosch_eval.models.random_model``, sinks 0
 and 3, fp32 and bf16: the logits of a hybridized random model on a left-padded batch
 against the same model under the dense band reference of the tests (``tests/helpers.py``:
 an explicit [T, K] band per head, attention in float64), over the real (unpadded) positions.
@@ -29,12 +29,12 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests/helpers.py holds the reference; run as a script, benchmarks/ is sys.path[0]
 
-from bosch_eval.bench import environment  # noqa: E402
-from bosch_eval.hybrid_attention import hybridize  # noqa: E402
-from bosch_eval.hybrid_spec import resolve_backend  # noqa: E402
-from bosch_eval.masks import HeadMask, ModelShape  # noqa: E402
-from bosch_eval.random_model import FAMILIES, random_model  # noqa: E402
-from bosch_eval.swa_kernels import BACKENDS  # noqa: E402
+from bosch_eval.attention.hybrid_attention import hybridize  # noqa: E402
+from bosch_eval.attention.hybrid_spec import resolve_backend  # noqa: E402
+from bosch_eval.attention.kernels import BACKENDS  # noqa: E402
+from bosch_eval.bench.runner import environment  # noqa: E402
+from bosch_eval.masks.head_mask import HeadMask, ModelShape  # noqa: E402
+from bosch_eval.models.random_model import FAMILIES, random_model  # noqa: E402
 from tests.helpers import left_padded_batch, reference_logits  # noqa: E402
 
 WINDOW = 5
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="directory for cases.jsonl and reference.md (default: print only)")
     args = parser.parse_args(argv)
 
-    from bosch_eval.device import pick_device
+    from bosch_eval.runtime.device import pick_device
 
     device = torch.device(pick_device(args.device, "--device"))
     backends, skipped = runnable_backends(device)

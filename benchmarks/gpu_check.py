@@ -144,7 +144,7 @@ def stage_bench(folder: Path, seconds: float, plan: Plan, device: str) -> dict[s
     import torch
     from backend_reference import runnable_backends  # benchmarks/ is sys.path[0]
 
-    from bosch_eval.bench import BenchRow, speedups
+    from bosch_eval.bench.runner import BenchRow, speedups
 
     backends, skipped = runnable_backends(torch.device(device))
     deadline = time.monotonic() + seconds
@@ -170,7 +170,7 @@ def stage_bench(folder: Path, seconds: float, plan: Plan, device: str) -> dict[s
 
 
 def stage_lm_eval(folder: Path, seconds: float, plan: Plan, device: str) -> dict[str, Any]:
-    from bosch_eval.masks import HeadMask
+    from bosch_eval.masks.head_mask import HeadMask
     from bosch_eval.tasks import TASKS_DIR
 
     out = folder / "lm_eval"
@@ -338,8 +338,8 @@ def _number(value: float | None) -> str:
 def environment_of(device: str, argv: list[str], plan: Plan) -> dict[str, Any]:
     import torch
 
-    from bosch_eval.bench import environment
-    from bosch_eval.versions import versions
+    from bosch_eval.bench.runner import environment
+    from bosch_eval.runtime.versions import versions
 
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
     return {
@@ -365,15 +365,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
 
-    from bosch_eval.device import pick_device
-    from bosch_eval.errors import exit_status
+    from bosch_eval.runtime.device import pick_device
+    from bosch_eval.runtime.errors import exit_status
 
     def run() -> None:
         device = pick_device(args.device, "--device")  # no CUDA: an error naming --device, before anything runs
         environment = environment_of(device, argv, plan)
         folder = args.out / slug(environment["device"])
         if folder.exists() and any(folder.iterdir()):
-            from bosch_eval.errors import SettingsError
+            from bosch_eval.runtime.errors import SettingsError
 
             raise SettingsError(f"--out: {folder} already holds a check; pass another --out (results are never overwritten)")
         folder.mkdir(parents=True)

@@ -25,11 +25,11 @@ import lm_eval
 from lm_eval.tasks import TaskManager
 from toy_model_checks import RULER_LENGTHS, ruler_indices  # benchmarks/ is sys.path[0] when run as a script
 
-from bosch_eval.model_defaults import model_defaults
+from bosch_eval.models.model_check import resolve_model
+from bosch_eval.models.model_defaults import model_defaults
+from bosch_eval.runtime.versions import versions
 from bosch_eval.search.defaults import DEFAULT_CALIB_EXAMPLES
 from bosch_eval.tasks import TASKS_DIR
-from bosch_eval.model_check import resolve_model
-from bosch_eval.versions import versions
 
 
 def configurations(mask: str, bits: int, kv_window: int) -> list[tuple[str, str]]:

@@ -11,7 +11,7 @@ measured interleaved (one repetition of every part per round), and the ratios.
 
 The store's rebuild is measured both ways: eager (``QuantizedKVStore._expand``: unpack,
 dequantize, scatter, in several full-length passes) and fused (``QuantizedKVStore._rebuild``
-as a decode step runs it: one pass compiled by torch.compile, ``bosch_eval.kv_quant.fused``),
+as a decode step runs it: one pass compiled by torch.compile, ``bosch_eval.caches.kv_quant.fused``),
 after checking that the two agree. The first fused call compiles (seconds) and is not timed.
 """
 
@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import DynamicLayer
 
-from bosch_eval.kv_quant import fused
-from bosch_eval.kv_quant.config import KVQuantConfig
-from bosch_eval.kv_quant.selection import Selector
-from bosch_eval.kv_quant.store import QuantizedKVStore
+from bosch_eval.caches.kv_quant import fused
+from bosch_eval.caches.kv_quant.config import KVQuantConfig
+from bosch_eval.caches.kv_quant.selection import Selector
+from bosch_eval.caches.kv_quant.store import QuantizedKVStore
 
 GROUPS, HEAD_DIM, HEADS = 8, 128, 16
 

@@ -6,10 +6,10 @@
 
 from __future__ import annotations
 
-from bosch_eval.bench import balanced_mask
-from bosch_eval.kv_quant.config import KVQuantConfig
-from bosch_eval.kv_quant.formula import kv_cache_bytes_formula
-from bosch_eval.masks import ModelShape
+from bosch_eval.bench.runner import balanced_mask
+from bosch_eval.caches.kv_quant.config import KVQuantConfig
+from bosch_eval.caches.kv_quant.formula import kv_cache_bytes_formula
+from bosch_eval.masks.head_mask import ModelShape
 
 LAYERS, HEADS, GROUPS, HEAD_DIM, T, W_LQ = 2, 16, 8, 128, 8192, 128
 

@@ -43,7 +43,7 @@ TOY_SHAPE = dict(num_layers=4, hidden_size=128, intermediate_size=384, num_atten
 
 def model_dir(scratch: Path) -> tuple[str, str]:
     """The toy model's directory, or a random one of its shape; and a label for it."""
-    from bosch_eval.model_check import model_path
+    from bosch_eval.models.model_check import model_path
 
     try:
         return str(model_path()), "bundled toy model"
@@ -51,7 +51,7 @@ def model_dir(scratch: Path) -> tuple[str, str]:
         pass
     import torch
 
-    from bosch_eval.random_model import random_model
+    from bosch_eval.models.random_model import random_model
     from bosch_eval.toy.train import train_tokenizer
 
     tokenizer = train_tokenizer(4096, 0)
@@ -68,7 +68,7 @@ def model_dir(scratch: Path) -> tuple[str, str]:
 
 def half_swa_mask(shape: Any) -> Any:
     """Every other KV group SWA, alternating by layer: half of them."""
-    from bosch_eval.masks import HeadMask
+    from bosch_eval.masks.head_mask import HeadMask
 
     rows = [[(layer + group) % 2 for group in range(shape.num_kv_heads)] for layer in range(shape.num_layers)]
     return HeadMask.from_rows(rows, shape.num_heads)
@@ -130,7 +130,7 @@ def main() -> None:
     import torch
     from lm_eval.tasks import TaskManager
 
-    from bosch_eval.model_defaults import model_defaults
+    from bosch_eval.models.model_defaults import model_defaults
     from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
     from bosch_eval.tasks import TASKS_DIR
 

@@ -35,14 +35,14 @@ from typing import Any
 
 import torch
 
-from bosch_eval.bench_cli import RANDOM_CONFIGS
-from bosch_eval.mask_sources import resolve_mask
+from bosch_eval.bench.cli import RANDOM_CONFIGS
+from bosch_eval.masks.head_mask import HeadMask, ModelShape
+from bosch_eval.masks.mask_sources import resolve_mask
 from bosch_eval.model_adapters.settings import AdapterSettings
-from bosch_eval.masks import HeadMask, ModelShape
-from bosch_eval.random_model import save_random_checkpoint
+from bosch_eval.models.random_model import save_random_checkpoint
+from bosch_eval.runtime.threads import apply_thread_policy
+from bosch_eval.runtime.versions import versions
 from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
-from bosch_eval.threads import apply_thread_policy
-from bosch_eval.versions import versions
 
 
 def model_path(name: str, work: Path, seq_len: int) -> str:

@@ -42,9 +42,9 @@ def load_model() -> tuple[Any, Any, str, int | None]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from bosch_eval.model_defaults import model_defaults
-    from bosch_eval.random_model import random_model, train_tokenizer
-    from bosch_eval.model_check import model_path
+    from bosch_eval.models.model_check import model_path
+    from bosch_eval.models.model_defaults import model_defaults
+    from bosch_eval.models.random_model import random_model, train_tokenizer
 
     try:
         path = model_path()

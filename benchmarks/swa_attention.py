@@ -13,7 +13,7 @@ The last two columns time compiled FlexAttention (the ``flex`` backend's kernel 
 block mask, built once per shape as in a model) on the same inputs: its time over full
 SDPA, and over the blocked kernel (below 1: flex is faster). The compile is done before
 timing (``--no-flex`` skips it). ``attn_backend=auto`` on CPU runs the faster of the two
-(``bosch_eval/swa_kernels/choice.py``). All kernels run interleaved in one process, so
+(``bosch_eval/attention/kernels/choice.py``). All kernels run interleaved in one process, so
 machine noise hits them alike; the median of the repeats is reported. Ratios only:
 absolute seconds on shared machines mean little.
 """
@@ -28,10 +28,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from bosch_eval.local_window import LocalWindow
-from bosch_eval.swa_kernels import flex
-from bosch_eval.swa_kernels.blocked import blocked_attention, default_block_size
-from bosch_eval.swa_kernels.flex_blocks import BlockMaskCache
+from bosch_eval.attention.kernels import flex
+from bosch_eval.attention.kernels.blocked import blocked_attention, default_block_size
+from bosch_eval.attention.kernels.flex_blocks import BlockMaskCache
+from bosch_eval.attention.local_window import LocalWindow
 
 
 def time_call(fn, repeats: int) -> list[float]:

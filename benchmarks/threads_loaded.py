@@ -1,5 +1,5 @@
 """Forward passes of the bundled toy model with 1 thread and with one per core, alone and
-beside a busy process: why ``bosch_eval.threads`` leaves one core free.
+beside a busy process: why ``bosch_eval.runtime.threads`` leaves one core free.
 
     python benchmarks/threads_loaded.py [--rounds 3] [--forwards 20] [--length 1024]
 
@@ -23,7 +23,7 @@ import sys
 CHILD = """
 import sys, time, torch
 from transformers import AutoModelForCausalLM
-from bosch_eval.model_check import model_path
+from bosch_eval.models.model_check import model_path
 model = AutoModelForCausalLM.from_pretrained(model_path("toy"), attn_implementation="sdpa").eval()
 ids = torch.randint(0, model.config.vocab_size, (1, {length}), generator=torch.Generator().manual_seed(0))
 with torch.inference_mode():

@@ -34,15 +34,15 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from bosch_eval.layer_heuristics import layer_heuristic_mask
-from bosch_eval.masks import HeadMask, HeadRanking, ModelShape, ceil_count
-from bosch_eval.model_defaults import model_defaults
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking, ModelShape, ceil_count
+from bosch_eval.masks.layer_heuristics import layer_heuristic_mask
+from bosch_eval.models.model_check import model_path
+from bosch_eval.models.model_defaults import model_defaults
+from bosch_eval.runtime.versions import versions
 from bosch_eval.search.importers import import_duo
 from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.rankers.driver import RankingInputs, compute_ranking
-from bosch_eval.model_check import model_path
-from bosch_eval.versions import versions
 
 HEURISTICS = {"rand": (0, 1, 2), "bme": (0,), "intr": (0,)}
 SEARCHED = ("bosch", "single")

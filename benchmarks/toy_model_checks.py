@@ -24,12 +24,12 @@ from typing import Any
 
 import lm_eval
 
-from bosch_eval.doc_selection import per_length_indices
-from bosch_eval.layer_heuristics import random_masks
-from bosch_eval.masks import HeadMask
-from bosch_eval.model_defaults import model_defaults
+from bosch_eval.masks.head_mask import HeadMask
+from bosch_eval.masks.layer_heuristics import random_masks
+from bosch_eval.models.model_defaults import model_defaults
+from bosch_eval.runtime.doc_selection import per_length_indices
+from bosch_eval.runtime.versions import versions
 from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
-from bosch_eval.versions import versions
 
 RULER_LENGTHS = (512, 1024)
 RULER_DOCS_PER_LENGTH = 500  # lm-eval's niah_utils generates this many per length

@@ -7,18 +7,18 @@ import sys
 from collections.abc import Sequence
 
 from bosch_eval.analyze.cli import add_analyze_parser
+from bosch_eval.bench.cli import add_bench_parser
 from bosch_eval.compare.cli import add_compare_parser
-from bosch_eval.bench_cli import add_bench_parser
 from bosch_eval.export_cli import add_export_parser
-from bosch_eval.errors import exit_status
-from bosch_eval.lm_eval_logs import quiet_per_length_warnings
 from bosch_eval.mask_cli import add_mask_parser
-from bosch_eval.model_check import model_aliases
+from bosch_eval.models.model_check import model_aliases
+from bosch_eval.runtime.errors import exit_status
+from bosch_eval.runtime.lm_eval_logs import quiet_per_length_warnings
+from bosch_eval.runtime.threads import apply_thread_policy
 from bosch_eval.search.calib_check_cli import add_calib_check_parser
 from bosch_eval.search.import_cli import add_import_parser
 from bosch_eval.search.rank_cli import add_rank_parser
 from bosch_eval.search.search_cli import add_search_parser
-from bosch_eval.threads import apply_thread_policy
 from bosch_eval.train.cli import add_train_parser
 
 # The bundled tasks and groups that no other bundled group contains, and what each is for
@@ -33,7 +33,7 @@ TASK_FAMILIES = {
 
 
 def _toy_model(args: argparse.Namespace) -> None:
-    from bosch_eval.model_check import resolve_model
+    from bosch_eval.models.model_check import resolve_model
 
     print(resolve_model(args.name))
 
@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
-    apply_thread_policy()  # before any command imports torch (bosch_eval.threads says why)
+    apply_thread_policy()  # before any command imports torch (bosch_eval.runtime.threads says why)
     quiet_per_length_warnings()  # compare and search build lm-eval tasks before any adapter exists
     return exit_status("bosch-eval", lambda: args.run(args))
 

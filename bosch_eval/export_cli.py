@@ -1,16 +1,16 @@
 """The ``bosch-eval export`` command: a mask as a plain transformers checkpoint, or as a
-``bosch-serving/1`` file for a serving engine (:mod:`bosch_eval.export`)."""
+``bosch-serving/1`` file for a serving engine (:mod:`bosch_eval.models.export`)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from bosch_eval.layer_heuristics import LAYER_HEURISTICS
-from bosch_eval.local_window import WINDOW_CONVENTIONS
-from bosch_eval.masks import HeadMask, MaskError, ModelShape, check_window
-from bosch_eval.model_check import model_config, resolve_model
-from bosch_eval.model_defaults import model_defaults
+from bosch_eval.attention.local_window import WINDOW_CONVENTIONS
+from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape, check_window
+from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS
+from bosch_eval.models.model_check import model_config, resolve_model
+from bosch_eval.models.model_defaults import model_defaults
 
 TARGETS = ("transformers", "serving")
 
@@ -18,8 +18,8 @@ TARGETS = ("transformers", "serving")
 def _mask(args: argparse.Namespace) -> tuple[HeadMask, str]:
     """The mask asked for: --mask, --ranking/--layers with --ratio, or the one a hybrid
     checkpoint (--model) embeds."""
-    from bosch_eval.checkpoint import CONFIG_FIELD, saved_mask  # transformers: not for --help
-    from bosch_eval.mask_sources import resolve_mask
+    from bosch_eval.masks.mask_sources import resolve_mask
+    from bosch_eval.models.checkpoint import CONFIG_FIELD, saved_mask  # transformers: not for --help
 
     if args.model is None:
         if args.mask is None:
@@ -51,7 +51,7 @@ def _mask(args: argparse.Namespace) -> tuple[HeadMask, str]:
 
 
 def _export(args: argparse.Namespace) -> None:
-    from bosch_eval.export import ExportError, export_transformers, write_serving  # torch: not for --help
+    from bosch_eval.models.export import ExportError, export_transformers, write_serving  # torch: not for --help
 
     mask, source = _mask(args)
     if mask.model is None and args.model is not None:

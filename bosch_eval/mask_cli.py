@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bosch_eval.masks import HeadMask, HeadRanking, MaskError
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError
 
 FULL, SWA = "█", "·"
 

@@ -5,7 +5,7 @@
 # ranking (APL) and a layer heuristic (INTR), on held-out NIAH tasks and on the calibration
 # task (in-sample for BOSCH), with KV-cache bytes and paired 95% CIs against the original.
 # Usage: examples/quickstart.sh [OUT_DIR]   (default: quickstart; an existing search resumes)
-# Threads: each command uses one less than the cores it may use (bosch_eval/threads.py), so a
+# Threads: each command uses one less than the cores it may use (bosch_eval/runtime/threads.py), so a
 # busy machine does not slow it down tenfold; OMP_NUM_THREADS=N overrides.
 set -euo pipefail
 out="${1:-quickstart}"

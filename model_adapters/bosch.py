@@ -9,7 +9,7 @@ model_args (besides everything HFLM accepts):
 * ``layers=intr|bme|rand,ratio=R[,seed=S]``: a layer heuristic (``seed`` for ``rand``);
 * ``window=W``: overrides the window stored in the mask or ranking;
 * ``sink=S``: attention-sink positions every SWA query also sees besides its window
-  (overrides the mask's own ``sinks``; default 0, :mod:`bosch_eval.local_window`);
+  (overrides the mask's own ``sinks``; default 0, :mod:`bosch_eval.attention.local_window`);
 * ``attn_backend=auto|sdpa|blocked|flash_attention_2``;
 * ``kv_cache=hybrid|dynamic``: generation keeps only ``W − 1`` positions for SWA groups
   (``hybrid``, default) or every position (``dynamic``, transformers' default cache);
@@ -18,12 +18,12 @@ model_args (besides everything HFLM accepts):
 * ``progress_bars=False``: no per-call request bars (the search turns them off: its own
   bar counts objective calls).
 * ``prefix_cache_mb=N``: a prefix-activation cache of at most N MB for the search
-  (:mod:`bosch_eval.prefix_cache`; used only once told which layers vary, 0 = none).
+  (:mod:`bosch_eval.caches.prefix_cache`; used only once told which layers vary, 0 = none).
 * ``rope_scaling=yarn,rope_factor=F[,rope_original_max_positions=N]``: YaRN context
-  extension set on the config before the model is built (``bosch_eval.rope_scaling``).
+  extension set on the config before the model is built (``bosch_eval.models.rope_scaling``).
 * ``mask=full``: no head mask (every group full attention), e.g. for a KV-quantized original;
 * ``kv_quant=logquant|kivi|none,kv_bits=2|4,kv_window=W_lq[,kv_group_size=G]``: quantize the
-  full-attention groups' KV cache (:mod:`bosch_eval.kv_quant`). Loglikelihood requests are
+  full-attention groups' KV cache (:mod:`bosch_eval.caches.kv_quant`). Loglikelihood requests are
   then scored as served: prefill(context) at full precision → compress → the continuation
   through the compressed cache (``compressed_scoring``); generation uses the same cache.
   Perplexity (``loglikelihood_rolling``) is refused with ``kv_quant``: each window would be
@@ -37,10 +37,10 @@ model_args (besides everything HFLM accepts):
   reports earlier tasks too, so read your task's key), and ``bosch_allow_truncation``.
 
 ``device``: none given (or ``auto``) picks CUDA when torch sees it, else the CPU, and says
-which (:func:`bosch_eval.device.pick_device`); a device that does not exist is an error.
+which (:func:`bosch_eval.runtime.device.pick_device`); a device that does not exist is an error.
 
 Under ``accelerate launch --num_processes N`` (GPUs or ``--cpu``, one node or many) each
-process scores its 1/N of the requests; see :func:`bosch_eval.launch.shard_over_processes`.
+process scores its 1/N of the requests; see :func:`bosch_eval.runtime.launch.shard_over_processes`.
 
 Every other key is refused before anything loads, naming the nearest valid key
 (:mod:`bosch_eval.model_adapters.loader_args`); values are converted once into
@@ -65,26 +65,26 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from bosch_eval.checkpoint import saved_kv_quant, saved_mask, set_saved_kv_quant
-from bosch_eval.device import pick_device
-from bosch_eval.errors import SettingsError
-from bosch_eval.hybrid_attention import HybridAttention, hybridize
-from bosch_eval.hybrid_cache import HybridCache
-from bosch_eval.kv_quant.config import KVQuantConfig, parse_kv_quant
-from bosch_eval.launch import join_cpu_processes, shard_over_processes
-from bosch_eval.lm_eval_logs import quiet_per_length_warnings
-from bosch_eval.mask_sources import resolve_mask
-from bosch_eval.masks import HeadMask, MaskError, ModelShape
+from bosch_eval.attention.hybrid_attention import HybridAttention, hybridize
+from bosch_eval.caches.hybrid_cache import HybridCache
+from bosch_eval.caches.kv_quant.config import KVQuantConfig, parse_kv_quant
+from bosch_eval.caches.prefix_cache import PrefixActivations
+from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
+from bosch_eval.masks.mask_sources import resolve_mask
 from bosch_eval.model_adapters.compressed_scoring import CompressedScoring
 from bosch_eval.model_adapters.loader_args import adapter_settings, hflm_parameters
 from bosch_eval.model_adapters.scoring import ContinuationScorer, ForwardLogits, PrefixCachedLogits
 from bosch_eval.model_adapters.settings import AdapterSettings
 from bosch_eval.model_adapters.truncation import TruncationPolicy, over_long_contexts, over_long_pairs
-from bosch_eval.model_check import ModelError, check_causal_decoder, model_config, resolve_model
-from bosch_eval.model_defaults import model_defaults, resolve_window
-from bosch_eval.prefix_cache import PrefixActivations
-from bosch_eval.threads import apply_thread_policy
-from bosch_eval.transformers_compat import cache_argument
+from bosch_eval.models.checkpoint import saved_kv_quant, saved_mask, set_saved_kv_quant
+from bosch_eval.models.model_check import ModelError, check_causal_decoder, model_config, resolve_model
+from bosch_eval.models.model_defaults import model_defaults, resolve_window
+from bosch_eval.models.transformers_compat import cache_argument
+from bosch_eval.runtime.device import pick_device
+from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.launch import join_cpu_processes, shard_over_processes
+from bosch_eval.runtime.lm_eval_logs import quiet_per_length_warnings
+from bosch_eval.runtime.threads import apply_thread_policy
 
 # What lm-eval 0.4.13's CLI passes when --device is not given (EvaluatorConfig's default);
 # HFLM falls back to the CPU for it when no GPU exists, and so do we.
@@ -141,7 +141,7 @@ def _load_device(requested: str | None) -> str:
 def _rope_config(pretrained: str | torch.nn.Module, settings: AdapterSettings, loader_args: dict[str, Any]) -> Any:
     """A YaRN-scaled config for HFLM's ``from_pretrained`` (the rotary embedding is built from
     the config when the model is constructed), or None without ``rope_scaling``."""
-    from bosch_eval.rope_scaling import scaled_config
+    from bosch_eval.models.rope_scaling import scaled_config
 
     if settings.rope_scaling is None:
         return None
@@ -167,7 +167,7 @@ class BoschLM(HFLM):
         settings, loader_args = adapter_settings(model_args)
         self.settings = settings
         quiet_per_length_warnings()  # RULER-style tasks' per-length metrics, expected (see the module)
-        apply_thread_policy()  # lm_eval --model bosch: torch is loaded, its thread count set here (bosch_eval.threads)
+        apply_thread_policy()  # lm_eval --model bosch: torch is loaded, its thread count set here (bosch_eval.runtime.threads)
         if isinstance(pretrained, str):
             pretrained = resolve_model(pretrained)  # "toy": the bundled model; a missing model fails here
             # Mask, ranking, window and kv_quant errors from the config alone, before minutes of weight loading.

@@ -25,10 +25,10 @@ import torch
 from lm_eval.api.instance import Instance
 from transformers.cache_utils import Cache
 
-from bosch_eval.hybrid_cache import HybridCache
-from bosch_eval.kv_quant.config import KVQuantConfig
-from bosch_eval.model_check import ModelError
-from bosch_eval.transformers_compat import cache_argument
+from bosch_eval.caches.hybrid_cache import HybridCache
+from bosch_eval.caches.kv_quant.config import KVQuantConfig
+from bosch_eval.models.model_check import ModelError
+from bosch_eval.models.transformers_compat import cache_argument
 
 
 def continuation_logits_through_cache(

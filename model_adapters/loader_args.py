@@ -20,8 +20,8 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from bosch_eval.errors import SettingsError
 from bosch_eval.model_adapters.settings import AdapterSettings
+from bosch_eval.runtime.errors import SettingsError
 
 # Set by the search from its own flags, or by the search itself (a mask per call).
 RESERVED = {

@@ -23,9 +23,9 @@ from lm_eval.models.utils import Collator
 from lm_eval.models.utils_hf import pad_and_concat
 from tqdm import tqdm
 
-from bosch_eval.hybrid_spec import HybridSpec
+from bosch_eval.attention.hybrid_spec import HybridSpec
+from bosch_eval.caches.prefix_cache import PrefixActivations
 from bosch_eval.model_adapters.continuation_logits import logits_at, scored_positions
-from bosch_eval.prefix_cache import PrefixActivations
 
 # ((context, continuation) strings, context ids, continuation ids): what HFLM's loop receives.
 Request = tuple[tuple[str, str], list[int], list[int]]

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.errors import SettingsError
-from bosch_eval.masks import HeadMask, HeadRanking, check_ratio, check_sinks, check_window
-from bosch_eval.rope_scaling import check_rope_args
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking, check_ratio, check_sinks, check_window
+from bosch_eval.models.rope_scaling import check_rope_args
+from bosch_eval.runtime.errors import SettingsError
 
 KV_CACHES = ("hybrid", "dynamic")
 # Field metadata: the field chooses the head mask, so it can be swapped in place on a loaded
@@ -134,7 +134,7 @@ class AdapterSettings:
         return tuple(spec.name for spec in fields(cls) if spec.metadata[MASK_SOURCE])
 
     def mask_sources(self) -> dict[str, Any]:
-        """The mask-source fields, as :func:`bosch_eval.mask_sources.resolve_mask` takes them."""
+        """The mask-source fields, as :func:`bosch_eval.masks.mask_sources.resolve_mask` takes them."""
         return {name: getattr(self, name) for name in self.mask_source_names()}
 
 

@@ -23,16 +23,17 @@ from typing import Any
 
 from accelerate import PartialState
 
-from bosch_eval.device import pick_device
-from bosch_eval.launch import launch_state, on_main_then_everywhere
-from bosch_eval.masks import HeadMask, ModelShape, uniform_bit
-from bosch_eval.model_check import IGNORE_FLAG, check_length, model_config, resolve_model
-from bosch_eval.model_defaults import model_defaults, resolve_window
-from bosch_eval.model_identity import model_identity, portable_name
-from bosch_eval.outdir_lock import OutputLock
-from bosch_eval.previous_results import keep_aside
-from bosch_eval.search.journal import Journal, JournalError, refuse_other_settings
+from bosch_eval.masks.head_mask import HeadMask, ModelShape, uniform_bit
+from bosch_eval.models.model_check import IGNORE_FLAG, check_length, model_config, resolve_model
+from bosch_eval.models.model_defaults import model_defaults, resolve_window
+from bosch_eval.models.model_identity import model_identity, portable_name
+from bosch_eval.runtime.device import pick_device
+from bosch_eval.runtime.launch import launch_state, on_main_then_everywhere
+from bosch_eval.runtime.outdir_lock import OutputLock
+from bosch_eval.runtime.previous_results import keep_aside
+from bosch_eval.runtime.versions import versions
 from bosch_eval.search.defaults import DEFAULT_CALIB_LEN, DEFAULT_CALIB_TASK, DEFAULT_PREFIX_CACHE_MB
+from bosch_eval.search.journal import Journal, JournalError, refuse_other_settings
 from bosch_eval.search.objective import CalibrationObjective
 from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.search.pipeline import Resumed, SearchResult, SearchSettings, run_search, validate_for_shape
@@ -40,7 +41,6 @@ from bosch_eval.search.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound
 from bosch_eval.search.report import render_report
 from bosch_eval.search.score_book import ScoreBook
 from bosch_eval.search.scoring import Anchors, SearchError
-from bosch_eval.versions import versions
 
 log = logging.getLogger("bosch_eval.search")
 VERSIONED_PACKAGES = ("python", "bosch-eval", "torch", "transformers", "lm_eval", "accelerate", "PyNomadBBO")
@@ -167,7 +167,7 @@ def journal_header(
     model: str, path: str, window: int, calibration: Mapping[str, Any], settings: Mapping[str, Any], model_args: Mapping[str, Any] | None
 ) -> dict[str, Any]:
     """What the journal pins: the model by its name (a bundled model's alias, wherever the
-    checkout lies) and identity (:func:`bosch_eval.model_identity.model_identity`), the
+    checkout lies) and identity (:func:`bosch_eval.models.model_identity.model_identity`), the
     window, the calibration and the search settings (:meth:`SearchSettings.pinned_json`)."""
     header = {
         "model": portable_name(model),

@@ -39,8 +39,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bosch_eval.layer_heuristics import LAYER_HEURISTICS, layer_heuristic_mask
-from bosch_eval.masks import HeadMask, HeadRanking, ModelShape, ceil_count
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking, ModelShape, ceil_count
+from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS, layer_heuristic_mask
 
 SOLVABLE = 0.8
 SATURATED_SHARE = 0.25

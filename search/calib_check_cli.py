@@ -19,9 +19,9 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bosch_eval.errors import BoschError
+from bosch_eval.runtime.errors import BoschError
+from bosch_eval.runtime.versions import versions
 from bosch_eval.search.defaults import DEFAULT_CALIB_TASK
-from bosch_eval.versions import versions
 
 if TYPE_CHECKING:
     from bosch_eval.search.calib_check import PanelMask, RatioSummary
@@ -86,8 +86,8 @@ def add_calib_check_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run_from_args(args: argparse.Namespace) -> None:
-    from bosch_eval.masks import HeadMask, HeadRanking, check_ratio
-    from bosch_eval.outdir_lock import OutputLock
+    from bosch_eval.masks.head_mask import HeadMask, HeadRanking, check_ratio
+    from bosch_eval.runtime.outdir_lock import OutputLock
     from bosch_eval.search.calib_check import build_panel
     from bosch_eval.search.objective import CalibrationObjective
     from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
@@ -121,7 +121,7 @@ def run_from_args(args: argparse.Namespace) -> None:
 def check_settings(args: argparse.Namespace, rankings: list[tuple[str, str]], masks: list[tuple[str, str]]) -> dict[str, Any]:
     """What decides the check's scores, pinned in ``settings.json``: the model by its name (a
     bundled model's alias, wherever the checkout lies), ranking and mask files by content."""
-    from bosch_eval.model_identity import file_digest, portable_name
+    from bosch_eval.models.model_identity import file_digest, portable_name
 
     settings = {key: getattr(args, key) for key in (
         "calib", "calib_metadata", "dev", "dev_metadata", "ratios", "random", "window", "calib_len", "calib_examples")}  # fmt: skip
@@ -209,7 +209,7 @@ def _pin_settings(out: Path, settings: dict[str, Any], new_settings: bool, check
     them, unless ``new_settings``: then the old check's files move to ``out/previous/``.
     ``check_only``: refuse, but move and write nothing (before the model loads: settings are
     pinned only once the tasks and masks are known to be good)."""
-    from bosch_eval.previous_results import keep_aside
+    from bosch_eval.runtime.previous_results import keep_aside
 
     path = out / "settings.json"
     pinned = _comparable(json.loads(path.read_text())) if path.is_file() else None
@@ -233,7 +233,7 @@ def _comparable(pinned: dict[str, Any]) -> dict[str, Any]:
     """Pinned settings as this version writes them: a bundled model's path becomes its alias,
     and files an older bosch-eval pinned as ``NAME=PATH`` are read where they were named
     (one that is gone cannot match)."""
-    from bosch_eval.model_identity import file_digest, portable_name
+    from bosch_eval.models.model_identity import file_digest, portable_name
 
     pinned = dict(pinned)
     if isinstance(pinned.get("model"), str):

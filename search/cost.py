@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bosch_eval.masks import ModelShape, ceil_count, uniform_bit
+from bosch_eval.masks.head_mask import ModelShape, ceil_count, uniform_bit
 from bosch_eval.search.stage2 import _bucket_counts, default_buckets
 from bosch_eval.search.stages import _chunks, expected_evaluations, expected_method, quota_blocks
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bosch_eval.masks import HeadMask
+from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.search.importers import IMPORTERS, UPSTREAM, import_pattern, model_shape
 
 
@@ -48,7 +48,7 @@ def add_import_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def import_main(args: argparse.Namespace) -> None:
-    """Run ``bosch-eval import``; raises a :class:`~bosch_eval.errors.BoschError` on any bad input."""
+    """Run ``bosch-eval import``; raises a :class:`~bosch_eval.runtime.errors.BoschError` on any bad input."""
     shape = model_shape(args.model)
     result = import_pattern(args.format, args.file, shape, model=args.model, window=args.window)
     result.save(args.out)

@@ -67,7 +67,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape, check_window
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError, ModelShape, check_window
 
 Grid = list[list[float]]
 
@@ -342,7 +342,7 @@ def import_pattern(
 def model_shape(model: str) -> ModelShape:
     """L, H, G of a Hugging Face model id or local path (``toy``: the bundled model), from
     its config only (no weights)."""
-    from bosch_eval.model_check import model_config, resolve_model
+    from bosch_eval.models.model_check import model_config, resolve_model
 
     return ModelShape.from_config(model_config(resolve_model(model)))
 

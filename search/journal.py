@@ -54,7 +54,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.errors import BoschError
+from bosch_eval.runtime.errors import BoschError
 
 JOURNAL_FORMAT = "bosch-journal/1"
 # How every journal file begins (what json.dumps writes for the header line).

@@ -26,7 +26,7 @@ task sets none, and the few-shot sampler is reseeded to ``simple_evaluate``'s de
   first mask's scores for every later mask;
 * ``bootstrap_iters=0``, ``log_samples=False``;
 * the global ``random``, ``numpy`` and ``torch`` (CPU and CUDA) generator states are saved
-  and restored around every call (:mod:`bosch_eval.lm_eval_session` holds these patches).
+  and restored around every call (:mod:`bosch_eval.runtime.lm_eval_session` holds these patches).
   ``evaluate`` itself draws from none of them (checked on 0.4.13 with ``bosch_niah_calib``);
   a user's task may, and the search must not notice;
 * tokenization is remembered by the adapter (``BoschLM.memoize_tokens``).
@@ -34,7 +34,7 @@ task sets none, and the few-shot sampler is reseeded to ``simple_evaluate``'s de
 Data parallelism: under ``accelerate launch --num_processes N`` every process calls the
 objective with the same mask; the adapter gives each process 1/N of the documents,
 lm-eval gathers the per-example metrics on process 0, and process 0's score is
-broadcast (:func:`bosch_eval.launch.on_main_then_everywhere`), so every process returns
+broadcast (:func:`bosch_eval.runtime.launch.on_main_then_everywhere`), so every process returns
 the same float (and every optimizer takes the same step). For a zero-shot task such as
 ``bosch_niah_calib`` and a mean metric over 0/1 values (``acc``) the score is exactly the
 one-process score. Two lm-eval behaviours keep other calibrations from that exactness:
@@ -55,7 +55,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bosch_eval.lm_eval_session import (
+from bosch_eval.masks.head_mask import HeadMask, ModelShape
+from bosch_eval.models.model_identity import portable_name
+from bosch_eval.runtime.launch import on_main_then_everywhere
+from bosch_eval.runtime.lm_eval_session import (
     FEWSHOT_SEED,
     LmEvalError,
     global_rng_kept,
@@ -68,9 +71,6 @@ from bosch_eval.lm_eval_session import (
     task_manager,
     templates_compiled_once,
 )
-from bosch_eval.launch import on_main_then_everywhere
-from bosch_eval.masks import HeadMask, ModelShape
-from bosch_eval.model_identity import portable_name
 from bosch_eval.search.defaults import DEFAULT_CALIB_TASK
 from bosch_eval.search.objective_racing import ObjectiveRacing
 
@@ -300,7 +300,7 @@ class CalibrationObjective(ObjectiveRacing):
 # -- helpers ------------------------------------------------------------------------------
 def _portable(value: Any) -> Any:
     """A bundled model's directory, or a packaged GGUF's converted checkpoint, as its alias
-    (:func:`bosch_eval.model_identity.portable_name`): a journal written in one checkout or
+    (:func:`bosch_eval.models.model_identity.portable_name`): a journal written in one checkout or
     cache then resumes in another (the directory differs, the model does not)."""
     return portable_name(value) if isinstance(value, str) else value
 

@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bosch_eval.launch import launch_state
-from bosch_eval.model_check import IGNORE_METADATA, resolve_model
-from bosch_eval.model_defaults import model_defaults, resolve_window
+from bosch_eval.models.model_check import IGNORE_METADATA, resolve_model
+from bosch_eval.models.model_defaults import model_defaults, resolve_window
+from bosch_eval.runtime.launch import launch_state
 from bosch_eval.search.defaults import DEFAULT_CALIB_EXAMPLES, DEFAULT_CALIB_LEN
 from bosch_eval.search.objective import DEFAULT_TASKS, CalibrationObjective
 
@@ -62,7 +62,7 @@ class LoadSettings:
     Attributes:
         window: the SWA window of every scored mask (default: ``bosch_defaults.json``).
         device: ``cpu`` or ``cuda`` (under ``accelerate launch``: each process's device);
-            None: cuda when torch sees a GPU, else cpu (:func:`bosch_eval.device.pick_device`).
+            None: cuda when torch sees a GPU, else cpu (:func:`bosch_eval.runtime.device.pick_device`).
         batch_size: lm-eval batch size of one call.
         dtype: model dtype (default: the checkpoint's).
         attn_backend: hybrid attention backend.
@@ -89,8 +89,8 @@ def build_objective(
         calibration: the task(s) and calibration set S(z) is measured on.
         load: how the model is loaded and run.
     """
-    from bosch_eval.device import pick_device
     from bosch_eval.model_adapters.bosch import BoschLM
+    from bosch_eval.runtime.device import pick_device
 
     device = pick_device(load.device, "device")
     launch_state(device)

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from bosch_eval.launch import alone
-from bosch_eval.lm_eval_session import LmEvalError as ObjectiveError
-from bosch_eval.masks import HeadMask
+from bosch_eval.masks.head_mask import HeadMask
+from bosch_eval.runtime.launch import alone
+from bosch_eval.runtime.lm_eval_session import LmEvalError as ObjectiveError
 from bosch_eval.search.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound, Racer, Tally
 
 

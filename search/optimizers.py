@@ -47,7 +47,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from bosch_eval.registry import Registry
+from bosch_eval.runtime.registry import Registry
 from bosch_eval.search.nomad_process import run_nomad_isolated
 
 Point = tuple[int, ...]

@@ -20,14 +20,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bosch_eval.masks import HeadMask, ModelShape, ceil_count, check_ratio
-from bosch_eval.registry import Registry
+from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count, check_ratio
+from bosch_eval.runtime.registry import Registry
 from bosch_eval.search.journal import Journal
 from bosch_eval.search.optimizers import NOMAD_MAX_VARIABLES, optimizer_methods
 from bosch_eval.search.saturation import stage1_saturation
+from bosch_eval.search.score_book import ScoreBook
 from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, SearchError
 from bosch_eval.search.stage2 import Stage2Result, assign_layer_ratios, default_buckets
-from bosch_eval.search.score_book import ScoreBook
 from bosch_eval.search.stages import (
     QUOTAS,
     StageOutcome,

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.errors import SettingsError
+from bosch_eval.runtime.errors import SettingsError
 from bosch_eval.search.rankers import RANKERS
 from bosch_eval.tasks.niah.calibration_sets import CALIBRATION_SETS, DEFAULT_CALIBRATION
 
@@ -107,13 +107,13 @@ def method_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def rank_main(args: argparse.Namespace) -> None:
-    """Run ``bosch-eval rank``; raises a :class:`~bosch_eval.errors.BoschError` on any bad input."""
+    """Run ``bosch-eval rank``; raises a :class:`~bosch_eval.runtime.errors.BoschError` on any bad input."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from bosch_eval.device import pick_device
-    from bosch_eval.model_check import check_length, model_config, resolve_model
-    from bosch_eval.model_defaults import model_defaults, resolve_window
+    from bosch_eval.models.model_check import check_length, model_config, resolve_model
+    from bosch_eval.models.model_defaults import model_defaults, resolve_window
+    from bosch_eval.runtime.device import pick_device
     from bosch_eval.search.rankers.driver import RankingCompute, RankingInputs, compute_ranking
     from bosch_eval.tasks.niah.haystack import TemplateTooLong
 

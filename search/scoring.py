@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bosch_eval.errors import BoschError
+from bosch_eval.runtime.errors import BoschError
 
 DEFAULT_ALPHA = 100.0
 DEFAULT_GAMMA = 0.2

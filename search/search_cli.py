@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 # Only what the flags show: the search itself (torch, lm-eval, accelerate) is imported by
 # run_from_args, so that `--help` prints at once.
-from bosch_eval.model_check import IGNORE_FLAG
+from bosch_eval.models.model_check import IGNORE_FLAG
 from bosch_eval.search.defaults import DEFAULT_CALIB_TASK, DEFAULT_PREFIX_CACHE_MB
 from bosch_eval.search.optimizers import optimizer_methods
 from bosch_eval.search.pipeline import VARIANTS, SearchSettings
@@ -212,8 +212,8 @@ def render_estimate(model: str, settings: SearchSettings, seconds_per_call: floa
     Raises:
         SearchError: a time that is not positive, or settings that do not fit the model.
     """
-    from bosch_eval.masks import ModelShape, ceil_count
-    from bosch_eval.model_check import model_config, resolve_model
+    from bosch_eval.masks.head_mask import ModelShape, ceil_count
+    from bosch_eval.models.model_check import model_config, resolve_model
     from bosch_eval.search.cost import estimate_calls
     from bosch_eval.search.pipeline import validate_for_shape
 

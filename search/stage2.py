@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 
-from bosch_eval.masks import ceil_count, check_ratio
+from bosch_eval.masks.head_mask import ceil_count, check_ratio
 
 DEFAULT_BUCKETS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 DEFAULT_PERCENTILES: tuple[float, float] = (2.5, 97.5)

@@ -41,7 +41,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from bosch_eval.masks import HeadMask, ModelShape, ceil_count, uniform_bit
+from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count, uniform_bit
 from bosch_eval.search.journal import mask_key
 from bosch_eval.search.optimizers import Bound, Cutoff, SubProblem, choose_method, minimize
 from bosch_eval.search.racing import RaceBound

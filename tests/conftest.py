@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bosch_eval.random_model import save_random_checkpoint
+from bosch_eval.models.random_model import save_random_checkpoint
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from lm_eval.api.instance import Instance
 
-from bosch_eval.masks import HeadMask, ModelShape
+from bosch_eval.masks.head_mask import HeadMask, ModelShape
 from bosch_eval.search.journal import mask_key
 from bosch_eval.search.racing import Racer, Tally
 
@@ -96,7 +96,7 @@ def reference_logits(model, mask: HeadMask, ids, attention, grad: bool = False) 
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    from bosch_eval.hybrid_attention import attention_modules
+    from bosch_eval.attention.hybrid_attention import attention_modules
 
     AttentionInterface.register(REFERENCE, dense_band_reference)
     # sdpa_mask without its causal-skip shortcut: the reference always gets an explicit mask.

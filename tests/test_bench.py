@@ -11,13 +11,13 @@ import torch
 from transformers import DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-import bosch_eval.bench as bench
-from bosch_eval.bench import BenchRow, Measurement, balanced_mask, peak_memory, ratio_table, run_bench, speedups, stopwatch
-from bosch_eval.hybrid_attention import hybridize
-from bosch_eval.hybrid_cache import HybridCache
+import bosch_eval.bench.runner as bench
+from bosch_eval.attention.hybrid_attention import hybridize
+from bosch_eval.bench.runner import BenchRow, Measurement, balanced_mask, peak_memory, ratio_table, run_bench, speedups, stopwatch
+from bosch_eval.caches.hybrid_cache import HybridCache
 from bosch_eval.cli import main
-from bosch_eval.masks import ModelShape
-from bosch_eval.random_model import random_model
+from bosch_eval.masks.head_mask import ModelShape
+from bosch_eval.models.random_model import random_model
 
 
 def test_balanced_mask_spreads_swa_groups_over_layers():
@@ -70,7 +70,7 @@ def test_cli_backend_and_no_profile(tmp_path):
 
 
 def test_cli_refuses_bad_settings_before_loading_the_weights(tmp_path, capsys):
-    with mock.patch("bosch_eval.bench_cli._bench_model", side_effect=AssertionError("loaded the weights")):
+    with mock.patch("bosch_eval.bench.cli._bench_model", side_effect=AssertionError("loaded the weights")):
         assert main(["bench", "--model", "random:attn-heavy", "--backend", "fast", "--out", str(tmp_path)]) == 2
         assert "--backend: expected one of ['auto', 'sdpa', 'blocked', 'flex'" in capsys.readouterr().err
         assert main(["bench", "--model", "random:attn-heavy", "--backend", "flash_attention_2", "--device", "cpu", "--out", str(tmp_path)]) == 2
@@ -224,7 +224,7 @@ def test_tensor_memory_peak_counts_live_tensors_only():
 
 
 def test_decode_peak_holds_the_cache_and_sees_quantization_shrink_it():
-    from bosch_eval.kv_quant.config import KVQuantConfig
+    from bosch_eval.caches.kv_quant.config import KVQuantConfig
 
     model = random_model("qwen3", num_layers=4)
     ids = torch.randint(0, model.config.vocab_size, (1, 512), generator=torch.Generator().manual_seed(0))

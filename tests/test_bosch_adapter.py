@@ -18,13 +18,13 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.tasks import TaskManager
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from bosch_eval.device import DeviceError
-from bosch_eval.errors import SettingsError
-from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError, ModelShape
 from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.model_adapters.continuation_logits import logits_at, scored_positions
-from bosch_eval.model_check import ModelError
-from bosch_eval.random_model import random_model
+from bosch_eval.models.model_check import ModelError
+from bosch_eval.models.random_model import random_model
+from bosch_eval.runtime.device import DeviceError
+from bosch_eval.runtime.errors import SettingsError
 from tests.helpers import generation_requests, requests
 
 FIXTURE_TASKS = Path(__file__).parent / "fixtures" / "tasks"
@@ -241,7 +241,7 @@ def test_stock_lm_eval_cli_bosch_equals_hf_per_sample(tiny_model_dir, tmp_path):
 
 class TestDevice:
     def test_no_device_given_picks_one_that_exists(self, tiny_model_dir):
-        from bosch_eval.device import default_device
+        from bosch_eval.runtime.device import default_device
 
         lm = BoschLM(pretrained=str(tiny_model_dir), mask="full")  # HFLM's own default would be "cuda"
         assert lm.device.type == default_device()
@@ -252,7 +252,7 @@ class TestDevice:
         assert lm.device.type == "cpu"
 
     def test_cuda_without_cuda_is_an_error_before_loading(self, tiny_model_dir):
-        from bosch_eval import device as device_module
+        from bosch_eval.runtime import device as device_module
 
         with mock.patch.object(device_module, "_cuda_problem", return_value="no CUDA here"):
             with pytest.raises(DeviceError, match=r"device 'cuda': no CUDA here; use device cpu"):

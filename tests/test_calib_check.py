@@ -12,7 +12,7 @@ import pytest
 from scipy.stats import spearmanr
 
 from bosch_eval.cli import main
-from bosch_eval.masks import HeadMask, HeadRanking, ModelShape
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking, ModelShape
 from bosch_eval.search.calib_check import bootstrap_ci, build_panel, layer_drops, spearman, summarize
 from bosch_eval.search.calib_check_cli import CalibCheckError, score_panel
 

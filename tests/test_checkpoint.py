@@ -8,11 +8,11 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from bosch_eval.checkpoint import load_hybrid_model
-from bosch_eval.hybrid_attention import hybrid_state, hybridize
-from bosch_eval.masks import HeadMask, MaskError
+from bosch_eval.attention.hybrid_attention import hybrid_state, hybridize
+from bosch_eval.masks.head_mask import HeadMask, MaskError
 from bosch_eval.model_adapters.bosch import BoschLM
-from bosch_eval.random_model import random_model
+from bosch_eval.models.checkpoint import load_hybrid_model
+from bosch_eval.models.random_model import random_model
 
 ROWS = [[0, 1, 0, 1], [0, 0, 0, 0], [1, 1, 1, 0]]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bosch_eval.cli import main
-from bosch_eval.masks import HeadMask, HeadRanking
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking
 
 
 @pytest.fixture

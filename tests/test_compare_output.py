@@ -16,7 +16,7 @@ from bosch_eval.compare.entries import parse_entry
 from bosch_eval.compare.leaderboard import Cell, EntryRuns, Row, build_rows, pareto_labels, plot_pareto, write_leaderboard
 from bosch_eval.compare.results import RunResults, read_run
 from bosch_eval.compare.spec import build_spec
-from bosch_eval.masks import HeadMask
+from bosch_eval.masks.head_mask import HeadMask
 
 INFO = {"documents": 4, "longest_input_tokens": 391, "max_length": 256}
 HEADER = {"command": "bosch-eval compare ...", "versions": {}, "reference": "original", "kv_length": 4}
@@ -93,7 +93,7 @@ def test_a_truncated_task_is_marked_in_the_leaderboard(tmp_path, capsys):
 def test_compare_shows_its_own_bar_only_and_the_device_line_before_it(tmp_path, monkeypatch, capfd):
     import tqdm
 
-    from bosch_eval import device
+    from bosch_eval.runtime import device
 
     events: list[str] = []
     monkeypatch.setattr(device, "_say_picked", lambda picked, reason: events.append("device line"))

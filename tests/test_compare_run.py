@@ -110,7 +110,7 @@ def test_unknown_task_is_an_error(tmp_path, capsys):
 
 
 def test_mask_for_another_model_is_an_error(tmp_path, capsys):
-    from bosch_eval.masks import HeadMask
+    from bosch_eval.masks.head_mask import HeadMask
 
     other = tmp_path / "other.json"
     HeadMask.from_rows([[0, 1]] * 2, 2, window=8).save(other)  # 2 layers × 2 groups; toy has 4 × 4
@@ -130,8 +130,8 @@ def test_a_run_whose_inputs_changed_is_refused_unless_asked_and_then_kept_aside(
     # same directory: --resume must neither keep the old rows nor silently replace them.
     import shutil
 
-    from bosch_eval.masks import HeadMask
-    from bosch_eval.model_check import resolve_model
+    from bosch_eval.masks.head_mask import HeadMask
+    from bosch_eval.models.model_check import resolve_model
 
     mask, model, out = tmp_path / "mask.json", tmp_path / "model", tmp_path / "cmp"
     shutil.copy(MASK, mask)

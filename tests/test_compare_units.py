@@ -10,19 +10,19 @@ import numpy as np
 import pytest
 import torch
 
+from bosch_eval.attention.hybrid_attention import hybridize
+from bosch_eval.caches.hybrid_cache import HybridCache, kv_cache_bytes
+from bosch_eval.caches.kv_quant.config import parse_kv_quant
+from bosch_eval.caches.kv_quant.formula import kv_cache_bytes_formula
 from bosch_eval.compare.entries import EntryError, parse_entry
 from bosch_eval.compare.kv_bytes import entry_kv_bytes, relative_kv_bytes
-from bosch_eval.kv_quant.config import parse_kv_quant
-from bosch_eval.kv_quant.formula import kv_cache_bytes_formula
 from bosch_eval.compare.leaderboard import EntryRuns, build_rows
 from bosch_eval.compare.paired_ci import paired_bootstrap_ci
 from bosch_eval.compare.results import RunResults, main_score
 from bosch_eval.compare.spec import load_spec
-from bosch_eval.doc_selection import limited_indices, per_length_indices
-from bosch_eval.hybrid_attention import hybridize
-from bosch_eval.hybrid_cache import HybridCache, kv_cache_bytes
-from bosch_eval.masks import HeadMask
-from bosch_eval.random_model import random_model
+from bosch_eval.masks.head_mask import HeadMask
+from bosch_eval.models.random_model import random_model
+from bosch_eval.runtime.doc_selection import limited_indices, per_length_indices
 
 
 class TestEntries:
@@ -198,8 +198,8 @@ def test_ruler_documents_do_not_depend_on_the_global_random_state():
     # unseeded, a comparison resumed in another process scored other documents than its first part.
     import random
 
-    from bosch_eval.lm_eval_session import load_task, task_manager
-    from bosch_eval.model_check import resolve_model
+    from bosch_eval.models.model_check import resolve_model
+    from bosch_eval.runtime.lm_eval_session import load_task, task_manager
 
     path = resolve_model("toy")
     manager = task_manager(["niah_single_1"], None, {"pretrained": path, "tokenizer": path, "max_seq_lengths": [512]})
@@ -241,7 +241,7 @@ class TestEntryKeys:
 
     def test_mask_full_is_the_original(self):
         from bosch_eval.compare.runner import resolve_entry_mask
-        from bosch_eval.masks import ModelShape
+        from bosch_eval.masks.head_mask import ModelShape
 
         entry = parse_entry("q=mask=full,kv_quant=logquant")
         assert entry.is_original and entry.load_args == {"kv_quant": "logquant"}
@@ -268,7 +268,7 @@ class TestRunInputs:
         import hashlib
 
         from bosch_eval.compare.inputs import changed, run_inputs
-        from bosch_eval.model_identity import model_identity
+        from bosch_eval.models.model_identity import model_identity
 
         (tmp_path / "config.json").write_text("{}")
         (tmp_path / "model.safetensors").write_bytes(b"weights")

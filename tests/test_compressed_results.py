@@ -15,8 +15,8 @@ from bosch_eval.compare.leaderboard import build_rows, column_order, from_compar
 from bosch_eval.compare.results import read_run
 from bosch_eval.compare.runner import check_out_dir, plan_runs
 from bosch_eval.compare.spec import load_spec
-from bosch_eval.masks import ModelShape
-from bosch_eval.model_check import model_config, resolve_model
+from bosch_eval.masks.head_mask import ModelShape
+from bosch_eval.models.model_check import model_config, resolve_model
 from bosch_eval.search.journal import Journal, JournalError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -225,7 +225,7 @@ def test_stripped_samples_regenerate_with_their_doc_hash(monkeypatch: pytest.Mon
     ``compare`` builds it, gives back each document whose ``doc_hash`` the sample keeps."""
     from lm_eval.utils import handle_non_serializable, hash_string
 
-    from bosch_eval.lm_eval_session import load_task, task_manager
+    from bosch_eval.runtime.lm_eval_session import load_task, task_manager
 
     monkeypatch.chdir(REPO)
     config, out = COMPARISONS[2]  # toy_sinks/run: two tasks, 336 documents, about 30 s

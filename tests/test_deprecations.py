@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from bosch_eval.bench import measure
-from bosch_eval.hybrid_attention import hybridize
-from bosch_eval.hybrid_cache import HybridCache
-from bosch_eval.masks import HeadMask
+from bosch_eval.attention.hybrid_attention import hybridize
+from bosch_eval.bench.runner import measure
+from bosch_eval.caches.hybrid_cache import HybridCache
+from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.model_adapters.compressed_scoring import continuation_logits_through_cache
-from bosch_eval.random_model import random_model
-from bosch_eval.transformers_compat import cache_argument
+from bosch_eval.models.random_model import random_model
+from bosch_eval.models.transformers_compat import cache_argument
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIRS = ("bosch_eval", "model_adapters", "search", "tasks")
@@ -100,7 +100,7 @@ def test_package_never_names_the_old_cache_argument():
 
 
 @pytest.mark.parametrize(
-    ("module", "raises"), [("bosch_eval.bench", True), ("bosch_eval.model_adapters.bosch", True), ("lm_eval.models.huggingface", False)]
+    ("module", "raises"), [("bosch_eval.bench.runner", True), ("bosch_eval.model_adapters.bosch", True), ("lm_eval.models.huggingface", False)]
 )
 def test_pyproject_makes_our_deprecations_errors(module, raises):
     """The configured filter: a deprecation attributed to our module fails, a third party's warns."""

@@ -9,9 +9,9 @@ from unittest import mock
 
 import pytest
 
-from bosch_eval import device as device_module
 from bosch_eval.cli import main
-from bosch_eval.device import DeviceError, default_device, pick_device
+from bosch_eval.runtime import device as device_module
+from bosch_eval.runtime.device import DeviceError, default_device, pick_device
 
 NO_CUDA = "this torch (test) was built without CUDA"
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bosch_eval.hybrid_attention import hybridize
-from bosch_eval.local_window import LocalWindow
-from bosch_eval.masks import HeadMask, ModelShape
-from bosch_eval.random_model import random_model
-from bosch_eval.swa_kernels import flex
-from bosch_eval.swa_kernels.flex_blocks import BLOCK, BlockMaskCache, block_mask_for, kind_tiles
+from bosch_eval.attention.hybrid_attention import hybridize
+from bosch_eval.attention.kernels import flex
+from bosch_eval.attention.kernels.flex_blocks import BLOCK, BlockMaskCache, block_mask_for, kind_tiles
+from bosch_eval.attention.local_window import LocalWindow
+from bosch_eval.masks.head_mask import HeadMask, ModelShape
+from bosch_eval.models.random_model import random_model
 from tests.helpers import left_padded_batch, reference_logits
 
 pytestmark = pytest.mark.skipif(flex.flex_unavailable() is not None, reason=f"flex backend: {flex.flex_unavailable()}")

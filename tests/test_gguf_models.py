@@ -17,10 +17,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
 
-from bosch_eval import gguf_models, lm_eval_hook
-from bosch_eval.gguf_models import CACHE_ENV, PACKAGED_GGUF, SOURCE_FILE, PackagedGguf, cache_root, file_digest
-from bosch_eval.model_check import ModelError, model_aliases, resolve_model
-from bosch_eval.model_defaults import ModelDefaults, model_defaults
+from bosch_eval.models import gguf_models
+from bosch_eval.models.gguf_models import CACHE_ENV, PACKAGED_GGUF, SOURCE_FILE, PackagedGguf, cache_root, file_digest
+from bosch_eval.models.model_check import ModelError, model_aliases, resolve_model
+from bosch_eval.models.model_defaults import ModelDefaults, model_defaults
+from bosch_eval.runtime import lm_eval_hook
 from tests.tiny_gguf import tiny_llama, write_gguf
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "A needle hides: the magic number is 7 3 1 zq!"]
@@ -213,7 +214,7 @@ class TestLmEvalCommand:
 
 _CONVERT_IN_A_PROCESS = """
 import sys, time
-from bosch_eval import gguf_models
+from bosch_eval.models import gguf_models
 real = gguf_models._convert
 def counted(gguf_file, out):
     with open(sys.argv[2], "a") as log:
@@ -221,7 +222,7 @@ def counted(gguf_file, out):
     time.sleep(1.0)  # the other process arrives while this one converts
     real(gguf_file, out)
 gguf_models._convert = counted
-from bosch_eval.model_check import resolve_model
+from bosch_eval.models.model_check import resolve_model
 print(resolve_model(sys.argv[1]))
 """
 
@@ -243,8 +244,8 @@ def test_the_real_smollm2(monkeypatch: pytest.MonkeyPatch) -> None:
     """Converted into the user's cache (kept: a conversion takes 15-50 s), it has SmolLM2-135M's
     shape, scores like the GGUF transformers loads directly, and completes a fact."""
     monkeypatch.delenv(CACHE_ENV, raising=False)
-    from bosch_eval.masks import ModelShape
-    from bosch_eval.model_check import model_config
+    from bosch_eval.masks.head_mask import ModelShape
+    from bosch_eval.models.model_check import model_config
 
     directory = resolve_model("smollm2")
     shape = ModelShape.from_config(model_config(directory))

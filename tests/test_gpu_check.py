@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from bosch_eval.local_window import LocalWindow
-from bosch_eval.masks import HeadMask
-from bosch_eval.swa_kernels import BACKENDS, Backend
-from bosch_eval.swa_kernels.reference import masked_swa_attention
+from bosch_eval.attention.kernels import BACKENDS, Backend
+from bosch_eval.attention.kernels.reference import masked_swa_attention
+from bosch_eval.attention.local_window import LocalWindow
+from bosch_eval.masks.head_mask import HeadMask
 from tests.helpers import dense_band_reference
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"

@@ -32,7 +32,7 @@ CALLABLES = {
     "lm_eval.models.utils_hf:pad_and_concat": ("max_length", "tensors", "padding_side"),
     "lm_eval.api.model:CacheHook.add_partial": ("attr", "req", "res"),
 }
-# Set by HFLM.__init__, read or written by the adapter (bosch_eval/launch.py writes _rank, _world_size).
+# Set by HFLM.__init__, read or written by the adapter (bosch_eval/runtime/launch.py writes _rank, _world_size).
 ATTRIBUTES = ("_rank", "_world_size", "_max_length", "batch_sizes", "logits_cache", "softmax_dtype", "mixed_precision_dtype", "backend", "cache_hook")
 
 
@@ -59,4 +59,4 @@ def test_hflm_sets_the_attributes_we_use(tiny_model_dir):
     assert not missing, f"lm-eval {lm_eval.__version__}: HFLM no longer sets {missing}; the bosch adapter reads or writes them"
     assert lm._max_length == 16, "HFLM no longer keeps max_length= in _max_length (BoschLM._check_fits names the limit's source)"
     lm._rank, lm._world_size = 2, 3
-    assert (lm.rank, lm.world_size) == (2, 3), "HFLM.rank/world_size no longer read _rank/_world_size: bosch_eval.launch's sharding would do nothing"
+    assert (lm.rank, lm.world_size) == (2, 3), "HFLM.rank/world_size no longer read _rank/_world_size: bosch_eval.runtime.launch's sharding would do nothing"

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bosch_eval.errors import SettingsError
-from bosch_eval.hybrid_attention import hybrid_state, hybridize
-from bosch_eval.hybrid_spec import GroupRun, HybridSpec
-from bosch_eval.masks import HeadMask, MaskError, ModelShape
-from bosch_eval.random_model import FAMILIES, random_model
+from bosch_eval.attention.hybrid_attention import hybrid_state, hybridize
+from bosch_eval.attention.hybrid_spec import GroupRun, HybridSpec
+from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
+from bosch_eval.models.random_model import FAMILIES, random_model
+from bosch_eval.runtime.errors import SettingsError
 from tests.helpers import left_padded_batch, reference_logits
 
 WINDOW = 5
@@ -21,7 +21,7 @@ CPU_BACKENDS = ["sdpa", "blocked", "flex"]
 def eager_flex(monkeypatch):
     """Flex runs eagerly here: compiled, every new sequence length is a compile (tens of
     seconds on CPU); the compiled path has its own test in test_swa_kernels."""
-    monkeypatch.setattr("bosch_eval.swa_kernels.flex.compile_policy", False)
+    monkeypatch.setattr("bosch_eval.attention.kernels.flex.compile_policy", False)
 
 
 def random_mask(model, seed: int, sinks: int = 0) -> HeadMask:
@@ -213,7 +213,7 @@ def test_cuda_backends_match_dense_band_reference_in_bf16(family, backend, monke
     band reference, at bf16 resolution, with and without sinks."""
     if backend == "flash_attention_2":
         pytest.importorskip("flash_attn", reason="needs flash-attn (pip install 'bosch-eval[flash]')")
-    monkeypatch.setattr("bosch_eval.swa_kernels.flex.compile_policy", None)
+    monkeypatch.setattr("bosch_eval.attention.kernels.flex.compile_policy", None)
     model = random_model(family, seed=3).to("cuda")
     ids, attention = left_padded_batch(model.config.vocab_size, [40, 26, 9], seed=4, device="cuda")
     for sinks in (0, 3):
@@ -239,7 +239,7 @@ def test_layer_split_runs_of_consecutive_groups():
 def test_multi_head_families_decode_on_the_hybrid_cache_as_by_recomputation(family):
     """G = H models (GPT-2 has no num_key_value_groups at all): the deploy-mode cache
     keeps W − 1 positions per SWA head and greedy decoding equals recomputation."""
-    from bosch_eval.hybrid_cache import HybridCache
+    from bosch_eval.caches.hybrid_cache import HybridCache
 
     model = random_model(family)
     assert ModelShape.from_config(model.config).group_size == 1

@@ -7,12 +7,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from bosch_eval.hybrid_attention import hybridize
-from bosch_eval.hybrid_cache import HybridCache, HybridHeadLayer, kv_cache_bytes
-from bosch_eval.kv_quant.formula import kv_cache_bytes_formula
-from bosch_eval.masks import HeadMask, ModelShape
-from bosch_eval.random_model import random_model
-from bosch_eval.model_check import model_path
+from bosch_eval.attention.hybrid_attention import hybridize
+from bosch_eval.caches.hybrid_cache import HybridCache, HybridHeadLayer, kv_cache_bytes
+from bosch_eval.caches.kv_quant.formula import kv_cache_bytes_formula
+from bosch_eval.masks.head_mask import HeadMask, ModelShape
+from bosch_eval.models.model_check import model_path
+from bosch_eval.models.random_model import random_model
 from tests.helpers import left_padded_batch
 
 WINDOW = 8
@@ -60,7 +60,7 @@ def test_greedy_generation_with_hybrid_cache_equals_recomputation(mask, source, 
 @pytest.mark.parametrize("backend", ["sdpa", "blocked", "flex"])
 def test_decoding_past_the_sinks_and_window_equals_recomputation(backend, monkeypatch):
     """Every backend on the cache's non-contiguous SWA keys (sinks, then the recent run)."""
-    monkeypatch.setattr("bosch_eval.swa_kernels.flex.compile_policy", False)
+    monkeypatch.setattr("bosch_eval.attention.kernels.flex.compile_policy", False)
     model = hybrid_model(MASKS["mixed"], backend, sinks=2)
     ids, attention = left_padded_batch(model.config.vocab_size, [13, 6], seed=6)
     generated = model.generate(
@@ -118,9 +118,9 @@ def test_decode_steps_read_only_the_window_in_swa_groups(monkeypatch):
     """At one query per step the SWA part holds exactly what the query sees: it runs the
     backend's plain (full) kernel over at most S + W keys and mask columns, never the
     windowed kernel, and nothing in it grows with the sequence."""
-    from bosch_eval.swa_kernels import BACKENDS, Backend
-    from bosch_eval.swa_kernels.blocked import blocked_swa_attention
-    from bosch_eval.swa_kernels.reference import sdpa_full_attention
+    from bosch_eval.attention.kernels import BACKENDS, Backend
+    from bosch_eval.attention.kernels.blocked import blocked_swa_attention
+    from bosch_eval.attention.kernels.reference import sdpa_full_attention
 
     calls = []
 

@@ -10,14 +10,14 @@ import logging
 import pytest
 import torch
 
-from bosch_eval.errors import SettingsError
-from bosch_eval.hybrid_attention import apply_spec, hybrid_state, hybridize
-from bosch_eval.hybrid_cache import HybridCache
-from bosch_eval.hybrid_spec import HybridSpec
-from bosch_eval.local_window import LocalWindow
-from bosch_eval.masks import HeadMask, MaskError, ModelShape
-from bosch_eval.random_model import random_model
-from bosch_eval.swa_kernels import choice, flash, flex
+from bosch_eval.attention.hybrid_attention import apply_spec, hybrid_state, hybridize
+from bosch_eval.attention.hybrid_spec import HybridSpec
+from bosch_eval.attention.kernels import choice, flash, flex
+from bosch_eval.attention.local_window import LocalWindow
+from bosch_eval.caches.hybrid_cache import HybridCache
+from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
+from bosch_eval.models.random_model import random_model
+from bosch_eval.runtime.errors import SettingsError
 from tests.helpers import left_padded_batch
 
 WINDOW = 5

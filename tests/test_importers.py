@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bosch_eval.mask_sources import resolve_mask
-from bosch_eval.masks import HeadMask, HeadRanking, MaskError, ModelShape, ceil_count
-from bosch_eval.model_check import ModelError
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError, ModelShape, ceil_count
+from bosch_eval.masks.mask_sources import resolve_mask
+from bosch_eval.models.model_check import ModelError
 from bosch_eval.search.import_cli import add_import_parser, import_main
 from bosch_eval.search.importers import (
     import_duo,

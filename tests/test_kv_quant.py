@@ -10,14 +10,14 @@ import sys
 import pytest
 import torch
 
-from bosch_eval.hybrid_attention import hybrid_state, hybridize
-from bosch_eval.hybrid_cache import HybridCache, HybridHeadLayer, kv_cache_bytes
-from bosch_eval import kv_quant
-from bosch_eval.kv_quant import fused as fused_module
-from bosch_eval.kv_quant.config import KVQuantConfig, parse_kv_quant
-from bosch_eval.kv_quant.formula import kv_cache_bytes_formula
-from bosch_eval.kv_quant.layer import QuantizedFullLayer
-from bosch_eval.kv_quant.packing import (
+from bosch_eval.attention.hybrid_attention import hybrid_state, hybridize
+from bosch_eval.caches import kv_quant
+from bosch_eval.caches.hybrid_cache import HybridCache, HybridHeadLayer, kv_cache_bytes
+from bosch_eval.caches.kv_quant import fused as fused_module
+from bosch_eval.caches.kv_quant.config import KVQuantConfig, parse_kv_quant
+from bosch_eval.caches.kv_quant.formula import kv_cache_bytes_formula
+from bosch_eval.caches.kv_quant.layer import QuantizedFullLayer
+from bosch_eval.caches.kv_quant.packing import (
     dequantize_keys,
     dequantize_values,
     pack,
@@ -25,11 +25,11 @@ from bosch_eval.kv_quant.packing import (
     quantize_values,
     unpack,
 )
-from bosch_eval.kv_quant.selection import KV_QUANT_METHODS, Selector
-from bosch_eval.kv_quant.store import QuantizedKVStore
-from bosch_eval.errors import SettingsError
-from bosch_eval.masks import HeadMask
-from bosch_eval.random_model import random_model
+from bosch_eval.caches.kv_quant.selection import KV_QUANT_METHODS, Selector
+from bosch_eval.caches.kv_quant.store import QuantizedKVStore
+from bosch_eval.masks.head_mask import HeadMask
+from bosch_eval.models.random_model import random_model
+from bosch_eval.runtime.errors import SettingsError
 from tests.helpers import left_padded_batch
 
 
@@ -266,7 +266,7 @@ class TestCache:
         monkeypatch.setattr(fused_module, "enabled", True)
         monkeypatch.setattr(fused_module, "disabled_reason", "")
         monkeypatch.setattr(fused_module, "_compiled", lambda bits, group_size, head_dim: no_compiler)
-        with caplog.at_level(logging.WARNING, logger="bosch_eval.kv_quant.fused"):
+        with caplog.at_level(logging.WARNING, logger="bosch_eval.caches.kv_quant.fused"):
             got = store._rebuild(new_keys, new_values)
         assert all(torch.equal(a, b) for a, b in zip(got, eager))
         assert not fused_module.enabled and "rebuilding with eager PyTorch" in caplog.text and "No working C++ compiler" in caplog.text
@@ -288,11 +288,11 @@ class TestMethods:
             Selector("kiwi", 4)
 
     def test_a_method_is_one_new_module_of_the_package(self, tmp_path, monkeypatch):
-        """KiVi's rule again, from a new module of ``bosch_eval.kv_quant`` and without
+        """KiVi's rule again, from a new module of ``bosch_eval.caches.kv_quant`` and without
         ``oldest_first``: the store's general rebuild (positions copied by index) gives the
         logits KiVi's in-place rebuild gives, bit for bit."""
         (tmp_path / "bosch_test_kivi_indexed.py").write_text(
-            "from bosch_eval.kv_quant.selection import KV_QUANT_METHODS, KVQuantMethod\n"
+            "from bosch_eval.caches.kv_quant.selection import KV_QUANT_METHODS, KVQuantMethod\n"
             "KV_QUANT_METHODS.register('kivi-indexed', KVQuantMethod(KV_QUANT_METHODS['kivi'].release))\n"
         )
         monkeypatch.setattr(kv_quant, "__path__", [*kv_quant.__path__, str(tmp_path)])
@@ -313,7 +313,7 @@ class TestMethods:
 
 
 def test_bench_measures_quantized_configs_and_matches_the_formula():
-    from bosch_eval.bench import max_batch, ratio_table, run_bench
+    from bosch_eval.bench.runner import max_batch, ratio_table, run_bench
 
     model = random_model("qwen3", num_layers=4)
     kv = KVQuantConfig("logquant", 2, 4, 8)

@@ -10,14 +10,14 @@ import torch
 from lm_eval.api.instance import Instance
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from bosch_eval.checkpoint import saved_kv_quant
-from bosch_eval.hybrid_attention import hybrid_state
-from bosch_eval.hybrid_cache import HybridCache
-from bosch_eval.kv_quant.config import KVQuantConfig
-from bosch_eval.errors import SettingsError
-from bosch_eval.masks import HeadMask
+from bosch_eval.attention.hybrid_attention import hybrid_state
+from bosch_eval.caches.hybrid_cache import HybridCache
+from bosch_eval.caches.kv_quant.config import KVQuantConfig
+from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.model_adapters.compressed_scoring import continuation_logits_through_cache
+from bosch_eval.models.checkpoint import saved_kv_quant
+from bosch_eval.runtime.errors import SettingsError
 from tests.helpers import generation_requests, requests
 
 ARGS = dict(device="cpu", batch_size=3, dtype="float32")

@@ -1,55 +1,158 @@
-"""The floor of the layers (docs/conventions.md#layers): the core never imports upward.
+"""Imports point down the layers (docs/conventions.md#layers); a module's layer is its folder's.
 
-Core (layer 1) is every module under ``bosch_eval/`` except the features that live there
-(``compare/``, ``train/``, ``analyze/``, ``bench.py``, and ``toy/``, the bundled models' training
-data: layer 3) and the CLI (``cli.py`` and the ``*_cli.py`` modules of its commands: layer 4,
-may import anything). It must not import ``bosch_eval.search`` (a feature),
-``bosch_eval.model_adapters`` (layer 2) or ``bosch_eval.tasks`` (the task code imports the
-core; the core finds the task folder without importing it), at module level or inside a
-function: a lazy import is still an upward dependency. Read from the source with ``ast``, nothing imported.
+Which folders make up each layer is the table of docs/architecture.md#layers, read here: a
+``where`` entry ending in ``/`` is a folder (everything under it), any other entry a file
+pattern (``fnmatch``, where ``*`` spans folders) that takes precedence over the folders: the
+CLI modules of a feature's folder are the CLI's. So a new module goes into a folder, and the
+layer of a new folder is written once, in the table a reader sees; a module the table does
+not place fails here. The root's own ``bosch_eval/__init__.py`` (a version string) is core.
+
+The rules, read from the source with ``ast`` (nothing imported), at module level or inside a
+function alike (a lazy import is still a dependency):
+
+- a module imports nothing from a layer above its own: the core neither the adapter, the
+  task code, a feature nor the CLI; the adapter and the tasks no feature; only the CLI may
+  import anything;
+- a feature does not import another feature's private names (``_name``): what two features
+  share moves down a layer;
+- every ``bosch_eval`` name imported exists (a module, or a name its module defines).
 """
 
 from __future__ import annotations
 
-import ast
+import fnmatch
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "bosch_eval"
-NOT_CORE = ("cli.py", "bench_cli.py", "mask_cli.py", "export_cli.py", "bench.py", "compare", "train", "analyze", "toy")
-UPPER = ("bosch_eval.search", "bosch_eval.model_adapters", "bosch_eval.tasks")
+from tests.source_tree import REPO, imported_names, locate, source_modules, top_level_names
+
+TABLE = REPO / "docs" / "architecture.md"
+ROOT_MODULE = "bosch_eval/__init__.py"
+CORE, ADAPTER, FEATURES, CLI = 1, 2, 3, 4
 
 
-def core_modules() -> list[Path]:
-    return sorted(
-        path for path in PACKAGE.rglob("*.py") if path.relative_to(PACKAGE).parts[0] not in NOT_CORE
+@dataclass(frozen=True)
+class Layer:
+    number: int
+    name: str
+    folders: tuple[str, ...]  # "bosch_eval/masks/"
+    patterns: tuple[str, ...]  # "*_cli.py"
+
+
+def read_layers() -> list[Layer]:
+    """The rows of the table under ``## Layers`` in docs/architecture.md."""
+    section = TABLE.read_text(encoding="utf-8").split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    layers = []
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if not line.startswith("|") or not (number := re.match(r"(\d+)\. (.+)", cells[0])):
+            continue
+        where = re.findall(r"`([^`]+)`", cells[-1])
+        layers.append(
+            Layer(
+                int(number.group(1)),
+                number.group(2),
+                tuple(entry for entry in where if entry.endswith("/")),
+                tuple(entry for entry in where if not entry.endswith("/")),
+            )
+        )
+    assert [layer.number for layer in layers] == [CORE, ADAPTER, FEATURES, CLI], f"{TABLE}: layers table {layers}"
+    return layers
+
+
+LAYERS = read_layers()
+
+
+def relative(path: Path) -> str:
+    return path.relative_to(REPO).as_posix()
+
+
+def place(path: Path) -> tuple[Layer, str] | None:
+    """The layer of a source module and its unit (the folder that places it, or the file
+    itself where a pattern does); None when the table does not place it."""
+    name = relative(path)
+    folders = [(folder, layer) for layer in LAYERS for folder in layer.folders if name.startswith(folder)]
+    unit = max((folder for folder, _ in folders), key=len, default=name)
+    if name == ROOT_MODULE:
+        return LAYERS[0], name
+    for layer in LAYERS:
+        if any(fnmatch.fnmatch(name, pattern) for pattern in layer.patterns):
+            return layer, unit
+    if folders:
+        return max(folders, key=lambda pair: len(pair[0]))[1], unit
+    return None
+
+
+MODULES = source_modules()
+
+
+def test_the_table_names_folders_and_files_that_exist():
+    for layer in LAYERS:
+        assert layer.folders or layer.patterns, f"{TABLE}: layer {layer.name!r} names no folder"
+        for folder in layer.folders:
+            assert (REPO / folder).is_dir(), f"{TABLE}: layer {layer.name!r} names {folder}, which is not a folder"
+        for pattern in layer.patterns:
+            assert any(fnmatch.fnmatch(relative(path), pattern) for path in MODULES), (
+                f"{TABLE}: layer {layer.name!r} names {pattern}, which matches no module"
+            )
+
+
+def test_the_folders_place_modules_in_their_layers():
+    expected = {
+        "bosch_eval/masks/head_mask.py": CORE,
+        "bosch_eval/attention/kernels/flex.py": CORE,
+        "bosch_eval/runtime/lm_eval_hook.py": CORE,
+        "model_adapters/bosch.py": ADAPTER,
+        "tasks/niah/haystack.py": ADAPTER,
+        "search/api.py": FEATURES,
+        "bosch_eval/compare/runner.py": FEATURES,
+        "bosch_eval/toy/corpus.py": FEATURES,
+        "bosch_eval/cli.py": CLI,
+        "bosch_eval/mask_cli.py": CLI,
+        "bosch_eval/compare/cli.py": CLI,
+        "search/rank_cli.py": CLI,
+        "bosch_eval/train/__main__.py": CLI,
+    }
+    assert {name: place(REPO / name)[0].number for name in expected} == expected
+    assert place(REPO / "bosch_eval/compare/cli.py")[1] == place(REPO / "bosch_eval/compare/runner.py")[1] == "bosch_eval/compare/"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=relative)
+def test_module_has_a_layer(path):
+    assert place(path) is not None, (
+        f"{relative(path)} is in no folder of the layers table ({TABLE.relative_to(REPO)}#layers): "
+        "put core code into the folder of its job (bosch_eval/masks/, bosch_eval/attention/, ...), "
+        "or add a new folder to the table under its layer"
     )
 
 
-def imported_names(path: Path) -> list[tuple[int, str]]:
-    """Every module name ``path`` imports (``from a import b`` gives ``a.b``), with its line."""
-    names = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: resolve against the module's own package
-                package = path.relative_to(PACKAGE.parent).with_suffix("").parts[: -node.level]
-                base = ".".join([*package, *([node.module] if node.module else [])])
-            else:
-                base = node.module or ""
-            names += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
-    return names
-
-
-def test_the_walk_sees_the_core():
-    names = {path.relative_to(PACKAGE).as_posix() for path in core_modules()}
-    assert {"masks.py", "model_check.py", "lm_eval_session.py", "mask_sources.py"} <= names
-    assert not any(name.startswith(("compare/", "cli.py")) for name in names)
-
-
-@pytest.mark.parametrize("path", core_modules(), ids=lambda path: path.relative_to(PACKAGE).as_posix())
-def test_core_module_imports_nothing_above_it(path):
-    upward = [f"line {line}: {name}" for line, name in imported_names(path) if name.startswith(UPPER)]
-    assert not upward, f"{path.relative_to(PACKAGE.parent)} imports from a layer above the core: {upward}"
+@pytest.mark.parametrize("path", MODULES, ids=relative)
+def test_imports_point_down(path):
+    layer, unit = place(path) or pytest.skip("no layer: test_module_has_a_layer fails")
+    wrong = []
+    for line, name in imported_names(path):
+        located = locate(name)
+        if located is None:
+            continue  # not ours
+        target, names = located
+        if names and names[0] not in top_level_names(target) and not (target.parent / names[0]).is_dir():
+            wrong.append(f"line {line}: {name}: {relative(target)} defines no {names[0]!r}")
+            continue
+        if layer.number == CLI:
+            continue
+        target_layer, target_unit = place(target) or (None, None)
+        if target_layer is None:
+            continue  # reported for the target itself
+        if target_layer.number > layer.number:
+            wrong.append(f"line {line}: {name} ({target_layer.name}, above {layer.name})")
+        elif (
+            layer.number == FEATURES
+            and target_layer.number == FEATURES
+            and target_unit != unit
+            and any(part.startswith("_") and not part.startswith("__") for part in name.split("."))
+        ):
+            wrong.append(f"line {line}: {name} (a private name of another feature, {target_unit})")
+    assert not wrong, f"{relative(path)} ({layer.name}) imports against the layers: {wrong}"

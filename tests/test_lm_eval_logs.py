@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from bosch_eval.lm_eval_logs import quiet_per_length_warnings
+from bosch_eval.runtime.lm_eval_logs import quiet_per_length_warnings
 
 LENGTH_NOISE = [
     "[niah_single_1] No aggregation function defined for metric 512. Using mean.",

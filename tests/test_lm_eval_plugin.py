@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from bosch_eval import lm_eval_hook
-from bosch_eval.lm_eval_session import bundled_tasks_dir
+from bosch_eval.runtime import lm_eval_hook
+from bosch_eval.runtime.lm_eval_session import bundled_tasks_dir
 
 PTH_NAME = "bosch_eval_lm_eval_hook.pth"
 FIXTURE_TASKS = Path(__file__).parent / "fixtures" / "tasks"
@@ -49,12 +49,12 @@ def pth_file() -> Path:
 @pytest.mark.slow
 def test_hook_is_active_at_start_and_imports_nothing_heavy(pth_file, tmp_path):
     state = python_json(
-        "import json, sys; print(json.dumps({'hook': 'bosch_eval.lm_eval_hook' in sys.modules,"
-        " 'heavy': sorted(m for m in sys.modules if m.split('.')[0] in %r or m.startswith('bosch_eval.model'))}))"
+        "import json, sys; print(json.dumps({'hook': 'bosch_eval.runtime.lm_eval_hook' in sys.modules,"
+        " 'heavy': sorted(m for m in sys.modules if m.split('.')[0] in %r or m.startswith(('bosch_eval.model_adapters', 'bosch_eval.models')))}))"
         % (HEAVY,),
         cwd=tmp_path,
     )
-    assert state["hook"], f"{pth_file} did not import bosch_eval.lm_eval_hook at interpreter start"
+    assert state["hook"], f"{pth_file} did not import bosch_eval.runtime.lm_eval_hook at interpreter start"
     assert state["heavy"] == []
 
 
@@ -144,7 +144,7 @@ class TestLmEvalCommand:
     """Only in the ``lm_eval`` command: bundled aliases become paths before lm-eval reads them
     (its tasks look the tokenizer up by the pretrained= name), and our errors end in one line."""
 
-    TOY = str(Path(lm_eval_hook.__file__).parent / "toy" / "model")
+    TOY = str(Path(lm_eval_hook.__file__).parents[1] / "toy" / "model")  # bosch_eval/toy/model
 
     @pytest.mark.parametrize(
         ("argv", "expected"),
@@ -177,7 +177,7 @@ class TestLmEvalCommand:
     @pytest.mark.slow
     def test_our_errors_end_in_one_line_and_others_keep_the_traceback(self, pth_file, tmp_path):
         script = self.fake_lm_eval(
-            tmp_path, "import sys\nfrom bosch_eval.errors import SettingsError\nraise (SettingsError if sys.argv[1] == 'ours' else KeyError)('kv_cache: expected one of')"
+            tmp_path, "import sys\nfrom bosch_eval.runtime.errors import SettingsError\nraise (SettingsError if sys.argv[1] == 'ours' else KeyError)('kv_cache: expected one of')"
         )
         ours = subprocess.run([str(script), "ours"], capture_output=True, text=True)
         assert ours.returncode == 1 and ours.stderr == "lm_eval: error: kv_cache: expected one of\n"

@@ -10,7 +10,7 @@ import torch
 from lm_eval.models.huggingface import HFLM
 
 from bosch_eval.model_adapters.bosch import BoschLM
-from bosch_eval.random_model import save_random_checkpoint
+from bosch_eval.models.random_model import save_random_checkpoint
 from tests.helpers import requests
 
 

@@ -11,8 +11,8 @@ from unittest import mock
 import pytest
 
 from bosch_eval.cli import main
-from bosch_eval.masks import HeadMask, MaskError, ModelShape
-from bosch_eval.model_check import ModelError, check_length, check_model_exists, max_positions, model_config, model_path, resolve_model
+from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
+from bosch_eval.models.model_check import ModelError, check_length, check_model_exists, max_positions, model_config, model_path, resolve_model
 
 
 class TestExistence:
@@ -53,7 +53,7 @@ class TestEveryCommandResolvesToy:
 
     def test_bench_refuses_a_mask_for_another_model_before_loading(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         HeadMask.uniform(ModelShape(3, 8, 4), full=True, window=8).save(tmp_path / "other.json")
-        with mock.patch("bosch_eval.bench_cli._bench_model", side_effect=AssertionError("loaded the weights")):
+        with mock.patch("bosch_eval.bench.cli._bench_model", side_effect=AssertionError("loaded the weights")):
             assert main(["bench", "--model", "toy", "--mask", str(tmp_path / "other.json"), "--out", str(tmp_path)]) == 2
         assert "field 'num_layers' is 3" in capsys.readouterr().err
 

@@ -11,7 +11,7 @@ from unittest import mock
 
 import pytest
 
-from bosch_eval.nltk_offline import FALSE_CLAIM, nltk_download_explained
+from bosch_eval.runtime.nltk_offline import FALSE_CLAIM, nltk_download_explained
 
 
 def fake_nltk(works: bool) -> types.ModuleType:
@@ -54,8 +54,8 @@ def test_a_download_that_works_changes_nothing(capsys: pytest.CaptureFixture[str
 RULER = """
 import logging
 logging.basicConfig(level=logging.WARNING)
-from bosch_eval.lm_eval_session import load_task, task_manager
-from bosch_eval.model_check import model_path
+from bosch_eval.runtime.lm_eval_session import load_task, task_manager
+from bosch_eval.models.model_check import model_path
 path = str(model_path("toy"))
 manager = task_manager(["niah_single_1"], None, {"pretrained": path, "tokenizer": path, "max_seq_lengths": [256]})
 load_task(manager, "niah_single_1")

@@ -15,14 +15,14 @@ import torch
 from lm_eval.api.task import ConfigurableTask
 from lm_eval.tasks import TaskManager
 
-from bosch_eval.masks import HeadMask
+from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.model_adapters.bosch import BoschLM
-from bosch_eval.tasks import TASKS_DIR
-from bosch_eval import launch
-from bosch_eval.launch import launch_state
+from bosch_eval.runtime import launch
+from bosch_eval.runtime.launch import launch_state
 from bosch_eval.search.objective import EVALUATE_PATH, CalibrationObjective, ObjectiveError
 from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.search.racing import RaceBound
+from bosch_eval.tasks import TASKS_DIR
 from tests.helpers import CALIB_METADATA, DOT_TASK, PLAIN_GROUP, PPL_TASK, WINDOW, masks, write_tasks
 
 BATCH_SIZE = 2
@@ -277,7 +277,7 @@ class TestOnTheTrainedToyModel:
         return build_objective("toy", CalibrationSettings(examples=16), LoadSettings(batch_size=4))
 
     def test_masks_score_differently_and_as_a_fresh_simple_evaluate(self, toy):
-        from bosch_eval.model_check import resolve_model
+        from bosch_eval.models.model_check import resolve_model
 
         assert toy.higher_is_better is True and toy.metric == "acc"
         shape = toy.shape
@@ -369,7 +369,7 @@ class TestSpeedupsOnTheToyModel:
         small = build_objective("toy", CalibrationSettings(examples=4), LoadSettings(batch_size=4, prefix_cache_mb=1))
         mask = self.top_layer_masks(plain.shape)[0]
         small.vary_layers_from(3)
-        with caplog.at_level("WARNING", logger="bosch_eval.prefix_cache"):
+        with caplog.at_level("WARNING", logger="bosch_eval.caches.prefix_cache"):
             scores = [small(mask), small(mask)]
         assert small.lm.prefix_cache.layers_skipped == 0 and "budget of 1 MB" in caplog.text
         assert scores[0] == scores[1]

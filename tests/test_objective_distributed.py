@@ -3,7 +3,7 @@ scores only its shard, and both return the one-process scores.
 
 ``accelerate launch --cpu`` starts one process unless given an MPI hostfile, so the test
 launches with ``--multi_gpu`` and hides every GPU; ``build_objective(device="cpu")`` then
-joins the processes over gloo (``bosch_eval.launch.launch_state``).
+joins the processes over gloo (``bosch_eval.runtime.launch.launch_state``).
 """
 
 from __future__ import annotations

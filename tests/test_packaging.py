@@ -1,7 +1,7 @@
 """The built wheel holds every module and data file of the source tree, under its installed name.
 
 An editable install reads the source folders directly and hides a package that the wheel
-leaves out (``bosch_eval.swa_kernels`` once was), so this test builds a real wheel from a
+leaves out (``bosch_eval.attention.kernels`` once was), so this test builds a real wheel from a
 copy of the checkout and compares its file list with the source tree. The copy keeps a
 stale ``build/`` folder of the checkout out of the wheel. ``.ci/wheel_check`` then installs
 such a wheel into a fresh virtual environment and runs it.
@@ -82,7 +82,7 @@ def test_expected_wheel_files_maps_card_folders_under_the_namespace():
 def test_wheel_holds_every_source_file_under_its_installed_name(tmp_path):
     files = source_files()
     expected = expected_wheel_files(files)
-    assert "bosch_eval/swa_kernels/__init__.py" in expected, "the source tree layout changed: update INSTALLED_AS"
+    assert "bosch_eval/attention/kernels/__init__.py" in expected, "the source tree layout changed: update INSTALLED_AS"
     wheel = build_wheel(files, tmp_path)
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
@@ -98,4 +98,4 @@ def test_wheel_holds_every_source_file_under_its_installed_name(tmp_path):
         if name not in expected and name != PTH_NAME and not name.startswith("bosch_eval-")  # .dist-info/
     )
     assert not extra, f"{wheel.name} has files that are not in the source tree: {extra}"
-    assert "import bosch_eval.lm_eval_hook" in pth, f"{PTH_NAME} missing or wrong in {wheel.name}: {pth!r}"
+    assert "import bosch_eval.runtime.lm_eval_hook" in pth, f"{PTH_NAME} missing or wrong in {wheel.name}: {pth!r}"

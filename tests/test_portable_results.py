@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from bosch_eval.cli import main
-from bosch_eval.masks import HeadMask
-from bosch_eval.model_check import BUNDLED_MODELS
-from bosch_eval.model_identity import model_identity, portable_name
+from bosch_eval.masks.head_mask import HeadMask
+from bosch_eval.models.model_check import BUNDLED_MODELS
+from bosch_eval.models.model_identity import model_identity, portable_name
 
 REPO = Path(__file__).resolve().parents[1]
 SEARCH = REPO / "results" / "toy_search" / "bosch-r0.5"
@@ -48,7 +48,7 @@ class TestPortableName:
         assert portable_name(value) == value
 
     def test_a_converted_checkpoint_is_pinned_by_its_alias_and_files_not_by_its_source_path(self, tmp_path: Path) -> None:
-        from bosch_eval.gguf_models import SOURCE_FILE
+        from bosch_eval.models.gguf_models import SOURCE_FILE
 
         identities = []
         for machine in ("a", "b"):

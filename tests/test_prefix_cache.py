@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from bosch_eval.hybrid_spec import HybridSpec
-from bosch_eval.local_window import LocalWindow
-from bosch_eval.masks import HeadMask
+from bosch_eval.attention.hybrid_spec import HybridSpec
+from bosch_eval.attention.local_window import LocalWindow
+from bosch_eval.caches.prefix_cache import PrefixActivations
+from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.model_adapters.bosch import BoschLM
-from bosch_eval.prefix_cache import PrefixActivations
-from bosch_eval.random_model import random_model, save_random_checkpoint
+from bosch_eval.models.random_model import random_model, save_random_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ class TestDeclined:
 
     def test_a_model_without_a_layer_list_runs_every_layer_and_says_so_once(self, caplog) -> None:
         model = _Wrapper(torch.nn.Linear(4, 4))
-        with caplog.at_level(logging.WARNING, logger="bosch_eval.prefix_cache"):
+        with caplog.at_level(logging.WARNING, logger="bosch_eval.caches.prefix_cache"):
             cache = PrefixActivations(model, 1 << 20)
             cache.vary_from(2)
             outputs = [cache.run(lambda ids: ids * 2, torch.ones(1, 3), self.SPEC) for _ in range(3)]
@@ -115,7 +115,7 @@ class TestDeclined:
         cache = PrefixActivations(model, 1 << 20)
         assert cache.declined is None  # the layer list is found; the outputs tell the rest
         cache.vary_from(2)
-        with caplog.at_level(logging.WARNING, logger="bosch_eval.prefix_cache"):
+        with caplog.at_level(logging.WARNING, logger="bosch_eval.caches.prefix_cache"):
             outputs = [cache.run(model, input_ids, self.SPEC) for _ in range(3)]
         assert all(torch.equal(out, expected) for out in outputs)
         assert cache.declined is not None and "tuple" in cache.declined and cache.layers_skipped == 0

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from bosch_eval.errors import SettingsError
-from bosch_eval.masks import HeadRanking, ModelShape, ceil_count
-from bosch_eval.model_check import ModelError, resolve_model
+from bosch_eval.masks.head_mask import HeadRanking, ModelShape, ceil_count
+from bosch_eval.models.model_check import ModelError, resolve_model
+from bosch_eval.runtime.errors import SettingsError
 from bosch_eval.search import rankers
 from bosch_eval.search.rank_cli import add_rank_parser
 from bosch_eval.search.rankers import RANKERS
@@ -509,10 +509,10 @@ class TestRankCommand:
         np.testing.assert_allclose(np.array(ranking.provenance["head_scores"]), lag_sums / rows, rtol=1e-4)
 
     def test_toy_resolves_to_the_bundled_checkpoint(self, tmp_path: Path) -> None:
-        with mock.patch.dict("bosch_eval.model_check.BUNDLED_MODELS", toy=tmp_path), pytest.raises(ModelError, match="model 'toy': .*missing"):
+        with mock.patch.dict("bosch_eval.models.model_check.BUNDLED_MODELS", toy=tmp_path), pytest.raises(ModelError, match="model 'toy': .*missing"):
             resolve_model("toy")
         (tmp_path / "model.safetensors").write_bytes(b"")
-        with mock.patch.dict("bosch_eval.model_check.BUNDLED_MODELS", toy=tmp_path):
+        with mock.patch.dict("bosch_eval.models.model_check.BUNDLED_MODELS", toy=tmp_path):
             assert resolve_model("toy") == str(tmp_path)
         (tmp_path / "config.json").write_text("{}")
         assert resolve_model(str(tmp_path)) == str(tmp_path)  # an existing checkpoint directory, as given

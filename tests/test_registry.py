@@ -1,4 +1,4 @@
-"""The registry helper every family of interchangeable parts uses (``bosch_eval/registry.py``)."""
+"""The registry helper every family of interchangeable parts uses (``bosch_eval/runtime/registry.py``)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bosch_eval.errors import SettingsError
-from bosch_eval.masks import MaskError
-from bosch_eval.registry import Registry
+from bosch_eval.masks.head_mask import MaskError
+from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.registry import Registry
 
 
 class TestMembers:
@@ -60,7 +60,7 @@ def plugin_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     root = tmp_path / "bosch_test_plugins"
     root.mkdir()
     (root / "__init__.py").write_text(
-        "from bosch_eval.registry import Registry\nPARTS = Registry('part', package=__name__)\n"
+        "from bosch_eval.runtime.registry import Registry\nPARTS = Registry('part', package=__name__)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     yield root
@@ -143,7 +143,7 @@ class TestCommandLineStaysCheap:
             import argparse, contextlib, io, sys
             from bosch_eval.search.rank_cli import add_rank_parser
             from bosch_eval.search.rankers import RANKERS
-            from bosch_eval.layer_heuristics import LAYER_HEURISTICS
+            from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS
             from bosch_eval.search.optimizers import OPTIMIZERS
             from bosch_eval.search.pipeline import VARIANTS
             assert LAYER_HEURISTICS.names() == ("intr", "bme", "rand")

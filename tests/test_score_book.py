@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bosch_eval.masks import ModelShape
+from bosch_eval.masks.head_mask import ModelShape
 from bosch_eval.search.score_book import RacingScoreFunction, ScoreBook
 
 SHAPE = ModelShape(num_layers=2, num_heads=4, num_kv_heads=2)

@@ -19,7 +19,7 @@ from unittest import mock
 import pytest
 
 from bosch_eval.cli import main
-from bosch_eval.masks import HeadMask
+from bosch_eval.masks.head_mask import HeadMask
 from tests.helpers import search_args, write_tasks
 
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from bosch_eval.cli import main
-from bosch_eval.masks import ModelShape, ceil_count
+from bosch_eval.masks.head_mask import ModelShape, ceil_count
 from bosch_eval.search.cost import CallEstimate, estimate_calls, render_cost, stage3_calls, stage3_range
-from bosch_eval.search.stage2 import default_buckets
 from bosch_eval.search.pipeline import SearchSettings, run_search
 from bosch_eval.search.scoring import SearchError
 from bosch_eval.search.search_cli import render_estimate
+from bosch_eval.search.stage2 import default_buckets
 from tests.helpers import SHAPE, ExampleObjective
 
 

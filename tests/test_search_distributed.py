@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from bosch_eval.cli import main
-from bosch_eval.masks import HeadMask
+from bosch_eval.masks.head_mask import HeadMask
 from tests.helpers import PROCESSES, free_port, search_args, write_tasks
 
 pytestmark = pytest.mark.slow  # spawns accelerate processes

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bosch_eval.masks import HeadMask, ModelShape
+from bosch_eval.masks.head_mask import HeadMask, ModelShape
 from bosch_eval.search.enumerate import enumerate_scores, main, masks_with_swa_count, place, render_optimum
 from bosch_eval.search.journal import Journal, mask_key
 from bosch_eval.search.scoring import SearchError

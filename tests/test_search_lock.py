@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from bosch_eval.runtime.outdir_lock import OutputLock, lock_file
 from bosch_eval.search.journal import Journal, JournalError
-from bosch_eval.outdir_lock import OutputLock, lock_file
 from tests.helpers import PPL_TASK, write_tasks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,7 +38,7 @@ class TestOutputLock:
 
     @pytest.mark.slow
     def test_a_lock_held_by_another_live_process(self, tmp_path: Path) -> None:
-        code = f"from bosch_eval.outdir_lock import OutputLock; OutputLock({str(tmp_path)!r}, 'search', RuntimeError).acquire(); print('held', flush=True); input()"
+        code = f"from bosch_eval.runtime.outdir_lock import OutputLock; OutputLock({str(tmp_path)!r}, 'search', RuntimeError).acquire(); print('held', flush=True); input()"
         child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             assert child.stdout.readline().strip() == "held"
@@ -52,7 +52,7 @@ class TestOutputLock:
 
     @pytest.mark.slow
     def test_a_lock_left_by_a_killed_process_is_taken_over_naming_its_pid(self, tmp_path: Path, caplog) -> None:
-        code = f"import os; from bosch_eval.outdir_lock import OutputLock; OutputLock({str(tmp_path)!r}, 'search', RuntimeError).acquire(); os.kill(os.getpid(), 9)"
+        code = f"import os; from bosch_eval.runtime.outdir_lock import OutputLock; OutputLock({str(tmp_path)!r}, 'search', RuntimeError).acquire(); os.kill(os.getpid(), 9)"
         dead = subprocess.run([sys.executable, "-c", code], check=False)
         assert dead.returncode == -signal.SIGKILL
         left = holder(tmp_path)

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from bosch_eval.masks import HeadMask, ModelShape, ceil_count
+from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count
 from bosch_eval.search.journal import Journal, mask_key
 from bosch_eval.search.pipeline import VARIANTS, Resumed, SearchSettings, Variant, default_chunk_layers, run_search
-from bosch_eval.search.scoring import Anchors, SearchError, subproblem_loss
 from bosch_eval.search.score_book import Bits, ScoreBook
+from bosch_eval.search.scoring import Anchors, SearchError, subproblem_loss
 from bosch_eval.search.stages import StageOutcome, StageSettings, refine, stage3
 from tests.helpers import SHAPE, RetrievalObjective, planted, score_of
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from bosch_eval.masks import HeadMask
+from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.search.pipeline import SearchSettings, run_search
 from bosch_eval.search.score_book import ScoreBook
 from bosch_eval.search.stages import StageProgress

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from bosch_eval.masks import HeadMask
+from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.search.journal import Journal, JournalError
 from bosch_eval.search.optimizers import Bound, Cutoff, SubProblem, minimize
 from bosch_eval.search.pipeline import Resumed, SearchSettings, run_search

@@ -24,7 +24,7 @@ def test_the_search_logs_a_saturated_stage_1(caplog):
     """Every layer of a synthetic objective keeps S(full) at ρ = 0.5: the search warns after Stage 1."""
     import logging
 
-    from bosch_eval.masks import ModelShape
+    from bosch_eval.masks.head_mask import ModelShape
     from bosch_eval.search.pipeline import SearchSettings, run_search
 
     shape = ModelShape(num_layers=2, num_heads=4, num_kv_heads=2)

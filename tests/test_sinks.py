@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from bosch_eval.attention.local_window import LocalWindow
 from bosch_eval.compare.kv_bytes import entry_kv_bytes
-from bosch_eval.local_window import LocalWindow
-from bosch_eval.mask_sources import resolve_mask
-from bosch_eval.masks import HeadMask, MaskError, ModelShape
+from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
+from bosch_eval.masks.mask_sources import resolve_mask
 from bosch_eval.model_adapters.bosch import BoschLM
 
 SHAPE = ModelShape(2, 4, 2)

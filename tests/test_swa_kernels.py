@@ -10,18 +10,18 @@ import pytest
 import torch
 from transformers.masking_utils import sliding_window_causal_mask_function
 
-from bosch_eval.errors import SettingsError
-from bosch_eval.local_window import LocalWindow, LocalWindowError
-from bosch_eval import swa_kernels
-from bosch_eval.hybrid_attention import hybridize
-from bosch_eval.masks import HeadMask
-from bosch_eval.random_model import random_model
-from bosch_eval.swa_kernels import BACKENDS
-from bosch_eval.swa_kernels import flash as flash_module
-from bosch_eval.swa_kernels import flex as flex_module
-from bosch_eval.swa_kernels.blocked import blocked_attention
-from bosch_eval.swa_kernels.flex import flex_attention_layer
-from bosch_eval.swa_kernels.lse_merge import eager_windowed, sink_merged_attention
+from bosch_eval.attention import kernels
+from bosch_eval.attention.hybrid_attention import hybridize
+from bosch_eval.attention.kernels import BACKENDS
+from bosch_eval.attention.kernels import flash as flash_module
+from bosch_eval.attention.kernels import flex as flex_module
+from bosch_eval.attention.kernels.blocked import blocked_attention
+from bosch_eval.attention.kernels.flex import flex_attention_layer
+from bosch_eval.attention.kernels.lse_merge import eager_windowed, sink_merged_attention
+from bosch_eval.attention.local_window import LocalWindow, LocalWindowError
+from bosch_eval.masks.head_mask import HeadMask
+from bosch_eval.models.random_model import random_model
+from bosch_eval.runtime.errors import SettingsError
 
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}  # fp32 kernels against a float64 reference
 
@@ -132,7 +132,7 @@ CASES = [
 @pytest.mark.parametrize("left_pad", [0, 7])
 @pytest.mark.parametrize("one_call_limit", [1 << 40, 0], ids=["all-blocks-in-one-call", "block-by-block"])
 def test_blocked_equals_reference(q_len, kv_len, window, block, sinks, left_pad, one_call_limit, monkeypatch):
-    monkeypatch.setattr("bosch_eval.swa_kernels.blocked._ONE_CALL_MAX_KEY_ELEMENTS", one_call_limit)
+    monkeypatch.setattr("bosch_eval.attention.kernels.blocked._ONE_CALL_MAX_KEY_ELEMENTS", one_call_limit)
     query, key, value, padding = random_inputs(q_len, kv_len, q_len * 1000 + kv_len + window + sinks, left_pad=left_pad)
     expected = dense_reference(query, key, value, padding, window, sinks, 0.3)
     mask = sdpa_mask_from(padding, q_len, kv_len, 2)
@@ -224,11 +224,11 @@ def test_a_backend_is_one_new_module(tmp_path, monkeypatch):
     registers the reference kernel again is found by ``attn_backend`` and runs a hybrid model
     exactly as ``sdpa`` does."""
     (tmp_path / "bosch_test_again.py").write_text(
-        "from bosch_eval.swa_kernels import BACKENDS, Backend\n"
-        "from bosch_eval.swa_kernels.reference import masked_swa_attention\n"
+        "from bosch_eval.attention.kernels import BACKENDS, Backend\n"
+        "from bosch_eval.attention.kernels.reference import masked_swa_attention\n"
         "BACKENDS.register('reference-again', Backend(swa=masked_swa_attention))\n"
     )
-    monkeypatch.setattr(swa_kernels, "__path__", [*swa_kernels.__path__, str(tmp_path)])
+    monkeypatch.setattr(kernels, "__path__", [*kernels.__path__, str(tmp_path)])
     monkeypatch.setattr(BACKENDS, "members", dict(BACKENDS.members))
     model = random_model("qwen3", num_layers=2)
     groups = model.config.num_key_value_heads
@@ -239,7 +239,7 @@ def test_a_backend_is_one_new_module(tmp_path, monkeypatch):
         with torch.no_grad():
             again = model(ids).logits
     finally:
-        sys.modules.pop(f"{swa_kernels.__name__}.bosch_test_again", None)
+        sys.modules.pop(f"{kernels.__name__}.bosch_test_again", None)
     hybridize(model, mask, backend="sdpa")
     with torch.no_grad():
         assert torch.equal(model(ids).logits, again)

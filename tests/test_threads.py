@@ -1,4 +1,4 @@
-"""``bosch_eval.threads``: one thread less than the usable cores, the user's variables win,
+"""``bosch_eval.runtime.threads``: one thread less than the usable cores, the user's variables win,
 and ``bosch-eval`` applies it before torch loads (issue 40: 55 min with one thread per core
 beside a busy process, 5 min with one)."""
 
@@ -12,8 +12,8 @@ from unittest import mock
 
 import pytest
 
-from bosch_eval import threads
-from bosch_eval.threads import THREAD_VARIABLES, apply_thread_policy, cgroup_cpu_limit, decide
+from bosch_eval.runtime import threads
+from bosch_eval.runtime.threads import THREAD_VARIABLES, apply_thread_policy, cgroup_cpu_limit, decide
 
 
 class TestDecide:

@@ -10,8 +10,8 @@ import sys
 import pytest
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from bosch_eval.model_defaults import model_defaults
-from bosch_eval.model_check import BUNDLED_MODELS, model_path, resolve_model
+from bosch_eval.models.model_check import BUNDLED_MODELS, model_path, resolve_model
+from bosch_eval.models.model_defaults import model_defaults
 
 # alias -> (fewest layers, fewest KV groups, weights budget in MiB)
 SHAPES = {"toy": (4, 4, 10), "toy-l": (8, 8, 20)}

@@ -9,7 +9,7 @@ import random
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from bosch_eval.random_model import train_tokenizer
+from bosch_eval.models.random_model import train_tokenizer
 from bosch_eval.toy.corpus import DocumentMaker
 from bosch_eval.toy.train import encode, main
 

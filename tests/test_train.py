@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file
 
 from bosch_eval.cli import main
-from bosch_eval.errors import SettingsError
-from bosch_eval.masks import MaskError
+from bosch_eval.masks.head_mask import MaskError
+from bosch_eval.runtime.errors import SettingsError
 from bosch_eval.train import trainer
 from bosch_eval.train.trainer import TrainSettings, latest_state, train
 from tests.helpers import MASK_SOURCE, settings_for
@@ -154,7 +154,7 @@ class TestResume:
 
 class TestCheckpoint:
     def test_lm_eval_adapter_loads_the_trained_model_with_its_mask(self, tiny_model_dir, tmp_path):
-        from bosch_eval.hybrid_attention import hybrid_state
+        from bosch_eval.attention.hybrid_attention import hybrid_state
         from bosch_eval.model_adapters.bosch import BoschLM
 
         settings = settings_for(tiny_model_dir, steps=2)

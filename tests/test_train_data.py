@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from bosch_eval.errors import SettingsError
-from bosch_eval.random_model import train_tokenizer
+from bosch_eval.models.random_model import train_tokenizer
+from bosch_eval.runtime.errors import SettingsError
 from bosch_eval.train.data import PackedSequences, open_source
 
 DOCS = ["the quick brown fox", "a needle in the haystack: 7 3 1", "what colour is the box", "red green blue"]
@@ -91,7 +91,7 @@ def test_an_unreachable_hub_dataset_is_an_error_naming_data():
 
     code = (
         "from bosch_eval.train.data import open_source\n"
-        "from bosch_eval.errors import SettingsError\n"
+        "from bosch_eval.runtime.errors import SettingsError\n"
         "try:\n    open_source('hf:nobody/no-such-dataset', 16, 0)\nexcept SettingsError as err:\n    print(err)\n"
     )
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")

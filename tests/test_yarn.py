@@ -1,4 +1,4 @@
-"""YaRN on a model config (``bosch_eval.rope_scaling``) and through the ``bosch`` adapter:
+"""YaRN on a model config (``bosch_eval.models.rope_scaling``) and through the ``bosch`` adapter:
 the keys transformers reads, factor 1 = no scaling, inv_freq = transformers' own YaRN,
 and scores that change at factor 2."""
 
@@ -11,11 +11,11 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from bosch_eval.errors import SettingsError
-from bosch_eval.model_check import ModelError
 from bosch_eval.model_adapters.bosch import BoschLM
-from bosch_eval.random_model import random_model
-from bosch_eval.rope_scaling import apply_yarn, check_rope_args, scaled_config
+from bosch_eval.models.model_check import ModelError
+from bosch_eval.models.random_model import random_model
+from bosch_eval.models.rope_scaling import apply_yarn, check_rope_args, scaled_config
+from bosch_eval.runtime.errors import SettingsError
 
 MASK = dict(layers="intr", ratio=0.5, window=8)
 

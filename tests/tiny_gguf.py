@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from bosch_eval.random_model import random_model, train_tokenizer
+from bosch_eval.models.random_model import random_model, train_tokenizer
 
 CONTROL, NORMAL = 3, 1  # gguf.TokenType values
 

@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.masks import HeadMask, HeadRanking
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking
 
 
 def add_analyze_parser(subparsers: Any) -> argparse.ArgumentParser:

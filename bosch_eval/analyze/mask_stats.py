@@ -12,7 +12,7 @@ SWA set of a mask: its (layer, KV group) pairs with bit 0.
 
 from __future__ import annotations
 
-from bosch_eval.masks import HeadMask, MaskError
+from bosch_eval.masks.head_mask import HeadMask, MaskError
 
 
 def swa_set(mask: HeadMask) -> frozenset[tuple[int, int]]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bosch_eval.compare.entries import EntryError, parse_entry
-from bosch_eval.versions import versions
+from bosch_eval.runtime.versions import versions
 
 
 def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -44,8 +44,8 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _head_dim(model: str) -> int:
-    from bosch_eval.masks import ModelShape
-    from bosch_eval.model_check import model_config, resolve_model
+    from bosch_eval.masks.head_mask import ModelShape
+    from bosch_eval.models.model_check import model_config, resolve_model
 
     return ModelShape.head_dim_of(model_config(resolve_model(model)))
 
@@ -54,8 +54,8 @@ def kv_length_of(spec: Any) -> int | None:
     """T of the KV-bytes column: ``kv_length``, else the longest length the metadata names,
     else, when every task is one of ours, the model's ``calib_len`` (``bosch_defaults.json``),
     which each of them defaults to (a bosch_niah_calib-only comparison said "T = None")."""
-    from bosch_eval.model_check import resolve_model
-    from bosch_eval.model_defaults import model_defaults
+    from bosch_eval.models.model_check import resolve_model
+    from bosch_eval.models.model_defaults import model_defaults
 
     length = spec.default_kv_length()
     if length is None and all(task.startswith("bosch_") for task in spec.tasks):

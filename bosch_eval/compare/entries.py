@@ -20,9 +20,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from bosch_eval.errors import BoschError, SettingsError
 from bosch_eval.model_adapters import loader_args
 from bosch_eval.model_adapters.settings import AdapterSettings
+from bosch_eval.runtime.errors import BoschError, SettingsError
 
 SOURCE_KEYS = AdapterSettings.mask_source_names()
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")  # used as a directory name

@@ -3,7 +3,7 @@
 ``mask=runs/q3/mask.json`` names a path, not a mask: a new search writes another mask to
 the same path, and a resumed comparison that compared only the strings kept the old row.
 So every run records the content of what it read, not where it was
-(:mod:`bosch_eval.model_identity`), and a comparison resumes from any clone:
+(:mod:`bosch_eval.models.model_identity`), and a comparison resumes from any clone:
 
 * ``model``: the model's identity (a local directory: the SHA-256 of its files, a bundled
   model also by its alias; a hub id: the commit of the cached snapshot);
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bosch_eval.masks import HeadMask
-from bosch_eval.model_identity import file_digest
+from bosch_eval.masks.head_mask import HeadMask
+from bosch_eval.models.model_identity import file_digest
 
 FILE_SOURCES = ("mask", "ranking")
 

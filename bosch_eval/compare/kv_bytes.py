@@ -1,6 +1,6 @@
 """KV-cache bytes of an entry relative to the original model, in closed form.
 
-The one formula is :func:`bosch_eval.kv_quant.formula.kv_cache_bytes_formula` (what the
+The one formula is :func:`bosch_eval.caches.kv_quant.formula.kv_cache_bytes_formula` (what the
 bench checks against the stored tensors): full KV groups keep every position (LogQuant or
 KiVi packs most of them when ``kv_quant`` is set), SWA groups their S sinks and the last
 ``W − 1``. The
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from bosch_eval.kv_quant.config import parse_kv_quant
-from bosch_eval.kv_quant.formula import kv_cache_bytes_formula
-from bosch_eval.masks import HeadMask
+from bosch_eval.caches.kv_quant.config import parse_kv_quant
+from bosch_eval.caches.kv_quant.formula import kv_cache_bytes_formula
+from bosch_eval.masks.head_mask import HeadMask
 
 REFERENCE_DTYPE_BYTES = 2  # the original model's cache in fp16/bf16
 

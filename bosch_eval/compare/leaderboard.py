@@ -16,7 +16,7 @@ from bosch_eval.compare.entries import EntryError
 from bosch_eval.compare.kv_bytes import entry_kv_bytes
 from bosch_eval.compare.paired_ci import paired_bootstrap_ci
 from bosch_eval.compare.results import RunResults, doc_values, main_score, read_run
-from bosch_eval.masks import HeadMask
+from bosch_eval.masks.head_mask import HeadMask
 
 CI_METHOD = "paired percentile bootstrap over the same documents (stratified by length), 10000 resamples, seed 0"
 TRUNCATED_LEGEND = (

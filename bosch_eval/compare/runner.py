@@ -6,7 +6,7 @@ Layout under ``out``::
     runs/<run>/           one finished run: lm-eval's results_*.json and samples_*.jsonl
                           (one pair per task) and run.json (entry, mask, window, inputs)
     .partial/<run>/       the run in progress; moved to runs/ when its last task is done
-    .bosch-compare.lock   one comparison per ``out`` at a time (:mod:`bosch_eval.outdir_lock`)
+    .bosch-compare.lock   one comparison per ``out`` at a time (:mod:`bosch_eval.runtime.outdir_lock`)
 
 Killing the run loses at most the run in progress (``.partial`` is cleared on restart);
 ``resume=True`` skips finished runs whose pinned inputs (:mod:`bosch_eval.compare.inputs`)
@@ -30,13 +30,13 @@ from typing import Any
 from bosch_eval.compare.entries import Entry, EntryError
 from bosch_eval.compare.inputs import FILE_SOURCES, changed, run_inputs
 from bosch_eval.compare.spec import CompareSpec
-from bosch_eval.device import AUTO, pick_device
-from bosch_eval.doc_selection import samples_for_limit
-from bosch_eval.errors import BoschError
-from bosch_eval.masks import HeadMask, ModelShape
-from bosch_eval.model_identity import model_identity, portable_name
-from bosch_eval.outdir_lock import OutputLock
-from bosch_eval.previous_results import keep_aside
+from bosch_eval.masks.head_mask import HeadMask, ModelShape
+from bosch_eval.models.model_identity import model_identity, portable_name
+from bosch_eval.runtime.device import AUTO, pick_device
+from bosch_eval.runtime.doc_selection import samples_for_limit
+from bosch_eval.runtime.errors import BoschError
+from bosch_eval.runtime.outdir_lock import OutputLock
+from bosch_eval.runtime.previous_results import keep_aside
 
 RUN_FILE = "run.json"
 SETTINGS_FILE = "compare.json"
@@ -77,8 +77,8 @@ def plan_runs(spec: CompareSpec) -> list[PlannedRun]:
     from transformers import AutoConfig
 
     from bosch_eval.model_adapters.loader_args import adapter_settings, typed_model_args
-    from bosch_eval.model_defaults import model_defaults
-    from bosch_eval.model_check import resolve_model
+    from bosch_eval.models.model_check import resolve_model
+    from bosch_eval.models.model_defaults import model_defaults
 
     path = resolve_model(spec.model)
     shape = ModelShape.from_config(AutoConfig.from_pretrained(path))
@@ -179,8 +179,8 @@ def _load_model(spec: CompareSpec, load_args: dict[str, str]) -> Any:
 
     from bosch_eval.model_adapters.bosch import BoschLM
     from bosch_eval.model_adapters.loader_args import typed_model_args
-    from bosch_eval.model_defaults import model_defaults, resolve_window
-    from bosch_eval.model_check import resolve_model
+    from bosch_eval.models.model_check import resolve_model
+    from bosch_eval.models.model_defaults import model_defaults, resolve_window
 
     path = resolve_model(spec.model)
     shape = ModelShape.from_config(AutoConfig.from_pretrained(path))
@@ -193,9 +193,9 @@ def _load_model(spec: CompareSpec, load_args: dict[str, str]) -> Any:
 
 def resolve_entry_mask(args: dict[str, str], shape: ModelShape, default_window: int | None, model: str) -> HeadMask:
     """The mask a run's model_args ask for (all full for the original), validated against ``shape``."""
-    from bosch_eval.mask_sources import resolve_mask
+    from bosch_eval.masks.mask_sources import resolve_mask
     from bosch_eval.model_adapters.settings import AdapterSettings
-    from bosch_eval.model_defaults import resolve_window
+    from bosch_eval.models.model_defaults import resolve_window
 
     # Converted as the adapter converts them (ratio='0.5' -> 0.5, window='abc' -> an error naming window).
     given = AdapterSettings(**{k: v for k, v in args.items() if k in AdapterSettings.mask_source_names()})
@@ -210,7 +210,7 @@ def resolve_entry_mask(args: dict[str, str], shape: ModelShape, default_window: 
 
 def _build_tasks(spec: CompareSpec, path: str) -> tuple[Any, dict[str, list[Any]], dict[str, dict[str, Any]]]:
     """The TaskManager, each task name's objects and its leaf Tasks (built once)."""
-    from bosch_eval.lm_eval_session import LmEvalError, load_task, task_manager
+    from bosch_eval.runtime.lm_eval_session import LmEvalError, load_task, task_manager
 
     # Synthetic tasks (RULER, bosch_niah*) size their documents with the model's tokenizer.
     metadata = {"pretrained": path, "tokenizer": path} | dict(spec.metadata)
@@ -245,7 +245,7 @@ def run_compare(
     from lm_eval.loggers import EvaluationTracker
     from tqdm import tqdm
 
-    from bosch_eval.model_check import resolve_model
+    from bosch_eval.models.model_check import resolve_model
 
     out = Path(out)
     plan = plan_runs(spec)

@@ -57,7 +57,7 @@ class CompareSpec:
 
     def settings(self) -> dict[str, Any]:
         """The task-side settings every run of one output directory shares."""
-        from bosch_eval.model_identity import portable_name
+        from bosch_eval.models.model_identity import portable_name
 
         keys = ("tasks", "model_args", "metadata", "limit", "gen_kwargs", "include_path", "bootstrap_iters")
         settings = {"model": portable_name(self.model)} | {k: asdict(self)[k] if k != "model_args" else self.model_args for k in keys}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bosch_eval.errors import exit_status
+from bosch_eval.runtime.errors import exit_status
 from bosch_eval.train.cli import add_train_arguments, run_from_args
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bosch_eval.layer_heuristics import LAYER_HEURISTICS
-from bosch_eval.rope_scaling import ROPE_SCALINGS
+from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS
+from bosch_eval.models.rope_scaling import ROPE_SCALINGS
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +39,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rope-factor", type=float, help="YaRN factor F: the context grows F times")
     parser.add_argument("--rope-original-max-positions", type=int,
                         help="context the model was trained for (default: the config's max_position_embeddings)")  # fmt: skip
-    parser.add_argument("--attn-backend", default="auto", help="auto or a backend registered in bosch_eval.swa_kernels (a wrong name lists them)")
+    parser.add_argument("--attn-backend", default="auto", help="auto or a backend registered in bosch_eval.attention.kernels (a wrong name lists them)")
     parser.add_argument("--mixed-precision", default="auto", choices=["auto", "no", "bf16", "fp16"],
                         help="auto: bf16 on a CUDA device that supports it, else no")  # fmt: skip
     parser.add_argument("--no-progress-bar", action="store_true", help="no tqdm bar (the log still gets every step)")
@@ -48,7 +48,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 def run_from_args(args: argparse.Namespace) -> None:
     import torch
 
-    from bosch_eval.rope_scaling import check_rope_args
+    from bosch_eval.models.rope_scaling import check_rope_args
     from bosch_eval.train.trainer import TrainSettings, train
 
     names = ("--rope-scaling", "--rope-factor", "--rope-original-max-positions")

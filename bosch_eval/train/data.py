@@ -26,8 +26,8 @@ from typing import Any, Protocol
 
 import torch
 
-from bosch_eval.errors import SettingsError
-from bosch_eval.model_check import ModelError
+from bosch_eval.models.model_check import ModelError
+from bosch_eval.runtime.errors import SettingsError
 
 # The toy model's final training mix (bosch_eval.toy.train.curriculum at full progress).
 TOY_MIX = {"short_recall": 0.15, "recall": 0.2, "niah_single_1": 0.15, "ruler": 0.4, "calib": 0.25, "prose": 0.05}

@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from bosch_eval.errors import SettingsError
-from bosch_eval.masks import HeadMask, MaskError
-from bosch_eval.versions import versions
+from bosch_eval.masks.head_mask import HeadMask, MaskError
+from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.versions import versions
 
 STATE_DIR = "state"  # resumable Accelerate states, state/step-00000010 ...
 
@@ -101,13 +101,13 @@ def load_model(settings: TrainSettings, device: torch.device) -> tuple[Any, Any,
     from lm_eval.utils import simple_parse_args_string
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from bosch_eval.checkpoint import saved_mask
-    from bosch_eval.hybrid_attention import hybridize
-    from bosch_eval.mask_sources import resolve_mask
-    from bosch_eval.masks import ModelShape
-    from bosch_eval.model_defaults import model_defaults
-    from bosch_eval.rope_scaling import scaled_config
-    from bosch_eval.model_check import resolve_model
+    from bosch_eval.attention.hybrid_attention import hybridize
+    from bosch_eval.masks.head_mask import ModelShape
+    from bosch_eval.masks.mask_sources import resolve_mask
+    from bosch_eval.models.checkpoint import saved_mask
+    from bosch_eval.models.model_check import resolve_model
+    from bosch_eval.models.model_defaults import model_defaults
+    from bosch_eval.models.rope_scaling import scaled_config
 
     path = resolve_model(settings.model)
     extra: dict[str, Any] = {}
@@ -271,8 +271,8 @@ def _save_state(accelerator: Any, out: Path, step: int, keep: int) -> None:
 
 def _export(accelerator: Any, model: Any, tokenizer: Any, path: Path, settings: TrainSettings, progress: Progress) -> None:
     """A hybrid checkpoint (mask in ``config.json``), tokenizer, model defaults and ``training.json``."""
-    from bosch_eval.model_defaults import DEFAULTS_FILE
-    from bosch_eval.model_check import resolve_model
+    from bosch_eval.models.model_check import resolve_model
+    from bosch_eval.models.model_defaults import DEFAULTS_FILE
 
     state_dict = accelerator.get_state_dict(model)  # gathers FSDP shards; every process must call it
     if accelerator.is_main_process:

@@ -18,7 +18,7 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
-from bosch_eval.masks import HeadMask, HeadRanking
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking
 from bosch_eval.search.objective import CalibrationObjective
 from bosch_eval.search.objective_loading import build_objective
 

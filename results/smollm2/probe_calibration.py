@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from bosch_eval.model_check import resolve_model
+from bosch_eval.models.model_check import resolve_model
+from bosch_eval.runtime.versions import versions
 from bosch_eval.tasks.niah import retrieval_calib
-from bosch_eval.versions import versions
 
 
 def greedy_hits(model, tokenizer, docs, answer_lead: bool) -> list[bool]:

@@ -26,8 +26,8 @@ for ratio in 0.875 0.75; do
   done
 done
 python - <<'PY'
-from bosch_eval.mask_sources import resolve_mask
-from bosch_eval.masks import ModelShape
+from bosch_eval.masks.mask_sources import resolve_mask
+from bosch_eval.masks.head_mask import ModelShape
 shape = ModelShape(num_layers=4, num_heads=8, num_kv_heads=4)  # the toy model
 for layers, seed in (("intr", None), ("bme", None), ("rand", 0), ("rand", 1), ("rand", 2)):
     mask, _ = resolve_mask(shape, layers=layers, ratio=0.75, seed=seed, window=32)  # 3 whole layers = 12 groups

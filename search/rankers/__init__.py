@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bosch_eval.registry import Registry
+from bosch_eval.runtime.registry import Registry
 
 if TYPE_CHECKING:
     from bosch_eval.search.rankers.base import Ranker

@@ -22,15 +22,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bosch_eval.errors import SettingsError
-from bosch_eval.masks import HeadRanking, ModelShape, check_window
-from bosch_eval.model_check import ModelError
+from bosch_eval.masks.head_mask import HeadRanking, ModelShape, check_window
+from bosch_eval.models.model_check import ModelError
+from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.versions import versions
 from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.rankers.base import Ranker
 from bosch_eval.search.rankers.blocks import query_blocks
 from bosch_eval.search.rankers.capture import capture_attention
 from bosch_eval.tasks.niah.calibration_sets import DEFAULT_CALIBRATION
-from bosch_eval.versions import versions
 
 DEFAULT_BLOCK_SIZE = 64
 # Rows of output-embedding logits formed at once by Fisher's loss ([rows, vocab] floats).

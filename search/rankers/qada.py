@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from bosch_eval.errors import SettingsError
+from bosch_eval.runtime.errors import SettingsError
 from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.rankers.base import Ranker
 from bosch_eval.search.rankers.blocks import AttentionBlock

@@ -20,7 +20,7 @@ from itertools import accumulate
 
 from transformers import PreTrainedTokenizerBase
 
-from bosch_eval.errors import BoschError
+from bosch_eval.runtime.errors import BoschError
 
 _CHUNK = 256  # sentences drawn between two cost measurements
 

@@ -28,8 +28,8 @@ from typing import Any
 from lm_eval.tasks.ruler.common_utils import get_tokenizer, resolve_tokenizer_name
 from transformers import PreTrainedTokenizerBase
 
-from bosch_eval.model_check import IGNORE_METADATA, check_length, model_config, resolve_model, truthy
-from bosch_eval.model_defaults import model_defaults
+from bosch_eval.models.model_check import IGNORE_METADATA, check_length, model_config, resolve_model, truthy
+from bosch_eval.models.model_defaults import model_defaults
 
 log = logging.getLogger("bosch_eval")
 

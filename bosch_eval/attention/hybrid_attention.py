@@ -1,0 +1,429 @@
+"""Hybrid full/SWA attention for any transformers decoder, via ``AttentionInterface``.
+
+A :class:`~bosch_eval.attention.hybrid_spec.HybridSpec` (mask, window and sinks, backend) is applied
+to a model by :func:`apply_spec` (or :func:`hybridize`, which builds the spec first). That
+returns a :class:`HybridAttention` handle, which every attention module of the model
+references. The registered attention function reads the module's ``layer_idx`` and the
+handle's current spec, splits the KV groups (and their query heads) into a full-attention
+set and an SWA set, runs causal attention on the first and windowed causal attention on the
+second, and writes both back in the original head order — the same result as the paper's
+W_o permutation, without touching any weight.
+
+The handle is a context manager: leaving it (or :meth:`HybridAttention.restore`) gives the
+model back exactly as it was — attention implementation, config and modules — like
+lm-eval's ``hf_steered``. Search mode (paper B.2) swaps the spec on the handle in place
+(:meth:`HybridAttention.set_mask`, :meth:`HybridAttention.swap`): no reload, no weight copy.
+
+Window semantics (everywhere): :class:`~bosch_eval.attention.local_window.LocalWindow`, W keys up to
+and including the query plus S sink positions; with S = 0, identical to transformers'
+``sliding_attention`` layers. Layers that the model itself already runs with a sliding
+window keep it; our SWA groups there use ``min(W, model window)`` (and the model's own
+mask still applies, so sinks there are seen only within its window).
+
+Kernels come from the registry in :mod:`bosch_eval.attention.kernels` (``attn_backend=``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask, sdpa_mask
+
+from bosch_eval.attention.hybrid_spec import GroupRun, HybridSpec, LayerSplit
+from bosch_eval.attention.kernels import Backend
+from bosch_eval.attention.local_window import LocalWindow
+from bosch_eval.attention.restore_point import RestorePoint
+from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
+from bosch_eval.models.model_check import ModelError
+from bosch_eval.runtime.errors import SettingsError
+
+# The attention implementation registered with transformers, per mask format.
+IMPLEMENTATIONS = {"sdpa": "bosch_sdpa", "flash": "bosch_flash_attention_2"}
+SDPA_IMPLEMENTATION, FLASH_IMPLEMENTATION = IMPLEMENTATIONS["sdpa"], IMPLEMENTATIONS["flash"]
+
+# The attribute by which the model and each of its attention modules reference the handle.
+HANDLE_ATTRIBUTE = "bosch_hybrid"
+# The config field save_pretrained writes the mask into (bosch_eval.models.checkpoint reads it).
+CONFIG_FIELD = "bosch_mask"
+
+
+class HybridStates(NamedTuple):
+    """Keys (or values) handed over by a deploy-mode cache layer (``bosch_eval.caches.hybrid_cache``):
+    ``full [B, G_full, S, D]`` over every position and ``swa [B, G_swa, S_swa, D]`` over
+    the last ``S_swa`` positions, ending at the last query."""
+
+    full: torch.Tensor
+    swa: torch.Tensor
+
+
+class HybridAttention:
+    """A model with a hybrid spec applied: the current spec, swapped in place, and the undo.
+
+    Made by :func:`apply_spec` / :func:`hybridize`, never directly. Use it as a context
+    manager (or call :meth:`restore`) to give the model back as it was.
+
+    Attributes:
+        model: the model it is applied to.
+        spec: the current :class:`HybridSpec` (read-only; :meth:`swap` replaces it).
+        kernel_cache: the backend's per-model state (flex: its block masks), or None.
+    """
+
+    def __init__(self, model: Any, spec: HybridSpec, modules: dict[int, torch.nn.Module]) -> None:
+        self.model = model
+        self._modules = list(modules.values())
+        self._saved = RestorePoint.take(model, CONFIG_FIELD)
+        self._spec: HybridSpec | None = None
+        self.kernel_cache: Any = None
+        self.restored = False
+        try:
+            self.swap(spec)
+        except Exception:
+            self._saved.put_back()  # a model that cannot take the spec is left as it was
+            raise
+        for module in self._modules:
+            setattr(module, HANDLE_ATTRIBUTE, self)
+        setattr(model, HANDLE_ATTRIBUTE, self)
+
+    # -- the spec -----------------------------------------------------------------------
+    @property
+    def spec(self) -> HybridSpec:
+        if self._spec is None:
+            raise RuntimeError("HybridAttention: no spec applied")
+        return self._spec
+
+    def swap(self, spec: HybridSpec) -> None:
+        """Run ``spec`` from the next forward on (search mode: no reload, no weight copy).
+
+        Raises:
+            RuntimeError: the handle was restored.
+            MaskError: the spec's mask was made for another model shape.
+            SettingsError: its backend cannot run on the model's device.
+        """
+        if self.restored:
+            raise RuntimeError("this hybrid model was restored to the original; apply a spec again (hybridize)")
+        if self._spec is not None:
+            spec.mask.check_fits(self._spec.mask.shape, source="set_mask", model=self._spec.mask.model)
+        if self._spec is None or spec.backend != self._spec.backend:
+            reason = spec.kernels.unavailable(self.model.device)
+            if reason is not None:
+                raise SettingsError(f"attn_backend: {spec.backend!r} {reason}")
+            self.kernel_cache = spec.kernels.cache() if spec.kernels.cache is not None else None
+        implementation = IMPLEMENTATIONS[spec.kernels.mask_format]
+        if self.model.config._attn_implementation != implementation:  # new, or switched away since
+            _set_implementation(self.model, implementation)
+        self._spec = spec
+        setattr(self.model.config, CONFIG_FIELD, spec.saved_mask())
+
+    def set_mask(self, mask: HeadMask, window: int | None = None, sinks: int | None = None) -> None:
+        """Swap the mask in place (search mode): no reload, no weight copy.
+
+        The window and sinks stay unless given.
+        """
+        self.swap(self.spec.with_mask(mask, window, sinks))
+
+    @property
+    def mask(self) -> HeadMask:
+        return self.spec.mask
+
+    @property
+    def local(self) -> LocalWindow:
+        return self.spec.local
+
+    @property
+    def window(self) -> int:
+        return self.spec.local.window
+
+    @property
+    def sinks(self) -> int:
+        return self.spec.local.sinks
+
+    @property
+    def backend(self) -> str:
+        return self.spec.backend
+
+    @property
+    def kernels(self) -> Backend:
+        return self.spec.kernels
+
+    def layer_split(self, layer: int) -> LayerSplit:
+        """The head partition of ``layer`` under the current spec."""
+        return self.spec.layer_split(layer)
+
+    # -- the undo ---------------------------------------------------------------------------
+    def restore(self) -> None:
+        """Give the model back as it was before the spec was applied: its attention
+        implementation (config and sub-configs), its ``bosch_mask`` config field (removed,
+        or the value it had), and no attribute of ours on any module. Idempotent."""
+        if self.restored:
+            return
+        for module in (*self._modules, self.model):
+            if getattr(module, HANDLE_ATTRIBUTE, None) is self:
+                delattr(module, HANDLE_ATTRIBUTE)
+        self._saved.put_back()
+        self.kernel_cache = None
+        self.restored = True
+
+    def __enter__(self) -> HybridAttention:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
+
+    # -- kernels ------------------------------------------------------------------------
+    def full_attention(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """The base implementation's attention (causal, plus the model's own mask)."""
+        return self.spec.kernels.full(module, *args, **kwargs)
+
+    def layer_local(self, kwargs: dict[str, Any]) -> LocalWindow:
+        """The window of this call: the model's own sliding window, if any, still applies."""
+        return self.spec.local.narrowed(kwargs.get("sliding_window"))
+
+    def swa_attention(
+        self,
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """Windowed causal attention (window and sinks) by the backend's kernel."""
+        return self.spec.kernels.swa(module, query, key, value, attention_mask, self.layer_local(kwargs), **self._with_cache(kwargs))
+
+    def mixed_layer(
+        self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Any
+    ) -> torch.Tensor:
+        """A layer of full and SWA groups in one call of the backend's whole-layer kernel."""
+        swa_groups = [not bit for bit in self.spec.mask.bits[module.layer_idx]]
+        layer = self.spec.kernels.layer
+        return layer(module, query, key, value, attention_mask, self.layer_local(kwargs), swa_groups=swa_groups, **self._with_cache(kwargs))
+
+    def _with_cache(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return kwargs if self.kernel_cache is None else {**kwargs, "kernel_cache": self.kernel_cache}
+
+
+def _set_implementation(model: Any, implementation: str) -> None:
+    register()
+    # transformers only logs a warning when a model cannot switch implementation; running
+    # the unpatched attention under a mask would silently measure the wrong model.
+    model.set_attn_implementation(implementation)
+    if model.config._attn_implementation != implementation:
+        raise ModelError(
+            f"{type(model).__name__} does not dispatch attention through transformers' AttentionInterface; "
+            "it cannot run a hybrid mask"
+        )
+
+
+def hybrid_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The registered attention function. query ``[B, H, T, D]``, key/value ``[B, G, S, D]``;
+    returns ``[B, T, H, D]``."""
+    handle: HybridAttention | None = getattr(module, HANDLE_ATTRIBUTE, None)
+    if handle is None:
+        raise RuntimeError(
+            f"{type(module).__name__} runs the bosch attention implementation but carries no mask; "
+            "use bosch_eval.attention.hybrid_attention.hybridize(model, mask)"
+        )
+    split = handle.layer_split(module.layer_idx)
+    if isinstance(key, HybridStates):
+        return _attend_cached_split(handle, split, module, query, key, value, attention_mask, **kwargs), None
+    if not split.swa:
+        # Bit-identical to the unpatched model: the very same kernel on the very same tensors.
+        return handle.full_attention(module, query, key, value, attention_mask, **kwargs), None
+    if not split.full:
+        return handle.swa_attention(module, query, key, value, attention_mask, **kwargs), None
+    if handle.kernels.layer is not None:  # the backend runs a mixed layer in one call
+        return handle.mixed_layer(module, query, key, value, attention_mask, **kwargs), None
+    out = query.new_empty(query.shape[0], query.shape[2], query.shape[1], value.shape[-1])
+    for attend, runs in ((handle.full_attention, split.full), (handle.swa_attention, split.swa)):
+        _attend_runs(attend, runs, split.group_size, module, query, key, value, attention_mask, out, kind_only=False, **kwargs)
+    return out, None
+
+
+def _attend_cached_split(
+    handle: HybridAttention,
+    split: LayerSplit,
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: HybridStates,
+    value: HybridStates,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """Attention over a hybrid cache layer, whose full and SWA groups hold different spans
+    (the cache checks that it was built for the current spec)."""
+    swa_mask = _kept_columns(attention_mask, key.swa.shape[2], handle.sinks)
+    # One query (a decode step): the SWA part holds exactly the positions it sees (the
+    # sinks and the last W, hybrid_cache keeps no more), so its attention is plain
+    # attention over the part, by the backend's full kernel — no band mask, nothing of
+    # length T, no new shape to compile per step.
+    swa_attention = handle.full_attention if query.shape[2] == 1 else handle.swa_attention
+    if not split.full:
+        return swa_attention(module, query, key.swa, value.swa, swa_mask, **kwargs)
+    out = query.new_empty(query.shape[0], query.shape[2], query.shape[1], value.full.shape[-1])
+    parts = (
+        (handle.full_attention, split.full, key.full, value.full, attention_mask),
+        (swa_attention, split.swa, key.swa, value.swa, swa_mask),
+    )
+    for attend, runs, keys, values, mask in parts:
+        if len(runs) == 1:
+            _attend_runs(attend, runs, split.group_size, module, query, keys, values, mask, out, kind_only=True, **kwargs)
+        else:
+            # The cache holds this kind's groups side by side: one call on the query heads
+            # gathered, not one per run (a decode step is launch-bound on a GPU).
+            heads = _head_index(runs, split.group_size, query.device)
+            out[:, :, heads] = attend(module, query[:, heads], keys, values, mask, **kwargs)
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _head_index(runs: tuple[GroupRun, ...], group_size: int, device: torch.device) -> torch.Tensor:
+    """The query heads of ``runs``, in order, as an index tensor on ``device`` (made once)."""
+    heads = [head for run in runs for head in range(run.start * group_size, run.stop * group_size)]
+    return torch.tensor(heads, device=device)
+
+
+def _kept_columns(attention_mask: torch.Tensor | None, kept: int, sinks: int) -> torch.Tensor | None:
+    """The mask columns of the positions an SWA cache part holds: every position until it
+    drops some, then the first ``sinks`` and the last ``kept − sinks``
+    (:meth:`LocalWindow.retained`). O(kept), whatever the mask's length."""
+    if attention_mask is None or attention_mask.shape[-1] == kept:
+        return attention_mask
+    if not sinks:
+        return attention_mask[..., -kept:]
+    return torch.cat([attention_mask[..., :sinks], attention_mask[..., attention_mask.shape[-1] - (kept - sinks) :]], dim=-1)
+
+
+def _attend_runs(
+    attend: Any,
+    runs: tuple[GroupRun, ...],
+    group_size: int,
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    out: torch.Tensor,
+    kind_only: bool,
+    **kwargs: Any,
+) -> None:
+    """``attend`` on the query heads of each run, written into ``out [B, T, H, D]``.
+
+    ``kind_only``: ``key``/``value`` hold only this kind's groups (a cache layer), so a
+    run's groups sit at its ``offset``; otherwise at its own group indices.
+    """
+    for run in runs:
+        heads = slice(run.start * group_size, run.stop * group_size)
+        first = run.offset if kind_only else run.start
+        groups = slice(first, first + run.stop - run.start)
+        out[:, :, heads] = attend(module, query[:, heads], key[:, groups], value[:, groups], attention_mask, **kwargs)
+
+
+def register() -> None:
+    """Register the hybrid attention under one name per mask format, with that format's mask.
+
+    A custom attention name needs an entry in ``AttentionMaskInterface`` too, or
+    transformers builds no mask for it (padding would be ignored). The registry is
+    transformers' and global; the names stay registered after a model is restored (no
+    model runs them unless it is hybridized).
+    """
+    masks = {"sdpa": sdpa_mask, "flash": flash_attention_mask}
+    for mask_format, name in IMPLEMENTATIONS.items():
+        AttentionInterface.register(name, hybrid_attention_forward)
+        AttentionMaskInterface.register(name, masks[mask_format])
+
+
+def attention_modules(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
+    """The self-attention modules of a decoder, by layer index.
+
+    Transformers' attention modules carry ``layer_idx`` (what the hybrid function reads).
+    GQA families (Llama, Qwen2/3, Mistral, Gemma, ...) also carry ``num_key_value_groups``;
+    multi-head families without it (GPT-2: G = H, one query head per KV group) are told
+    from their decoder blocks by ``is_causal``, and cross-attention modules are left out.
+    """
+    return {
+        module.layer_idx: module
+        for module in model.modules()
+        if getattr(module, "layer_idx", None) is not None
+        and (hasattr(module, "num_key_value_groups") or getattr(module, "is_causal", False) is True)
+        and not getattr(module, "is_cross_attention", False)
+    }
+
+
+def _model_name(model: Any) -> str:
+    return getattr(model.config, "_name_or_path", None) or type(model).__name__
+
+
+def apply_spec(model: Any, spec: HybridSpec, source: str = "mask") -> HybridAttention:
+    """Apply ``spec`` to ``model`` and return its handle (a context manager that undoes it).
+
+    A model that already carries a handle gets the spec swapped on it (never a second,
+    stacked patch), and that handle is returned.
+
+    Raises:
+        MaskError: the spec's mask does not fit the model, or the model has no attention
+            module per layer.
+        SettingsError: the spec's backend cannot run on the model's device.
+        ModelError: the model does not dispatch attention through transformers.
+    """
+    shape = ModelShape.from_config(model.config)
+    spec.mask.check_fits(shape, source=source, model=_model_name(model))
+    existing: HybridAttention | None = getattr(model, HANDLE_ATTRIBUTE, None)
+    if existing is not None:
+        existing.swap(spec)
+        return existing
+    modules = attention_modules(model)
+    if sorted(modules) != list(range(shape.num_layers)):
+        raise MaskError(
+            f"{type(model).__name__}: expected one self-attention module per layer carrying layer_idx "
+            f"0..{shape.num_layers - 1} and num_key_value_groups or is_causal (transformers' attention modules "
+            f"do), found layer indices {sorted(modules)}; this model's attention cannot take a head mask"
+        )
+    return HybridAttention(model, spec, modules)
+
+
+def hybridize(
+    model: Any, mask: HeadMask, window: int | None = None, backend: str = "auto", source: str = "mask", sinks: int | None = None
+) -> HybridAttention:
+    """Build a :class:`HybridSpec` for ``model`` and apply it (:func:`apply_spec`).
+
+    Args:
+        model: a transformers ``PreTrainedModel`` (decoder) whose attention dispatches
+            through ``ALL_ATTENTION_FUNCTIONS``.
+        mask: the head mask; must match the model's L, H and G.
+        window: W; defaults to the mask's own ``window``.
+        backend: ``auto`` (chosen for the model's device and dtype) or a registered backend
+            (:func:`~bosch_eval.attention.hybrid_spec.backend_names`).
+        source: how to name the mask in error messages (e.g. its file).
+        sinks: S; defaults to the mask's own ``sinks``.
+
+    Returns:
+        The handle: swap masks on it (search mode), or leave it (``with``) to restore the model.
+
+    Raises:
+        MaskError: the mask does not fit the model, or no window is known.
+        SettingsError: the backend cannot run on the model's device.
+        ModelError: the model does not dispatch attention through transformers.
+    """
+    spec = HybridSpec.build(
+        mask, window, sinks, backend, device=model.device, dtype=model.dtype,
+        shape=ModelShape.from_config(model.config), model_name=_model_name(model), source=source,
+    )  # fmt: skip
+    return apply_spec(model, spec, source)
+
+
+def hybrid_state(model: Any) -> HybridAttention:
+    """The handle of a hybridized model (raises if the model is not hybridized)."""
+    handle = getattr(model, HANDLE_ATTRIBUTE, None)
+    if handle is None:
+        raise RuntimeError(f"{type(model).__name__} is not hybridized; call hybridize(model, mask) first")
+    return handle

@@ -1,0 +1,44 @@
+"""The reference kernels: transformers' SDPA, with an explicit band mask for SWA heads.
+
+Exact on any device, O(T·K) work; every other backend is tested against it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from bosch_eval.attention.local_window import LocalWindow
+
+
+def restrict_to_window(
+    attention_mask: torch.Tensor | None, q_len: int, kv_len: int, local: LocalWindow, device: torch.device
+) -> torch.Tensor:
+    """The model's 4D mask (padding, causality) intersected with the band of ``local``."""
+    band = local.dense(q_len, kv_len, device)[None, None]
+    if attention_mask is None:
+        return band
+    if attention_mask.dtype == torch.bool:
+        return attention_mask & band
+    return attention_mask.masked_fill(~band, torch.finfo(attention_mask.dtype).min)
+
+
+def sdpa_full_attention(module: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """Causal attention exactly as the unpatched model runs it (SDPA and the model's mask)."""
+    return sdpa_attention_forward(module, *args, **kwargs)[0]
+
+
+def masked_swa_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    local: LocalWindow,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """Reference SWA: SDPA with the band as an explicit mask."""
+    mask = restrict_to_window(attention_mask, query.shape[2], key.shape[2], local, query.device)
+    return sdpa_attention_forward(module, query, key, value, mask, **kwargs)[0]

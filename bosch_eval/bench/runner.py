@@ -1,0 +1,518 @@
+"""Latency and memory of hybrid models next to the original (paper §C.4, Fig. 5–6).
+
+For each sequence length T and each configuration (the original model, then one hybrid
+per mask or ratio), measured interleaved in one process: prefill tokens/s (optionally in
+chunks of C tokens), decode tokens/s over N greedy steps after the prefill at batch 1 and
+at batch B (default 8), KV-cache bytes after the prefill, the prefill's peak memory (CUDA
+allocator peak; on CPU the peak resident set size above the start, see
+:func:`peak_memory`), and the decode phase's own peak: the tensor bytes live at the worst
+moment of the decode steps, the KV cache included and the weights not
+(:func:`decode_peak`, from the profiler's allocation events). The original runs unpatched
+(``sdpa``, transformers' dynamic cache); hybrids run the bosch attention (``backend``,
+default ``auto``) on the deploy-mode :class:`~bosch_eval.caches.hybrid_cache.HybridCache`.
+
+Timing is honest on a GPU: every configuration runs once untimed first (CUDA context,
+kernel selection and compilation, allocator growth: the first configuration would pay
+them otherwise), every timer synchronizes the device on both sides
+(:func:`stopwatch`), and rows report medians of the warm, interleaved repeats.
+
+A configuration may add KV quantization (LogQuant/KiVi, ``bosch_eval.caches.kv_quant``) to its
+full-attention groups; without a mask it runs on the all-full mask (the original
+attention). Each row has the bytes measured from the stored tensors next to the
+closed-form :func:`~bosch_eval.caches.kv_quant.formula.kv_cache_bytes_formula`.
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from bosch_eval.attention.hybrid_attention import hybrid_state, hybridize
+from bosch_eval.caches.hybrid_cache import HybridCache, kv_cache_bytes
+from bosch_eval.caches.kv_quant.config import KVQuantConfig
+from bosch_eval.caches.kv_quant.formula import kv_cache_bytes_formula
+from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count, check_ratio
+from bosch_eval.models.transformers_compat import cache_argument
+from bosch_eval.runtime.errors import SettingsError
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    label: str
+    swa_ratio: float
+    window: int | None
+    length: int
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float  # batch 1
+    kv_cache_bytes: int
+    prefill_peak_bytes: int  # above what was allocated before the prefill: activations and the KV cache it writes
+    attention_share: float | None  # of the prefill time, spent in the attention function (None: not profiled)
+    kv_quant: str | None = None  # e.g. "logquant-2bit-W128"
+    kv_bytes_formula: int = 0  # the closed form at this length, to check kv_cache_bytes against
+    decode_peak_bytes: int | None = None  # tensor bytes live at the decode steps' peak (the cache included, weights not)
+    decode_batch: int = 1  # B of the batched decode
+    decode_batch_tokens_per_s: float = 0.0  # tokens of all B sequences per second
+    backend: str | None = None  # the hybrid attention backend that ran (None: the original, unpatched)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One timed run of one configuration (seconds; bytes)."""
+
+    prefill_s: float
+    decode_s: float  # per step at batch 1
+    decode_batch_s: float  # per step at batch B
+    kv_bytes: int  # after the prefill
+    prefill_peak_bytes: int
+
+
+def balanced_mask(shape: ModelShape, ratio: float, window: int) -> HeadMask:
+    """⌈ρ·L·G⌉ SWA groups spread evenly over layers (for timing, which groups does not matter)."""
+    ratio = check_ratio(ratio)
+    cells = sorted(((layer, g) for layer in range(shape.num_layers) for g in range(shape.num_kv_heads)), key=lambda c: (c[1], c[0]))
+    swa = set(cells[: ceil_count(ratio, len(cells))])
+    return HeadMask.from_swa_groups(shape, swa, window=window, method=f"balanced-{ratio:g}")
+
+
+@contextmanager
+def peak_memory(device: torch.device) -> Iterator[Callable[[], int]]:
+    """Yields a function returning the peak memory above the start, in bytes.
+
+    CUDA: the allocator's peak. CPU on Linux: the kernel's peak resident set size
+    (``VmHWM``), reset at the start; elsewhere the resident set size sampled every
+    millisecond by a thread (which takes CPU time from the run it measures).
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        start = torch.cuda.memory_allocated(device)
+        yield lambda: torch.cuda.max_memory_allocated(device) - start
+        return
+    if _reset_peak_rss():
+        start = _proc_status_bytes("VmRSS")
+        yield lambda: _proc_status_bytes("VmHWM") - start
+        return
+    import psutil
+
+    process, peak, done = psutil.Process(), [0], threading.Event()
+    start = process.memory_info().rss
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], process.memory_info().rss - start)
+            time.sleep(0.001)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield lambda: peak[0]
+    finally:
+        done.set()
+        sampler.join()
+
+
+DECODE_LABEL = "bosch_bench.decode"
+
+
+@contextmanager
+def tensor_memory_peak(since: str | None = None) -> Iterator[Callable[[], int]]:
+    """Yields a function returning, after the block, the peak bytes of CPU tensor memory that
+    the block allocated and had not yet freed; with ``since`` (a ``record_function`` label
+    inside the block), the peak from that label's start on.
+
+    Every allocation and free of tensor storage is one ``[memory]`` event of the profiler
+    (``profile_memory=True``) with its bytes and time; they are summed in time order.
+    Unlike the resident set size this does not see memory the C allocator keeps from
+    earlier phases (after a prefill, glibc holds the prefill's temporaries and a decode
+    step's peak hides inside them), nor the weights. A tensor allocated before the block
+    and freed inside it counts as a negative change, so the block should free only what it
+    allocated (garbage is collected first). The profiler slows the block: time it apart.
+    """
+    import gc
+
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    gc.collect()
+    peak = [0]
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        yield lambda: peak[0]
+    events = prof.profiler.kineto_results.events()
+    labels = [e.start_ns() for e in events if since is not None and e.name() == since]
+    if since is not None and not labels:
+        raise ValueError(f"tensor_memory_peak: no record_function {since!r} ran inside the block")
+    start = min(labels, default=None)
+    changes = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]" and e.device_type() == DeviceType.CPU)
+    live = 0
+    for moment, nbytes in changes:
+        live += nbytes
+        if start is None or moment >= start:
+            peak[0] = max(peak[0], live)
+
+
+@torch.no_grad()
+def decode_peak(model: Any, ids: torch.Tensor, chunk: int | None, cache: DynamicCache, steps: int = 4) -> int:
+    """Tensor bytes live at the peak of ``steps`` greedy decode steps after prefilling ``ids``:
+    the KV cache the prefill left, whatever else it left, and the steps' own temporaries
+    (weights excluded). CPU: prefill and decode both run under :func:`tensor_memory_peak`,
+    so the cache tensors a decode step replaces are seen freed. CUDA: the allocator's peak
+    during the steps, above what was allocated before the prefill."""
+    device = ids.device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        token = _prefill(model, ids, chunk, cache)[:, -1:].argmax(-1)
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        _decode(model, token, cache, steps)
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
+    with tensor_memory_peak(since=DECODE_LABEL) as peak:
+        token = _prefill(model, ids, chunk, cache)[:, -1:].argmax(-1)
+        with torch.profiler.record_function(DECODE_LABEL):
+            _decode(model, token, cache, steps)
+    return peak()
+
+
+def _reset_peak_rss() -> bool:
+    """Linux (≥ 4.0) resets a process's peak resident set size when 5 is written to clear_refs."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def _proc_status_bytes(field: str) -> int:
+    match = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
+    if match is None:
+        raise RuntimeError(f"/proc/self/status: no field {field!r}")
+    return int(match.group(1)) * 1024
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextmanager
+def stopwatch(device: torch.device) -> Iterator[Callable[[], float]]:
+    """Yields a function returning, after the block, its wall-clock seconds.
+
+    CUDA runs kernels asynchronously: the device is synchronized before the start (earlier
+    work must not land in this block) and at the end (this block's kernels must), so the
+    time is what the work costs, not what launching it costs. CPU: ``perf_counter`` alone.
+    """
+    _sync(device)
+    start = time.perf_counter()
+    elapsed: list[float] = []
+    yield lambda: elapsed[0]
+    _sync(device)
+    elapsed.append(time.perf_counter() - start)
+
+
+def _prefill(model: Any, ids: torch.Tensor, chunk: int | None, cache: DynamicCache) -> torch.Tensor:
+    """Logits of the last position after prefilling ``ids`` (in chunks of ``chunk`` tokens)."""
+    for piece in ids.split(chunk or ids.shape[1], dim=1):
+        logits = model(input_ids=piece, **{cache_argument(model): cache}, use_cache=True, logits_to_keep=1).logits
+    return logits
+
+
+def _decode(model: Any, token: torch.Tensor, cache: DynamicCache, steps: int) -> torch.Tensor:
+    """``steps`` greedy steps from ``token [B, 1]``; the last token."""
+    for _ in range(steps):
+        token = model(input_ids=token, **{cache_argument(model): cache}, use_cache=True).logits[:, -1:].argmax(-1)
+    return token
+
+
+@torch.no_grad()
+def measure(model: Any, ids: torch.Tensor, decode_tokens: int, chunk: int | None, cache: DynamicCache, decode_batch: int = 8) -> Measurement:
+    """Time one prefill of ``ids [1, T]``, then ``decode_tokens`` greedy steps at batch 1, then as
+    many at batch ``decode_batch``.
+
+    The batched decode runs on the cache repeated ``decode_batch`` times (the cache's
+    ``batch_repeat_interleave``): a step costs the same whatever the rows hold, and
+    prefilling B different sequences would only add B − 1 untimed prefills.
+    """
+    device = ids.device
+    with peak_memory(device) as peak, stopwatch(device) as prefill:
+        logits = _prefill(model, ids, chunk, cache)
+    prefill_peak = peak()
+    kv_bytes = kv_cache_bytes(cache)
+    token = logits[:, -1:].argmax(-1)
+    with stopwatch(device) as decode:
+        token = _decode(model, token, cache, decode_tokens)
+    cache.batch_repeat_interleave(decode_batch)
+    token = token.repeat_interleave(decode_batch, dim=0)
+    with stopwatch(device) as batch_decode:
+        _decode(model, token, cache, decode_tokens)
+    steps = max(1, decode_tokens)
+    return Measurement(prefill(), decode() / steps, batch_decode() / steps, kv_bytes, prefill_peak)
+
+
+@contextmanager
+def attention_seconds(model: Any) -> Iterator[Callable[[], float]]:
+    """Yields a function returning the seconds spent so far in the model's attention function.
+
+    Wraps the function that transformers' attention registry holds for the model's
+    implementation, so only attention itself counts (not the projections, norms or
+    rotary embeddings around it). Each call is synchronized: a separate, untimed run.
+    """
+    name, device = model.config._attn_implementation, model.device
+    function, seconds = ALL_ATTENTION_FUNCTIONS[name], [0.0]
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        _sync(device)
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _sync(device)
+            seconds[0] += time.perf_counter() - start
+
+    ALL_ATTENTION_FUNCTIONS[name] = timed  # an instance-local override; del restores the registered one
+    try:
+        yield lambda: seconds[0]
+    finally:
+        del ALL_ATTENTION_FUNCTIONS[name]
+
+
+@torch.no_grad()
+def attention_share(model: Any, ids: torch.Tensor, chunk: int | None, cache: DynamicCache) -> float:
+    """Share of one prefill's time spent in attention: with share a, no change to attention
+    alone can bring the prefill time below 1 − a of what it is."""
+    with attention_seconds(model) as seconds, stopwatch(ids.device) as prefill:
+        _prefill(model, ids, chunk, cache)
+    return seconds() / prefill()
+
+
+def _set_up(model: Any, mask: HeadMask | None, window: int, kv_quant: KVQuantConfig | None = None, backend: str = "auto") -> DynamicCache:
+    """Put ``model`` in one configuration (``None``: the original) and return a fresh cache for it."""
+    if mask is None and kv_quant is None:
+        model.set_attn_implementation("sdpa")
+        return DynamicCache()
+    if mask is None:  # quantization alone: the original attention in every group
+        mask = HeadMask.uniform(ModelShape.from_config(model.config), full=True, window=window, method="full")
+    hybridize(model, mask, window=mask.window or window, backend=backend)
+    return HybridCache.for_model(model, kv_quant)
+
+
+def kv_quant_label(kv_quant: KVQuantConfig) -> str:
+    return f"{kv_quant.method}-{kv_quant.bits}bit-W{kv_quant.window}"
+
+
+def max_batch(budget_bytes: int, weight_bytes: int, kv_bytes_per_sequence: int) -> int:
+    """Largest batch whose KV cache (closed form, per sequence) fits next to the weights."""
+    return max(0, (budget_bytes - weight_bytes) // max(1, kv_bytes_per_sequence))
+
+
+Config = tuple[str, float | HeadMask | None] | tuple[str, float | HeadMask | None, KVQuantConfig | None]
+
+
+def run_bench(
+    model: Any,
+    configs: list[Config],
+    lengths: list[int],
+    decode_tokens: int,
+    window: int | None = None,
+    chunk: int | None = None,
+    repeats: int = 3,
+    sinks: int = 0,
+    *,
+    decode_batch: int = 8,
+    warmup: int = 1,
+    backend: str = "auto",
+    profile: bool = True,
+    progress: Callable[[list[BenchRow]], None] | None = None,
+) -> list[BenchRow]:
+    """Measure the original model and each hybrid configuration at each length.
+
+    Args:
+        configs: ``(label, ratio or mask[, kv_quant])``; a ratio gets :func:`balanced_mask`;
+            ``None`` with a ``kv_quant``: quantization alone on the original attention.
+        window: W for ratio configs; default ``T // 32`` (the paper's T/W) per length.
+        sinks: S attention sinks for ratio configs (a mask config keeps its own).
+        repeats: timed runs per configuration, interleaved; rows report their medians.
+        decode_batch: B of the batched decode (:func:`measure`).
+        warmup: untimed runs of every configuration at each length before the timed ones.
+        backend: attention backend of the hybrids (``auto`` or a registered one).
+        profile: also measure the attention share and the decode phase's peak, in two more
+            runs per configuration (else those fields are None).
+        progress: called with every row so far after each length (to write partial results).
+    """
+    for name, value, least in (("repeats", repeats, 1), ("warmup", warmup, 0), ("decode_batch", decode_batch, 1)):
+        if value < least:
+            raise SettingsError(f"bench: {name} must be >= {least}, got {value}")
+    shape = ModelShape.from_config(model.config)
+    device = model.device
+    quant = {c[0]: c[2] for c in configs if len(c) > 2}
+    rows: list[BenchRow] = []
+    for length in lengths:
+        w = window or max(1, length // 32)
+        masks = [(c[0], c[1] if isinstance(c[1], HeadMask) or c[1] is None else balanced_mask(shape, c[1], w).with_meta(sinks=sinks)) for c in configs]
+        ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length)).to(device)
+        configurations: list[tuple[str, HeadMask | None]] = [("original", None), *masks]
+
+        def set_up(label: str, mask: HeadMask | None) -> DynamicCache:
+            return _set_up(model, mask, w, quant.get(label), backend)
+
+        for _ in range(warmup):  # start-up costs land here, not in the first configuration's timings
+            for label, mask in configurations:
+                measure(model, ids, decode_tokens, chunk, set_up(label, mask), decode_batch)
+        timings: dict[str, list[Measurement]] = {}
+        backends: dict[str, str | None] = {}
+        for _ in range(repeats):  # interleaved, so drifting machine load hits every configuration alike
+            for label, mask in configurations:
+                cache = set_up(label, mask)
+                backends[label] = hybrid_state(model).backend if isinstance(cache, HybridCache) else None
+                timings.setdefault(label, []).append(measure(model, ids, decode_tokens, chunk, cache, decode_batch))
+        # Separate runs: timing every attention call, or profiling allocations, perturbs the timing.
+        shares = {label: attention_share(model, ids, chunk, set_up(label, mask)) for label, mask in configurations} if profile else {}
+        peaks = {label: decode_peak(model, ids, chunk, set_up(label, mask)) for label, mask in configurations} if profile else {}
+        for label, runs in timings.items():
+            mask = dict(masks).get(label)
+            rows.append(
+                _row(model, label, mask, w, length, runs, quant.get(label), shares.get(label), peaks.get(label), decode_batch, backends[label])
+            )
+        if progress is not None:
+            progress(list(rows))
+    return rows
+
+
+def _row(
+    model: Any, label: str, mask: HeadMask | None, window: int, length: int, runs: list[Measurement], kv_quant: KVQuantConfig | None,
+    share: float | None, decode_peak_bytes: int | None, decode_batch: int, backend: str | None,
+) -> BenchRow:  # fmt: skip
+    """One configuration's row: medians of its timed runs."""
+    shape = ModelShape.from_config(model.config)
+    return BenchRow(
+        label=label,
+        swa_ratio=mask.swa_ratio if mask else 0.0,
+        window=(mask.window or window) if mask else None,
+        length=length,
+        prefill_tokens_per_s=length / statistics.median(r.prefill_s for r in runs),
+        decode_tokens_per_s=1.0 / statistics.median(r.decode_s for r in runs),
+        kv_cache_bytes=runs[0].kv_bytes,
+        prefill_peak_bytes=int(statistics.median(r.prefill_peak_bytes for r in runs)),
+        attention_share=share,
+        kv_quant=kv_quant_label(kv_quant) if kv_quant else None,
+        kv_bytes_formula=kv_cache_bytes_formula(
+            mask.bits if mask else None, shape.num_layers, shape.num_kv_heads, ModelShape.head_dim_of(model.config), length,
+            window=(mask.window or window) if mask else None, kv_quant=kv_quant, dtype_bytes=next(model.parameters()).element_size(),
+            sinks=mask.sinks if mask else 0,
+        ),  # fmt: skip
+        decode_peak_bytes=decode_peak_bytes,
+        decode_batch=decode_batch,
+        decode_batch_tokens_per_s=decode_batch / statistics.median(r.decode_batch_s for r in runs),
+        backend=backend,
+    )
+
+
+def speedups(rows: list[BenchRow]) -> list[dict[str, Any]]:
+    """Each hybrid row against the original at the same length, measured in the same run:
+    tokens/s ratios (above 1: faster than the original) and memory ratios (below 1: less)."""
+    original = {row.length: row for row in rows if row.label == "original"}
+    return [
+        {
+            "label": row.label, "backend": row.backend, "length": row.length, "swa_ratio": row.swa_ratio, "window": row.window,
+            "prefill": row.prefill_tokens_per_s / original[row.length].prefill_tokens_per_s,
+            "decode_batch_1": row.decode_tokens_per_s / original[row.length].decode_tokens_per_s,
+            f"decode_batch_{row.decode_batch}": row.decode_batch_tokens_per_s / original[row.length].decode_batch_tokens_per_s,
+            # None where the original's peak is not positive (a CPU's resident-set peak at tiny sizes).
+            "prefill_peak": row.prefill_peak_bytes / original[row.length].prefill_peak_bytes if original[row.length].prefill_peak_bytes > 0 else None,
+            "kv_bytes": row.kv_cache_bytes / original[row.length].kv_cache_bytes,
+        }
+        for row in rows
+        if row.label != "original"
+    ]  # fmt: skip
+
+
+def ratio_table(rows: list[BenchRow], budget_bytes: int | None = None, weight_bytes: int = 0) -> str:
+    """Markdown table with each hybrid's ratios to the original at the same length (time and
+    memory ratios: below 1 is faster or smaller); with a memory budget, KV columns (formula,
+    quantization) and the largest batch that fits."""
+    original = {row.length: row for row in rows if row.label == "original"}
+    kv_columns = budget_bytes is not None
+    batch = rows[0].decode_batch if rows else 1
+    lines = [
+        f"| config | ρ | W | T | prefill tok/s | decode tok/s | decode tok/s ×{batch} | KV bytes | prefill peak MB | decode peak MB | "
+        f"attention share | prefill time ratio | decode time ratio | decode ×{batch} time ratio | KV ratio | prefill peak ratio | "
+        "decode peak ratio | backend |" + (" kv_quant | KV bytes (formula) | max batch |" if kv_columns else ""),
+        "|---" * 18 + "|" + ("---|---|---|" if kv_columns else ""),
+    ]
+    for row in rows:
+        base = original[row.length]
+        lines.append(
+            f"| {row.label} | {row.swa_ratio:.3g} | {row.window or '-'} | {row.length} | {row.prefill_tokens_per_s:.1f} | "
+            f"{row.decode_tokens_per_s:.2f} | {row.decode_batch_tokens_per_s:.2f} | {row.kv_cache_bytes} | "
+            f"{row.prefill_peak_bytes / 2**20:.1f} | {_megabytes(row.decode_peak_bytes)} | "
+            f"{'-' if row.attention_share is None else f'{row.attention_share:.2f}'} | "
+            f"{base.prefill_tokens_per_s / row.prefill_tokens_per_s:.3f} | {base.decode_tokens_per_s / row.decode_tokens_per_s:.3f} | "
+            f"{base.decode_batch_tokens_per_s / row.decode_batch_tokens_per_s:.3f} | {row.kv_cache_bytes / base.kv_cache_bytes:.4f} | "
+            f"{row.prefill_peak_bytes / max(base.prefill_peak_bytes, 1):.3f} | {_ratio(row.decode_peak_bytes, base.decode_peak_bytes)} | "
+            f"{row.backend or 'sdpa (unpatched)'} |"
+            + (f" {row.kv_quant or '-'} | {row.kv_bytes_formula} | {max_batch(budget_bytes, weight_bytes, row.kv_bytes_formula)} |" if kv_columns else "")
+        )
+    return "\n".join(lines)
+
+
+def _megabytes(size: int | None) -> str:
+    return "-" if size is None else f"{size / 2**20:.1f}"
+
+
+def _ratio(value: int | None, base: int | None) -> str:
+    return "-" if value is None or base is None else f"{value / max(base, 1):.3f}"
+
+
+def environment(device: torch.device) -> dict[str, str]:
+    """The device the benchmark ran on and versions, recorded beside every benchmark result."""
+    import transformers
+
+    # The device used, not the best one present: a CPU run on a GPU machine says cpu.
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{device.type} ({platform.processor() or platform.machine()})"
+    return {"device": name, "threads": str(torch.get_num_threads()), "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version()}  # fmt: skip
+
+
+def plot(rows: list[BenchRow], path: str, x: str = "length") -> None:
+    """Prefill and decode throughput and KV bytes per configuration against ``x`` (Fig. 5/6 style)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def series(row: BenchRow) -> str:  # one line per configuration; in a window sweep, per ratio
+        return row.label if x == "length" or row.window is None else f"ρ={row.swa_ratio:g}"
+
+    metrics = [("prefill_tokens_per_s", "prefill tokens/s"), ("decode_tokens_per_s", "decode tokens/s"), ("kv_cache_bytes", "KV-cache bytes")]
+    figure, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    for axis, (field, title) in zip(axes, metrics, strict=True):
+        for label in dict.fromkeys(map(series, rows)):
+            points = [(getattr(r, x), getattr(r, field)) for r in rows if series(r) == label]
+            if points[0][0] is None:  # the original has no window: a reference line in the sweep
+                axis.axhline(points[0][1], color="black", linestyle="--", label=label)
+            else:
+                axis.plot(*zip(*points, strict=True), marker="o", label=label)
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("sequence length T" if x == "length" else "window W")
+        axis.set_title(title)
+    axes[0].legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def rows_as_json(rows: list[BenchRow]) -> list[dict[str, Any]]:
+    return [asdict(row) for row in rows]

@@ -1,0 +1,100 @@
+"""One registry helper for every family of interchangeable parts (rankers, layer heuristics,
+SWA kernels, optimizers, KV-quantization methods, search variants).
+
+Each member declares its own name once, where it is defined (``@RANKERS.register("mine")``
+on a class in a new file ``search/rankers/mine.py``). A registry with a ``package`` imports
+every module of that package the first time a name is missing or the names are listed, so
+a new file in the package is all a new member takes. Known names import nothing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import pkgutil
+import re
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar, overload
+
+from bosch_eval.runtime.errors import SettingsError
+
+T = TypeVar("T")
+# Names travel through lm-eval's model_args ("a=1,b=2") and command lines.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+
+
+class Registry(Generic[T]):
+    """Members of one family by name, in registration order.
+
+    Args:
+        family: what a member is, for messages ("ranker", "layer heuristic").
+        package: a package whose modules define members; imported on demand.
+        field: the setting the name comes from, for messages (default: ``family``).
+        error: what an unknown name raises (a ``BoschError`` subclass, so commands print it).
+
+    Attributes:
+        members: ``{name: member}`` registered so far (tests patch it with ``monkeypatch``);
+            :meth:`names` and lookups see every member.
+    """
+
+    def __init__(
+        self, family: str, *, package: str | None = None, field: str | None = None, error: type[Exception] = SettingsError
+    ) -> None:
+        self.family, self.package, self.field, self.error = family, package, field or family, error
+        self.members: dict[str, T] = {}
+
+    @overload
+    def register(self, name: str) -> Callable[[T], T]: ...
+    @overload
+    def register(self, name: str, member: T) -> T: ...
+    def register(self, name: str, member: T | None = None) -> T | Callable[[T], T]:
+        """Add ``member`` under ``name``; without ``member``, a decorator that adds what it decorates.
+
+        Raises:
+            ValueError: a malformed name, or one that is taken (two members cannot share it).
+        """
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise ValueError(f"{self.family} name: expected letters, digits, '_', '-' or '.', got {name!r}")
+        if member is None:
+            return lambda decorated: self.register(name, decorated)
+        if name in self.members:
+            raise ValueError(f"{self.family} {name!r} is registered twice: {self.members[name]!r} and {member!r}")
+        self.members[name] = member
+        return member
+
+    def lookup(self, name: str, field: str | None = None) -> T:
+        """The member called ``name``; else ``error`` naming ``field``, the name, the valid names
+        and the closest one."""
+        if name not in self:
+            valid = sorted(self.names())
+            close = difflib.get_close_matches(str(name), valid, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise self.error(f"{field or self.field}: unknown {self.family} {name!r}, expected one of {valid}{hint}")
+        return self.members[name]
+
+    __getitem__ = lookup
+
+    def names(self) -> tuple[str, ...]:
+        """Every member's name, in registration order (a package's modules are imported first)."""
+        self._discover()
+        return tuple(self.members)
+
+    def items(self) -> list[tuple[str, T]]:
+        """``(name, member)`` of every member, in registration order."""
+        return [(name, self.members[name]) for name in self.names()]
+
+    def __contains__(self, name: object) -> bool:
+        if isinstance(name, str) and name not in self.members:
+            self._discover()
+        return isinstance(name, str) and name in self.members
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def _discover(self) -> None:
+        """Import every module of ``package``: each registers its members as it is imported."""
+        if self.package is None:
+            return
+        package = importlib.import_module(self.package)
+        for module in pkgutil.iter_modules(package.__path__, f"{self.package}."):
+            importlib.import_module(module.name)
