@@ -121,7 +121,8 @@ def run_from_args(args: argparse.Namespace) -> None:
 def check_settings(args: argparse.Namespace, rankings: list[tuple[str, str]], masks: list[tuple[str, str]]) -> dict[str, Any]:
     """What decides the check's scores, pinned in ``settings.json``: the model by its name (a
     bundled model's alias, wherever the checkout lies), ranking and mask files by content."""
-    from bosch_eval.models.model_identity import file_digest, portable_name
+    from bosch_eval.models.model_identity import portable_name
+    from bosch_eval.runtime.digests import file_digest
 
     settings = {key: getattr(args, key) for key in (
         "calib", "calib_metadata", "dev", "dev_metadata", "ratios", "random", "window", "calib_len", "calib_examples")}  # fmt: skip
@@ -233,7 +234,8 @@ def _comparable(pinned: dict[str, Any]) -> dict[str, Any]:
     """Pinned settings as this version writes them: a bundled model's path becomes its alias,
     and files an older bosch-eval pinned as ``NAME=PATH`` are read where they were named
     (one that is gone cannot match)."""
-    from bosch_eval.models.model_identity import file_digest, portable_name
+    from bosch_eval.models.model_identity import portable_name
+    from bosch_eval.runtime.digests import file_digest
 
     pinned = dict(pinned)
     if isinstance(pinned.get("model"), str):

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from bosch_eval.masks.head_mask import HeadMask
-from bosch_eval.models.model_identity import file_digest
+from bosch_eval.runtime.digests import file_digest
 
 FILE_SOURCES = ("mask", "ranking")
 

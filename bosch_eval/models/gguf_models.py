@@ -28,7 +28,6 @@ Nothing heavy is imported at module level: the ``lm_eval`` start-up hook reads
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bosch_eval.models.model_check import ModelError
+from bosch_eval.runtime.digests import file_digest
 
 log = logging.getLogger("bosch_eval")
 
@@ -152,22 +152,6 @@ def resolve_gguf(name: str) -> Path:
 
 def _cache_name(stem: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._") or "model"
-
-
-_DIGESTS: dict[tuple[str, int, int], str] = {}
-
-
-def file_digest(path: Path) -> str:
-    """The sha256 of a file, computed once per process for an unchanged file (path, size, mtime)."""
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-    if key not in _DIGESTS:
-        digest = hashlib.sha256()
-        with path.open("rb") as stream:
-            for block in iter(lambda: stream.read(1 << 20), b""):
-                digest.update(block)
-        _DIGESTS[key] = digest.hexdigest()
-    return _DIGESTS[key]
 
 
 def converted_checkpoint(gguf_file: Path, name: str, install: str | None = None) -> Path:

@@ -23,26 +23,16 @@ pinning are read.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
 from bosch_eval.models.gguf_models import PACKAGED_GGUF, SOURCE_FILE, packaged_alias
 from bosch_eval.models.model_check import BUNDLED_MODELS
+from bosch_eval.runtime.digests import file_digest
 
-CHUNK = 1 << 20
 NOT_READ_AT_LOAD = (".md",)  # model cards
 NOT_READ_AT_LOAD_NAMES = (SOURCE_FILE,)  # a converted GGUF's record of its source file
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding bosch_eval/ (this is bosch_eval/models/)
-
-
-def file_digest(path: str | Path) -> str:
-    """SHA-256 of a file's content (hex)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def portable_name(value: str) -> str:

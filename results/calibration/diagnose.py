@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bosch_eval.masks.head_mask import HeadMask, HeadRanking
 from bosch_eval.search.objective import CalibrationObjective
-from bosch_eval.search.objective_loading import build_objective
+from bosch_eval.search.objective_loading import CalibrationSettings, build_objective
 
 ROOT = Path("results/toy_l")
 VARIANTS = {"seed0": {}, "seed1": {"calib_seed": 1}, "plain": {"calib_query": "plain"}, "distract3": {"calib_distractors": 3}}
@@ -40,7 +40,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    first = build_objective("toy-l", tasks=["bosch_niah_calib"], calib_len=1024, calib_examples=64)
+    first = build_objective("toy-l", CalibrationSettings(tasks=("bosch_niah_calib",), length=1024, examples=64))
     objectives = {name: CalibrationObjective(first.lm, ["bosch_niah_calib"], metadata={**first.metadata, **meta})
                   for name, meta in VARIANTS.items()}  # fmt: skip
     window = first.lm.head_mask.window

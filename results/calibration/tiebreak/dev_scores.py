@@ -18,13 +18,13 @@ from pathlib import Path
 
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.search.objective import CalibrationObjective
-from bosch_eval.search.objective_loading import build_objective
+from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
 
 DEV = {"dev_lengths": [512, 1024], "dev_samples": 8}
 
 
 def main() -> None:
-    calib = build_objective("toy-l", tasks=["bosch_niah_calib"], device="cpu", batch_size=8)
+    calib = build_objective("toy-l", CalibrationSettings(tasks=("bosch_niah_calib",)), LoadSettings(device="cpu", batch_size=8))
     model = {key: calib.metadata[key] for key in ("pretrained", "tokenizer")}
     dev = CalibrationObjective(calib.lm, ["bosch_niah_dev"], metadata={**model, **DEV})
     lines = [f"$ {shlex.join(['python', *sys.argv])}", "",
