@@ -7,10 +7,10 @@
 #   card       full / all-SWA on the calibration sets and RULER, S() cost  -> card/
 #   rank       the six static rankings on the calibration set              -> rankings/{method}.json
 #   check      calib-check of bosch_retrieval_calib against bosch_niah_dev  -> check/
-#   search R   BOSCH at ratio R (0.5, 0.75, 0.875)                          -> search/bosch-rR/
+#   search R [S]  BOSCH at ratio R (0.5, 0.75, 0.875), seed S (default 0)  -> search/bosch-rR[-sS]/
 #   compare    the held-out leaderboard                                     -> leaderboard/
 set -euo pipefail
-step=${1:?usage: results/smollm2/commands.sh probe|defaults|card|rank|check|search RATIO|compare}
+step=${1:?usage: results/smollm2/commands.sh probe|defaults|card|rank|check|search RATIO [SEED]|compare}
 R=results/smollm2
 CALIB=bosch_retrieval_calib
 case $step in
@@ -31,4 +31,13 @@ case $step in
   rank)     for method in apl dcam proxy qada razor fisher; do
               bosch-eval rank --method $method --model smollm2 --calib-task $CALIB --dtype bfloat16 --out $R/rankings/$method.json
             done ;;
+  check)    # resumes from the committed scores.jsonl under the same settings (settings.json)
+            rankings=(); for method in apl dcam fisher proxy qada razor; do rankings+=(--ranking $method=$R/rankings/$method.json); done
+            bosch-eval calib-check --model smollm2 --calib $CALIB --dev bosch_niah_dev --dev-metadata '{"dev_lengths": [1024], "dev_samples": 8}' \
+              --ratios 0.5 0.75 0.875 --random 21 "${rankings[@]}" --dtype bfloat16 --batch-size 8 --out $R/check ;;
+  search)   ratio=${2:?ratio}; seed=${3:-0}; out=$R/search/bosch-r$ratio$([ "$seed" != 0 ] && echo "-s$seed")
+            resume=(); { [ -f $out/journal.jsonl ] || [ -f $out/journal.jsonl.gz ]; } && resume=(--resume)  # .gz: committed, unpacked on --resume
+            bosch-eval search --model smollm2 --ratio $ratio --seed $seed --calib-tasks $CALIB --dtype bfloat16 --batch-size 8 \
+              --out $out "${resume[@]}" ;;
+  compare)  bosch-eval compare --config $R/leaderboard.yaml --out $R/leaderboard --resume ;;
 esac
