@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))  # tests/helpers.py holds the reference; run as a 
 from bosch_eval.attention.hybrid_attention import hybridize  # noqa: E402
 from bosch_eval.attention.hybrid_spec import resolve_backend  # noqa: E402
 from bosch_eval.attention.kernels import BACKENDS  # noqa: E402
-from bosch_eval.bench.runner import environment  # noqa: E402
+from bosch_eval.bench.report import environment  # noqa: E402
 from bosch_eval.masks.head_mask import HeadMask, ModelShape  # noqa: E402
 from bosch_eval.models.random_model import FAMILIES, random_model  # noqa: E402
 from tests.helpers import left_padded_batch, reference_logits  # noqa: E402

@@ -144,7 +144,8 @@ def stage_bench(folder: Path, seconds: float, plan: Plan, device: str) -> dict[s
     import torch
     from backend_reference import runnable_backends  # benchmarks/ is sys.path[0]
 
-    from bosch_eval.bench.runner import BenchRow, speedups
+    from bosch_eval.bench.report import speedups
+    from bosch_eval.bench.runner import BenchRow
 
     backends, skipped = runnable_backends(torch.device(device))
     deadline = time.monotonic() + seconds
@@ -338,7 +339,7 @@ def _number(value: float | None) -> str:
 def environment_of(device: str, argv: list[str], plan: Plan) -> dict[str, Any]:
     import torch
 
-    from bosch_eval.bench.runner import environment
+    from bosch_eval.bench.report import environment
     from bosch_eval.runtime.versions import versions
 
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()

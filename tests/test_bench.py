@@ -11,9 +11,12 @@ import torch
 from transformers import DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+import bosch_eval.bench.memory as memory
 import bosch_eval.bench.runner as bench
 from bosch_eval.attention.hybrid_attention import hybridize
-from bosch_eval.bench.runner import BenchRow, Measurement, balanced_mask, peak_memory, ratio_table, run_bench, speedups, stopwatch
+from bosch_eval.bench.memory import peak_memory
+from bosch_eval.bench.report import ratio_table, speedups
+from bosch_eval.bench.runner import BenchRow, Measurement, balanced_mask, run_bench, stopwatch
 from bosch_eval.caches.hybrid_cache import HybridCache
 from bosch_eval.cli import main
 from bosch_eval.masks.head_mask import ModelShape
@@ -193,8 +196,8 @@ def test_speedups_are_tokens_per_second_over_the_same_runs_original():
 @pytest.mark.parametrize("reset_works", [True, False], ids=["linux-peak-rss", "sampled-rss"])
 def test_peak_memory_sees_a_transient_allocation(monkeypatch, reset_works):
     if not reset_works:
-        monkeypatch.setattr(bench, "_reset_peak_rss", lambda: False)
-    elif not bench._reset_peak_rss():
+        monkeypatch.setattr(memory, "_reset_peak_rss", lambda: False)
+    elif not memory._reset_peak_rss():
         pytest.skip("no /proc/self/clear_refs here")
     size = 256 * 2**20
     with peak_memory(torch.device("cpu")) as peak:
@@ -206,14 +209,14 @@ def test_peak_memory_sees_a_transient_allocation(monkeypatch, reset_works):
 
 def test_tensor_memory_peak_counts_live_tensors_only():
     before = torch.ones(4_000_000)  # allocated before the block: not counted
-    with bench.tensor_memory_peak() as peak:
+    with memory.tensor_memory_peak() as peak:
         kept = torch.ones(1_000_000)  # 4 MB, still live at the end
         temporary = kept * 2  # +4 MB
         del temporary
         joined = torch.cat([kept, kept])  # +8 MB on top of the 4 kept: the peak
         del joined
     assert 12_000_000 <= peak() <= 12_000_000 + 64  # + the few bytes of a scalar operand
-    with bench.tensor_memory_peak(since="late") as late:
+    with memory.tensor_memory_peak(since="late") as late:
         big = torch.ones(2_000_000)  # 8 MB, freed before the label
         del big
         held = torch.ones(1_000_000)

@@ -313,7 +313,8 @@ class TestMethods:
 
 
 def test_bench_measures_quantized_configs_and_matches_the_formula():
-    from bosch_eval.bench.runner import max_batch, ratio_table, run_bench
+    from bosch_eval.bench.report import max_batch, ratio_table
+    from bosch_eval.bench.runner import run_bench
 
     model = random_model("qwen3", num_layers=4)
     kv = KVQuantConfig("logquant", 2, 4, 8)

@@ -61,7 +61,8 @@ def _bench(args: argparse.Namespace) -> None:
     import torch
 
     from bosch_eval.attention.hybrid_spec import backend_names, resolve_backend
-    from bosch_eval.bench.runner import balanced_mask, environment, plot, ratio_table, rows_as_json, run_bench
+    from bosch_eval.bench.report import environment, plot, ratio_table, rows_as_json
+    from bosch_eval.bench.runner import balanced_mask, run_bench
 
     if args.backend not in backend_names():
         raise SettingsError(f"--backend: expected one of {backend_names()}, got {args.backend!r}")

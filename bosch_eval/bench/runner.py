@@ -5,7 +5,7 @@ per mask or ratio), measured interleaved in one process: prefill tokens/s (optio
 chunks of C tokens), decode tokens/s over N greedy steps after the prefill at batch 1 and
 at batch B (default 8), KV-cache bytes after the prefill, the prefill's peak memory (CUDA
 allocator peak; on CPU the peak resident set size above the start, see
-:func:`peak_memory`), and the decode phase's own peak: the tensor bytes live at the worst
+:func:`~bosch_eval.bench.memory.peak_memory`), and the decode phase's own peak: the tensor bytes live at the worst
 moment of the decode steps, the KV cache included and the weights not
 (:func:`decode_peak`, from the profiler's allocation events). The original runs unpatched
 (``sdpa``, transformers' dynamic cache); hybrids run the bosch attention (``backend``,
@@ -24,15 +24,11 @@ closed-form :func:`~bosch_eval.caches.kv_quant.formula.kv_cache_bytes_formula`.
 
 from __future__ import annotations
 
-import platform
-import re
 import statistics
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,6 +36,7 @@ from transformers import DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from bosch_eval.attention.hybrid_attention import hybrid_state, hybridize
+from bosch_eval.bench.memory import peak_memory, tensor_memory_peak
 from bosch_eval.caches.hybrid_cache import HybridCache, kv_cache_bytes
 from bosch_eval.caches.kv_quant.config import KVQuantConfig
 from bosch_eval.caches.kv_quant.formula import kv_cache_bytes_formula
@@ -86,80 +83,7 @@ def balanced_mask(shape: ModelShape, ratio: float, window: int) -> HeadMask:
     return HeadMask.from_swa_groups(shape, swa, window=window, method=f"balanced-{ratio:g}")
 
 
-@contextmanager
-def peak_memory(device: torch.device) -> Iterator[Callable[[], int]]:
-    """Yields a function returning the peak memory above the start, in bytes.
-
-    CUDA: the allocator's peak. CPU on Linux: the kernel's peak resident set size
-    (``VmHWM``), reset at the start; elsewhere the resident set size sampled every
-    millisecond by a thread (which takes CPU time from the run it measures).
-    """
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        start = torch.cuda.memory_allocated(device)
-        yield lambda: torch.cuda.max_memory_allocated(device) - start
-        return
-    if _reset_peak_rss():
-        start = _proc_status_bytes("VmRSS")
-        yield lambda: _proc_status_bytes("VmHWM") - start
-        return
-    import psutil
-
-    process, peak, done = psutil.Process(), [0], threading.Event()
-    start = process.memory_info().rss
-
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], process.memory_info().rss - start)
-            time.sleep(0.001)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        yield lambda: peak[0]
-    finally:
-        done.set()
-        sampler.join()
-
-
 DECODE_LABEL = "bosch_bench.decode"
-
-
-@contextmanager
-def tensor_memory_peak(since: str | None = None) -> Iterator[Callable[[], int]]:
-    """Yields a function returning, after the block, the peak bytes of CPU tensor memory that
-    the block allocated and had not yet freed; with ``since`` (a ``record_function`` label
-    inside the block), the peak from that label's start on.
-
-    Every allocation and free of tensor storage is one ``[memory]`` event of the profiler
-    (``profile_memory=True``) with its bytes and time; they are summed in time order.
-    Unlike the resident set size this does not see memory the C allocator keeps from
-    earlier phases (after a prefill, glibc holds the prefill's temporaries and a decode
-    step's peak hides inside them), nor the weights. A tensor allocated before the block
-    and freed inside it counts as a negative change, so the block should free only what it
-    allocated (garbage is collected first). The profiler slows the block: time it apart.
-    """
-    import gc
-
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    gc.collect()
-    peak = [0]
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        yield lambda: peak[0]
-    events = prof.profiler.kineto_results.events()
-    labels = [e.start_ns() for e in events if since is not None and e.name() == since]
-    if since is not None and not labels:
-        raise ValueError(f"tensor_memory_peak: no record_function {since!r} ran inside the block")
-    start = min(labels, default=None)
-    changes = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]" and e.device_type() == DeviceType.CPU)
-    live = 0
-    for moment, nbytes in changes:
-        live += nbytes
-        if start is None or moment >= start:
-            peak[0] = max(peak[0], live)
 
 
 @torch.no_grad()
@@ -184,22 +108,6 @@ def decode_peak(model: Any, ids: torch.Tensor, chunk: int | None, cache: Dynamic
         with torch.profiler.record_function(DECODE_LABEL):
             _decode(model, token, cache, steps)
     return peak()
-
-
-def _reset_peak_rss() -> bool:
-    """Linux (≥ 4.0) resets a process's peak resident set size when 5 is written to clear_refs."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
-
-
-def _proc_status_bytes(field: str) -> int:
-    match = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
-    if match is None:
-        raise RuntimeError(f"/proc/self/status: no field {field!r}")
-    return int(match.group(1)) * 1024
 
 
 def _sync(device: torch.device) -> None:
@@ -313,11 +221,6 @@ def kv_quant_label(kv_quant: KVQuantConfig) -> str:
     return f"{kv_quant.method}-{kv_quant.bits}bit-W{kv_quant.window}"
 
 
-def max_batch(budget_bytes: int, weight_bytes: int, kv_bytes_per_sequence: int) -> int:
-    """Largest batch whose KV cache (closed form, per sequence) fits next to the weights."""
-    return max(0, (budget_bytes - weight_bytes) // max(1, kv_bytes_per_sequence))
-
-
 Config = tuple[str, float | HeadMask | None] | tuple[str, float | HeadMask | None, KVQuantConfig | None]
 
 
@@ -420,99 +323,3 @@ def _row(
     )
 
 
-def speedups(rows: list[BenchRow]) -> list[dict[str, Any]]:
-    """Each hybrid row against the original at the same length, measured in the same run:
-    tokens/s ratios (above 1: faster than the original) and memory ratios (below 1: less)."""
-    original = {row.length: row for row in rows if row.label == "original"}
-    return [
-        {
-            "label": row.label, "backend": row.backend, "length": row.length, "swa_ratio": row.swa_ratio, "window": row.window,
-            "prefill": row.prefill_tokens_per_s / original[row.length].prefill_tokens_per_s,
-            "decode_batch_1": row.decode_tokens_per_s / original[row.length].decode_tokens_per_s,
-            f"decode_batch_{row.decode_batch}": row.decode_batch_tokens_per_s / original[row.length].decode_batch_tokens_per_s,
-            # None where the original's peak is not positive (a CPU's resident-set peak at tiny sizes).
-            "prefill_peak": row.prefill_peak_bytes / original[row.length].prefill_peak_bytes if original[row.length].prefill_peak_bytes > 0 else None,
-            "kv_bytes": row.kv_cache_bytes / original[row.length].kv_cache_bytes,
-        }
-        for row in rows
-        if row.label != "original"
-    ]  # fmt: skip
-
-
-def ratio_table(rows: list[BenchRow], budget_bytes: int | None = None, weight_bytes: int = 0) -> str:
-    """Markdown table with each hybrid's ratios to the original at the same length (time and
-    memory ratios: below 1 is faster or smaller); with a memory budget, KV columns (formula,
-    quantization) and the largest batch that fits."""
-    original = {row.length: row for row in rows if row.label == "original"}
-    kv_columns = budget_bytes is not None
-    batch = rows[0].decode_batch if rows else 1
-    lines = [
-        f"| config | ρ | W | T | prefill tok/s | decode tok/s | decode tok/s ×{batch} | KV bytes | prefill peak MB | decode peak MB | "
-        f"attention share | prefill time ratio | decode time ratio | decode ×{batch} time ratio | KV ratio | prefill peak ratio | "
-        "decode peak ratio | backend |" + (" kv_quant | KV bytes (formula) | max batch |" if kv_columns else ""),
-        "|---" * 18 + "|" + ("---|---|---|" if kv_columns else ""),
-    ]
-    for row in rows:
-        base = original[row.length]
-        lines.append(
-            f"| {row.label} | {row.swa_ratio:.3g} | {row.window or '-'} | {row.length} | {row.prefill_tokens_per_s:.1f} | "
-            f"{row.decode_tokens_per_s:.2f} | {row.decode_batch_tokens_per_s:.2f} | {row.kv_cache_bytes} | "
-            f"{row.prefill_peak_bytes / 2**20:.1f} | {_megabytes(row.decode_peak_bytes)} | "
-            f"{'-' if row.attention_share is None else f'{row.attention_share:.2f}'} | "
-            f"{base.prefill_tokens_per_s / row.prefill_tokens_per_s:.3f} | {base.decode_tokens_per_s / row.decode_tokens_per_s:.3f} | "
-            f"{base.decode_batch_tokens_per_s / row.decode_batch_tokens_per_s:.3f} | {row.kv_cache_bytes / base.kv_cache_bytes:.4f} | "
-            f"{row.prefill_peak_bytes / max(base.prefill_peak_bytes, 1):.3f} | {_ratio(row.decode_peak_bytes, base.decode_peak_bytes)} | "
-            f"{row.backend or 'sdpa (unpatched)'} |"
-            + (f" {row.kv_quant or '-'} | {row.kv_bytes_formula} | {max_batch(budget_bytes, weight_bytes, row.kv_bytes_formula)} |" if kv_columns else "")
-        )
-    return "\n".join(lines)
-
-
-def _megabytes(size: int | None) -> str:
-    return "-" if size is None else f"{size / 2**20:.1f}"
-
-
-def _ratio(value: int | None, base: int | None) -> str:
-    return "-" if value is None or base is None else f"{value / max(base, 1):.3f}"
-
-
-def environment(device: torch.device) -> dict[str, str]:
-    """The device the benchmark ran on and versions, recorded beside every benchmark result."""
-    import transformers
-
-    # The device used, not the best one present: a CPU run on a GPU machine says cpu.
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{device.type} ({platform.processor() or platform.machine()})"
-    return {"device": name, "threads": str(torch.get_num_threads()), "torch": torch.__version__,
-            "transformers": transformers.__version__, "python": platform.python_version()}  # fmt: skip
-
-
-def plot(rows: list[BenchRow], path: str, x: str = "length") -> None:
-    """Prefill and decode throughput and KV bytes per configuration against ``x`` (Fig. 5/6 style)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    def series(row: BenchRow) -> str:  # one line per configuration; in a window sweep, per ratio
-        return row.label if x == "length" or row.window is None else f"ρ={row.swa_ratio:g}"
-
-    metrics = [("prefill_tokens_per_s", "prefill tokens/s"), ("decode_tokens_per_s", "decode tokens/s"), ("kv_cache_bytes", "KV-cache bytes")]
-    figure, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    for axis, (field, title) in zip(axes, metrics, strict=True):
-        for label in dict.fromkeys(map(series, rows)):
-            points = [(getattr(r, x), getattr(r, field)) for r in rows if series(r) == label]
-            if points[0][0] is None:  # the original has no window: a reference line in the sweep
-                axis.axhline(points[0][1], color="black", linestyle="--", label=label)
-            else:
-                axis.plot(*zip(*points, strict=True), marker="o", label=label)
-        axis.set_xscale("log", base=2)
-        axis.set_xlabel("sequence length T" if x == "length" else "window W")
-        axis.set_title(title)
-    axes[0].legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-
-
-def rows_as_json(rows: list[BenchRow]) -> list[dict[str, Any]]:
-    return [asdict(row) for row in rows]
