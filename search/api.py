@@ -33,7 +33,8 @@ from bosch_eval.runtime.outdir_lock import OutputLock
 from bosch_eval.runtime.previous_results import keep_aside
 from bosch_eval.runtime.versions import versions
 from bosch_eval.search.defaults import DEFAULT_CALIB_LEN, DEFAULT_CALIB_TASK, DEFAULT_PREFIX_CACHE_MB
-from bosch_eval.search.journal import Journal, JournalError, refuse_other_settings
+from bosch_eval.search.journal import Journal, JournalError
+from bosch_eval.search.journal_header import refuse_other_settings
 from bosch_eval.search.objective import CalibrationObjective
 from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.search.pipeline import Resumed, SearchResult, SearchSettings, run_search, validate_for_shape

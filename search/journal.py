@@ -54,17 +54,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.runtime.errors import BoschError
+from bosch_eval.search.journal_header import JournalError, differences, normalized_header, other_settings_error
 
 JOURNAL_FORMAT = "bosch-journal/1"
 # How every journal file begins (what json.dumps writes for the header line).
 _HEADER_PREFIX = b'{"journal": "bosch-journal/1", "header": '
 
 log = logging.getLogger("bosch_eval.search")
-
-
-class JournalError(BoschError, RuntimeError):
-    """A journal that cannot be opened, resumed or appended to as asked."""
 
 
 def mask_key(bits: Sequence[Sequence[int]]) -> str:
@@ -134,7 +130,7 @@ class Journal:
         self.wall_time = wall_time
         self.on_new_settings = on_new_settings
         self.migrate = migrate
-        self._header = _normalized_header(header)
+        self._header = normalized_header(header)
         self._records: list[dict[str, Any]] = []
         self._scores: dict[str, float] = {}
         self._bounds: dict[str, dict[str, Any]] = {}
@@ -334,7 +330,7 @@ class Journal:
             log.warning("%s: ignored %d repeated record(s) of masks journaled twice with equal scores", self.path, copies)
         if changed:
             if self.on_new_settings is None:
-                raise _other_settings(self.path, changed)
+                raise other_settings_error(self.path, changed)
             self.on_new_settings(stored)  # before the header changes: a kill in between keeps the old result
             log.warning(
                 "%s: resuming under other settings (%s); its %d masks evaluated are reused, since a mask's score "
@@ -361,7 +357,7 @@ class Journal:
         """The changes in reusable fields ('settings.seed: 0 → 1'); a JournalError naming
         the first differing field that decides scores."""
         changed = []
-        for path, theirs, mine in _differences(stored, self._header):
+        for path, theirs, mine in differences(stored, self._header):
             if path.split(".")[0] in self.reusable:
                 changed.append(f"{path}: {theirs} → {mine}")
                 continue
@@ -386,36 +382,6 @@ class Journal:
             self._bounds[record["key"]] = record
 
 
-def refuse_other_settings(
-    path: str | Path, field: str, value: Any, migrate: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-) -> None:
-    """Before anything expensive (a model load): the refusal :class:`Journal` would give for a
-    resume whose header ``field`` differs from ``value`` (the stored header read through
-    ``migrate``, as :class:`Journal` reads it); nothing if there is no readable journal at
-    ``path``, plain or gzipped (opening it later says what is wrong)."""
-    path = Path(path)
-    packed = path.with_name(path.name + ".gz")  # a committed journal, unpacked only once the resume goes on
-    try:
-        with open(path, "rb") if path.exists() or not packed.exists() else gzip.open(packed, "rb") as handle:
-            stored = json.loads(handle.readline())["header"]
-    except (OSError, EOFError, ValueError, KeyError, TypeError):
-        return
-    if migrate is not None and isinstance(stored, dict):
-        stored = migrate(stored)
-    mine = _normalized_header({field: value})
-    changed = [f"{where}: {theirs} → {now}" for where, theirs, now in _differences({field: stored.get(field)}, mine)]
-    if field in stored and changed:
-        raise _other_settings(path, changed)
-
-
-def _other_settings(path: Path, changed: Sequence[str]) -> JournalError:
-    return JournalError(
-        f"{path}: the journaled search ran under other settings ({'; '.join(changed)}); resuming would replace its "
-        "result. Resume with the journal's settings, choose another --out, or pass --new-settings to run these "
-        "settings on its scores (the old mask.json and report.md are kept)"
-    )
-
-
 def _masks_in(lines: Sequence[bytes]) -> int:
     """Distinct masks with a score or a bound among journal lines (values records hold neither)."""
     keys = set()
@@ -427,38 +393,6 @@ def _masks_in(lines: Sequence[bytes]) -> int:
         if isinstance(record, dict) and ("score" in record or "bound" in record):
             keys.add(record.get("key"))
     return len(keys)
-
-
-def _normalized_header(header: Mapping[str, Any]) -> dict[str, Any]:
-    """The header as it will read back from the file, so comparisons see what JSON keeps."""
-    if not isinstance(header, Mapping):
-        raise JournalError(f"journal header: expected a mapping of search settings, got {type(header).__name__}")
-    try:
-        return json.loads(json.dumps(dict(header)))
-    except (TypeError, ValueError) as err:
-        raise JournalError(f"journal header: not JSON-serializable: {err}") from None
-
-
-def _differences(old: Any, new: Any, path: str = "") -> list[tuple[str, str, str]]:
-    """(dotted field, old value, new value) of every leaf where two JSON values differ."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        found = []
-        for name in [*new, *(name for name in old if name not in new)]:
-            where = f"{path}.{name}" if path else str(name)
-            if name not in old or name not in new:
-                was = _short(old[name]) if name in old else "(absent)"
-                found.append((where, was, _short(new[name]) if name in new else "(absent)"))
-            else:
-                found.extend(_differences(old[name], new[name], where))
-        return found
-    if type(old) is type(new) and old == new:
-        return []
-    return [(path, _short(old), _short(new))]
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _line_problem(line: bytes, number: int) -> str | None:

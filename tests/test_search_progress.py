@@ -10,7 +10,7 @@ import pytest
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.search.pipeline import SearchSettings, run_search
 from bosch_eval.search.score_book import ScoreBook
-from bosch_eval.search.stages import StageProgress
+from bosch_eval.search.stage_progress import StageProgress
 from tests.helpers import SHAPE, ExampleObjective
 
 
