@@ -6,8 +6,9 @@
 Every score is appended to ``<out>/scores.jsonl`` as it is made, so a killed check resumes
 where it stopped when run again with the same settings (``<out>/settings.json``); other
 settings on that ``--out`` are refused unless ``--new-settings`` (the old files then move to
-``<out>/previous/``). ``check.json`` and ``report.md`` are written at the end, the command
-and versions first.
+``<out>/previous/``). ``check.json`` and ``report.md`` (the command and versions first) are
+rewritten as scores arrive, marked partial until every mask is scored: a check that takes a
+day on a CPU shows each ratio's verdict as soon as that ratio's masks are all scored.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import math
 import shlex
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from bosch_eval.runtime.errors import BoschError
@@ -42,7 +44,8 @@ example:
 Every score is appended to OUT/scores.jsonl as it is made: a killed check, run again with the
 same settings, resumes where it stopped. Other settings on the same --out are refused unless
 --new-settings is given (the old files then move to OUT/previous/). OUT/check.json and
-OUT/report.md are written at the end.
+OUT/report.md are rewritten as scores arrive, marked partial until every mask is scored; a
+ratio's verdict appears once all its masks are scored.
 """
 
 
@@ -111,11 +114,16 @@ def run_from_args(args: argparse.Namespace) -> None:
         panel = build_panel(calib.shape, calib.lm.head_mask.window, ratios, rankings, args.random, given)
         # Only once the tasks and masks are known to be good.
         _pin_settings(args.out, settings, args.new_settings)
-        scores = score_panel(panel, {"calib": calib, "dev": dev}, args.out / "scores.jsonl")
-        report = make_report(panel, scores, settings, " ".join(["bosch-eval", *map(shlex.quote, args.argv)]))
-        (args.out / "check.json").write_text(json.dumps(report, indent=1) + "\n")
-        (args.out / "report.md").write_text(render(report))
-    print(render(report))
+        command = " ".join(["bosch-eval", *map(shlex.quote, args.argv)])
+
+        def write_report(scores: dict[str, dict[str, float]]) -> None:
+            report = make_report(panel, scores, settings, command)
+            if report is not None:
+                (args.out / "check.json").write_text(json.dumps(report, indent=1) + "\n")
+                (args.out / "report.md").write_text(render(report))
+
+        scores = score_panel(panel, {"calib": calib, "dev": dev}, args.out / "scores.jsonl", on_scores=write_report)
+    print(render(make_report(panel, scores, settings, command)))
 
 
 def check_settings(args: argparse.Namespace, rankings: list[tuple[str, str]], masks: list[tuple[str, str]]) -> dict[str, Any]:
@@ -134,8 +142,14 @@ def check_settings(args: argparse.Namespace, rankings: list[tuple[str, str]], ma
     return settings
 
 
-def score_panel(panel: list[PanelMask], objectives: dict[str, CalibrationObjective], journal: Path) -> dict[str, dict[str, float]]:
-    """Every panel mask's score on every objective, resumed from and appended to ``journal``."""
+def score_panel(
+    panel: list[PanelMask],
+    objectives: dict[str, CalibrationObjective],
+    journal: Path,
+    on_scores: Callable[[dict[str, dict[str, float]]], None] | None = None,
+) -> dict[str, dict[str, float]]:
+    """Every panel mask's score on every objective, resumed from and appended to ``journal``;
+    ``on_scores`` sees the scores once the journal is read and after each new score."""
     from tqdm import tqdm
 
     scores: dict[str, dict[str, float]] = {side: {} for side in objectives}
@@ -144,6 +158,8 @@ def score_panel(panel: list[PanelMask], objectives: dict[str, CalibrationObjecti
             record = json.loads(line)
             scores[record["side"]][record["name"]] = record["score"]
     todo = [(item, side) for item in panel for side in objectives if item.name not in scores[side]]
+    if on_scores is not None:
+        on_scores(scores)
     with journal.open("a") as out, tqdm(total=len(panel) * len(objectives), initial=len(panel) * len(objectives) - len(todo), desc="calib-check") as bar:
         for item, side in todo:
             score = objectives[side](item.mask)
@@ -151,29 +167,45 @@ def score_panel(panel: list[PanelMask], objectives: dict[str, CalibrationObjecti
             out.write(json.dumps({"side": side, "name": item.name, "score": score}) + "\n")
             out.flush()
             bar.update()
+            if on_scores is not None:
+                on_scores(scores)
     return scores
 
 
-def make_report(panel: list[PanelMask], scores: dict[str, dict[str, float]], settings: dict[str, Any], command: str) -> dict[str, Any]:
+def make_report(
+    panel: list[PanelMask], scores: dict[str, dict[str, float]], settings: dict[str, Any], command: str
+) -> dict[str, Any] | None:
+    """The check's report from the masks scored on both sides so far: the probes among them, and
+    only the ratios whose masks are all scored (a verdict on part of a ratio's panel would be
+    another test). None until both anchors are scored on both sides."""
     from bosch_eval.search.calib_check import layer_drops, summarize
 
     calib, dev = scores["calib"], scores["dev"]
+    scored = [item for item in panel if item.name in calib and item.name in dev]
+    names = {item.name for item in scored}
+    if not {"full", "all-swa"} <= names:
+        return None
+    unfinished = {item.ratio for item in panel if item.name not in names}
+    reported = [item for item in scored if item.ratio is None or item.ratio not in unfinished]
+    done = sum(item.name in side for item in panel for side in (calib, dev))
     return {
         "command": command,
         "versions": versions("bosch-eval", "lm_eval", "torch", "transformers"),
         "settings": settings,
+        "status": "complete" if done == 2 * len(panel) else f"partial: {done} of {2 * len(panel)} scores",
         "full": {"calib": calib["full"], "dev": dev["full"]},
         "all_swa": {"calib": calib["all-swa"], "dev": dev["all-swa"]},
-        "layer_drops": {"calib": layer_drops(panel, calib), "dev": layer_drops(panel, dev)},
-        "ratios": [_summary_json(summary) for summary in summarize(panel, calib, dev)],
-        "masks": [{"name": item.name, "kind": item.kind, "ratio": item.ratio, "calib": calib[item.name], "dev": dev[item.name]} for item in panel],
-    }
+        "layer_drops": {"calib": layer_drops(reported, calib), "dev": layer_drops(reported, dev)},
+        "ratios": [_summary_json(summary) for summary in summarize(reported, calib, dev)],
+        "masks": [{"name": item.name, "kind": item.kind, "ratio": item.ratio, "calib": calib[item.name], "dev": dev[item.name]} for item in scored],
+    }  # fmt: skip
 
 
 def render(report: dict[str, Any]) -> str:
     settings = report["settings"]
     lines = [
         f"$ {report['command']}", "", f"versions: {json.dumps(report['versions'])}", "",
+        *_partial_note(report.get("status", "complete")),
         f"calibration `{settings['calib']}` {json.dumps(settings['calib_metadata'])}; development `{settings['dev']}` "
         f"{json.dumps(settings['dev_metadata'])}",
         "", f"S(full) calib {report['full']['calib']:.3f} / dev {report['full']['dev']:.3f}; "
@@ -196,6 +228,13 @@ def render(report: dict[str, Any]) -> str:
               "", "| mask | ratio | calib | dev |", "|---|---|---|---|"]
     lines += [f"| {m['name']} | {m['ratio'] if m['ratio'] is not None else ''} | {m['calib']:.3f} | {m['dev']:.3f} |" for m in report["masks"]]
     return "\n".join(lines) + "\n"
+
+
+def _partial_note(status: str) -> list[str]:
+    if status == "complete":
+        return []
+    return [f"**Partial check** ({status}): the probes and the ratios whose masks are all scored so far; "
+            "the check resumes from `scores.jsonl`.", ""]
 
 
 def _summary_json(summary: RatioSummary) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from scipy.stats import spearmanr
 from bosch_eval.cli import main
 from bosch_eval.masks.head_mask import HeadMask, HeadRanking, ModelShape
 from bosch_eval.search.calib_check import bootstrap_ci, build_panel, layer_drops, spearman, summarize
-from bosch_eval.search.calib_check_cli import CalibCheckError, score_panel
+from bosch_eval.search.calib_check_cli import CalibCheckError, make_report, render, score_panel
 
 SHAPE = ModelShape(num_layers=4, num_heads=8, num_kv_heads=4)
 
@@ -134,6 +134,33 @@ def test_scores_are_journaled_and_a_resumed_run_scores_nothing_twice(tmp_path: P
     assert len(calls) == 5 + 2 * len(panel) - 4
     assert len(journal.read_text().splitlines()) == 2 * len(panel)
     assert scores["calib"]["all-swa"] == 1.0 and scores["dev"]["full"] == 0.0
+
+
+def test_a_partial_check_reports_the_probes_and_only_the_ratios_whose_masks_are_all_scored(tmp_path: Path):
+    panel = build_panel(SHAPE, 32, [0.5, 0.75], {"syn": ranking()}, random_count=3)
+    reports: list[dict | None] = []
+
+    def objective(side: str):
+        def score(mask: HeadMask) -> float:
+            return 1.0 - mask.swa_ratio + (0.01 if side == "dev" else 0.0)
+
+        return score
+
+    def on_scores(scores: dict[str, dict[str, float]]) -> None:
+        reports.append(make_report(panel, scores, {"calib": "c", "calib_metadata": {}, "dev": "d", "dev_metadata": {}}, "cmd"))
+
+    score_panel(panel, {"calib": objective("calib"), "dev": objective("dev")}, tmp_path / "scores.jsonl", on_scores=on_scores)
+    assert reports[0] is None and reports[3] is None  # nothing, then one anchor, until both anchors have both sides
+    first_ratio = 2 * (2 + SHAPE.num_layers + sum(item.ratio == 0.5 for item in panel))
+    before, at = reports[first_ratio - 1], reports[first_ratio]  # reports[k]: after k scores
+    assert before["status"] == f"partial: {first_ratio - 1} of {2 * len(panel)} scores" and before["ratios"] == []
+    assert set(before["layer_drops"]["calib"]) == set(range(SHAPE.num_layers))
+    assert [row["ratio"] for row in at["ratios"]] == [0.5]
+    assert all(mask["ratio"] in (None, 0.5) for mask in at["masks"])
+    assert "**Partial check**" in render(at)
+    final = reports[-1]
+    assert final["status"] == "complete" and [row["ratio"] for row in final["ratios"]] == [0.5, 0.75]
+    assert "Partial" not in render(final)
 
 
 @pytest.mark.slow
