@@ -104,6 +104,32 @@ class TestRestore:
         again = hybridize(model, mixed_mask(model, 1))
         assert again is not hybrid and hybrid_state(model) is again
 
+    def test_nested_blocks_go_back_to_the_spec_each_found_and_the_outer_one_restores(self):
+        model = random_model("qwen3", seed=4)
+        untouched = copy.deepcopy(model)
+        ids, attention = left_padded_batch(model.config.vocab_size, [24, 17], seed=5)
+        outer, inner = mixed_mask(model, 0), mixed_mask(model, 1)
+        with hybridize(model, outer) as first:
+            expected_outer = logits(model, ids, attention)
+            with hybridize(model, inner) as second:
+                assert second is first and first.mask == inner
+                assert not torch.equal(logits(model, ids, attention), expected_outer)
+            assert first.mask == outer and not first.restored  # the inner block gave back the outer spec
+            assert torch.equal(logits(model, ids, attention), expected_outer)
+        assert_same_model(model, untouched)
+        assert not hasattr(model, "bosch_hybrid")
+
+    def test_a_block_on_a_model_hybridized_without_one_goes_back_to_that_spec(self):
+        model = random_model("qwen3", seed=4)
+        kept = hybridize(model, mixed_mask(model, 0))  # as the adapter does: applied for the model's life
+        with hybridize(model, mixed_mask(model, 1)):
+            pass
+        assert hybrid_state(model) is kept and kept.mask == mixed_mask(model, 0) and not kept.restored
+        kept.set_mask(mixed_mask(model, 2))  # a swap inside a block is undone by the block's exit
+        with hybridize(model, mixed_mask(model, 3)) as hybrid:
+            hybrid.set_mask(mixed_mask(model, 1))
+        assert kept.mask == mixed_mask(model, 2)
+
     def test_weights_are_never_copied(self):
         model = random_model("llama")
         pointers = {name: p.data_ptr() for name, p in model.named_parameters()}

@@ -63,7 +63,10 @@ class HybridAttention:
     """A model with a hybrid spec applied: the current spec, swapped in place, and the undo.
 
     Made by :func:`apply_spec` / :func:`hybridize`, never directly. Use it as a context
-    manager (or call :meth:`restore`) to give the model back as it was.
+    manager (or call :meth:`restore`) to give the model back as it was. Blocks nest: a
+    ``with hybridize(model, ...)`` on a model already hybridized swaps its spec on this handle,
+    and leaving that block swaps back the spec it found; only leaving the block that first
+    applied a spec restores the model.
 
     Attributes:
         model: the model it is applied to.
@@ -78,6 +81,10 @@ class HybridAttention:
         self._spec: HybridSpec | None = None
         self.kernel_cache: Any = None
         self.restored = False
+        # What leaving a with-block goes back to, per open block (None: the original model), and
+        # what the next block entered will go back to: the spec found by the last apply_spec.
+        self._block_exits: list[HybridSpec | None] = []
+        self._next_block_exit: HybridSpec | None = None
         try:
             self.swap(spec)
         except Exception:
@@ -167,10 +174,16 @@ class HybridAttention:
         self.restored = True
 
     def __enter__(self) -> HybridAttention:
+        self._block_exits.append(self._next_block_exit)
+        self._next_block_exit = None
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.restore()
+        found = self._block_exits.pop() if self._block_exits else None
+        if found is None or self.restored:
+            self.restore()
+        else:
+            self.swap(found)
 
     # -- kernels ------------------------------------------------------------------------
     def full_attention(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -367,7 +380,8 @@ def apply_spec(model: Any, spec: HybridSpec, source: str = "mask") -> HybridAtte
     """Apply ``spec`` to ``model`` and return its handle (a context manager that undoes it).
 
     A model that already carries a handle gets the spec swapped on it (never a second,
-    stacked patch), and that handle is returned.
+    stacked patch), and that handle is returned; a with-block on it swaps back, on exit, the
+    spec it found.
 
     Raises:
         MaskError: the spec's mask does not fit the model, or the model has no attention
@@ -379,7 +393,9 @@ def apply_spec(model: Any, spec: HybridSpec, source: str = "mask") -> HybridAtte
     spec.mask.check_fits(shape, source=source, model=_model_name(model))
     existing: HybridAttention | None = getattr(model, HANDLE_ATTRIBUTE, None)
     if existing is not None:
+        found = existing.spec
         existing.swap(spec)
+        existing._next_block_exit = found
         return existing
     modules = attention_modules(model)
     if sorted(modules) != list(range(shape.num_layers)):
