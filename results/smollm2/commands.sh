@@ -35,7 +35,8 @@ case $step in
             rankings=(); for method in apl dcam fisher proxy qada razor; do rankings+=(--ranking $method=$R/rankings/$method.json); done
             bosch-eval calib-check --model smollm2 --calib $CALIB --dev bosch_niah_dev --dev-metadata '{"dev_lengths": [1024], "dev_samples": 8}' \
               --ratios 0.5 0.75 0.875 --random 21 "${rankings[@]}" --dtype bfloat16 --batch-size 8 --out $R/check ;;
-  search)   ratio=${2:?ratio}; seed=${3:-0}; out=$R/search/bosch-r$ratio$([ "$seed" != 0 ] && echo "-s$seed")
+  search)   ratio=${2:?ratio}; seed=${3:-0}; suffix=""; [ "$seed" = 0 ] || suffix="-s$seed"
+            out=$R/search/bosch-r$ratio$suffix
             resume=(); { [ -f $out/journal.jsonl ] || [ -f $out/journal.jsonl.gz ]; } && resume=(--resume)  # .gz: committed, unpacked on --resume
             # --prefix-cache-mb: the states entering one layer for the 64 x 1024 calibration tokens
             # are 72 MiB in bf16 (64 x 1024 x 576 x 2 bytes); the default 1024 keeps 14 of the 29
