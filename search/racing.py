@@ -283,7 +283,12 @@ class Racer:
     def _add_round(self, entries: Sequence[tuple[Tally, HeadMask, str, list[int]]], metric: str) -> None:
         """Add one chunk of each (tally, mask, task, indices) entry: the examples the memo
         knows from it, the rest scored, one item per entry, or per part of a chunk when
-        there are fewer entries to score than processes."""
+        there are fewer entries to score than processes.
+
+        The entries are scored a group at a time (one entry per process), and each group's
+        values reach the memo, and so the journal, before the next group starts: a first
+        round can hold hundreds of masks (Stage 3 on a real model: an hour of CPU), and a
+        kill must lose at most one group."""
         missing = []
         for tally, mask, task, indices in entries:
             key = mask_key(mask.bits)
@@ -292,8 +297,12 @@ class Racer:
                 tally.add(task, known, metric)
             if len(known) < len(indices):
                 missing.append((tally, mask, key, task, [doc for doc in indices if doc not in known]))
-        if not missing:
-            return
+        group = max(1, self.processes)
+        for start in range(0, len(missing), group):
+            self._score_group(missing[start : start + group], metric)
+
+    def _score_group(self, missing: Sequence[tuple[Tally, HeadMask, str, str, list[int]]], metric: str) -> None:
+        """Score the unknown examples of each (tally, mask, key, task, indices) entry; the memo keeps them."""
         parts = max(1, -(-self.processes // len(missing)))
         items, owners = [], []
         for number, (_, mask, _, task, indices) in enumerate(missing):

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from bosch_eval.masks.head_mask import HeadMask
-from bosch_eval.search.journal import Journal, JournalError
+from bosch_eval.search.journal import Journal, JournalError, mask_key
 from bosch_eval.search.optimizers import Bound, Cutoff, SubProblem, minimize
 from bosch_eval.search.pipeline import Resumed, SearchSettings, run_search
 from bosch_eval.search.racing import Racer, RaceBound, Tally, ruled_out
@@ -92,6 +92,27 @@ class TestRaceMany:
         racer = Racer({"t": len(per_mask[0])}, True, score_chunks, exact, chunk)
         outcomes = racer.race_many(masks, lambda intervals: ruled_out([-b for b, _ in intervals], [-w for _, w in intervals]))
         return outcomes, scored
+
+    def test_a_kill_inside_a_round_loses_at_most_the_mask_being_scored(self) -> None:
+        """A first round over many masks is long on a real model; every mask's chunk is in the
+        memo (so in the journal) as soon as it is scored, not when the round ends."""
+        cells = [(layer, group) for layer in range(SHAPE.num_layers) for group in range(SHAPE.num_kv_heads)]
+        masks = [HeadMask.from_swa_groups(SHAPE, {cells[n]}) for n in range(6)]
+        scored: list[int] = []
+
+        def score_chunks(items):  # noqa: ANN001, ANN202
+            out = []
+            for mask, _, indices in items:
+                if len(scored) == 3:
+                    raise KeyboardInterrupt  # killed while scoring the fourth mask
+                scored.append(masks.index(mask))
+                out.append(dict.fromkeys(indices, 1.0))
+            return out
+
+        racer = Racer({"t": 8}, True, score_chunks, lambda tally: 1.0, chunk=4)
+        with pytest.raises(KeyboardInterrupt):
+            racer.race_many(masks, lambda intervals: set())
+        assert [n for n, mask in enumerate(masks) if mask_key(mask.bits) in racer.memo] == [0, 1, 2]
 
     def test_a_weak_first_mask_stops_after_its_first_chunk(self) -> None:
         weak, strong, middling = [0.0] * 24, [1.0] * 24, [1.0, 0.0] * 12
@@ -181,8 +202,9 @@ class TestSearch:
         assert one.examples_scored == many.examples_scored
         # The same journal: a chunk split among processes is one values record, as with one.
         assert journal_records(tmp_path / "many.jsonl") == journal_records(tmp_path / "one.jsonl")
-        # Every round gives each process an item: several masks, or parts of one chunk.
-        assert min(many.items) >= min(processes, 4) and max(one.items) > 1
+        # Every call gives each process an item: several masks, or parts of one chunk; one
+        # process scores one item per call, journaled before the next.
+        assert min(many.items) >= min(processes, 4) and set(one.items) == {1}
 
     def test_every_full_score_equals_the_unraced_score(self, tmp_path) -> None:  # noqa: ANN001
         objective = ExampleObjective(seed=4)
