@@ -66,15 +66,17 @@ def build_panel(
     rankings: Mapping[str, HeadRanking],
     random_count: int,
     given: Mapping[str, HeadMask] | None = None,
+    probes: bool = True,
 ) -> list[PanelMask]:
-    """Anchors, per-layer probes, then per ratio: rankings, layer heuristics, random masks.
+    """Anchors, per-layer probes (unless ``probes`` is False), then per ratio: rankings, layer
+    heuristics, random masks.
 
     ``given`` masks (e.g. earlier search results) join the ratio nearest their SWA ratio.
     Random mask ``i`` at ratio ρ is the same on every run (seeded by ρ and ``i``).
     """
     full, swa = HeadMask.uniform(shape, full=True, window=window), HeadMask.uniform(shape, full=False, window=window)
     panel = [PanelMask("full", "anchor", None, full), PanelMask("all-swa", "anchor", None, swa)]
-    for layer in range(shape.num_layers):
+    for layer in range(shape.num_layers if probes else 0):
         groups = {(layer, group) for group in range(shape.num_kv_heads)}
         panel.append(PanelMask(f"probe-L{layer}", "probe", None, HeadMask.from_swa_groups(shape, groups, window=window)))
     cells = [(layer, group) for layer in range(shape.num_layers) for group in range(shape.num_kv_heads)]

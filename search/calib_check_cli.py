@@ -76,6 +76,11 @@ def add_calib_check_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=8, help="lm-eval batch size")
     parser.add_argument("--dtype", help="model dtype, e.g. bfloat16 (default: the checkpoint's); use the search's")
     parser.add_argument(
+        "--no-probes",
+        action="store_true",
+        help="leave out the one-layer probes (the layer drops, two scores per layer) when only the ratios' verdicts are wanted",
+    )
+    parser.add_argument(
         "--out", type=Path, required=True, help="output directory (a killed check resumes there with the same settings)"
     )
     parser.add_argument(
@@ -111,7 +116,7 @@ def run_from_args(args: argparse.Namespace) -> None:
             LoadSettings(window=args.window, device=args.device, batch_size=args.batch_size, dtype=args.dtype),
         )
         dev = CalibrationObjective(calib.lm, [args.dev], metadata={**_model_metadata(calib), **args.dev_metadata})
-        panel = build_panel(calib.shape, calib.lm.head_mask.window, ratios, rankings, args.random, given)
+        panel = build_panel(calib.shape, calib.lm.head_mask.window, ratios, rankings, args.random, given, probes=not args.no_probes)
         # Only once the tasks and masks are known to be good.
         _pin_settings(args.out, settings, args.new_settings)
         command = " ".join(["bosch-eval", *map(shlex.quote, args.argv)])
@@ -136,6 +141,8 @@ def check_settings(args: argparse.Namespace, rankings: list[tuple[str, str]], ma
         "calib", "calib_metadata", "dev", "dev_metadata", "ratios", "random", "window", "calib_len", "calib_examples")}  # fmt: skip
     if args.dtype is not None:  # absent from checks made before --dtype existed, which resume unchanged
         settings["dtype"] = args.dtype
+    if args.no_probes:  # likewise
+        settings["probes"] = False
     settings["model"] = portable_name(args.model)
     settings["ranking"] = {name: {"sha256": file_digest(path)} for name, path in rankings}
     settings["mask"] = {name: {"sha256": file_digest(path)} for name, path in masks}
@@ -210,11 +217,8 @@ def render(report: dict[str, Any]) -> str:
         f"{json.dumps(settings['dev_metadata'])}",
         "", f"S(full) calib {report['full']['calib']:.3f} / dev {report['full']['dev']:.3f}; "
         f"S(all SWA) calib {report['all_swa']['calib']:.3f} / dev {report['all_swa']['dev']:.3f}", "",
-        "Layer drops, S(full) − S(layer all SWA) (Stage 1's view):", "",
-        "| layer | " + " | ".join(str(layer) for layer in report["layer_drops"]["calib"]) + " |",
-        "|---|" + "---|" * len(report["layer_drops"]["calib"]),
-        *(f"| {side} | " + " | ".join(f"{drop:+.3f}" for drop in report["layer_drops"][side].values()) + " |" for side in ("calib", "dev")),
-        "", "| ratio | masks | random spread (calib) | share ≥ S(full) | Spearman calib~dev [95% CI] | top regret (dev) | verdict |",
+        *_layer_drops(report["layer_drops"]),
+        "| ratio | masks | random spread (calib) | share ≥ S(full) | Spearman calib~dev [95% CI] | top regret (dev) | verdict |",
         "|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for row in report["ratios"]:
@@ -228,6 +232,18 @@ def render(report: dict[str, Any]) -> str:
               "", "| mask | ratio | calib | dev |", "|---|---|---|---|"]
     lines += [f"| {m['name']} | {m['ratio'] if m['ratio'] is not None else ''} | {m['calib']:.3f} | {m['dev']:.3f} |" for m in report["masks"]]
     return "\n".join(lines) + "\n"
+
+
+def _layer_drops(drops: dict[str, dict[int, float]]) -> list[str]:
+    if not drops["calib"]:  # --no-probes, or none scored yet
+        return []
+    return [
+        "Layer drops, S(full) − S(layer all SWA) (Stage 1's view):", "",
+        "| layer | " + " | ".join(str(layer) for layer in drops["calib"]) + " |",
+        "|---|" + "---|" * len(drops["calib"]),
+        *(f"| {side} | " + " | ".join(f"{drop:+.3f}" for drop in drops[side].values()) + " |" for side in ("calib", "dev")),
+        "",
+    ]  # fmt: skip
 
 
 def _partial_note(status: str) -> list[str]:

@@ -37,6 +37,14 @@ class TestPanel:
         probe = panel[3].mask  # layer 1 all SWA, the rest full
         assert [sum(row) for row in probe.bits] == [4, 0, 4, 4]
 
+    def test_without_probes_the_ratios_follow_the_anchors_and_the_report_has_no_layer_drops(self):
+        panel = build_panel(SHAPE, 32, [0.5], {"syn": ranking()}, random_count=2, probes=False)
+        assert [item.name for item in panel][:3] == ["full", "all-swa", "syn-r0.5"]
+        scores = {side: {item.name: item.mask.swa_ratio for item in panel} for side in ("calib", "dev")}
+        report = make_report(panel, scores, {"calib": "c", "calib_metadata": {}, "dev": "d", "dev_metadata": {}}, "cmd")
+        assert report["layer_drops"] == {"calib": {}, "dev": {}} and [row["ratio"] for row in report["ratios"]] == [0.5]
+        assert "Layer drops" not in render(report)
+
     def test_random_masks_are_the_same_on_every_run_and_differ_from_each_other(self):
         first, again = (build_panel(SHAPE, 32, [0.5], {}, random_count=4) for _ in range(2))
         randoms = [item.mask.bits for item in first if item.kind == "random"]
@@ -212,7 +220,7 @@ class TestPinnedSettings:
         from argparse import Namespace
 
         args = Namespace(model="toy", calib="bosch_niah_calib", calib_metadata={}, dev="bosch_niah_dev", dev_metadata={},
-                         ratios=[0.5], random=2, window=None, calib_len=None, calib_examples=None, dtype=None)  # fmt: skip
+                         ratios=[0.5], random=2, window=None, calib_len=None, calib_examples=None, dtype=None, no_probes=False)  # fmt: skip
         return args, [("apl", str(ranking))], []
 
     def test_a_dtype_is_pinned_only_when_given(self, tmp_path: Path) -> None:
@@ -227,6 +235,20 @@ class TestPinnedSettings:
         _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
         args.dtype = "bfloat16"
         with pytest.raises(CalibCheckError, match=r"other settings \(dtype\)"):
+            _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
+
+    def test_leaving_out_the_probes_is_pinned_only_when_asked(self, tmp_path: Path) -> None:
+        from bosch_eval.search.calib_check_cli import _pin_settings, check_settings
+
+        ranking = tmp_path / "apl.json"
+        ranking.write_text('{"scores": 1}')
+        args, rankings, masks = self.args(tmp_path, ranking)
+        assert "probes" not in check_settings(args, rankings, masks)  # a check made before --no-probes resumes
+        out = tmp_path / "out"
+        out.mkdir()
+        _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
+        args.no_probes = True
+        with pytest.raises(CalibCheckError, match=r"other settings \(probes\)"):
             _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
 
     def test_a_moved_file_with_the_same_content_matches(self, tmp_path: Path) -> None:

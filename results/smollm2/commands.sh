@@ -7,10 +7,11 @@
 #   card       full / all-SWA on the calibration sets and RULER, S() cost  -> card/
 #   rank       the six static rankings on the calibration set              -> rankings/{method}.json
 #   check      calib-check of bosch_retrieval_calib against bosch_niah_dev  -> check/
+#   check-niah the same for bosch_niah_calib at rho = 0.5                   -> check_niah_calib/
 #   search R [S]  BOSCH at ratio R (0.5, 0.75, 0.875), seed S (default 0)  -> search/bosch-rR[-sS]/
 #   compare    the held-out leaderboard                                     -> leaderboard/
 set -euo pipefail
-step=${1:?usage: results/smollm2/commands.sh probe|defaults|card|rank|check|search RATIO [SEED]|compare}
+step=${1:?usage: results/smollm2/commands.sh probe|defaults|card|rank|check|check-niah|search RATIO [SEED]|compare}
 R=results/smollm2
 CALIB=bosch_retrieval_calib
 case $step in
@@ -35,6 +36,11 @@ case $step in
             rankings=(); for method in apl dcam fisher proxy qada razor; do rankings+=(--ranking $method=$R/rankings/$method.json); done
             bosch-eval calib-check --model smollm2 --calib $CALIB --dev bosch_niah_dev --dev-metadata '{"dev_lengths": [1024], "dev_samples": 8}' \
               --ratios 0.5 0.75 0.875 --random 21 "${rankings[@]}" --dtype bfloat16 --batch-size 8 --out $R/check ;;
+  check-niah) # the other calibration candidate, bosch_niah_calib (no distractor values), at rho = 0.5, after the
+            # check above said "not predictive" there (README, "The calibration check")
+            rankings=(); for method in apl dcam fisher proxy qada razor; do rankings+=(--ranking $method=$R/rankings/$method.json); done
+            bosch-eval calib-check --model smollm2 --calib bosch_niah_calib --dev bosch_niah_dev --dev-metadata '{"dev_lengths": [1024], "dev_samples": 8}' \
+              --ratios 0.5 --random 21 "${rankings[@]}" --dtype bfloat16 --batch-size 8 --no-probes --out $R/check_niah_calib ;;
   search)   ratio=${2:?ratio}; seed=${3:-0}; suffix=""; [ "$seed" = 0 ] || suffix="-s$seed"
             out=$R/search/bosch-r$ratio$suffix
             resume=(); { [ -f $out/journal.jsonl ] || [ -f $out/journal.jsonl.gz ]; } && resume=(--resume)  # .gz: committed, unpacked on --resume
