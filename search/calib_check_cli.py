@@ -17,8 +17,8 @@ import argparse
 import json
 import math
 import shlex
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bosch_eval.runtime.errors import BoschError
