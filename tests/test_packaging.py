@@ -17,16 +17,12 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.source_tree import REPO, SOURCE_FOLDERS
+
 # Source folder -> installed path (docs/architecture.md#what-each-folder-holds): the card's
 # top-level folders live under the bosch_eval namespace, so nothing generic such as `search`
-# lands in site-packages.
-INSTALLED_AS = {
-    "bosch_eval": "bosch_eval",
-    "model_adapters": "bosch_eval/model_adapters",
-    "search": "bosch_eval/search",
-    "tasks": "bosch_eval/tasks",
-}
+# lands in site-packages. From the tests' own table, not setup.py's: the test checks setup.py.
+INSTALLED_AS = {folder: package.replace(".", "/") for package, folder in SOURCE_FOLDERS.items()}
 PTH_NAME = "bosch_eval_lm_eval_hook.pth"
 
 
