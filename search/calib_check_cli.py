@@ -70,6 +70,9 @@ def add_calib_check_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--ranking", action="append", default=[], metavar="NAME=FILE", help="a bosch-ranking/1 file (repeatable)")
     parser.add_argument("--mask", action="append", default=[], metavar="NAME=FILE", help="a bosch-mask/1 file to place (repeatable)")
     parser.add_argument("--window", type=int, help="SWA window (default: the model's bosch_defaults.json)")
+    parser.add_argument(
+        "--sink", type=int, help="attention-sink positions every SWA query also sees, for every mask scored (default 0, as the paper's SWA)"
+    )
     parser.add_argument("--calib-len", type=int, help="calibration length in tokens (default: bosch_defaults.json)")
     parser.add_argument("--calib-examples", type=int, help="calibration examples (default 64)")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when torch sees a GPU, else cpu)")
@@ -94,7 +97,7 @@ def add_calib_check_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run_from_args(args: argparse.Namespace) -> None:
-    from bosch_eval.masks.head_mask import HeadMask, HeadRanking, check_ratio
+    from bosch_eval.masks.head_mask import HeadMask, HeadRanking, check_ratio, check_sinks
     from bosch_eval.runtime.outdir_lock import OutputLock
     from bosch_eval.search.calib_check import build_panel
     from bosch_eval.search.objective import CalibrationObjective
@@ -103,6 +106,8 @@ def run_from_args(args: argparse.Namespace) -> None:
     ratios = [check_ratio(ratio, "--ratios") for ratio in args.ratios]
     if args.random < 2:
         raise CalibCheckError(f"--random: expected at least 2 random masks per ratio (their spread is reported), got {args.random}")
+    if args.sink is not None:
+        check_sinks(args.sink, "--sink")
     ranking_files, mask_files = _named_files(args.ranking, "--ranking"), _named_files(args.mask, "--mask")
     rankings = {name: HeadRanking.load(path) for name, path in ranking_files}
     given = {name: HeadMask.load(path) for name, path in mask_files}
@@ -113,7 +118,10 @@ def run_from_args(args: argparse.Namespace) -> None:
         calib = build_objective(
             args.model,
             CalibrationSettings(tasks=(args.calib,), length=args.calib_len, examples=args.calib_examples, metadata=args.calib_metadata),
-            LoadSettings(window=args.window, device=args.device, batch_size=args.batch_size, dtype=args.dtype),
+            LoadSettings(
+                window=args.window, device=args.device, batch_size=args.batch_size, dtype=args.dtype,
+                model_args={"sink": args.sink} if args.sink is not None else None,
+            ),  # fmt: skip
         )
         dev = CalibrationObjective(calib.lm, [args.dev], metadata={**_model_metadata(calib), **args.dev_metadata})
         panel = build_panel(calib.shape, calib.lm.head_mask.window, ratios, rankings, args.random, given, probes=not args.no_probes)
@@ -143,6 +151,8 @@ def check_settings(args: argparse.Namespace, rankings: list[tuple[str, str]], ma
         settings["dtype"] = args.dtype
     if args.no_probes:  # likewise
         settings["probes"] = False
+    if args.sink is not None:  # likewise (before --sink, every check ran without sinks)
+        settings["sink"] = args.sink
     settings["model"] = portable_name(args.model)
     settings["ranking"] = {name: {"sha256": file_digest(path)} for name, path in rankings}
     settings["mask"] = {name: {"sha256": file_digest(path)} for name, path in masks}
@@ -214,7 +224,7 @@ def render(report: dict[str, Any]) -> str:
         f"$ {report['command']}", "", f"versions: {json.dumps(report['versions'])}", "",
         *_partial_note(report.get("status", "complete")),
         f"calibration `{settings['calib']}` {json.dumps(settings['calib_metadata'])}; development `{settings['dev']}` "
-        f"{json.dumps(settings['dev_metadata'])}",
+        f"{json.dumps(settings['dev_metadata'])}; SWA groups see {settings.get('sink', 0)} sink positions besides their window",
         "", f"S(full) calib {report['full']['calib']:.3f} / dev {report['full']['dev']:.3f}; "
         f"S(all SWA) calib {report['all_swa']['calib']:.3f} / dev {report['all_swa']['dev']:.3f}", "",
         *_layer_drops(report["layer_drops"]),

@@ -211,6 +211,29 @@ def test_a_failed_check_pins_no_settings(tmp_path: Path, capsys: pytest.CaptureF
     assert main(common) == 0  # the corrected command is not refused
 
 
+def test_sinks_reach_every_score_through_the_adapter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from bosch_eval.search import objective_loading
+
+    seen = []
+
+    def loaded(model, calibration, load):
+        seen.append(load)
+        raise CalibCheckError("stop before scoring")
+
+    monkeypatch.setattr(objective_loading, "build_objective", loaded)
+    assert main(["calib-check", "--model", "toy", "--sink", "4", "--out", str(tmp_path / "check")]) == 2
+    assert seen[0].model_args == {"sink": 4}  # the adapter's sink= overrides every mask's own sinks
+    assert main(["calib-check", "--model", "toy", "--out", str(tmp_path / "plain")]) == 2
+    assert seen[1].model_args is None
+
+
+def test_a_negative_sink_count_is_refused_before_the_model_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    from unittest import mock
+
+    with mock.patch("bosch_eval.search.objective_loading.build_objective", side_effect=AssertionError("loaded the model")):
+        assert main(["calib-check", "--model", "toy", "--sink", "-1", "--out", str(tmp_path / "check")]) == 2
+    assert "--sink: expected an integer >= 0" in capsys.readouterr().err
+
 
 class TestPinnedSettings:
     """settings.json pins files by content and a bundled model by its alias: a check resumes
@@ -220,7 +243,7 @@ class TestPinnedSettings:
         from argparse import Namespace
 
         args = Namespace(model="toy", calib="bosch_niah_calib", calib_metadata={}, dev="bosch_niah_dev", dev_metadata={},
-                         ratios=[0.5], random=2, window=None, calib_len=None, calib_examples=None, dtype=None, no_probes=False)  # fmt: skip
+                         ratios=[0.5], random=2, window=None, calib_len=None, calib_examples=None, dtype=None, no_probes=False, sink=None)  # fmt: skip
         return args, [("apl", str(ranking))], []
 
     def test_a_dtype_is_pinned_only_when_given(self, tmp_path: Path) -> None:
@@ -235,6 +258,20 @@ class TestPinnedSettings:
         _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
         args.dtype = "bfloat16"
         with pytest.raises(CalibCheckError, match=r"other settings \(dtype\)"):
+            _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
+
+    def test_sinks_are_pinned_only_when_given(self, tmp_path: Path) -> None:
+        from bosch_eval.search.calib_check_cli import _pin_settings, check_settings
+
+        ranking = tmp_path / "apl.json"
+        ranking.write_text('{"scores": 1}')
+        args, rankings, masks = self.args(tmp_path, ranking)
+        assert "sink" not in check_settings(args, rankings, masks)  # a check made before --sink resumes
+        out = tmp_path / "out"
+        out.mkdir()
+        _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
+        args.sink = 4
+        with pytest.raises(CalibCheckError, match=r"other settings \(sink\)"):
             _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
 
     def test_leaving_out_the_probes_is_pinned_only_when_asked(self, tmp_path: Path) -> None:

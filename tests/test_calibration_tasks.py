@@ -122,6 +122,19 @@ class TestDevSplit:
         with pytest.raises(ValueError, match=r"bosch_niah_dev: metadata 'dev_seed' = 0 draws bosch_niah's test documents"):
             dev_split.dataset(tokenizer=str(tmp_path), dev_lengths=[512], dev_samples=1, dev_seed=0)
 
+    def test_chosen_variants_are_the_same_documents_in_the_usual_order(self, tokenizer, tmp_path):
+        tokenizer.save_pretrained(tmp_path)
+        every = dev_split.dataset(tokenizer=str(tmp_path), dev_lengths=[1024], dev_samples=2)["test"]
+        some = dev_split.dataset(tokenizer=str(tmp_path), dev_lengths=[1024], dev_samples=2, dev_variants="single_2,single_1")["test"]
+        assert some["variant"] == ["bosch_niah_single_1", "bosch_niah_single_2"] * 2
+        assert some["input"] == [doc["input"] for doc in every if doc["variant"] in set(some["variant"])]
+
+    @pytest.mark.parametrize("value", [[], ["single_3"], "uuid", [1]])
+    def test_an_unknown_variant_is_refused_naming_the_choices(self, tokenizer, tmp_path, value):
+        tokenizer.save_pretrained(tmp_path)
+        with pytest.raises(ValueError, match=r"bosch_niah_dev: metadata 'dev_variants' must list some of \['multikey_1', 'multikey_2', 'single_1', 'single_2'\]"):
+            dev_split.dataset(tokenizer=str(tmp_path), dev_lengths=[512], dev_samples=1, dev_variants=value)
+
 
 class TestCalibrationDiagnosisVariants:
     def test_defaults_are_the_calibration_set_as_it_was(self, tokenizer):

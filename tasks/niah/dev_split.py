@@ -14,7 +14,10 @@ which is what greedy generation must produce first for RULER's ``string_match_al
 to count it (generation with 128 new tokens costs ~100 times more on a CPU).
 
 Metadata: ``dev_lengths`` (default: the model's ``calib_len``, else 4096), ``dev_samples``
-(documents per variant and length, default 16), ``dev_seed`` (default 1; 0 is refused).
+(documents per variant and length, default 16), ``dev_seed`` (default 1; 0 is refused),
+``dev_variants`` (a subset of ``single_1``, ``single_2``, ``multikey_1``, ``multikey_2``;
+default all four): a model that fails a variant with every head full adds only noise
+there, so a check can leave it out and spend the documents on the others.
 """
 
 from __future__ import annotations
@@ -45,11 +48,25 @@ def dataset(**metadata: Any) -> dict[str, datasets.Dataset]:
             f"{TASK}: metadata 'dev_seed' = {seed} draws bosch_niah's test documents (its eval_seed {TEST_SEED}); "
             "a development split needs another seed"
         )
+    variants = chosen_variants(metadata.get("dev_variants"))
     docs = []
     for index in range(samples):
         for length in lengths:
-            for variant in VARIANTS:
+            for variant in variants:
                 doc = eval_suite.example(variant, tokenizer, length, index, seed)
                 docs.append({"input": f"{doc['input']} {doc['gen_prefix']}", "target": doc["outputs"][0],
                              "variant": variant, "max_length": length})  # fmt: skip
     return {"test": datasets.Dataset.from_list(docs)}
+
+
+def chosen_variants(value: Any) -> tuple[str, ...]:
+    """``dev_variants`` (a list, or a comma-separated string, of short names) as full variant
+    names in the order of :data:`VARIANTS`; None: all of them."""
+    if value is None:
+        return VARIANTS
+    short = {variant.removeprefix("bosch_niah_"): variant for variant in VARIANTS}
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or not names or not all(isinstance(name, str) and name.strip() in short for name in names):
+        raise ValueError(f"{TASK}: metadata 'dev_variants' must list some of {sorted(short)}, got {value!r}")
+    wanted = {short[name.strip()] for name in names}
+    return tuple(variant for variant in VARIANTS if variant in wanted)
