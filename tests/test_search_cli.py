@@ -32,6 +32,18 @@ def finished(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     return tiny_model_dir, task_dir, out
 
 
+def test_sinks_given_as_a_model_arg_score_every_mask_and_are_written_in_the_mask(
+    finished: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    model_dir, task_dir, plain = finished
+    out = tmp_path / "sinks"
+    assert main(search_args(model_dir, task_dir, out, "--model-args", "sink=2")) == 0
+    assert HeadMask.load(out / "mask.json").sinks == 2 and HeadMask.load(plain / "mask.json").sinks == 0
+    anchors = lambda run: json.loads((run / "mask.json").read_text())["provenance"]["anchors"]  # noqa: E731
+    # 320-token documents, W = 256: with two sinks the all-SWA model's late queries see more
+    assert anchors(out)["a"] != anchors(plain)["a"] and anchors(out)["all_full"] == anchors(plain)["all_full"]
+
+
 def journal_lines(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
 

@@ -36,3 +36,20 @@ def test_an_entrys_sink_counts_in_its_kv_bytes():
     assert entry_kv_bytes({}, mask, 9, 100) == pytest.approx(8 / 100)
     assert entry_kv_bytes({"sink": "4"}, mask, 9, 100) == pytest.approx(12 / 100)
     assert entry_kv_bytes({}, mask.with_meta(sinks=4), 9, 100) == pytest.approx(12 / 100)
+
+
+def test_a_comparisons_sink_is_in_every_runs_mask_and_kv_bytes(tiny_model_dir, tmp_path):
+    """sink= for the whole comparison (its model_args) or one entry: the adapter runs every SWA
+    group with it, so the run's recorded mask, and the KV bytes read from it, carry it too."""
+    from bosch_eval.compare.runner import plan_runs
+    from bosch_eval.compare.spec import load_spec
+
+    config = tmp_path / "compare.yaml"
+    config.write_text(
+        f"model: {tiny_model_dir}\nmodel_args: device=cpu,sink=4\ntasks: [bosch_niah_calib]\n"
+        "entries:\n  - original=\n  - intr=layers=intr,ratio=0.5,window=8\n  - own=layers=intr,ratio=0.5,window=8,sink=1\n"
+    )
+    plan = {item.entry.name: item.mask for item in plan_runs(load_spec(config))}
+    assert plan["intr"].sinks == 4 and plan["own"].sinks == 1
+    swa = plan["intr"].swa_ratio
+    assert entry_kv_bytes({}, plan["intr"], 9, 100) == pytest.approx(swa * 12 / 100 + (1 - swa))  # 8 + 4 cached positions of 100

@@ -89,6 +89,9 @@ def plan_runs(spec: CompareSpec) -> list[PlannedRun]:
             # Every value as the adapter will convert it (kv_cache=paged, allow_truncation=maybe), before any load.
             adapter_settings(typed_model_args({**spec.model_args, **args}, "model_args"))
             mask = resolve_entry_mask(args, shape, model_defaults(path).window, spec.model)
+            sink = {**spec.model_args, **args}.get("sink")
+            if sink is not None:  # the adapter's sink= wins over the mask's own: record what runs (and its KV bytes)
+                mask = mask.with_meta(sinks=int(sink))
             plan.append(PlannedRun(entry, run, args, mask, run_inputs(args, mask, model)))
         except (BoschError, OSError) as err:
             raise EntryError(f"entry {entry.name!r}: {err}") from None
