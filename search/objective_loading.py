@@ -15,6 +15,7 @@ from bosch_eval.models.model_defaults import model_defaults, resolve_window
 from bosch_eval.runtime.launch import launch_state
 from bosch_eval.search.defaults import DEFAULT_CALIB_EXAMPLES, DEFAULT_CALIB_LEN
 from bosch_eval.search.objective import DEFAULT_TASKS, CalibrationObjective
+from bosch_eval.search.scoring import SearchError
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class LoadSettings:
             None: cuda when torch sees a GPU, else cpu (:func:`bosch_eval.runtime.device.pick_device`).
         batch_size: lm-eval batch size of one call.
         dtype: model dtype (default: the checkpoint's).
-        attn_backend: hybrid attention backend.
+        attn_backend: hybrid attention backend (also taken from ``model_args``, as the CLI passes it).
         model_args: more adapter/loader keyword arguments (``--model-args``).
         prefix_cache_mb: the adapter's prefix-activation cache budget (0 = none).
     """
@@ -92,6 +93,11 @@ def build_objective(
     from bosch_eval.model_adapters.bosch import BoschLM
     from bosch_eval.runtime.device import pick_device
 
+    extra = dict(load.model_args or {})
+    # The CLI has no flag of its own for the kernel: --model-args attn_backend=... names it.
+    named_backend = extra.pop("attn_backend", None)
+    if named_backend is not None and load.attn_backend not in ("auto", named_backend):
+        raise SearchError(f"attn_backend={load.attn_backend!r} and model_args attn_backend={named_backend!r}: name one kernel")
     device = pick_device(load.device, "device")
     launch_state(device)
     path = resolve_model(model)
@@ -109,11 +115,11 @@ def build_objective(
         device=device,
         batch_size=load.batch_size,
         dtype=load.dtype if load.dtype is not None else "auto",
-        attn_backend=load.attn_backend,
+        attn_backend=named_backend or load.attn_backend,
         memoize_tokens=True,
         prefix_cache_mb=load.prefix_cache_mb,
         **max_length,
-        **dict(load.model_args or {}),
+        **extra,
     )
     task_metadata: dict[str, Any] = {"pretrained": path, "tokenizer": path, "calib_seed": calibration.seed}
     if length is not None:

@@ -22,6 +22,7 @@ from bosch_eval.runtime.launch import launch_state
 from bosch_eval.search.objective import EVALUATE_PATH, CalibrationObjective, ObjectiveError
 from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.search.racing import RaceBound
+from bosch_eval.search.scoring import SearchError
 from bosch_eval.tasks import TASKS_DIR
 from tests.helpers import CALIB_METADATA, DOT_TASK, PLAIN_GROUP, PPL_TASK, WINDOW, masks, write_tasks
 
@@ -373,3 +374,26 @@ class TestSpeedupsOnTheToyModel:
             scores = [small(mask), small(mask)]
         assert small.lm.prefix_cache.layers_skipped == 0 and "budget of 1 MB" in caplog.text
         assert scores[0] == scores[1]
+
+
+class _Loaded(Exception):
+    """Raised by a stand-in adapter: the keyword arguments were built, nothing is loaded."""
+
+
+def _adapter_kwargs(load: LoadSettings) -> dict:
+    with mock.patch("bosch_eval.model_adapters.bosch.BoschLM", side_effect=_Loaded) as adapter, pytest.raises(_Loaded):
+        build_objective("toy", CalibrationSettings(tasks=("bosch_niah_calib",)), load)
+    return adapter.call_args.kwargs
+
+
+def test_a_kernel_named_in_model_args_reaches_the_adapter_once():
+    # `bosch-eval search --model-args sink=4,attn_backend=blocked` (the CLI has no flag of its own for
+    # the kernel) once failed with "got multiple values for keyword argument 'attn_backend'".
+    kwargs = _adapter_kwargs(LoadSettings(model_args={"attn_backend": "sdpa", "sink": 4}))
+    assert kwargs["attn_backend"] == "sdpa" and kwargs["sink"] == 4
+    assert _adapter_kwargs(LoadSettings(attn_backend="blocked"))["attn_backend"] == "blocked"
+
+
+def test_two_different_kernels_are_refused_before_loading():
+    with pytest.raises(SearchError, match="name one kernel"):
+        build_objective("toy", load=LoadSettings(attn_backend="blocked", model_args={"attn_backend": "sdpa"}))
