@@ -20,7 +20,7 @@ from bosch_eval.compare.leaderboard import EntryRuns, build_rows
 from bosch_eval.compare.paired_ci import paired_bootstrap_ci
 from bosch_eval.compare.results import RunResults, main_score
 from bosch_eval.compare.spec import load_spec
-from bosch_eval.masks.head_mask import HeadMask
+from bosch_eval.masks.head_mask import CALIBRATION_INPUTS, HeadMask, HeadRanking
 from bosch_eval.models.random_model import random_model
 from bosch_eval.runtime.doc_selection import limited_indices, per_length_indices
 
@@ -170,6 +170,24 @@ def test_leaderboard_rows_flag_in_sample_and_average_seeds():
     assert rows["bosch"].cells["t"].ci[0] == -0.5
     assert rows["rand"].cells["t"].ci[0] == -0.25  # seed-averaged documents
     assert rows["bosch"].kv_bytes == pytest.approx((4 + 3) / 8)
+
+
+def test_a_ranking_computed_on_a_task_is_in_sample_there(tmp_path):
+    # Paper B.4 computes the static rankings on the search's calibration set: a held-out
+    # headline must not count that task for them either. Razor reads random tokens, not the task.
+    def ranking(name, inputs):
+        provenance = {"calib_task": "t", "inputs": inputs}
+        HeadRanking(((0.0, 1.0),), "higher", name, 2, window=4, provenance=provenance).save(tmp_path / f"{name}.json")
+        return {"ranking": str(tmp_path / f"{name}.json"), "ratio": "0.5"}
+
+    mask = HeadMask.from_rows([[1, 0]], 2, window=4)
+    entries = [
+        EntryRuns("original", [_run(1.0, [1, 1])], {}, HeadMask.from_rows([[1, 1]], 2, window=4)),
+        EntryRuns("apl", [_run(0.5, [1, 0])], ranking("apl", CALIBRATION_INPUTS), mask),
+        EntryRuns("razor", [_run(0.5, [1, 0])], ranking("razor", "random block of K tokens repeated 4 times"), mask),
+    ]
+    rows = {r.entry: r for r in build_rows(entries, "original", 4)}
+    assert rows["apl"].cells["t"].in_sample and not rows["razor"].cells["t"].in_sample
 
 
 def test_main_score_of_ruler_lengths_ignores_missing_lengths():

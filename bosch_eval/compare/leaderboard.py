@@ -16,7 +16,7 @@ from bosch_eval.compare.entries import EntryError
 from bosch_eval.compare.kv_bytes import entry_kv_bytes
 from bosch_eval.compare.paired_ci import paired_bootstrap_ci
 from bosch_eval.compare.results import RunResults, doc_values, main_score, read_run
-from bosch_eval.masks.head_mask import HeadMask
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking
 
 CI_METHOD = "paired percentile bootstrap over the same documents (stratified by length), 10000 resamples, seed 0"
 TRUNCATED_LEGEND = (
@@ -65,6 +65,15 @@ def calibration_tasks(mask: HeadMask | None) -> set[str]:
         return set()
     calib = mask.provenance.get("calibration") if isinstance(mask.provenance, dict) else None
     return set(calib.get("tasks", [])) if isinstance(calib, dict) else set()
+
+
+def ranking_calibration_tasks(model_args: dict[str, str]) -> set[str]:
+    """Tasks the entry's ranking file (``ranking=``) was computed on: in-sample for that entry
+    as for a search on them (paper B.4 computes the rankings on the search's calibration set)."""
+    path = model_args.get("ranking")
+    if not path or not Path(path).is_file():
+        return set()
+    return HeadRanking.load(path).calibration_tasks
 
 
 def _members(name: str, groups: dict[str, list[str]]) -> set[str]:
@@ -133,7 +142,7 @@ def build_rows(
         if kv_length is not None:
             kv = 1.0 if mask is None else entry_kv_bytes(entry.model_args, mask, mask.window or 1, kv_length, head_dim)
         row = Row(entry.name, len(entry.runs), 0.0 if mask is None else mask.swa_ratio, kv)
-        calib = calibration_tasks(mask)
+        calib = calibration_tasks(mask) | ranking_calibration_tasks(entry.model_args)
         groups = {k: v for run in entry.runs for k, v in run.group_subtasks.items()}
         truncated = {task for run in entry.runs for task in run.truncated}
         for name in entry.runs[0].results:

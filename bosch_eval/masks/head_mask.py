@@ -280,6 +280,10 @@ class HeadMask:
         Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
 
 
+# What a ranker that reads the calibration set records as its ``inputs`` (search/rankers/base.py).
+CALIBRATION_INPUTS = "calibration examples (input + ' ' + target)"
+
+
 @dataclass(frozen=True)
 class HeadRanking:
     """Per-KV-group locality scores from a static method (DCAM, Fisher, ...).
@@ -315,6 +319,13 @@ class HeadRanking:
     @property
     def shape(self) -> ModelShape:
         return ModelShape(len(self.scores), self.num_heads, len(self.scores[0]))
+
+    @property
+    def calibration_tasks(self) -> set[str]:
+        """The calibration task the scores were computed on (paper B.4: the search's), from the
+        provenance; empty for a method that reads none of it (Razor scores random tokens)."""
+        task = self.provenance.get("calib_task")
+        return {task} if task and self.provenance.get("inputs") == CALIBRATION_INPUTS else set()
 
     def to_mask(self, ratio: float, window: int | None = None) -> HeadMask:
         """Convert the ⌈ρ·L·G⌉ most local KV groups to SWA.

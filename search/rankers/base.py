@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from bosch_eval.masks.head_mask import CALIBRATION_INPUTS
 from bosch_eval.search.rankers.blocks import AttentionBlock
 from bosch_eval.tasks.niah.calibration_sets import DEFAULT_CALIBRATION, calibration_examples
 
@@ -49,7 +50,7 @@ class Ranker(ABC):
 
     more_local: ClassVar[str]
     needs_grad: ClassVar[bool] = False
-    inputs: ClassVar[str] = "calibration examples (input + ' ' + target)"
+    inputs: ClassVar[str] = CALIBRATION_INPUTS
 
     def __init__(self, num_layers: int, num_heads: int, window: int) -> None:
         self.num_layers = num_layers
