@@ -67,6 +67,19 @@ class TestConversion:
         assert converted_tokenizer.model_max_length == 256  # max_position_embeddings, not the "no limit" 10^30
         assert json.loads((directory / SOURCE_FILE).read_text())["sha256"] == file_digest(path)
 
+    def test_the_checkpoint_is_the_same_bytes_offline(self, source: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        # A GPU machine without network (HF_HUB_OFFLINE=1) once wrote another tokenizer_config.json,
+        # so its runs named another model and a resume here refused them.
+        online = tmp_path / "online"
+        gguf_models._convert(source[0], online)
+        # huggingface_hub reads HF_HUB_OFFLINE once, at import: the tokenizer loader's view of it is patched
+        monkeypatch.setattr("transformers.tokenization_utils_base.is_offline_mode", lambda: True)
+        offline = tmp_path / "offline"
+        gguf_models._convert(source[0], offline)
+        assert sorted(p.name for p in online.iterdir()) == sorted(p.name for p in offline.iterdir())
+        for path in online.iterdir():
+            assert file_digest(path) == file_digest(offline / path.name), path.name
+
     def test_a_tied_output_head_stays_tied(self, tmp_path: Path) -> None:
         model, tokenizer = tiny_llama(seed=1)
         model.config.tie_word_embeddings = True

@@ -272,6 +272,10 @@ def _convert(gguf_file: Path, out: Path) -> None:
     model.generation_config = loaded.generation_config
     model.save_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=filename)
+    # transformers writes this load-time flag into tokenizer_config.json: true under
+    # HF_HUB_OFFLINE=1, else false. Pinned, so the checkpoint (whose file digests identify the
+    # model in journals and comparisons) is the same bytes on every machine.
+    tokenizer.init_kwargs["local_files_only"] = False
     # A GGUF states no tokenizer length limit (transformers then says 10^30); the model's own is the one to truncate at.
     if getattr(config, "max_position_embeddings", None):
         tokenizer.model_max_length = config.max_position_embeddings
