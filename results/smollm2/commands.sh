@@ -4,16 +4,21 @@
 # writes only its own files; on a shared 2-core machine run one step at a time.
 #   probe      the calibration format on a development draw (calib_seed 1)  -> calibration_probe.md
 #   defaults   window and calibration length on the development split      -> defaults/ (see defaults.md)
+#   sinks      attention sinks for the SWA groups, S in {0, 1, 4}, on the development split  -> sinks/ (sinks.md)
 #   card       full / all-SWA on the calibration sets and RULER, S() cost  -> card/
 #   rank       the six static rankings on the calibration set              -> rankings/{method}.json
 #   check      calib-check of bosch_retrieval_calib against bosch_niah_dev  -> check/
 #   check-niah the same for bosch_niah_calib at rho = 0.5                   -> check_niah_calib/
+#   check-sinks CALIB  calib-check of CALIB (bosch_retrieval_calib or bosch_niah_calib) with 4 sinks
+#              against bosch_niah_dev's single-needle formats         -> check_sinks/CALIB/
 #   search R [S]  BOSCH at ratio R (0.5, 0.75, 0.875), seed S (default 0)  -> search/bosch-rR[-sS]/
-#   compare    the held-out leaderboard                                     -> leaderboard/
+#   compare R  the held-out leaderboard at ratio R                          -> leaderboard_rR/
+# On a lent GPU, gpu_session.sh runs the search and compare steps side by side.
 set -euo pipefail
-step=${1:?usage: results/smollm2/commands.sh probe|defaults|card|rank|check|check-niah|search RATIO [SEED]|compare}
+step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|rank|check|check-niah|check-sinks CALIB|search RATIO [SEED]|compare RATIO}
 R=results/smollm2
-CALIB=bosch_retrieval_calib
+CALIB=bosch_niah_calib  # the search's and the rankings' calibration task (README, "The calibration check with four sinks")
+RC=$R/rankings_retrieval_calib  # the six rankings on bosch_retrieval_calib, the checks' panels (before the choice)
 case $step in
   probe)    python $R/probe_calibration.py --out $R/calibration_probe.md ;;
   defaults) # development split only (defaults.md)
@@ -22,32 +27,64 @@ case $step in
               lm_eval --model bosch --model_args pretrained=smollm2,${run#*:},dtype=bfloat16 --device cpu --batch_size 4 \
                 --tasks bosch_niah_dev --metadata '{"dev_lengths": [1024], "dev_samples": 16}' --log_samples --output_path "$R/defaults/${run%%:*}"
             done ;;
+  sinks)    # development split only (sinks.md); S = 0 runs are the check's (check/scores.jsonl)
+            runs=(); for method in apl dcam fisher proxy qada razor; do for sink in 1 4; do
+              runs+=("${method}_r0.75_s$sink:ranking=$RC/$method.json,ratio=0.75,sink=$sink"); done; done
+            runs+=(all_swa_s4:layers=intr,ratio=1,sink=4 bme_r0.75_s4:layers=bme,ratio=0.75,sink=4 rand1_r0.75_s4:layers=rand,ratio=0.75,seed=1,sink=4
+                   apl_r0.5_s4:ranking=$RC/apl.json,ratio=0.5,sink=4 apl_r0.875_s4:ranking=$RC/apl.json,ratio=0.875,sink=4
+                   razor_r0.875_s4:ranking=$RC/razor.json,ratio=0.875,sink=4)
+            for run in "${runs[@]}"; do
+              [ -d "$R/sinks/${run%%:*}" ] && continue
+              lm_eval --model bosch --model_args pretrained=smollm2,${run#*:},dtype=bfloat16 --device cpu --batch_size 8 \
+                --tasks bosch_niah_dev --metadata '{"dev_lengths": [1024], "dev_samples": 8}' --output_path "$R/sinks/${run%%:*}"
+            done
+            # the two calibration candidates under 4 sinks, for the same masks at rho = 0.75
+            for run in apl:ranking=$RC/apl.json qada:ranking=$RC/qada.json razor:ranking=$RC/razor.json \
+                       dcam:ranking=$RC/dcam.json proxy:ranking=$RC/proxy.json bme:layers=bme; do
+              [ -d "$R/sinks/calib/${run%%:*}_r0.75_s4" ] && continue
+              lm_eval --model bosch --model_args pretrained=smollm2,${run#*:},ratio=0.75,sink=4,dtype=bfloat16 --device cpu --batch_size 8 \
+                --tasks bosch_niah_calib,bosch_retrieval_calib --metadata '{"seq_len": 1024, "num_examples": 64}' \
+                --output_path "$R/sinks/calib/${run%%:*}_r0.75_s4"
+            done ;;
   card)     for run in calib_full:mask=full calib_swa:layers=intr,ratio=1; do
               lm_eval --model bosch --model_args pretrained=smollm2,${run#*:},dtype=bfloat16 --device cpu --batch_size 4 \
-                --tasks bosch_niah_calib,$CALIB --metadata '{"seq_len": 1024, "num_examples": 64}' --log_samples --output_path "$R/card/${run%%:*}"
+                --tasks bosch_niah_calib,bosch_retrieval_calib --metadata '{"seq_len": 1024, "num_examples": 64}' --log_samples --output_path "$R/card/${run%%:*}"
             done
             bosch-eval compare --config $R/card/ruler.yaml --out $R/card/ruler --resume
             python benchmarks/objective_speed.py --model smollm2 --configs dtype=bfloat16,layers=bme,ratio=0.75 dtype=float32,layers=bme,ratio=0.75 \
               --out $R/card/cost_of_s.md ;;
   rank)     for method in apl dcam proxy qada razor fisher; do
+              [ -f $R/rankings/$method.json ] && continue
               bosch-eval rank --method $method --model smollm2 --calib-task $CALIB --dtype bfloat16 --out $R/rankings/$method.json
             done ;;
   check)    # resumes from the committed scores.jsonl under the same settings (settings.json)
-            rankings=(); for method in apl dcam fisher proxy qada razor; do rankings+=(--ranking $method=$R/rankings/$method.json); done
-            bosch-eval calib-check --model smollm2 --calib $CALIB --dev bosch_niah_dev --dev-metadata '{"dev_lengths": [1024], "dev_samples": 8}' \
+            rankings=(); for method in apl dcam fisher proxy qada razor; do rankings+=(--ranking $method=$RC/$method.json); done
+            bosch-eval calib-check --model smollm2 --calib bosch_retrieval_calib --dev bosch_niah_dev --dev-metadata '{"dev_lengths": [1024], "dev_samples": 8}' \
               --ratios 0.5 0.75 0.875 --random 21 "${rankings[@]}" --dtype bfloat16 --batch-size 8 --out $R/check ;;
   check-niah) # the other calibration candidate, bosch_niah_calib (no distractor values), at rho = 0.5, after the
             # check above said "not predictive" there (README, "The calibration check")
-            rankings=(); for method in apl dcam fisher proxy qada razor; do rankings+=(--ranking $method=$R/rankings/$method.json); done
+            rankings=(); for method in apl dcam fisher proxy qada razor; do rankings+=(--ranking $method=$RC/$method.json); done
             bosch-eval calib-check --model smollm2 --calib bosch_niah_calib --dev bosch_niah_dev --dev-metadata '{"dev_lengths": [1024], "dev_samples": 8}' \
               --ratios 0.5 --random 21 "${rankings[@]}" --dtype bfloat16 --batch-size 8 --no-probes --out $R/check_niah_calib ;;
+  check-sinks) # sinks.md: with 4 sinks the masks leave the floor at rho >= 0.75; the dev side is the two
+            # single-needle formats (full attention 1.000 / 0.875; multi-key 0.188 / 0.312 is noise), 24 documents each
+            calib=${2:?calibration task}
+            rankings=(); for method in apl dcam fisher proxy qada razor; do rankings+=(--ranking $method=$RC/$method.json); done
+            bosch-eval calib-check --model smollm2 --calib $calib --sink 4 --dev bosch_niah_dev \
+              --dev-metadata '{"dev_lengths": [1024], "dev_samples": 24, "dev_variants": ["single_1", "single_2"]}' \
+              --ratios 0.75 0.875 0.5 --random 21 "${rankings[@]}" --dtype bfloat16 --batch-size 8 --no-probes --out $R/check_sinks/$calib ;;
   search)   ratio=${2:?ratio}; seed=${3:-0}; suffix=""; [ "$seed" = 0 ] || suffix="-s$seed"
             out=$R/search/bosch-r$ratio$suffix
             resume=(); { [ -f $out/journal.jsonl ] || [ -f $out/journal.jsonl.gz ]; } && resume=(--resume)  # .gz: committed, unpacked on --resume
             # --prefix-cache-mb: the states entering one layer for the 64 x 1024 calibration tokens
             # are 72 MiB in bf16 (64 x 1024 x 576 x 2 bytes); the default 1024 keeps 14 of the 29
             # boundaries, 2560 all of them. It changes no score and the journal does not pin it.
+            # --model-args sink=4: the SWA the check and the leaderboard use (sinks.md); mask.json records it.
+            # attn_backend=blocked: auto's kernel on the CPU, named so that a GPU scores the same attention
             bosch-eval search --model smollm2 --ratio $ratio --seed $seed --calib-tasks $CALIB --dtype bfloat16 --batch-size 8 \
-              --prefix-cache-mb 2560 --out $out "${resume[@]}" ;;
-  compare)  bosch-eval compare --config $R/leaderboard.yaml --out $R/leaderboard --resume ;;
+              --model-args sink=4,attn_backend=blocked --prefix-cache-mb 2560 --out $out "${resume[@]}" ;;
+  compare)  # the entries whose mask exists; a later call adds the searches that finished since
+            ratio=${2:?ratio}; available=$(mktemp --suffix=.yaml)
+            python $R/available_entries.py $R/leaderboard_r$ratio.yaml "$available"
+            bosch-eval compare --config "$available" --out $R/leaderboard_r$ratio --resume; rm -f "$available" ;;
 esac
