@@ -272,7 +272,7 @@ def write_leaderboard(rows: list[Row], order: list[str], out: Path, header: dict
     legend = [TRUNCATED_LEGEND, ""] if any(cell.truncated for row in rows for cell in row.cells.values()) else []
     lines = [f"$ {header['command']}", "", f"versions: {json.dumps(header['versions'])}", "",
              f"Cells: score ± sd over seeds (difference to `{header['reference']}` [95% CI], {CI_METHOD}). "
-             f"*in-sample*: the entry's mask was searched on this task. {_kv_legend(kv_t)} "
+             f"*in-sample*: the entry's mask was searched, or its ranking computed, on this task. {_kv_legend(kv_t)} "
              f"{headline_text}", "", *legend, *_table(rows, main, held or None)]  # fmt: skip
     if rest:
         lines += ["", "Subtasks and subgroups:", "", *_table(rows, rest, None)]

@@ -1,44 +1,75 @@
-"""A leaderboard YAML without the entries whose mask file does not exist yet.
+"""A leaderboard YAML narrowed to the entries that can be scored now, or that were.
 
 The searches and the comparison of one ratio run side by side (commands.sh compare): the
 static entries are scored while the searches run, and a later call, once a search has
 written its mask.json, resumes the same output directory with that entry added. Every
 dropped entry is named on stderr, so nothing is left out silently.
 
-    python results/smollm2/available_entries.py results/smollm2/leaderboard_r0.75.yaml OUT.yaml
+``--finished OUT``: only what ``OUT/runs`` holds (the reference always; a seeded entry with the
+seeds finished), so that ``compare --resume`` on it runs nothing and writes the leaderboard of
+the runs made so far (commands.sh leaderboard).
+
+    python results/smollm2/available_entries.py results/smollm2/leaderboard_r0.75.yaml OUT.yaml [--finished DIR]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 
-def entry_mask_file(entry: str) -> Path | None:
-    """The file an entry's ``mask=`` argument names (None when it names none, or ``full``)."""
-    _, _, args = entry.partition("=")
-    for pair in args.split(","):
-        key, _, value = pair.partition("=")
-        if key.strip() == "mask" and value.strip() not in ("", "full"):
-            return Path(value.strip())
-    return None
+def entry_args(entry: str | dict[str, Any]) -> tuple[str, dict[str, str]]:
+    """An entry's name and model_args, from ``NAME=k=v,...`` or ``{name, args, seeds}``."""
+    name, args = (entry["name"], entry.get("args") or "") if isinstance(entry, dict) else entry.split("=", 1)
+    return name, dict(pair.split("=", 1) for pair in args.split(",") if "=" in pair)
 
 
-def main(config: str, out: str) -> None:
-    spec = yaml.safe_load(Path(config).read_text())
+def missing_mask(args: dict[str, str]) -> Path | None:
+    """The file an entry's ``mask=`` names, when it does not exist yet."""
+    mask = args.get("mask", "full")
+    return None if mask == "full" or Path(mask).is_file() else Path(mask)
+
+
+def finished_seeds(name: str, runs: Path) -> list[int]:
+    """The seeds of ``name`` whose run (``NAME@seed=S``) is finished under ``runs``."""
+    return sorted(int(p.name.split("@seed=")[1]) for p in runs.glob(f"{name}@seed=*") if (p / "run.json").is_file())
+
+
+def narrow(spec: dict[str, Any], finished: Path | None, where: str) -> list[str | dict[str, Any]]:
     kept = []
     for entry in spec["entries"]:
-        mask = entry_mask_file(entry) if isinstance(entry, str) else None
-        if mask is not None and not mask.is_file():
-            print(f"{config}: entry {entry.partition('=')[0]!r} left for a later call: {mask} does not exist yet", file=sys.stderr)
+        name, args = entry_args(entry)
+        if (mask := missing_mask(args)) is not None:
+            print(f"{where}: entry {name!r} left for a later call: {mask} does not exist yet", file=sys.stderr)
             continue
+        if finished is not None and name != spec.get("reference", "original"):
+            seeded = args.get("layers") == "rand" and "seed" not in args
+            seeds = finished_seeds(name, finished / "runs") if seeded else []
+            if seeded and seeds:
+                entry = {"name": name, "args": entry.split("=", 1)[1] if isinstance(entry, str) else entry.get("args"), "seeds": seeds}
+            elif not (finished / "runs" / name / "run.json").is_file():
+                print(f"{where}: entry {name!r} has no finished run in {finished}; left out", file=sys.stderr)
+                continue
+            if seeded and seeds != list(spec.get("seeds") or []):
+                print(f"{where}: entry {name!r} with its finished seeds {seeds} only", file=sys.stderr)
         kept.append(entry)
-    Path(out).write_text(yaml.safe_dump({**spec, "entries": kept}, sort_keys=False))
+    return kept
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("config")
+    parser.add_argument("out")
+    parser.add_argument("--finished", type=Path, help="keep only the entries with finished runs in this comparison folder")
+    args = parser.parse_args()
+    spec = yaml.safe_load(Path(args.config).read_text())
+    note = f"# {args.config}, narrowed by results/smollm2/available_entries.py to the entries {'finished in ' + str(args.finished) if args.finished else 'whose mask exists'}\n"
+    Path(args.out).write_text(note + yaml.safe_dump({**spec, "entries": narrow(spec, args.finished, args.config)}, sort_keys=False))
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit(__doc__)
-    main(sys.argv[1], sys.argv[2])
+    main()

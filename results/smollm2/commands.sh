@@ -13,9 +13,10 @@
 #              against bosch_niah_dev's single-needle formats         -> check_sinks/CALIB/
 #   search R [S]  BOSCH at ratio R (0.5, 0.75, 0.875), seed S (default 0)  -> search/bosch-rR[-sS]/
 #   compare R  the held-out leaderboard at ratio R                          -> leaderboard_rR/
+#   leaderboard R  its table from the runs finished so far (nothing evaluated) -> leaderboard_rR/leaderboard.md
 # On a lent GPU, gpu_session.sh runs the search and compare steps side by side.
 set -euo pipefail
-step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|rank|check|check-niah|check-sinks CALIB|search RATIO [SEED]|compare RATIO}
+step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|rank|check|check-niah|check-sinks CALIB|search RATIO [SEED]|compare RATIO|leaderboard RATIO}
 R=results/smollm2
 CALIB=bosch_niah_calib  # the search's and the rankings' calibration task (README, "The calibration check with four sinks")
 RC=$R/rankings_retrieval_calib  # the six rankings on bosch_retrieval_calib, the checks' panels (before the choice)
@@ -83,8 +84,13 @@ case $step in
             # attn_backend=blocked: auto's kernel on the CPU, named so that a GPU scores the same attention
             bosch-eval search --model smollm2 --ratio $ratio --seed $seed --calib-tasks $CALIB --dtype bfloat16 --batch-size 8 \
               --model-args sink=4,attn_backend=blocked --prefix-cache-mb 2560 --out $out "${resume[@]}" ;;
-  compare)  # the entries whose mask exists; a later call adds the searches that finished since
-            ratio=${2:?ratio}; available=$(mktemp --suffix=.yaml)
-            python $R/available_entries.py $R/leaderboard_r$ratio.yaml "$available"
-            bosch-eval compare --config "$available" --out $R/leaderboard_r$ratio --resume; rm -f "$available" ;;
+  compare)  # the entries whose mask exists (the narrowed config is kept beside the runs it made);
+            # a later call adds the searches that finished since
+            ratio=${2:?ratio}; out=$R/leaderboard_r$ratio; mkdir -p $out
+            python $R/available_entries.py $R/leaderboard_r$ratio.yaml $out/available.yaml
+            bosch-eval compare --config $out/available.yaml --out $out --resume ;;
+  leaderboard) # the leaderboard of the runs finished so far, evaluating nothing (a comparison stopped early)
+            ratio=${2:?ratio}; out=$R/leaderboard_r$ratio
+            python $R/available_entries.py $R/leaderboard_r$ratio.yaml $out/finished.yaml --finished $out
+            bosch-eval compare --config $out/finished.yaml --out $out --resume ;;
 esac
