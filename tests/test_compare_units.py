@@ -190,6 +190,23 @@ def test_a_ranking_computed_on_a_task_is_in_sample_there(tmp_path):
     assert rows["apl"].cells["t"].in_sample and not rows["razor"].cells["t"].in_sample
 
 
+def test_a_group_and_the_headline_over_it_get_paired_cis():
+    # bosch_niah_single is a group (the unweighted mean of its tasks): its column and a headline
+    # over it once had no CI, since a group has no samples of its own.
+    def run(a, b, c):
+        results = {"g": {"acc,none": (sum(a) / len(a) + sum(b) / len(b)) / 2}, "x": {"acc,none": sum(c) / len(c)}}
+        results |= {name: {"acc,none": sum(v) / len(v)} for name, v in (("a", a), ("b", b))}
+        samples = {name: [{"doc_id": i, "acc": v} for i, v in enumerate(values)] for name, values in (("a", a), ("b", b), ("x", c))}
+        return RunResults(results=results, samples=samples, group_subtasks={"g": ["a", "b"]})
+
+    mask = HeadMask.from_rows([[1, 1]], 2, window=4)
+    entries = [EntryRuns("original", [run([1, 1], [1, 1, 1, 1], [1, 1])], {}, mask),
+               EntryRuns("hybrid", [run([1, 0], [0, 0, 0, 0], [1, 0])], {}, mask)]  # fmt: skip
+    row = build_rows(entries, "original", None, tasks=["g", "x"])[1]
+    assert row.cells["g"].ci[0] == pytest.approx(-0.75)  # (-0.5 + -1.0) / 2: each task weighs half, whatever its size
+    assert row.headline_ci[0] == pytest.approx((-0.75 - 0.5) / 2)
+
+
 def test_main_score_of_ruler_lengths_ignores_missing_lengths():
     assert main_score({"512,none": 0.5, "1024,none": 1.0, "4096,none": -1}) == ("mean over lengths", 0.75)
     assert main_score({"score,none": 0.3, "512,none": 0.2}) == ("score", 0.3)

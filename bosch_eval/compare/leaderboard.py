@@ -153,15 +153,15 @@ def build_rows(
             cell = Cell(scores[0][0], statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None)
             cell.in_sample = bool(_members(name, groups) & calib)
             cell.truncated = bool(_members(name, groups) & truncated)
-            if ref is not None and entry is not ref and all(name in run.samples for run in entry.runs + ref.runs):
-                cell.ci, cell.n_docs = _ci(entry, ref, [name], cell.metric)
+            if ref is not None and entry is not ref:
+                cell.ci, cell.n_docs = _ci(entry, ref, [name], groups, cell.mean)
             row.cells[name] = cell
         rows.append(row)
     held = headline_columns(rows, column_order(entries), tasks or [])
     for entry, row in zip(entries, rows):
         if held and ref is not None and entry is not ref and all(n in row.cells and row.cells[n].ci for n in held):
-            metrics = [row.cells[n].metric for n in held]
-            row.headline_ci = _ci(entry, ref, held, metrics)[0]
+            groups = {k: v for run in entry.runs for k, v in run.group_subtasks.items()}
+            row.headline_ci = _ci(entry, ref, held, groups, headline(row, held))[0]
     return rows
 
 
@@ -170,23 +170,42 @@ def _mean_docs(runs: list[RunResults], task: str, metric: str) -> dict[Any, floa
     return {key: math.fsum(v[key] for v in per_run) / len(per_run) for key in per_run[0]}
 
 
-def _ci(entry: EntryRuns, ref: EntryRuns, tasks: list[str], metric: str | list[str]) -> tuple[tuple[float, float, float] | None, int | None]:
-    """The paired CI of the unweighted mean over ``tasks`` (one task: its score), each task's
-    lengths weighted as its score weighs them."""
-    metrics = [metric] * len(tasks) if isinstance(metric, str) else metric
+def _leaves(name: str, groups: dict[str, list[str]], weight: float = 1.0) -> list[tuple[str, float]]:
+    """The tasks under ``name`` with their weights in its score: a group is the unweighted mean
+    of its children (this package's groups; checked against the group's score in :func:`_ci`)."""
+    children = groups.get(name)
+    if not children:
+        return [(name, weight)]
+    return [leaf for child in children for leaf in _leaves(child, groups, weight / len(children))]
+
+
+def _ci(
+    entry: EntryRuns, ref: EntryRuns, tasks: list[str], groups: dict[str, list[str]], score: float | None
+) -> tuple[tuple[float, float, float] | None, int | None]:
+    """The paired CI of the unweighted mean over ``tasks`` (one task: its score), a group's
+    documents those of its tasks, each task's lengths weighted as its score weighs them. None
+    where a task has no samples or another metric than the reference's, or where those weights
+    do not give a group's ``score`` (one that lm-eval weighs by size)."""
     entry_docs: dict[tuple[Any, int], float] = {}
     ref_docs: dict[tuple[Any, int], float] = {}
     weights: dict[Any, float] = {}
-    for task, name in zip(tasks, metrics):
+    for task, weight in (leaf for name in tasks for leaf in _leaves(name, groups, 1 / len(tasks))):
+        metric = main_score(entry.runs[0].results.get(task, {}))
         ref_metric = main_score(ref.runs[0].results.get(task, {}))
-        if ref_metric is None or ref_metric[0] != name:
+        if metric is None or ref_metric is None or ref_metric[0] != metric[0]:
             return None, None
-        mine, theirs = _mean_docs(entry.runs, task, name), _mean_docs(ref.runs, task, name)
+        if not all(task in run.samples for run in entry.runs + ref.runs):
+            return None, None
+        mine, theirs = _mean_docs(entry.runs, task, metric[0]), _mean_docs(ref.runs, task, metric[0])
         strata = {key[0] for key in mine}
         for stratum in strata:
-            weights[(task, stratum)] = 1 / (len(tasks) * len(strata))
+            weights[(task, stratum)] = weight / len(strata)
         entry_docs |= {((task, key[0]), key[1]): value for key, value in mine.items()}
         ref_docs |= {((task, key[0]), key[1]): value for key, value in theirs.items()}
+    if any(name in groups for name in tasks):
+        weighted = math.fsum(w * statistics.fmean(v for k, v in entry_docs.items() if k[0] == stratum) for stratum, w in weights.items())
+        if score is None or not math.isclose(weighted, score, abs_tol=1e-9):
+            return None, None
     diff, low, high, n = paired_bootstrap_ci(entry_docs, ref_docs, weights=weights)
     return (diff, low, high), n
 
