@@ -143,7 +143,7 @@ def build_rows(
             kv = 1.0 if mask is None else entry_kv_bytes(entry.model_args, mask, mask.window or 1, kv_length, head_dim)
         row = Row(entry.name, len(entry.runs), 0.0 if mask is None else mask.swa_ratio, kv)
         calib = calibration_tasks(mask) | ranking_calibration_tasks(entry.model_args)
-        groups = {k: v for run in entry.runs for k, v in run.group_subtasks.items()}
+        groups = _group_subtasks(entry)
         truncated = {task for run in entry.runs for task in run.truncated}
         for name in entry.runs[0].results:
             scores = [main_score(run.results.get(name, {})) for run in entry.runs]
@@ -160,14 +160,17 @@ def build_rows(
     held = headline_columns(rows, column_order(entries), tasks or [])
     for entry, row in zip(entries, rows):
         if held and ref is not None and entry is not ref and all(n in row.cells and row.cells[n].ci for n in held):
-            groups = {k: v for run in entry.runs for k, v in run.group_subtasks.items()}
-            row.headline_ci = _ci(entry, ref, held, groups, headline(row, held))[0]
+            row.headline_ci = _ci(entry, ref, held, _group_subtasks(entry), headline(row, held))[0]
     return rows
 
 
 def _mean_docs(runs: list[RunResults], task: str, metric: str) -> dict[Any, float]:
     per_run = [doc_values(run.samples[task], metric) for run in runs]
     return {key: math.fsum(v[key] for v in per_run) / len(per_run) for key in per_run[0]}
+
+
+def _group_subtasks(entry: EntryRuns) -> dict[str, list[str]]:
+    return {k: v for run in entry.runs for k, v in run.group_subtasks.items()}
 
 
 def _leaves(name: str, groups: dict[str, list[str]], weight: float = 1.0) -> list[tuple[str, float]]:

@@ -15,6 +15,7 @@
 set -uo pipefail
 budget=${1:?seconds}; out=${2:?output dir}; shift 2
 if [ $# -gt 0 ]; then searches=("$@"); else searches=(0.875:0 0.75:0 0.5:-); fi
+ratios=$(printf '%s\n' "${searches[@]%%:*}" | sort -u)
 R=results/smollm2
 deadline=$((SECONDS + budget)); drain=${DRAIN:-110}  # seconds left to the comparisons after the searches
 export OMP_NUM_THREADS=2 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -41,13 +42,13 @@ ratio_pipeline() {
   [ ${#searches[@]} -gt 0 ] && timeout -k 20 -s INT "$(left 30)" $R/commands.sh compare "$ratio" > "$logs/compare_r$ratio.b.log" 2>&1
   echo "ratio $ratio: pipeline ended at ${SECONDS}s"
 }
-for ratio in $(printf '%s\n' "${searches[@]%%:*}" | sort -u); do
+for ratio in $ratios; do
   seeds=(); for search in "${searches[@]}"; do [ "${search%%:*}" = "$ratio" ] && [ "${search#*:}" != - ] && seeds+=("${search#*:}"); done
   ratio_pipeline "$ratio" "${seeds[@]}" &
 done
 while [ "$(jobs -r | wc -l)" -gt 0 ]; do sleep 10; gpu utilization.gpu,memory.used; done
 wait
-for ratio in $(printf '%s\n' "${searches[@]%%:*}" | sort -u); do
+for ratio in $ratios; do
   tar czf "$out/r$ratio.tgz" $R/search/bosch-r$ratio* $R/leaderboard_r$ratio 2>/dev/null
 done
 tar czf "$out/logs.tgz" $logs
