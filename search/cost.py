@@ -199,8 +199,12 @@ def _prediction_after_stage2(costs: Mapping[str, Mapping[str, float]], estimate:
     if not total_seconds:
         return ""
     early = [row for stage, row in costs.items() if stage in ("anchor", "stage1")]
+    early_calls = sum(int(row["calls"]) for row in early)
+    if not early_calls:
+        return ("After Stage 2: no prediction, since this run timed no call before Stage 3 (a resume whose "
+                "Stages 1–2 came from the journal).")  # fmt: skip
     early_seconds = sum(row["seconds"] for row in early)
-    per_call = early_seconds / max(sum(int(row["calls"]) for row in early), 1)
+    per_call = early_seconds / early_calls
     anchor = costs.get("anchor")
     per_exact_call = anchor["seconds"] / anchor["calls"] if anchor and anchor["calls"] else None
     raced_calls, exact_calls = estimate.stage3_high - estimate.stage3_exact, estimate.stage3_exact

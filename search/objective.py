@@ -102,7 +102,8 @@ class CalibrationObjective(ObjectiveRacing):
         limit: lm-eval's ``limit`` (first N documents of each task, or a fraction).
 
     Attributes:
-        calls: evaluations done so far (raced ones included).
+        calls: evaluations done so far that ran the model: plain calls, and raced masks that
+            forwarded an example (one answered wholly from a journal's values is not a call).
         examples_scored: calibration examples forwarded by plain (unraced) calls so far.
         higher_is_better: the metric's direction, from lm-eval's ``higher_is_better`` of
             every calibration task (its ``metric_list`` entry, else lm-eval's metric registry).

@@ -63,8 +63,10 @@ class ObjectiveRacing:
             ObjectiveError: racing cannot apply (:meth:`racing_problem`), or a per-example
                 value lies outside [0, 1].
         """
-        outcome = self._racer().race(mask, can_win, self.metric)
-        self.calls += 1
+        racer = self._racer()
+        before = racer.masks_forwarded
+        outcome = racer.race(mask, can_win, self.metric)
+        self.calls += racer.masks_forwarded - before  # a mask answered from the journal's values is no call
         return outcome
 
     def race_many(
@@ -76,8 +78,10 @@ class ObjectiveRacing:
         Raises:
             ObjectiveError: as :meth:`race`.
         """
-        outcomes = self._racer().race_many(masks, rule_out, self.metric)
-        self.calls += len(masks)
+        racer = self._racer()
+        before = racer.masks_forwarded
+        outcomes = racer.race_many(masks, rule_out, self.metric)
+        self.calls += racer.masks_forwarded - before
         return outcomes
 
     def racing_problem(self) -> str | None:

@@ -47,6 +47,7 @@ class Tally:
     sizes: Mapping[str, int]  # examples per task
     higher_is_better: bool
     values: dict[str, dict[int, float]] = field(default_factory=dict)
+    forwarded: bool = False  # some example of this mask was scored, not answered from the memo
 
     def add(self, task: str, values: Mapping[int, float], metric: str) -> None:
         """Record ``task``'s values of some documents (by index).
@@ -183,6 +184,8 @@ class Racer:
 
     Attributes:
         examples_scored: examples forwarded so far (not those answered from ``memo``).
+        masks_forwarded: masks raced so far that forwarded at least one example (a mask a
+            resumed search answers wholly from the journal's values is not among them).
         memo: per-example values scored so far; a chunk's known examples are answered from it.
     """
 
@@ -203,6 +206,7 @@ class Racer:
         self.chunk = chunk
         self.order = ExampleOrder(higher_is_better)
         self.examples_scored = 0
+        self.masks_forwarded = 0
         self.memo = ExampleMemo()
 
     def learn(self, mask: HeadMask, values: Mapping[str, Mapping[int, float]]) -> None:
@@ -240,6 +244,7 @@ class Racer:
             if outcome is not None:
                 break
         self._learn([tally])
+        self.masks_forwarded += tally.forwarded
         assert outcome is not None  # the last chunk completes the tally
         return outcome
 
@@ -278,6 +283,7 @@ class Racer:
             running = [number for number, outcome in enumerate(outcomes) if outcome is None]
             chosen = [max(running, key=lambda n: (sign * tallies[n].optimistic(), -n))] if running else []
         self._learn(tallies)
+        self.masks_forwarded += sum(tally.forwarded for tally in tallies)
         return [outcome for outcome in outcomes if outcome is not None]
 
     def _add_round(self, entries: Sequence[tuple[Tally, HeadMask, str, list[int]]], metric: str) -> None:
@@ -296,6 +302,7 @@ class Racer:
             if known:
                 tally.add(task, known, metric)
             if len(known) < len(indices):
+                tally.forwarded = True
                 missing.append((tally, mask, key, task, [doc for doc in indices if doc not in known]))
         group = max(1, self.processes)
         for start in range(0, len(missing), group):

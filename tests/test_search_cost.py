@@ -62,6 +62,10 @@ def test_the_prediction_times_nomad_calls_as_unraced_ones() -> None:
     resumed = {stage: row for stage, row in costs.items() if stage != "anchor"}
     line = render_cost(resumed, before, after)[-2]
     assert "no unraced call timed in this run" in line and "210.0 s predicted, 2010.0 s measured (-90%)" in line
+    # A resume that reached Stage 3 from the journal timed nothing to predict from (not "0.0 s predicted").
+    stage3_only = {"stage3": costs["stage3"]}
+    line = render_cost(stage3_only, before, after)[-2]
+    assert line.startswith("After Stage 2: no prediction") and "predicted," not in line
 
 
 def test_the_estimate_reads_only_the_config(tiny_model_dir: Path) -> None:

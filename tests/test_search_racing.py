@@ -114,6 +114,25 @@ class TestRaceMany:
             racer.race_many(masks, lambda intervals: set())
         assert [n for n, mask in enumerate(masks) if mask_key(mask.bits) in racer.memo] == [0, 1, 2]
 
+    def test_a_mask_answered_from_the_memo_is_not_counted_as_forwarded(self) -> None:
+        """A resumed search replays its races from the journal's values; a report must not
+        count those masks as calls that ran the model."""
+        masks = [HeadMask.from_swa_groups(SHAPE, {cell}) for cell in [(0, 0), (0, 1), (1, 0)]]
+
+        def score_chunks(items):  # noqa: ANN001, ANN202
+            return [dict.fromkeys(indices, 1.0) for _, _, indices in items]
+
+        first = Racer({"t": 8}, True, score_chunks, lambda tally: 1.0, chunk=4)
+        first.race_many(masks[:2], lambda intervals: set())
+        assert (first.masks_forwarded, first.examples_scored) == (2, 16)
+        replay = Racer({"t": 8}, True, score_chunks, lambda tally: 1.0, chunk=4)
+        replay.memo = first.memo
+        replay.race_many(masks[:2], lambda intervals: set())
+        replay.race(masks[0], lambda best: True)
+        assert (replay.masks_forwarded, replay.examples_scored) == (0, 0)
+        replay.race_many(masks, lambda intervals: set())  # one new mask among two known ones
+        assert (replay.masks_forwarded, replay.examples_scored) == (1, 8)
+
     def test_a_weak_first_mask_stops_after_its_first_chunk(self) -> None:
         weak, strong, middling = [0.0] * 24, [1.0] * 24, [1.0, 0.0] * 12
         outcomes, scored = self.race([weak, strong, middling])
