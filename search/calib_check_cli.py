@@ -63,6 +63,9 @@ def add_calib_check_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--model", required=True, help="HF id or local directory; toy / toy-l are the bundled models, smollm2 the packaged one, or a .gguf file")
     parser.add_argument("--calib", default=DEFAULT_CALIB_TASK, help=f"calibration task (default {DEFAULT_CALIB_TASK})")
     parser.add_argument("--calib-metadata", type=json.loads, default={}, help="JSON metadata for the calibration task")
+    parser.add_argument(
+        "--calib-metric", default="acc", help="metric of the calibration task, as the search's --calib-metric (default acc)"
+    )
     parser.add_argument("--dev", default=DEFAULT_DEV, help=f"development task, never the test set (default {DEFAULT_DEV})")
     parser.add_argument("--dev-metadata", type=json.loads, default={}, help="JSON metadata for the dev task")
     parser.add_argument("--ratios", type=float, nargs="+", default=[0.5, 0.75, 0.875], help="SWA ratios to check")
@@ -85,6 +88,14 @@ def add_calib_check_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--out", type=Path, required=True, help="output directory (a killed check resumes there with the same settings)"
+    )
+    parser.add_argument(
+        "--dev-scores-from",
+        type=Path,
+        metavar="CHECK",
+        help="take the dev scores of the same masks from another check's output directory, made with the same "
+        "model, dev task, window, dtype, sinks and mask files (a check of another calibration set or metric "
+        "then scores only its calibration side)",
     )
     parser.add_argument(
         "--new-settings",
@@ -112,12 +123,17 @@ def run_from_args(args: argparse.Namespace) -> None:
     rankings = {name: HeadRanking.load(path) for name, path in ranking_files}
     given = {name: HeadMask.load(path) for name, path in mask_files}
     settings = check_settings(args, ranking_files, mask_files)
+    if args.dev_scores_from is not None:
+        check_dev_source(args.dev_scores_from, settings)
     args.out.mkdir(parents=True, exist_ok=True)
     with OutputLock(args.out, "calib-check", CalibCheckError):
         _pin_settings(args.out, settings, args.new_settings, check_only=True)  # before the model loads
         calib = build_objective(
             args.model,
-            CalibrationSettings(tasks=(args.calib,), length=args.calib_len, examples=args.calib_examples, metadata=args.calib_metadata),
+            CalibrationSettings(
+                tasks=(args.calib,), metric=args.calib_metric, length=args.calib_len, examples=args.calib_examples,
+                metadata=args.calib_metadata,
+            ),  # fmt: skip
             LoadSettings(
                 window=args.window, device=args.device, batch_size=args.batch_size, dtype=args.dtype,
                 model_args={"sink": args.sink} if args.sink is not None else None,
@@ -128,6 +144,8 @@ def run_from_args(args: argparse.Namespace) -> None:
         # Only once the tasks and masks are known to be good.
         _pin_settings(args.out, settings, args.new_settings)
         command = " ".join(["bosch-eval", *map(shlex.quote, args.argv)])
+        if args.dev_scores_from is not None:
+            copy_dev_scores(args.dev_scores_from / "scores.jsonl", args.out / "scores.jsonl", {item.name for item in panel})
 
         def write_report(scores: dict[str, dict[str, float]]) -> None:
             report = make_report(panel, scores, settings, command)
@@ -153,10 +171,45 @@ def check_settings(args: argparse.Namespace, rankings: list[tuple[str, str]], ma
         settings["probes"] = False
     if args.sink is not None:  # likewise (before --sink, every check ran without sinks)
         settings["sink"] = args.sink
+    if args.calib_metric != "acc":  # likewise (before --calib-metric, every check scored acc)
+        settings["calib_metric"] = args.calib_metric
     settings["model"] = portable_name(args.model)
     settings["ranking"] = {name: {"sha256": file_digest(path)} for name, path in rankings}
     settings["mask"] = {name: {"sha256": file_digest(path)} for name, path in masks}
     return settings
+
+
+# The settings a dev score depends on, besides the mask: two checks that agree on them score
+# a mask of the same name and file alike on the dev side.
+DEV_SETTINGS = ("model", "dev", "dev_metadata", "window", "dtype", "sink")
+
+
+def check_dev_source(source: Path, settings: dict[str, Any]) -> None:
+    """Refuse ``--dev-scores-from`` a check whose dev scores this check's would not equal:
+    other dev settings, or a ranking or mask file of the same name with other content."""
+    path = source / "settings.json"
+    if not path.is_file():
+        raise CalibCheckError(f"--dev-scores-from: {path} does not exist; expected the output directory of a calib-check")
+    theirs = _comparable(json.loads(path.read_text()))
+    changed = [key for key in DEV_SETTINGS if settings.get(key) != theirs.get(key)]
+    for key in ("ranking", "mask"):
+        changed += [f"{key} {name}" for name, digest in settings[key].items() if theirs.get(key, {}).get(name, digest) != digest]
+    if changed:
+        raise CalibCheckError(f"--dev-scores-from: {path} was made with other dev settings ({', '.join(changed)}); its dev scores do not apply")
+
+
+def copy_dev_scores(source: Path, journal: Path, names: set[str]) -> None:
+    """Append to ``journal`` the dev scores in ``source`` of the masks in ``names`` that it has
+    no dev score for yet (a resumed run copies nothing twice)."""
+    if not source.is_file():
+        raise CalibCheckError(f"--dev-scores-from: {source} does not exist; expected the scores of a calib-check")
+    have = set()
+    if journal.is_file():
+        have = {record["name"] for record in map(json.loads, journal.read_text().splitlines()) if record["side"] == "dev"}
+    copied = [record for record in map(json.loads, source.read_text().splitlines())
+              if record["side"] == "dev" and record["name"] in names - have]  # fmt: skip
+    with journal.open("a") as out:
+        out.writelines(json.dumps(record) + "\n" for record in copied)
 
 
 def score_panel(
@@ -223,7 +276,8 @@ def render(report: dict[str, Any]) -> str:
     lines = [
         f"$ {report['command']}", "", f"versions: {json.dumps(report['versions'])}", "",
         *_partial_note(report.get("status", "complete")),
-        f"calibration `{settings['calib']}` {json.dumps(settings['calib_metadata'])}; development `{settings['dev']}` "
+        f"calibration `{settings['calib']}` {json.dumps(settings['calib_metadata'])} scored by "
+        f"`{settings.get('calib_metric', 'acc')}`; development `{settings['dev']}` "
         f"{json.dumps(settings['dev_metadata'])}; SWA groups see {settings.get('sink', 0)} sink positions besides their window",
         "", f"S(full) calib {report['full']['calib']:.3f} / dev {report['full']['dev']:.3f}; "
         f"S(all SWA) calib {report['all_swa']['calib']:.3f} / dev {report['all_swa']['dev']:.3f}", "",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -227,6 +228,22 @@ def test_sinks_reach_every_score_through_the_adapter(tmp_path: Path, monkeypatch
     assert seen[1].model_args is None
 
 
+def test_the_calibration_metric_reaches_the_calibration_objective(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from bosch_eval.search import objective_loading
+
+    seen = []
+
+    def loaded(model, calibration, load):
+        seen.append(calibration)
+        raise CalibCheckError("stop before scoring")
+
+    monkeypatch.setattr(objective_loading, "build_objective", loaded)
+    assert main(["calib-check", "--model", "toy", "--calib-metric", "acc_tiebreak", "--out", str(tmp_path / "check")]) == 2
+    assert seen[0].metric == "acc_tiebreak"
+    assert main(["calib-check", "--model", "toy", "--out", str(tmp_path / "plain")]) == 2
+    assert seen[1].metric == "acc"
+
+
 def test_a_negative_sink_count_is_refused_before_the_model_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     from unittest import mock
 
@@ -243,7 +260,8 @@ class TestPinnedSettings:
         from argparse import Namespace
 
         args = Namespace(model="toy", calib="bosch_niah_calib", calib_metadata={}, dev="bosch_niah_dev", dev_metadata={},
-                         ratios=[0.5], random=2, window=None, calib_len=None, calib_examples=None, dtype=None, no_probes=False, sink=None)  # fmt: skip
+                         ratios=[0.5], random=2, window=None, calib_len=None, calib_examples=None, dtype=None, no_probes=False, sink=None,
+                         calib_metric="acc")  # fmt: skip
         return args, [("apl", str(ranking))], []
 
     def test_a_dtype_is_pinned_only_when_given(self, tmp_path: Path) -> None:
@@ -272,6 +290,20 @@ class TestPinnedSettings:
         _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
         args.sink = 4
         with pytest.raises(CalibCheckError, match=r"other settings \(sink\)"):
+            _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
+
+    def test_a_calibration_metric_is_pinned_only_when_not_acc(self, tmp_path: Path) -> None:
+        from bosch_eval.search.calib_check_cli import _pin_settings, check_settings
+
+        ranking = tmp_path / "apl.json"
+        ranking.write_text('{"scores": 1}')
+        args, rankings, masks = self.args(tmp_path, ranking)
+        assert "calib_metric" not in check_settings(args, rankings, masks)  # a check made before --calib-metric resumes
+        out = tmp_path / "out"
+        out.mkdir()
+        _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
+        args.calib_metric = "acc_tiebreak"
+        with pytest.raises(CalibCheckError, match=r"other settings \(calib_metric\)"):
             _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
 
     def test_leaving_out_the_probes_is_pinned_only_when_asked(self, tmp_path: Path) -> None:
@@ -315,3 +347,60 @@ class TestPinnedSettings:
         out.mkdir()
         (out / "settings.json").write_text(json.dumps(old))
         _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)  # no error
+
+
+class TestDevScoresFrom:
+    """--dev-scores-from: a check of another calibration reuses the dev scores of the same masks,
+    and only from a check whose dev side would have scored them alike."""
+
+    def settings(self, **changes: Any) -> dict:
+        settings = {"calib": "bosch_niah_calib", "calib_metadata": {}, "dev": "bosch_niah_dev", "dev_metadata": {"dev_samples": 8},
+                    "ratios": [0.5], "random": 2, "window": None, "calib_len": None, "calib_examples": None, "dtype": "bfloat16",
+                    "sink": 4, "model": "toy", "ranking": {"apl": {"sha256": "a" * 64}}, "mask": {}}  # fmt: skip
+        return {**settings, **changes}
+
+    def source(self, tmp_path: Path, **changes: Any) -> Path:
+        source = tmp_path / "source"
+        source.mkdir()
+        (source / "settings.json").write_text(json.dumps(self.settings(**changes)))
+        return source
+
+    def test_a_check_of_another_calibration_or_metric_may_take_the_dev_scores(self, tmp_path: Path) -> None:
+        from bosch_eval.search.calib_check_cli import check_dev_source
+
+        source = self.source(tmp_path, calib="bosch_retrieval_calib", ratios=[0.75, 0.5], random=21, probes=False)
+        check_dev_source(source, self.settings(calib_metric="acc_tiebreak"))  # no error
+
+    @pytest.mark.parametrize(
+        ("changes", "named"),
+        [({"dev_metadata": {"dev_samples": 24}}, "dev_metadata"), ({"sink": 0}, "sink"), ({"dtype": None}, "dtype"),
+         ({"ranking": {"apl": {"sha256": "b" * 64}}}, "ranking apl")],
+    )  # fmt: skip
+    def test_a_check_whose_dev_side_differs_is_refused_naming_the_setting(self, tmp_path: Path, changes: dict, named: str) -> None:
+        from bosch_eval.search.calib_check_cli import check_dev_source
+
+        source = self.source(tmp_path, **changes)
+        with pytest.raises(CalibCheckError, match=rf"{source}/settings.json was made with other dev settings \({named}\)"):
+            check_dev_source(source, self.settings())
+
+    def test_a_directory_that_is_no_check_is_refused(self, tmp_path: Path) -> None:
+        from bosch_eval.search.calib_check_cli import check_dev_source
+
+        with pytest.raises(CalibCheckError, match=r"settings.json does not exist; expected the output directory of a calib-check"):
+            check_dev_source(tmp_path, self.settings())
+
+    def test_only_the_panels_missing_dev_scores_are_copied_once(self, tmp_path: Path) -> None:
+        from bosch_eval.search.calib_check_cli import copy_dev_scores, score_panel
+
+        source = tmp_path / "scores.jsonl"
+        records = [{"side": "calib", "name": "full", "score": 0.9}, {"side": "dev", "name": "full", "score": 0.8},
+                   {"side": "dev", "name": "other", "score": 0.1}, {"side": "dev", "name": "all-swa", "score": 0.2}]  # fmt: skip
+        source.write_text("".join(json.dumps(record) + "\n" for record in records))
+        journal = tmp_path / "check" / "scores.jsonl"
+        journal.parent.mkdir()
+        journal.write_text(json.dumps({"side": "dev", "name": "all-swa", "score": 0.3}) + "\n")  # scored here already
+        for _ in range(2):
+            copy_dev_scores(source, journal, {"full", "all-swa"})
+        lines = [json.loads(line) for line in journal.read_text().splitlines()]
+        assert lines == [{"side": "dev", "name": "all-swa", "score": 0.3}, {"side": "dev", "name": "full", "score": 0.8}]
+        assert score_panel([], {"calib": None, "dev": None}, journal) == {"calib": {}, "dev": {"all-swa": 0.3, "full": 0.8}}
