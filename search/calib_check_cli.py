@@ -188,8 +188,9 @@ def check_dev_source(source: Path, settings: dict[str, Any]) -> None:
     """Refuse ``--dev-scores-from`` a check whose dev scores this check's would not equal:
     other dev settings, or a ranking or mask file of the same name with other content."""
     path = source / "settings.json"
-    if not path.is_file():
-        raise CalibCheckError(f"--dev-scores-from: {path} does not exist; expected the output directory of a calib-check")
+    for needed in (path, source / "scores.jsonl"):
+        if not needed.is_file():
+            raise CalibCheckError(f"--dev-scores-from: {needed} does not exist; expected the output directory of a calib-check")
     theirs = _comparable(json.loads(path.read_text()))
     changed = [key for key in DEV_SETTINGS if settings.get(key) != theirs.get(key)]
     for key in ("ranking", "mask"):
@@ -201,8 +202,6 @@ def check_dev_source(source: Path, settings: dict[str, Any]) -> None:
 def copy_dev_scores(source: Path, journal: Path, names: set[str]) -> None:
     """Append to ``journal`` the dev scores in ``source`` of the masks in ``names`` that it has
     no dev score for yet (a resumed run copies nothing twice)."""
-    if not source.is_file():
-        raise CalibCheckError(f"--dev-scores-from: {source} does not exist; expected the scores of a calib-check")
     have = set()
     if journal.is_file():
         have = {record["name"] for record in map(json.loads, journal.read_text().splitlines()) if record["side"] == "dev"}

@@ -363,6 +363,7 @@ class TestDevScoresFrom:
         source = tmp_path / "source"
         source.mkdir()
         (source / "settings.json").write_text(json.dumps(self.settings(**changes)))
+        (source / "scores.jsonl").write_text("")
         return source
 
     def test_a_check_of_another_calibration_or_metric_may_take_the_dev_scores(self, tmp_path: Path) -> None:
@@ -388,6 +389,18 @@ class TestDevScoresFrom:
 
         with pytest.raises(CalibCheckError, match=r"settings.json does not exist; expected the output directory of a calib-check"):
             check_dev_source(tmp_path, self.settings())
+        (self.source(tmp_path) / "scores.jsonl").unlink()  # settings pinned, nothing scored
+        with pytest.raises(CalibCheckError, match=r"scores.jsonl does not exist; expected the output directory of a calib-check"):
+            check_dev_source(tmp_path / "source", self.settings())
+
+    def test_a_bad_source_is_refused_before_the_model_loads(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        from unittest import mock
+
+        argv = ["calib-check", "--model", "toy", "--dev-scores-from", str(tmp_path / "nothing"), "--out", str(tmp_path / "check")]
+        with mock.patch("bosch_eval.search.objective_loading.build_objective", side_effect=AssertionError("loaded the model")):
+            assert main(argv) == 2
+        assert "--dev-scores-from: " in capsys.readouterr().err
+        assert not (tmp_path / "check" / "settings.json").exists()
 
     def test_only_the_panels_missing_dev_scores_are_copied_once(self, tmp_path: Path) -> None:
         from bosch_eval.search.calib_check_cli import copy_dev_scores, score_panel
