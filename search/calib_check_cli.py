@@ -123,8 +123,7 @@ def run_from_args(args: argparse.Namespace) -> None:
     rankings = {name: HeadRanking.load(path) for name, path in ranking_files}
     given = {name: HeadMask.load(path) for name, path in mask_files}
     settings = check_settings(args, ranking_files, mask_files)
-    if args.dev_scores_from is not None:
-        check_dev_source(args.dev_scores_from, settings)
+    shared_files = check_dev_source(args.dev_scores_from, settings) if args.dev_scores_from is not None else None
     args.out.mkdir(parents=True, exist_ok=True)
     with OutputLock(args.out, "calib-check", CalibCheckError):
         _pin_settings(args.out, settings, args.new_settings, check_only=True)  # before the model loads
@@ -144,8 +143,9 @@ def run_from_args(args: argparse.Namespace) -> None:
         # Only once the tasks and masks are known to be good.
         _pin_settings(args.out, settings, args.new_settings)
         command = " ".join(["bosch-eval", *map(shlex.quote, args.argv)])
-        if args.dev_scores_from is not None:
-            copy_dev_scores(args.dev_scores_from / "scores.jsonl", args.out / "scores.jsonl", {item.name for item in panel})
+        if shared_files is not None:
+            shared = {item.name for item in panel if _scored_alike(item, shared_files)}
+            copy_dev_scores(args.dev_scores_from / "scores.jsonl", args.out / "scores.jsonl", shared)
 
         def write_report(scores: dict[str, dict[str, float]]) -> None:
             report = make_report(panel, scores, settings, command)
@@ -184,9 +184,11 @@ def check_settings(args: argparse.Namespace, rankings: list[tuple[str, str]], ma
 DEV_SETTINGS = ("model", "dev", "dev_metadata", "window", "dtype", "sink")
 
 
-def check_dev_source(source: Path, settings: dict[str, Any]) -> None:
+def check_dev_source(source: Path, settings: dict[str, Any]) -> dict[str, set[str]]:
     """Refuse ``--dev-scores-from`` a check whose dev scores this check's would not equal:
-    other dev settings, or a ranking or mask file of the same name with other content."""
+    other dev settings, or a ranking or mask file of the same name with other content.
+    Returns the names of this check's rankings and masks that the source had too (by content):
+    only their masks, and the generated ones, may take the source's dev scores."""
     path = source / "settings.json"
     for needed in (path, source / "scores.jsonl"):
         if not needed.is_file():
@@ -197,6 +199,16 @@ def check_dev_source(source: Path, settings: dict[str, Any]) -> None:
         changed += [f"{key} {name}" for name, digest in settings[key].items() if theirs.get(key, {}).get(name, digest) != digest]
     if changed:
         raise CalibCheckError(f"--dev-scores-from: {path} was made with other dev settings ({', '.join(changed)}); its dev scores do not apply")
+    return {key: {name for name, digest in settings[key].items() if theirs.get(key, {}).get(name) == digest} for key in ("ranking", "mask")}
+
+
+def _scored_alike(item: PanelMask, shared_files: dict[str, set[str]]) -> bool:
+    """Whether the source check scored this panel mask: a generated one, or one from a file it shared."""
+    if item.kind == "ranking":
+        return item.name.rsplit("-r", 1)[0] in shared_files["ranking"]
+    if item.kind == "given":
+        return item.name in shared_files["mask"]
+    return True
 
 
 def copy_dev_scores(source: Path, journal: Path, names: set[str]) -> None:

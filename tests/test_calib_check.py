@@ -384,6 +384,21 @@ class TestDevScoresFrom:
         with pytest.raises(CalibCheckError, match=rf"{source}/settings.json was made with other dev settings \({named}\)"):
             check_dev_source(source, self.settings())
 
+    def test_only_masks_the_source_scored_alike_take_its_dev_scores(self, tmp_path: Path) -> None:
+        from bosch_eval.search.calib_check import PanelMask
+        from bosch_eval.search.calib_check_cli import _scored_alike, check_dev_source
+
+        source = self.source(tmp_path, mask={"mine": {"sha256": "c" * 64}})
+        ours = self.settings(ranking={"apl": {"sha256": "a" * 64}, "new": {"sha256": "d" * 64}},
+                             mask={"mine": {"sha256": "c" * 64}, "rand-r0.5": {"sha256": "e" * 64}})  # fmt: skip
+        shared = check_dev_source(source, ours)
+        assert shared == {"ranking": {"apl"}, "mask": {"mine"}}
+        mask = HeadMask.uniform(ModelShape(2, 4, 2), full=True)
+        kinds = {"full": "anchor", "random0-r0.5": "random", "apl-r0.5": "ranking", "new-r0.5": "ranking", "mine": "given",
+                 "rand-r0.5": "given"}  # a file named like the source's layer heuristic is not that mask  # fmt: skip
+        alike = {name for name, kind in kinds.items() if _scored_alike(PanelMask(name, kind, 0.5, mask), shared)}
+        assert alike == {"full", "random0-r0.5", "apl-r0.5", "mine"}
+
     def test_a_directory_that_is_no_check_is_refused(self, tmp_path: Path) -> None:
         from bosch_eval.search.calib_check_cli import check_dev_source
 
