@@ -212,36 +212,33 @@ def test_a_failed_check_pins_no_settings(tmp_path: Path, capsys: pytest.CaptureF
     assert main(common) == 0  # the corrected command is not refused
 
 
-def test_sinks_reach_every_score_through_the_adapter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def _objective_settings(monkeypatch: pytest.MonkeyPatch, out: Path, *flags: str) -> tuple:
+    """The (calibration, load) settings that ``calib-check --model toy FLAGS`` builds its objective with."""
     from bosch_eval.search import objective_loading
 
     seen = []
 
     def loaded(model, calibration, load):
-        seen.append(load)
+        seen.append((calibration, load))
         raise CalibCheckError("stop before scoring")
 
     monkeypatch.setattr(objective_loading, "build_objective", loaded)
-    assert main(["calib-check", "--model", "toy", "--sink", "4", "--out", str(tmp_path / "check")]) == 2
-    assert seen[0].model_args == {"sink": 4}  # the adapter's sink= overrides every mask's own sinks
-    assert main(["calib-check", "--model", "toy", "--out", str(tmp_path / "plain")]) == 2
-    assert seen[1].model_args is None
+    assert main(["calib-check", "--model", "toy", *flags, "--out", str(out)]) == 2
+    return seen[0]
+
+
+def test_sinks_reach_every_score_through_the_adapter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    _, load = _objective_settings(monkeypatch, tmp_path / "check", "--sink", "4")
+    assert load.model_args == {"sink": 4}  # the adapter's sink= overrides every mask's own sinks
+    _, load = _objective_settings(monkeypatch, tmp_path / "plain")
+    assert load.model_args is None
 
 
 def test_the_calibration_metric_reaches_the_calibration_objective(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from bosch_eval.search import objective_loading
-
-    seen = []
-
-    def loaded(model, calibration, load):
-        seen.append(calibration)
-        raise CalibCheckError("stop before scoring")
-
-    monkeypatch.setattr(objective_loading, "build_objective", loaded)
-    assert main(["calib-check", "--model", "toy", "--calib-metric", "acc_tiebreak", "--out", str(tmp_path / "check")]) == 2
-    assert seen[0].metric == "acc_tiebreak"
-    assert main(["calib-check", "--model", "toy", "--out", str(tmp_path / "plain")]) == 2
-    assert seen[1].metric == "acc"
+    calibration, _ = _objective_settings(monkeypatch, tmp_path / "check", "--calib-metric", "acc_tiebreak")
+    assert calibration.metric == "acc_tiebreak"
+    calibration, _ = _objective_settings(monkeypatch, tmp_path / "plain")
+    assert calibration.metric == "acc"
 
 
 def test_a_negative_sink_count_is_refused_before_the_model_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
@@ -264,60 +261,24 @@ class TestPinnedSettings:
                          calib_metric="acc")  # fmt: skip
         return args, [("apl", str(ranking))], []
 
-    def test_a_dtype_is_pinned_only_when_given(self, tmp_path: Path) -> None:
+    @pytest.mark.parametrize(
+        ("attribute", "value", "key"),
+        [("dtype", "bfloat16", "dtype"), ("sink", 4, "sink"), ("calib_metric", "acc_tiebreak", "calib_metric"),
+         ("no_probes", True, "probes")],
+    )  # fmt: skip
+    def test_a_setting_is_pinned_only_when_given(self, tmp_path: Path, attribute: str, value: Any, key: str) -> None:
+        """A check made before the flag existed (its default) resumes; another value is refused, named."""
         from bosch_eval.search.calib_check_cli import _pin_settings, check_settings
 
         ranking = tmp_path / "apl.json"
         ranking.write_text('{"scores": 1}')
         args, rankings, masks = self.args(tmp_path, ranking)
-        assert "dtype" not in check_settings(args, rankings, masks)  # a check made before --dtype resumes
+        assert key not in check_settings(args, rankings, masks)
         out = tmp_path / "out"
         out.mkdir()
         _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
-        args.dtype = "bfloat16"
-        with pytest.raises(CalibCheckError, match=r"other settings \(dtype\)"):
-            _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
-
-    def test_sinks_are_pinned_only_when_given(self, tmp_path: Path) -> None:
-        from bosch_eval.search.calib_check_cli import _pin_settings, check_settings
-
-        ranking = tmp_path / "apl.json"
-        ranking.write_text('{"scores": 1}')
-        args, rankings, masks = self.args(tmp_path, ranking)
-        assert "sink" not in check_settings(args, rankings, masks)  # a check made before --sink resumes
-        out = tmp_path / "out"
-        out.mkdir()
-        _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
-        args.sink = 4
-        with pytest.raises(CalibCheckError, match=r"other settings \(sink\)"):
-            _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
-
-    def test_a_calibration_metric_is_pinned_only_when_not_acc(self, tmp_path: Path) -> None:
-        from bosch_eval.search.calib_check_cli import _pin_settings, check_settings
-
-        ranking = tmp_path / "apl.json"
-        ranking.write_text('{"scores": 1}')
-        args, rankings, masks = self.args(tmp_path, ranking)
-        assert "calib_metric" not in check_settings(args, rankings, masks)  # a check made before --calib-metric resumes
-        out = tmp_path / "out"
-        out.mkdir()
-        _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
-        args.calib_metric = "acc_tiebreak"
-        with pytest.raises(CalibCheckError, match=r"other settings \(calib_metric\)"):
-            _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
-
-    def test_leaving_out_the_probes_is_pinned_only_when_asked(self, tmp_path: Path) -> None:
-        from bosch_eval.search.calib_check_cli import _pin_settings, check_settings
-
-        ranking = tmp_path / "apl.json"
-        ranking.write_text('{"scores": 1}')
-        args, rankings, masks = self.args(tmp_path, ranking)
-        assert "probes" not in check_settings(args, rankings, masks)  # a check made before --no-probes resumes
-        out = tmp_path / "out"
-        out.mkdir()
-        _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
-        args.no_probes = True
-        with pytest.raises(CalibCheckError, match=r"other settings \(probes\)"):
+        setattr(args, attribute, value)
+        with pytest.raises(CalibCheckError, match=rf"other settings \({key}\)"):
             _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
 
     def test_a_moved_file_with_the_same_content_matches(self, tmp_path: Path) -> None:
