@@ -25,7 +25,7 @@ from bosch_eval.runtime.registry import Registry
 from bosch_eval.search.journal import Journal
 from bosch_eval.search.optimizers import NOMAD_MAX_VARIABLES, optimizer_methods
 from bosch_eval.search.saturation import stage1_saturation
-from bosch_eval.search.score_book import ScoreBook
+from bosch_eval.search.score_book import Bits, ScoreBook
 from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, SearchError
 from bosch_eval.search.stage2 import Stage2Result, assign_layer_ratios, default_buckets
 from bosch_eval.search.stages import (
@@ -308,6 +308,7 @@ def _bosch(run: SearchRun) -> StageOutcome:
     """Stages 1–3 (Algorithms 1–3), then ``refine`` passes of coordinate descent if asked."""
     book, anchors, shape, settings, result = run.book, run.anchors, run.shape, run.settings, run.result
     outcome = _stage1(run, 1)
+    stage1_bits = outcome.bits
     result.subproblems.extend(outcome.subproblems)
     result.stage2 = assign_layer_ratios(
         result.stage1_scores,
@@ -323,7 +324,38 @@ def _bosch(run: SearchRun) -> StageOutcome:
         result.stage3_score = book.score(outcome.bits, "final")
         result.stage3_evaluations = len(book.known) + len(book.bounds)
         outcome = refine(book, anchors, shape, outcome.bits, result.stage2.ratios, run.stages, settings.refine, run.progress)
+    _warn_if_stage1_scores_better(run, stage1_bits, outcome.bits)
     return outcome
+
+
+def _warn_if_stage1_scores_better(run: SearchRun, stage1_bits: Bits, final_bits: Bits) -> None:
+    """Warn when Stage 1's own mask scores better than the mask Stages 2–3 return.
+
+    Stage 1 converts ⌈ρG⌉ groups in every layer, never fewer SWA groups in all than the
+    target ⌈ρLG⌉, so its mask is at least as cheap. It scores better when Stage 2 gave
+    layers more SWA groups than the ⌈ρG⌉ Stage 1 measured in them, a ratio no stage scored
+    layer by layer: with a saturated calibration set Stage 2 orders the layers that lost
+    nothing by index (SmolLM2 at ρ = 0.5: its top eight layers got all three groups SWA
+    and the mask lost half the calibration score). The paper's mask is still returned; the
+    warning names the layers and the variant that returns Stage 1's mask.
+    """
+    stage1_score = run.result.stage1_scores[0]  # s_best of layer 0: every layer converted, Stage 1's mask
+    final_score = run.book.score(final_bits, "final")
+    better = stage1_score > final_score if run.anchors.higher_is_better else stage1_score < final_score
+    if not better:
+        return
+    measured = ceil_count(run.settings.ratio, run.shape.num_kv_heads)
+    above = [layer for layer, row in enumerate(final_bits) if row.count(0) > measured]
+    log.warning(
+        "stage 1's mask (%d SWA groups, S=%.4f) scores better than the mask returned (%d SWA groups, S=%.4f): "
+        "Stage 2 gave layers %s more than the %d of %d SWA groups Stage 1 measured in each; "
+        "`--variant single` returns Stage 1's mask",
+        _swa_groups(stage1_bits), stage1_score, _swa_groups(final_bits), final_score, above, measured, run.shape.num_kv_heads,
+    )  # fmt: skip
+
+
+def _swa_groups(bits: Bits) -> int:
+    return sum(row.count(0) for row in bits)
 
 
 VARIANTS.register("bosch", Variant(_bosch, stage2=True, chunks=True))

@@ -35,3 +35,42 @@ def test_the_search_logs_a_saturated_stage_1(caplog):
     assert warnings == ["stage 1: 2 of 2 layers lose nothing in Stage 1 (layers 0, 1): the calibration set is saturated at "
                         "this ratio, so Stage 2 cannot order those layers and Stage 3 will choose among equal scores; "
                         "check it with `bosch-eval calib-check` before trusting the mask"]  # fmt: skip
+
+
+def _saturated_at_two_of_three(mask) -> float:
+    """S drops by 0.25 per layer with all three KV groups SWA; two of three lose nothing."""
+    return 1.0 - 0.25 * sum(row.count(0) == 3 for row in mask.bits)
+
+
+def test_the_search_warns_when_stage_1_scored_its_own_mask_higher(caplog):
+    """SmolLM2's case at ρ = 0.5 (G = 3): Stage 1 converts 2 of 3 groups per layer and loses
+    nothing, so Stage 2 orders the layers by index and gives the top one all 3, which costs
+    0.25; Stage 1's mask (8 SWA groups, S = 1) beat the returned one (6, S = 0.75)."""
+    import logging
+
+    from bosch_eval.masks.head_mask import ModelShape
+    from bosch_eval.search.pipeline import SearchSettings, run_search
+
+    shape = ModelShape(num_layers=4, num_heads=3, num_kv_heads=3)
+    with caplog.at_level(logging.WARNING, logger="bosch_eval.search"):
+        result = run_search(_saturated_at_two_of_three, shape, SearchSettings(ratio=0.5, budget_per_layer=8), progress=False)
+    assert result.score == 0.75 and result.mask.num_swa_groups == 6  # the paper's mask, still returned
+    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stage 1's mask")]
+    assert warnings == ["stage 1's mask (8 SWA groups, S=1.0000) scores better than the mask returned (6 SWA groups, "
+                        "S=0.7500): Stage 2 gave layers [3] more than the 2 of 3 SWA groups Stage 1 measured in each; "
+                        "`--variant single` returns Stage 1's mask"]  # fmt: skip
+
+
+def test_no_such_warning_when_stages_2_and_3_do_at_least_as_well(caplog):
+    """With buckets that never exceed what Stage 1 measured (0 and ⅔), Stage 3 keeps S = 1."""
+    import logging
+
+    from bosch_eval.masks.head_mask import ModelShape
+    from bosch_eval.search.pipeline import SearchSettings, run_search
+
+    shape = ModelShape(num_layers=4, num_heads=3, num_kv_heads=3)
+    settings = SearchSettings(ratio=0.5, budget_per_layer=8, buckets=(0.0, 2 / 3))
+    with caplog.at_level(logging.WARNING, logger="bosch_eval.search"):
+        result = run_search(_saturated_at_two_of_three, shape, settings, progress=False)
+    assert result.score == 1.0
+    assert not [r for r in caplog.records if r.getMessage().startswith("stage 1's mask")]
