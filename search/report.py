@@ -49,7 +49,8 @@ def render_report(result: SearchResult, model: str, window: int, calibration: Ma
             if result.stage3_score is not None
             else []
         ),
-        f"| wall time of the last run | {result.wall_s:.1f} s |",
+        # wall_s counts every run of a resumed journal (search/api.py adds the earlier runs')
+        f"| search time, every run of this journal | {result.wall_s:.1f} s |",
         "",
     ]
     if result.stage1_scores is not None:

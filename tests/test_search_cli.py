@@ -178,6 +178,7 @@ def test_a_resumed_finished_search_keeps_its_wall_time(finished: tuple[Path, Pat
     assert main(search_args(model_dir, task_dir, out, "--resume")) == 0
     again = json.loads((out / "mask.json").read_text())["provenance"]["wall_s"]
     assert wall_s > 0 and again >= 0.9 * wall_s
+    assert "| search time, every run of this journal | " in (out / "report.md").read_text()  # not "of the last run"
 
 
 @pytest.mark.parametrize(
