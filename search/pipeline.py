@@ -336,7 +336,7 @@ def _warn_if_stage1_scores_better(run: SearchRun, stage1_bits: Bits, final_bits:
     layers more SWA groups than the ⌈ρG⌉ Stage 1 measured in them, a ratio no stage scored
     layer by layer: with a saturated calibration set Stage 2 orders the layers that lost
     nothing by index (SmolLM2 at ρ = 0.5: its top eight layers got all three groups SWA
-    and the mask lost half the calibration score). The paper's mask is still returned; the
+    and the mask lost half the calibration score Stage 1's mask kept). The paper's mask is still returned; the
     warning names the layers and the variant that returns Stage 1's mask.
     """
     stage1_score = run.result.stage1_scores[0]  # s_best of layer 0: every layer converted, Stage 1's mask
@@ -350,12 +350,9 @@ def _warn_if_stage1_scores_better(run: SearchRun, stage1_bits: Bits, final_bits:
         "stage 1's mask (%d SWA groups, S=%.4f) scores better than the mask returned (%d SWA groups, S=%.4f): "
         "Stage 2 gave layers %s more than the %d of %d SWA groups Stage 1 measured in each; "
         "`--variant single` returns Stage 1's mask",
-        _swa_groups(stage1_bits), stage1_score, _swa_groups(final_bits), final_score, above, measured, run.shape.num_kv_heads,
+        HeadMask(stage1_bits, run.shape.num_heads).num_swa_groups, stage1_score,
+        HeadMask(final_bits, run.shape.num_heads).num_swa_groups, final_score, above, measured, run.shape.num_kv_heads,
     )  # fmt: skip
-
-
-def _swa_groups(bits: Bits) -> int:
-    return sum(row.count(0) for row in bits)
 
 
 VARIANTS.register("bosch", Variant(_bosch, stage2=True, chunks=True))
