@@ -22,9 +22,9 @@ from typing import Any
 
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count, check_ratio
 from bosch_eval.runtime.registry import Registry
-from bosch_eval.search.journal import Journal
+from bosch_eval.search.journal import Journal, mask_key
 from bosch_eval.search.optimizers import NOMAD_MAX_VARIABLES, optimizer_methods
-from bosch_eval.search.saturation import stage1_saturation
+from bosch_eval.search.saturation import TopTies, stage1_saturation, top_ties
 from bosch_eval.search.score_book import Bits, ScoreBook
 from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, SearchError
 from bosch_eval.search.stage2 import Stage2Result, assign_layer_ratios, default_buckets
@@ -153,6 +153,7 @@ class SearchResult:
     wall_s: float = 0.0
     work: dict[str, float] = field(default_factory=dict)  # the objective's own counts (CalibrationObjective.work)
     costs: dict[str, dict[str, float]] = field(default_factory=dict)  # per stage: calls, pruned, seconds (this run)
+    ties: TopTies | None = None  # masks of the found ratio at the found S (None until the search ends)
 
     def provenance(self) -> dict[str, Any]:
         """The mask file's ``provenance`` block (paper quantities, settings, cost)."""
@@ -188,6 +189,7 @@ class SearchResult:
             "pruned": self.pruned,
             "work": self.work,
             "costs": self.costs,
+            "ties": None if self.ties is None else {"scored": self.ties.scored, "may_tie": self.ties.may_tie},
             "wall_s": round(self.wall_s, 2),
         }
 
@@ -272,6 +274,8 @@ def run_search(
     result.new_evaluations = book.new_evaluations
     result.pruned = book.pruned
     result.costs = book.costs
+    result.ties = top_ties(book.all_scores(), book.all_bounds(), mask_key(outcome.bits), result.score)
+    (log.warning if result.ties.scored else log.info)("search: %s", result.ties.message())
     result.wall_s = time.perf_counter() - started
     return result
 

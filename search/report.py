@@ -7,7 +7,7 @@ from typing import Any
 
 from bosch_eval.search.cost import estimate_calls, render_cost
 from bosch_eval.search.pipeline import SearchResult
-from bosch_eval.search.saturation import stage1_saturation
+from bosch_eval.search.saturation import TopTies, stage1_saturation
 
 
 def render_report(result: SearchResult, model: str, window: int, calibration: Mapping[str, Any]) -> str:
@@ -47,6 +47,11 @@ def render_report(result: SearchResult, model: str, window: int, calibration: Ma
         *(
             [f"| S after Stage 3, before refinement | {result.stage3_score:.4f} ({result.stage3_evaluations} masks evaluated by then) |"]
             if result.stage3_score is not None
+            else []
+        ),
+        *(
+            [f"| masks the calibration set cannot tell from the found one (as many SWA groups, the same S) | {_ties(result.ties)} |"]
+            if result.ties is not None
             else []
         ),
         # wall_s counts every run of a resumed journal (search/api.py adds the earlier runs')
@@ -109,6 +114,11 @@ def render_report(result: SearchResult, model: str, window: int, calibration: Ma
         lines.append(f"layer {layer:>3}  {cells}")
     lines += ["```", ""]
     return "\n".join(lines)
+
+
+def _ties(ties: TopTies) -> str:
+    racing = f"; {ties.may_tie} more stopped early by racing could at best tie" if ties.may_tie else ""
+    return f"{ties.scored} scored to the end{racing}"
 
 
 def _describe(calibration: Mapping[str, Any]) -> str:

@@ -1,4 +1,7 @@
-"""Does Stage 1 see the calibration set saturate? The cheap part of ``calib-check``.
+"""Does the calibration set saturate? The cheap part of ``calib-check``, read off a search's own scores.
+
+Two places: Stage 1 (below), and the top, where many masks of the found mask's SWA ratio
+reach its score (:func:`top_ties`).
 
 Stage 1 converts each layer's share ρ of KV groups to SWA, one layer at a time with the
 rest of the model full, and keeps the best score ``s_best`` per layer. Stage 2 then spreads
@@ -10,7 +13,7 @@ on toy-l at ρ ≤ 0.75 six of eight layers lost nothing on ``bosch_niah_calib``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 SATURATED_LAYER_SHARE = 0.5
@@ -44,3 +47,43 @@ def stage1_saturation(stage1_scores: Sequence[float], all_full: float, higher_is
         layer for layer, score in enumerate(stage1_scores) if (score >= all_full if higher_is_better else score <= all_full)
     )
     return Stage1Saturation(no_drop, len(stage1_scores))
+
+
+@dataclass(frozen=True)
+class TopTies:
+    """Masks the calibration set cannot tell from the one a search returns.
+
+    Attributes:
+        scored: other distinct masks with as many SWA groups and the same S, scored to the end.
+        may_tie: masks racing stopped early whose bound equals that S: they could at best tie,
+            so how many of them do is not known.
+    """
+
+    scored: int
+    may_tie: int
+
+    def message(self) -> str:
+        head = f"{self.scored} other mask(s) with as many SWA groups reach the same S"
+        if self.may_tie:
+            head += f" (and {self.may_tie} stopped early by racing could at best tie)"
+        if not self.scored:
+            return head
+        return (
+            f"{head}: the calibration set cannot tell them apart and the search returns the first it met; "
+            "a held-out task may not score them alike. Check the calibration set with `bosch-eval calib-check`; "
+            "a metric that orders equal accuracies (`--calib-metric acc_tiebreak`) is a choice for a development split"
+        )
+
+
+def top_ties(scores: Mapping[str, float], bounds: Mapping[str, float], found_key: str, found_score: float) -> TopTies:
+    """How many masks tie with ``found_key``: the same number of SWA groups (so the same ratio
+    penalty) and exactly its S. ``scores`` and ``bounds`` are keyed by ``journal.mask_key``
+    (a 0 is an SWA group); S values are averages over the same examples, so equal means equal."""
+    swa_groups = found_key.count("0")
+
+    def same_ratio(key: str) -> bool:
+        return key != found_key and key.count("0") == swa_groups
+
+    scored = sum(1 for key, score in scores.items() if same_ratio(key) and score == found_score)
+    may_tie = sum(1 for key, bound in bounds.items() if same_ratio(key) and bound == found_score)
+    return TopTies(scored, may_tie)

@@ -95,6 +95,16 @@ class ScoreBook:
         scored = self.known.keys() | self._unreplayed.keys()
         return len((self.bounds.keys() | self._unreplayed_bounds.keys()) - scored)
 
+    def all_scores(self) -> dict[str, float]:
+        """S of every mask evaluated to the end, by this run or the journal it resumed, by ``mask_key``."""
+        return {**self._unreplayed, **self.known}
+
+    def all_bounds(self) -> dict[str, float]:
+        """The racing bound of every mask stopped early and never scored, by ``mask_key``."""
+        scored = self.known.keys() | self._unreplayed.keys()
+        bounds = {**self._unreplayed_bounds, **self.bounds}
+        return {key: bound for key, bound in bounds.items() if key not in scored}
+
     def _journal_values(self, key: str, task: str, values: dict[int, float]) -> None:
         if self.journal is not None:
             self.journal.append_values(key, task, values)

@@ -178,7 +178,9 @@ def test_a_resumed_finished_search_keeps_its_wall_time(finished: tuple[Path, Pat
     assert main(search_args(model_dir, task_dir, out, "--resume")) == 0
     again = json.loads((out / "mask.json").read_text())["provenance"]["wall_s"]
     assert wall_s > 0 and again >= 0.9 * wall_s
-    assert "| search time, every run of this journal | " in (out / "report.md").read_text()  # not "of the last run"
+    report = (out / "report.md").read_text()
+    assert "| search time, every run of this journal | " in report  # not "of the last run"
+    assert "| masks the calibration set cannot tell from the found one (as many SWA groups, the same S) | " in report
 
 
 @pytest.mark.parametrize(

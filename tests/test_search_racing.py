@@ -210,6 +210,8 @@ class TestSearch:
         assert [s.score for s in raced.subproblems] == [s.score for s in plain.subproblems]
         assert raced.evaluations == plain.evaluations and raced.pruned > 0
         assert raced_fn.examples_scored < plain_fn.examples_scored
+        # A mask raced to the end has its plain score, so racing can only hide ties, never make them.
+        assert raced.ties is not None and plain.ties is not None and raced.ties.scored <= plain.ties.scored
 
     @pytest.mark.parametrize("processes", [2, 3, 8])
     def test_items_shared_among_processes_change_nothing(self, processes: int, tmp_path) -> None:  # noqa: ANN001

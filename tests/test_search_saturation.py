@@ -74,3 +74,69 @@ def test_no_such_warning_when_stages_2_and_3_do_at_least_as_well(caplog):
         result = run_search(_saturated_at_two_of_three, shape, settings, progress=False)
     assert result.score == 1.0
     assert not [r for r in caplog.records if r.getMessage().startswith("stage 1's mask")]
+
+
+def test_top_ties_counts_other_masks_of_the_found_ratio_at_its_score():
+    from bosch_eval.search.saturation import top_ties
+
+    scores = {
+        "11/00": 1.0,  # the found mask (2 SWA groups)
+        "00/11": 1.0,  # ties
+        "10/10": 1.0,  # ties
+        "01/10": 0.5,  # the same ratio, lower S
+        "10/00": 1.0,  # the same S, one more SWA group: a larger ratio, not a tie
+        "11/11": 1.0,  # all full
+    }
+    bounds = {"01/01": 1.0, "10/01": 0.75, "00/00": 1.0}  # stopped early: could at best reach 1.0 / 0.75 / 1.0
+    ties = top_ties(scores, bounds, "11/00", 1.0)
+    assert (ties.scored, ties.may_tie) == (2, 1)
+    assert ties.message().startswith(
+        "2 other mask(s) with as many SWA groups reach the same S (and 1 stopped early by racing could at best tie): "
+        "the calibration set cannot tell them apart"
+    )
+    alone = top_ties({"11/00": 0.9, "00/11": 0.8}, {}, "11/00", 0.9)
+    assert (alone.scored, alone.may_tie) == (0, 0) and alone.message() == "0 other mask(s) with as many SWA groups reach the same S"
+
+
+def test_the_search_reports_the_masks_tied_with_the_one_it_returns(caplog):
+    """With buckets (0, ⅔) every layer keeps one full group and loses nothing, so every
+    Stage-3 mask with 8 SWA groups scores 1: the search warns and counts them."""
+    import logging
+
+    from bosch_eval.masks.head_mask import ModelShape
+    from bosch_eval.search.pipeline import SearchSettings, run_search
+
+    shape = ModelShape(num_layers=4, num_heads=3, num_kv_heads=3)
+    asked: dict[tuple, float] = {}
+
+    def score(mask) -> float:
+        asked[mask.bits] = _saturated_at_two_of_three(mask)
+        return asked[mask.bits]
+
+    settings = SearchSettings(ratio=0.5, budget_per_layer=8, buckets=(0.0, 2 / 3))
+    with caplog.at_level(logging.WARNING, logger="bosch_eval.search"):
+        result = run_search(score, shape, settings, progress=False)
+    tied = [bits for bits, s in asked.items() if s == result.score and sum(row.count(0) for row in bits) == result.mask.num_swa_groups]
+    assert result.ties is not None and result.ties.scored == len(tied) - 1 > 0 and result.ties.may_tie == 0
+    assert result.provenance()["ties"] == {"scored": len(tied) - 1, "may_tie": 0}
+    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("search: ")]
+    assert warnings == [f"search: {result.ties.message()}"] and "cannot tell them apart" in warnings[0]
+
+
+def test_no_tie_warning_when_every_mask_scores_differently(caplog):
+    """S falls by a different power of two for every SWA group: no two masks tie."""
+    import logging
+
+    from bosch_eval.masks.head_mask import ModelShape
+    from bosch_eval.search.pipeline import SearchSettings, run_search
+
+    shape = ModelShape(num_layers=4, num_heads=3, num_kv_heads=3)
+
+    def score(mask) -> float:
+        cells = [bit for row in mask.bits for bit in row]
+        return 1.0 - sum(2.0 ** -(index + 2) for index, bit in enumerate(cells) if bit == 0)
+
+    with caplog.at_level(logging.WARNING, logger="bosch_eval.search"):
+        result = run_search(score, shape, SearchSettings(ratio=0.5, budget_per_layer=8), progress=False)
+    assert result.ties is not None and (result.ties.scored, result.ties.may_tie) == (0, 0)
+    assert not [r for r in caplog.records if r.getMessage().startswith("search: ")]
