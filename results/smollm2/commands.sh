@@ -13,12 +13,13 @@
 #              against bosch_niah_dev's single-needle formats         -> check_sinks/CALIB/
 #   check-tiebreak  the same check of bosch_niah_calib scored by acc_tiebreak -> check_tiebreak/bosch_niah_calib/
 #   check-ties  tied masks of the rho = 0.75 search and Razor's, by acc_tiebreak and on dev -> check_ties_r0.75/
+#   check-ties-long  the same masks on a larger dev draw, 48 documents per format at 1024 and at 2048 -> check_ties_r0.75_long/
 #   search R [S]  BOSCH at ratio R (0.5, 0.75, 0.875), seed S (default 0)  -> search/bosch-rR[-sS]/
 #   compare R  the held-out leaderboard at ratio R                          -> leaderboard_rR/
 #   leaderboard R  its table from the runs finished so far (nothing evaluated) -> leaderboard_rR/leaderboard.md
 # On a lent GPU, gpu_session.sh runs the search and compare steps side by side.
 set -euo pipefail
-step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|search RATIO [SEED]|compare RATIO|leaderboard RATIO}
+step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|search RATIO [SEED]|compare RATIO|leaderboard RATIO}
 R=results/smollm2
 CALIB=bosch_niah_calib  # the search's and the rankings' calibration task (README, "The calibration check with four sinks")
 RC=$R/rankings_retrieval_calib  # the six rankings on bosch_retrieval_calib, the checks' panels (before the choice)
@@ -91,6 +92,15 @@ case $step in
               --dev-metadata '{"dev_lengths": [1024], "dev_samples": 24, "dev_variants": ["single_1", "single_2"]}' \
               --ratios 0.75 --random 2 --ranking razor_niah=$R/rankings/razor.json "${masks[@]}" --dtype bfloat16 --batch-size 8 \
               --no-probes --dev-scores-from $R/check_sinks/$CALIB --out $R/check_ties_r0.75 ;;
+  check-ties-long) # the check above on four times its dev documents, at the leaderboards' two lengths (the held-out
+            # gap to Razor is on bosch_niah_single, whose documents run to 2048 tokens): can a dev draw tell the
+            # tied masks apart, and does acc_tiebreak order them as it does? The first 24 documents per format at
+            # 1024 are check-ties' own (a document is drawn from its index)
+            masks=(); for file in $R/tied_r0.75/tied*.json; do masks+=(--mask "$(basename $file .json)=$file"); done
+            bosch-eval calib-check --model smollm2 --calib $CALIB --calib-metric acc_tiebreak --sink 4 --dev bosch_niah_dev \
+              --dev-metadata '{"dev_lengths": [1024, 2048], "dev_samples": 48, "dev_variants": ["single_1", "single_2"]}' \
+              --ratios 0.75 --random 2 --ranking razor_niah=$R/rankings/razor.json "${masks[@]}" --dtype bfloat16 --batch-size 8 \
+              --no-probes --out $R/check_ties_r0.75_long ;;
   search)   ratio=${2:?ratio}; seed=${3:-0}; suffix=""; [ "$seed" = 0 ] || suffix="-s$seed"
             out=$R/search/bosch-r$ratio$suffix
             resume=(); { [ -f $out/journal.jsonl ] || [ -f $out/journal.jsonl.gz ]; } && resume=(--resume)  # .gz: committed, unpacked on --resume
