@@ -14,12 +14,13 @@
 #   check-tiebreak  the same check of bosch_niah_calib scored by acc_tiebreak -> check_tiebreak/bosch_niah_calib/
 #   check-ties  tied masks of the rho = 0.75 search and Razor's, by acc_tiebreak and on dev -> check_ties_r0.75/
 #   check-ties-long  the same masks on a larger dev draw, 48 documents per format at 1024 and at 2048 -> check_ties_r0.75_long/
+#   stage1-dev  the rho = 0.5 search's Stage-1 mask and returned mask on check-ties-long's dev draw -> stage1_r0.5/
 #   search R [S]  BOSCH at ratio R (0.5, 0.75, 0.875), seed S (default 0)  -> search/bosch-rR[-sS]/
 #   compare R  the held-out leaderboard at ratio R                          -> leaderboard_rR/
 #   leaderboard R  its table from the runs finished so far (nothing evaluated) -> leaderboard_rR/leaderboard.md
 # On a lent GPU, gpu_session.sh runs the search and compare steps side by side.
 set -euo pipefail
-step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|search RATIO [SEED]|compare RATIO|leaderboard RATIO}
+step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|stage1-dev|search RATIO [SEED]|compare RATIO|leaderboard RATIO}
 R=results/smollm2
 CALIB=bosch_niah_calib  # the search's and the rankings' calibration task (README, "The calibration check with four sinks")
 RC=$R/rankings_retrieval_calib  # the six rankings on bosch_retrieval_calib, the checks' panels (before the choice)
@@ -101,6 +102,28 @@ case $step in
               --dev-metadata '{"dev_lengths": [1024, 2048], "dev_samples": 48, "dev_variants": ["single_1", "single_2"]}' \
               --ratios 0.75 --random 2 --ranking razor_niah=$R/rankings/razor.json "${masks[@]}" --dtype bfloat16 --batch-size 8 \
               --no-probes --out $R/check_ties_r0.75_long ;;
+  stage1-dev) # development split only: does the rho = 0.5 search lose on dev what its Stage 1 kept (60 SWA groups, S = 1.000
+            # on the calibration set, against 0.500 for the 45-group mask returned)? Stage 1's mask is the first stage1 mask
+            # of the journal with two SWA groups in every layer scored 1.000 (the one Algorithm 1 keeps)
+            out=$R/stage1_r0.5; mkdir -p $out
+            python -c "
+import gzip, json, sys
+from bosch_eval.masks.head_mask import HeadMask
+returned = HeadMask.load('$R/search/bosch-r0.5/mask.json')
+for record in map(json.loads, gzip.open('$R/search/bosch-r0.5/journal.jsonl.gz', 'rt')):
+    rows = record.get('key', '').split('/')  # the header has no key
+    if record.get('stage') == 'stage1' and record.get('score') == 1.0 and all(row.count('0') == 2 for row in rows):
+        bits = [[int(c) for c in row] for row in rows]
+        HeadMask.from_rows(bits, returned.shape.num_heads, window=returned.window, sinks=returned.sinks, model='smollm2',
+                           method='bosch-stage1').save('$out/stage1.json')
+        sys.exit(0)
+sys.exit('no Stage-1 mask at S = 1.000 in the journal')"
+            for run in stage1:$out/stage1.json returned:$R/search/bosch-r0.5/mask.json; do
+              [ -d "$out/${run%%:*}" ] && continue
+              lm_eval --model bosch --model_args pretrained=smollm2,mask=${run#*:},sink=4,attn_backend=blocked,dtype=bfloat16 \
+                --device cpu --batch_size 8 --tasks bosch_niah_dev --output_path "$out/${run%%:*}" \
+                --metadata '{"dev_lengths": [1024, 2048], "dev_samples": 48, "dev_variants": ["single_1", "single_2"]}'
+            done ;;
   search)   ratio=${2:?ratio}; seed=${3:-0}; suffix=""; [ "$seed" = 0 ] || suffix="-s$seed"
             out=$R/search/bosch-r$ratio$suffix
             resume=(); { [ -f $out/journal.jsonl ] || [ -f $out/journal.jsonl.gz ]; } && resume=(--resume)  # .gz: committed, unpacked on --resume
