@@ -129,10 +129,19 @@ class TestDevSplit:
         assert some["variant"] == ["bosch_niah_single_1", "bosch_niah_single_2"] * 2
         assert some["input"] == [doc["input"] for doc in every if doc["variant"] in set(some["variant"])]
 
-    @pytest.mark.parametrize("value", [[], ["single_3"], "uuid", [1]])
+    def test_the_uuid_formats_are_drawn_when_named(self, tokenizer, tmp_path):
+        tokenizer.save_pretrained(tmp_path)
+        split = dev_split.dataset(tokenizer=str(tmp_path), dev_lengths=[1024], dev_samples=2, dev_variants=["multikey_3", "single_3"])["test"]
+        assert split["variant"] == ["bosch_niah_single_3", "bosch_niah_multikey_3"] * 2
+        assert all(re.fullmatch(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", target) for target in split["target"])
+        test_doc = eval_suite.example("bosch_niah_single_3", tokenizer, 1024, 0, eval_suite.DEFAULT_SEED)
+        assert split[0]["target"] != test_doc["outputs"][0]
+
+    @pytest.mark.parametrize("value", [[], ["single_4"], "uuid", [1]])
     def test_an_unknown_variant_is_refused_naming_the_choices(self, tokenizer, tmp_path, value):
         tokenizer.save_pretrained(tmp_path)
-        with pytest.raises(ValueError, match=r"bosch_niah_dev: metadata 'dev_variants' must list some of \['multikey_1', 'multikey_2', 'single_1', 'single_2'\]"):
+        choices = r"\['multikey_1', 'multikey_2', 'multikey_3', 'single_1', 'single_2', 'single_3'\]"
+        with pytest.raises(ValueError, match=rf"bosch_niah_dev: metadata 'dev_variants' must list some of {choices}"):
             dev_split.dataset(tokenizer=str(tmp_path), dev_lengths=[512], dev_samples=1, dev_variants=value)
 
 
