@@ -9,17 +9,18 @@ and ``gen_prefix``, the eval vocabulary) from other seeds, and refuses seed 0.
 By default the variants with numeric values (``single_1``, ``single_2``, ``multikey_1``,
 ``multikey_2``) are drawn, interleaved by index: the bundled toy models cannot copy UUIDs.
 The UUID formats (``single_3``, ``multikey_3``) are drawn when ``dev_variants`` names them,
-for a model that can (SmolLM2 scores 0.81 on the test split's ``single_3`` with every head
-full; results/smollm2). Scored like the calibration sets, as one forward pass per example: ``acc`` is 1
-when the value's tokens are the greedy continuation of the prompt and ``gen_prefix``,
-which is what greedy generation must produce first for RULER's ``string_match_all``
-to count it (generation with 128 new tokens costs ~100 times more on a CPU).
+for a model that can (SmolLM2, results/smollm2). Scored like the calibration sets, as one
+forward pass per example: ``acc`` is 1 when the value's tokens are the greedy continuation
+of the prompt and ``gen_prefix``, which is what greedy generation must produce first for
+RULER's ``string_match_all`` to count it (generation with 128 new tokens costs ~100 times
+more on a CPU).
 
 Metadata: ``dev_lengths`` (default: the model's ``calib_len``, else 4096), ``dev_samples``
 (documents per variant and length, default 16), ``dev_seed`` (default 1; 0 is refused),
 ``dev_variants`` (some of ``single_1``, ``single_2``, ``single_3``, ``multikey_1``,
-``multikey_2``, ``multikey_3``; default the four numeric ones): a model that fails a variant with every head full adds only noise
-there, so a check can leave it out and spend the documents on the others.
+``multikey_2``, ``multikey_3``; default the four numeric ones): a model that fails a
+variant with every head full adds only noise there, so a check can leave it out and spend
+the documents on the others.
 """
 
 from __future__ import annotations
