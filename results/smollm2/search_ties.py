@@ -12,9 +12,10 @@ that could at best tie.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 from pathlib import Path
+
+from tied_masks import journal_records  # this directory's script, on sys.path when run as below
 
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.search.journal import mask_key
@@ -23,16 +24,13 @@ from bosch_eval.search.saturation import top_ties
 
 def journal_scores(search: Path) -> tuple[dict[str, float], dict[str, float]]:
     """Full scores and racing bounds (of masks never scored to the end) of a search's journal."""
-    packed = search / "journal.jsonl.gz"
-    lines = gzip.open(packed, "rt") if packed.is_file() else (search / "journal.jsonl").open()
     scores: dict[str, float] = {}
     bounds: dict[str, float] = {}
-    with lines:
-        for record in map(json.loads, lines):
-            if "score" in record:
-                scores[record["key"]] = record["score"]
-            elif "bound" in record:
-                bounds[record["key"]] = record["bound"]
+    for record in journal_records(search):
+        if "score" in record:
+            scores[record["key"]] = record["score"]
+        elif "bound" in record:
+            bounds[record["key"]] = record["bound"]
     return scores, {key: bound for key, bound in bounds.items() if key not in scores}
 
 

@@ -13,21 +13,27 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.search.journal import mask_key
 
 
+def journal_records(search: Path) -> Iterator[dict[str, Any]]:
+    """The records of a search's journal, gzipped (committed) or not."""
+    packed = search / "journal.jsonl.gz"
+    with gzip.open(packed, "rt") if packed.is_file() else (search / "journal.jsonl").open() as lines:
+        yield from map(json.loads, lines)
+
+
 def tied_keys(search: Path, returned: HeadMask) -> list[str]:
     """The tied masks' keys in the order the journal first scored them."""
-    journal = search / "journal.jsonl.gz"
-    lines = gzip.open(journal, "rt") if journal.is_file() else (search / "journal.jsonl").open()
     scores: dict[str, float] = {}
-    with lines:
-        for record in map(json.loads, lines):
-            if record.get("stage") == "stage3" and "score" in record:
-                scores.setdefault(record["key"], record["score"])
+    for record in journal_records(search):
+        if record.get("stage") == "stage3" and "score" in record:
+            scores.setdefault(record["key"], record["score"])
     target = scores[mask_key(returned.bits)]
     return [key for key, score in scores.items() if score == target and key.count("0") == returned.num_swa_groups]
 
