@@ -6,10 +6,13 @@ With q(r) = ⌈r·G⌉ SWA groups per layer at ratio r::
 
     N = 2                                                  (anchors: all full, all SWA)
       + Σ_layers  min(C(G, q(ρ)), κ)                        (Stage 1, one layer each)
-      + Σ_chunks  min(Π_{ℓ∈chunk} C(G, q(r_ℓ)), κ·|chunk|)  (Stage 3: layers grouped by their
-                                                             Stage-2 ratio r_ℓ, r_ℓ ∉ {0, 1},
+      + Σ_chunks  min(Π_{ℓ∈chunk} C(P, q(r_ℓ)), κ·|chunk|)  (Stage 3: layers grouped by their
+                                                             Stage-2 ratio r_ℓ, 0 < q(r_ℓ) < P,
                                                              in chunks of ≤ chunk_layers)
     T ≈ N · t_call
+
+where P is the pool of groups a Stage-3 layer chooses among: all G, or the ⌈ρG⌉ Stage 1 made
+SWA in it for the ``nested`` variant (``pool``).
 
 Before the search, the Stage-2 ratios are unknown: the range runs over every outcome Stage 2
 can have (each layer at one of its buckets, ⌈ρ·L·G⌉ SWA groups in all; a small dynamic
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bosch_eval.masks.head_mask import ModelShape, ceil_count, uniform_bit
+from bosch_eval.masks.head_mask import ModelShape, ceil_count
 from bosch_eval.search.stage2 import _bucket_counts, default_buckets
 from bosch_eval.search.stages import _chunks, expected_evaluations, expected_method, quota_blocks
 
@@ -60,28 +63,37 @@ def stage1_calls(shape: ModelShape, ratio: float, budget_per_layer: int, optimiz
 
 
 def stage3_calls(
-    shape: ModelShape, layer_ratios: Sequence[float], budget_per_layer: int, chunk_layers: int, optimizer: str = "auto", quota: str = "layer"
+    shape: ModelShape,
+    layer_ratios: Sequence[float],
+    budget_per_layer: int,
+    chunk_layers: int,
+    optimizer: str = "auto",
+    quota: str = "layer",
+    pool: int | None = None,
 ) -> tuple[int, int]:
     """Stage 3's calls for given Stage-2 ratios (its sub-problems as :func:`stages.stage3` forms
-    them), and how many of them NOMAD makes (exact, never raced)."""
+    them), and how many of them NOMAD makes (exact, never raced). ``pool``: the groups a layer
+    chooses among (None: all G)."""
+    pool = shape.num_kv_heads if pool is None else pool
     calls = exact = 0
     for ratio in sorted(set(layer_ratios), reverse=True):
-        if uniform_bit(ratio) is not None:  # one mask: nothing to search
+        if not 0 < ceil_count(ratio, shape.num_kv_heads) < pool:  # one mask: nothing to search
             continue
         layers = sum(1 for layer_ratio in layer_ratios if layer_ratio == ratio)
-        group_calls, group_exact = _ratio_group_calls(shape, ratio, layers, budget_per_layer, chunk_layers, optimizer, quota)
+        group_calls, group_exact = _ratio_group_calls(shape, ratio, layers, budget_per_layer, chunk_layers, optimizer, quota, pool)
         calls, exact = calls + group_calls, exact + group_exact
     return calls, exact
 
 
 def _ratio_group_calls(
-    shape: ModelShape, ratio: float, layers: int, budget_per_layer: int, chunk_layers: int, optimizer: str, quota: str
+    shape: ModelShape, ratio: float, layers: int, budget_per_layer: int, chunk_layers: int, optimizer: str, quota: str, pool: int
 ) -> tuple[int, int]:
-    """Stage 3's calls (and NOMAD's share) for ``layers`` layers at one ratio: which layers they
-    are does not matter, only how many (they are chunked as :func:`stages.stage3` chunks them)."""
+    """Stage 3's calls (and NOMAD's share) for ``layers`` layers at one ratio, each choosing
+    among ``pool`` groups: which layers they are does not matter, only how many (they are
+    chunked as :func:`stages.stage3` chunks them)."""
     calls = exact = 0
     for part in _chunks(list(range(layers)), chunk_layers) if layers else []:
-        blocks = quota_blocks(shape.num_kv_heads, ceil_count(ratio, shape.num_kv_heads), len(part), quota)
+        blocks = quota_blocks(pool, ceil_count(ratio, shape.num_kv_heads), len(part), quota)
         part_calls = expected_evaluations(blocks, budget_per_layer * len(part), optimizer)
         calls += part_calls
         exact += part_calls if expected_method(blocks, budget_per_layer * len(part), optimizer) == "nomad" else 0
@@ -96,6 +108,7 @@ def stage3_range(
     optimizer: str = "auto",
     quota: str = "layer",
     buckets: Sequence[float] | None = None,
+    pool: int | None = None,
 ) -> tuple[int, int, int]:
     """Stage 3's fewest and most calls over every outcome of Stage 2, and NOMAD's share of the most.
 
@@ -105,6 +118,7 @@ def stage3_range(
     (calls, NOMAD calls) in that order.
     """
     groups, num_layers = shape.num_kv_heads, shape.num_layers
+    pool = groups if pool is None else pool
     buckets = tuple(buckets) if buckets is not None else default_buckets(groups)
     total = num_layers * groups
     scale = num_layers * budget_per_layer + 1  # > any call count: key = calls * scale + NOMAD calls
@@ -115,8 +129,8 @@ def stage3_range(
     for bucket, count in zip(buckets, _bucket_counts(buckets, groups), strict=True):
         next_most, next_fewest = np.full_like(most, unreached), np.full_like(fewest, far)
         for layers in range(num_layers + 1):  # how many layers land in this bucket
-            searched = 0 < count < groups  # a layer at 0 or 1 stays all full or all SWA: no sub-problem
-            calls, exact = _ratio_group_calls(shape, bucket, layers, budget_per_layer, chunk_layers, optimizer, quota) if searched else (0, 0)
+            searched = 0 < count < pool  # a layer that keeps every group full, or converts its whole pool: no sub-problem
+            calls, exact = _ratio_group_calls(shape, bucket, layers, budget_per_layer, chunk_layers, optimizer, quota, pool) if searched else (0, 0)
             came_from = _shifted(most, layers, layers * count, unreached)
             np.maximum(next_most, np.where(came_from > unreached, came_from + calls * scale + exact, unreached), out=next_most)
             came_from = _shifted(fewest, layers, layers * count, far)
@@ -147,16 +161,18 @@ def estimate_calls(
     quota: str = "layer",
     layer_ratios: Sequence[float] | None = None,
     buckets: Sequence[float] | None = None,
+    pool: int | None = None,
 ) -> CallEstimate:
     """BOSCH's S() calls: a range before Stage 2 (over Stage 2's ``buckets``, by default
-    :func:`stage2.default_buckets`), exact (up to repeats) once its ratios are known."""
+    :func:`stage2.default_buckets`), exact (up to repeats) once its ratios are known.
+    ``pool``: the groups a Stage-3 layer chooses among (None: all G; ``nested``: ⌈ρG⌉)."""
     if ratio in (0.0, 1.0):  # the search scores the anchors, one of which is its mask
         return CallEstimate(2, 0, 0, 0)
     stage1 = stage1_calls(shape, ratio, budget_per_layer, optimizer)
     if layer_ratios is not None:
-        calls, exact = stage3_calls(shape, layer_ratios, budget_per_layer, chunk_layers, optimizer, quota)
+        calls, exact = stage3_calls(shape, layer_ratios, budget_per_layer, chunk_layers, optimizer, quota, pool)
         return CallEstimate(2, stage1, calls, calls, exact)
-    low, high, exact = stage3_range(shape, ratio, budget_per_layer, chunk_layers, optimizer, quota, buckets)
+    low, high, exact = stage3_range(shape, ratio, budget_per_layer, chunk_layers, optimizer, quota, buckets, pool)
     return CallEstimate(2, stage1, low, high, exact)
 
 

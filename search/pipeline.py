@@ -7,7 +7,11 @@ tests). Variants (paper §3.4), each registered in :data:`VARIANTS` under its na
 * ``bosch``: Stage 1 → Stage 2 → Stage 3 (Algorithms 1–3);
 * ``single``: the Stage-1 mask as is (B-single);
 * ``multi``: Stage 1 over chunks of ``chunk_layers`` layers (B-multi);
-* ``layer``: a single search over whole layers, budget κ·L (B-layer).
+* ``layer``: a single search over whole layers, budget κ·L (B-layer);
+* ``nested`` (beyond the paper): ``bosch`` with no layer given more SWA groups than the
+  ⌈ρG⌉ Stage 1 measured in it, chosen among the groups Stage 1 made SWA there (Stage 2's
+  top bucket is ⌈ρG⌉/G, and Stage 3 only gives back, as full attention, groups of Stage
+  1's mask).
 
 ``refine > 0`` adds coordinate descent after Stage 3 (beyond the paper; off by default).
 """
@@ -51,11 +55,14 @@ class Variant:
             its sub-problems to the result and scores its mask).
         stage2: runs Stages 2 and 3, so ``buckets`` and ``refine`` apply.
         chunks: its sub-problems may span ``chunk_layers`` layers.
+        nested: Stages 2–3 stay within Stage 1's mask (see :meth:`SearchSettings.buckets_for`
+            and :func:`stages.stage3`'s ``pool``).
     """
 
     run: Callable[[SearchRun], StageOutcome]
     stage2: bool = False
     chunks: bool = False
+    nested: bool = False
 
 
 VARIANTS: Registry[Variant] = Registry("search variant", field="variant", error=SearchError)
@@ -120,8 +127,20 @@ class SearchSettings:
         return self.chunk_layers if self.chunk_layers is not None else default_chunk_layers(shape.num_kv_heads, self.max_variables)
 
     def buckets_for(self, shape: ModelShape) -> tuple[float, ...]:
-        """``buckets``, or Stage 2's default for the model's G (:func:`stage2.default_buckets`)."""
-        return self.buckets if self.buckets is not None else default_buckets(shape.num_kv_heads)
+        """``buckets``, or Stage 2's default for the model's G (:func:`stage2.default_buckets`).
+
+        A ``nested`` variant keeps those below Stage 1's per-layer ratio ⌈ρG⌉/G and adds that
+        ratio as the top bucket: no layer gets more SWA groups than Stage 1 measured in it.
+        """
+        buckets = self.buckets if self.buckets is not None else default_buckets(shape.num_kv_heads)
+        if not VARIANTS[self.variant].nested:
+            return buckets
+        top = self.stage3_pool(shape) / shape.num_kv_heads
+        return (*(bucket for bucket in buckets if bucket < top), top)
+
+    def stage3_pool(self, shape: ModelShape) -> int:
+        """The KV groups of a layer Stage 3 chooses among: all G, or Stage 1's ⌈ρG⌉ (``nested``)."""
+        return ceil_count(self.ratio, shape.num_kv_heads) if VARIANTS[self.variant].nested else shape.num_kv_heads
 
     def to_json(self) -> dict[str, Any]:
         return dict(asdict(self), buckets=None if self.buckets is None else list(self.buckets))
@@ -309,25 +328,30 @@ def _stage1(run: SearchRun, layers_per_problem: int) -> StageOutcome:
 
 
 def _bosch(run: SearchRun) -> StageOutcome:
-    """Stages 1–3 (Algorithms 1–3), then ``refine`` passes of coordinate descent if asked."""
+    """Stages 1–3 (Algorithms 1–3), then ``refine`` passes of coordinate descent if asked;
+    a ``nested`` variant keeps Stages 2–3 (and ``refine``) within Stage 1's mask."""
     book, anchors, shape, settings, result = run.book, run.anchors, run.shape, run.settings, run.result
+    nested = VARIANTS[settings.variant].nested
     outcome = _stage1(run, 1)
     stage1_bits = outcome.bits
+    pool = stage1_bits if nested else None
     result.subproblems.extend(outcome.subproblems)
     result.stage2 = assign_layer_ratios(
         result.stage1_scores,
         anchors.all_full,
         settings.ratio,
         shape.num_kv_heads,
-        settings.buckets,
+        settings.buckets_for(shape) if nested else settings.buckets,  # None: the default, which Stage 2 logs
         higher_is_better=run.stages.higher_is_better,
     )
-    outcome = stage3(book, anchors, shape, result.stage2.ratios, run.stages, run.progress)
+    outcome = stage3(book, anchors, shape, result.stage2.ratios, run.stages, run.progress, pool=pool)
     if settings.refine:
         result.subproblems.extend(outcome.subproblems)
         result.stage3_score = book.score(outcome.bits, "final")
         result.stage3_evaluations = len(book.known) + len(book.bounds)
-        outcome = refine(book, anchors, shape, outcome.bits, result.stage2.ratios, run.stages, settings.refine, run.progress)
+        outcome = refine(
+            book, anchors, shape, outcome.bits, result.stage2.ratios, run.stages, settings.refine, run.progress, pool=pool
+        )
     _warn_if_stage1_scores_better(run, stage1_bits, outcome.bits)
     return outcome
 
@@ -350,16 +374,22 @@ def _warn_if_stage1_scores_better(run: SearchRun, stage1_bits: Bits, final_bits:
         return
     measured = ceil_count(run.settings.ratio, run.shape.num_kv_heads)
     above = [layer for layer, row in enumerate(final_bits) if row.count(0) > measured]
+    why = (
+        f"Stage 2 gave layers {above} more than the {measured} of {run.shape.num_kv_heads} SWA groups Stage 1 measured in each; "
+        "`--variant nested` keeps every layer within Stage 1's groups, "
+        if above
+        else ""
+    )
     log.warning(
         "stage 1's mask (%d SWA groups, S=%.4f) scores better than the mask returned (%d SWA groups, S=%.4f): "
-        "Stage 2 gave layers %s more than the %d of %d SWA groups Stage 1 measured in each; "
-        "`--variant single` returns Stage 1's mask",
+        "%s`--variant single` returns Stage 1's mask",
         HeadMask(stage1_bits, run.shape.num_heads).num_swa_groups, stage1_score,
-        HeadMask(final_bits, run.shape.num_heads).num_swa_groups, final_score, above, measured, run.shape.num_kv_heads,
+        HeadMask(final_bits, run.shape.num_heads).num_swa_groups, final_score, why,
     )  # fmt: skip
 
 
 VARIANTS.register("bosch", Variant(_bosch, stage2=True, chunks=True))
+VARIANTS.register("nested", Variant(_bosch, stage2=True, chunks=True, nested=True))  # beyond the paper
 VARIANTS.register("single", Variant(lambda run: _stage1(run, 1)))  # B-single: the Stage-1 mask
 VARIANTS.register("multi", Variant(lambda run: _stage1(run, run.stages.chunk_layers), chunks=True))  # B-multi
 VARIANTS.register(  # B-layer: one search over whole layers, budget κ·L

@@ -52,7 +52,7 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of every optimizer (default 0)")
     parser.add_argument("--budget-per-layer", type=int, default=100, help="κ: evaluations per layer (default 100, paper B.2)")
-    parser.add_argument("--variant", choices=VARIANTS, default="bosch", help="bosch (stages 1–3) or an ablation of §3.4")
+    parser.add_argument("--variant", choices=VARIANTS, default="bosch", help="bosch (stages 1–3), nested (bosch with no layer given more than Stage 1's SWA groups, chosen among them) or an ablation of §3.4")
     parser.add_argument("--optimizer", choices=optimizer_methods(), default="auto", help="auto: exhaustive if it fits the budget, else NOMAD up to 50 variables, else (1+1)-EA")
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="α, weight of the ratio penalty (Eq. 5)")
     parser.add_argument("--gamma", type=float, default=DEFAULT_GAMMA, help="γ, headroom of the upper anchor b = (1+γ)·S(full)")
@@ -223,8 +223,9 @@ def render_estimate(model: str, settings: SearchSettings, seconds_per_call: floa
     validate_for_shape(settings, shape)
     chunk, buckets = settings.chunk_layers_for(shape), settings.buckets_for(shape)
     calls = estimate_calls(
-        shape, settings.ratio, settings.budget_per_layer, chunk, settings.optimizer, settings.quota, buckets=buckets
-    )
+        shape, settings.ratio, settings.budget_per_layer, chunk, settings.optimizer, settings.quota,
+        buckets=buckets, pool=settings.stage3_pool(shape),
+    )  # fmt: skip
     per_layer = ceil_count(settings.ratio, shape.num_kv_heads)
     text = (
         f"{model}: L={shape.num_layers} × G={shape.num_kv_heads}, ρ={settings.ratio:g}, κ={settings.budget_per_layer}, "

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count, uniform_bit
+from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count
 from bosch_eval.search.journal import mask_key
 from bosch_eval.search.optimizers import Bound, Cutoff, SubProblem, choose_method, minimize
 from bosch_eval.search.racing import RaceBound
@@ -248,8 +248,14 @@ def _chunks(layers: Sequence[int], max_layers: int) -> list[list[int]]:
     return [part.tolist() for part in np.array_split(np.asarray(layers, dtype=int), parts) if len(part)]  # ints, for JSON
 
 
-def _cells(shape: ModelShape, layers: Sequence[int]) -> list[list[Cell]]:
-    return [[(layer, group)] for layer in layers for group in range(shape.num_kv_heads)]
+def _cells(shape: ModelShape, layers: Sequence[int], pool: Bits | None = None) -> list[list[Cell]]:
+    """One variable per KV group of ``layers``: every group, or only those ``pool`` has as SWA."""
+    return [[(layer, group)] for layer in layers for group in _pool_groups(shape, layer, pool)]
+
+
+def _pool_groups(shape: ModelShape, layer: int, pool: Bits | None) -> list[int]:
+    """The groups of ``layer`` a stage may convert: all, or those SWA (0) in ``pool``."""
+    return [group for group in range(shape.num_kv_heads) if pool is None or pool[layer][group] == 0]
 
 
 def stage1(
@@ -296,30 +302,42 @@ def stage3(
     layer_ratios: Sequence[float],
     settings: StageSettings,
     progress: bool = True,
+    pool: Bits | None = None,
 ) -> StageOutcome:
     """Algorithm 3: per ratio group, most localizable first, convert ⌈r·G⌉ groups per layer.
 
     A group's layers are searched jointly (their head choices interact), split into nearly
     equal parts of at most ``settings.chunk_layers`` layers (B.2). Every layer keeps its
-    quota of ⌈r·G⌉ SWA groups unless ``settings.quota == "chunk"``. Ratio 0 keeps a layer
-    full and ratio 1 makes it all SWA: nothing to search.
+    quota of ⌈r·G⌉ SWA groups unless ``settings.quota == "chunk"``. A layer whose quota is
+    0 stays full, and one whose quota is every group it may convert gets them all: nothing
+    to search. ``pool`` (the ``nested`` variant: Stage 1's mask) limits the groups a layer
+    may convert to those SWA in it; None: every group (the paper's Stage 3).
+
+    Raises:
+        ValueError: a layer's quota exceeds the groups ``pool`` leaves it.
     """
+    choices = {layer: _pool_groups(shape, layer, pool) for layer in range(shape.num_layers)}
     groups = sorted(set(layer_ratios), reverse=True)
     max_layers = settings.chunk_layers
     problems: list[tuple[float, list[int]]] = []
     rows = [list(row) for row in HeadMask.uniform(shape, full=True).bits]
+    quota = {ratio: ceil_count(ratio, shape.num_kv_heads) for ratio in groups}
     for ratio in groups:
-        layers = [layer for layer in range(shape.num_layers - 1, -1, -1) if layer_ratios[layer] == ratio]
-        bit = uniform_bit(ratio)
-        if bit is not None:
-            for layer in layers:
-                rows[layer] = [bit] * shape.num_kv_heads
-            continue
-        problems.extend((ratio, part) for part in _chunks(layers, max_layers))
+        searched = []
+        for layer in range(shape.num_layers - 1, -1, -1):
+            if layer_ratios[layer] != ratio:
+                continue
+            if quota[ratio] > len(choices[layer]):
+                raise ValueError(f"stage 3: layer {layer} has quota {quota[ratio]} at ratio {ratio:g} but only groups {choices[layer]} to convert")
+            if quota[ratio] == len(choices[layer]):  # quota 0 with nothing to convert, or every group it may convert
+                for group in choices[layer]:
+                    rows[layer][group] = 0
+            elif quota[ratio]:
+                searched.append(layer)
+        problems.extend((ratio, part) for part in _chunks(searched, max_layers))
     bits: Bits = tuple(tuple(row) for row in rows)
     outcome = StageOutcome(bits)
-    quota = {ratio: ceil_count(ratio, shape.num_kv_heads) for ratio in groups}
-    blocks = [quota_blocks(shape.num_kv_heads, quota[ratio], len(layers), settings.quota) for ratio, layers in problems]
+    blocks = [_pool_blocks([len(choices[layer]) for layer in layers], quota[ratio], settings.quota) for ratio, layers in problems]
     plan = [
         (expected_evaluations(b, settings.budget_per_layer * len(layers), settings.optimizer), min(layers))
         for b, (_, layers) in zip(blocks, problems, strict=True)
@@ -329,11 +347,19 @@ def stage3(
         for (ratio, layers), layer_blocks in zip(problems, blocks, strict=True):
             label = f"stage3/{ratio}/" + ",".join(map(str, layers))
             budget = settings.budget_per_layer * len(layers)
-            bits, result = solve(book, anchors, bits, Choice(_cells(shape, layers), layer_blocks, ratio, budget, "stage3", label), settings)
+            choice = Choice(_cells(shape, layers, pool), layer_blocks, ratio, budget, "stage3", label)
+            bits, result = solve(book, anchors, bits, choice, settings)
             outcome.subproblems.append(result)
             bar.report(result)
     outcome.bits = bits
     return outcome
+
+
+def _pool_blocks(sizes: Sequence[int], ones_per_layer: int, quota: str) -> tuple[tuple[int, int], ...]:
+    """:func:`quota_blocks` for layers that each choose among ``sizes[i]`` groups."""
+    if quota == "chunk":
+        return ((sum(sizes), ones_per_layer * len(sizes)),)
+    return tuple(quota_blocks(size, ones_per_layer, 1, quota)[0] for size in sizes)
 
 
 def layer_level(
@@ -362,23 +388,26 @@ def refine(
     settings: StageSettings,
     passes: int,
     progress: bool = True,
+    pool: Bits | None = None,
 ) -> StageOutcome:
     """Coordinate descent after Stage 3 (beyond the paper): up to ``passes`` passes that each
     re-solve every layer's sub-problem with all other layers fixed.
 
     A layer keeps its number of SWA groups (its Stage-3 quota) and is searched with budget κ
     from its current groups, in Stage 3's order (largest ratio first, top layer first);
-    layers with no choice (all full, all SWA) are skipped. A layer's new groups replace the
+    layers with no choice (all full, every group it may convert SWA) are skipped; ``pool``
+    (Stage 3's) limits those groups as it limited Stage 3. A layer's new groups replace the
     old only when they score strictly better, so ties never move the mask and the descent
     ends. Stops after the first pass without an improvement.
     """
+    sizes = {layer: len(_pool_groups(shape, layer, pool)) for layer in range(shape.num_layers)}
     order = sorted(
-        (layer for layer in range(shape.num_layers) if 0 < bits[layer].count(0) < shape.num_kv_heads),
+        (layer for layer in range(shape.num_layers) if 0 < bits[layer].count(0) < sizes[layer]),
         key=lambda layer: (-layer_ratios[layer], -layer),
     )
     outcome = StageOutcome(bits)
     plan = passes * [
-        (expected_evaluations(((shape.num_kv_heads, bits[layer].count(0)),), settings.budget_per_layer, settings.optimizer), layer)
+        (expected_evaluations(((sizes[layer], bits[layer].count(0)),), settings.budget_per_layer, settings.optimizer), layer)
         for layer in order
     ]
     complete = sum(row.count(0) for row in bits)  # refinement keeps every layer's count
@@ -388,7 +417,7 @@ def refine(
             for layer in order:
                 current = anchors.normalize(book.score(bits, "refine"))
                 choice = Choice(
-                    _cells(shape, [layer]), ((shape.num_kv_heads, bits[layer].count(0)),), layer_ratios[layer],
+                    _cells(shape, [layer], pool), ((sizes[layer], bits[layer].count(0)),), layer_ratios[layer],
                     settings.budget_per_layer, "refine", f"refine{number}/{layer}",
                 )  # fmt: skip
                 candidate, result = solve(book, anchors, bits, choice, settings, start=bits)

@@ -100,6 +100,20 @@ class TestThreeKVGroups:
         calls = estimate_calls(self.SHAPE, 0.5, budget_per_layer=100, chunk_layers=16)
         assert (calls.stage1, calls.stage3_low, calls.stage3_high) == (90, 0, 3000)
 
+    def test_the_nested_calls_worked_by_hand(self) -> None:
+        # ρ = 0.5, nested: buckets 0, 1/3, 2/3 (Stage 1's 2 groups per layer at most), and a layer
+        # at 1/3 chooses 1 of Stage 1's 2 groups, so C(2, 1) = 2 candidates (a layer at 2/3 has one).
+        # 45 = 2a + b groups over a layers at 2/3 and b at 1/3 (a + b <= 30): fewest, b = 1 (22 at 2/3,
+        # 7 at 0) → 2 calls; most, b = 15 (a = 15) → one chunk of 15 layers: min(2^15, 1500) = 1500.
+        settings = SearchSettings(ratio=0.5, variant="nested")
+        buckets, pool = settings.buckets_for(self.SHAPE), settings.stage3_pool(self.SHAPE)
+        assert (buckets, pool) == ((0.0, 1 / 3, 2 / 3), 2)
+        calls = estimate_calls(self.SHAPE, 0.5, budget_per_layer=100, chunk_layers=16, buckets=buckets, pool=pool)
+        assert (calls.stage1, calls.stage3_low, calls.stage3_high) == (90, 2, 1500)
+        # What Stage 2 gave the SmolLM2 search: 20 layers at 2/3, 5 at 1/3, 5 at 0 → one chunk of 5: 2^5.
+        ratios = [2 / 3] * 20 + [1 / 3] * 5 + [0.0] * 5
+        assert estimate_calls(self.SHAPE, 0.5, 100, 16, layer_ratios=ratios, pool=pool).stage3_high == 32
+
     def test_the_estimate_of_a_model_of_that_shape(self, tmp_path: Path) -> None:
         from transformers import AutoConfig
 
@@ -124,14 +138,16 @@ def test_the_stage3_range_is_the_extremes_over_every_stage2_outcome(seed: int) -
     shape = ModelShape(num_layers=rng.randint(1, 5), num_heads=2 * groups, num_kv_heads=groups)
     ratio, budget, chunk = rng.random(), rng.choice([1, 3, 10, 100]), rng.randint(1, 3)
     quota, optimizer = rng.choice(["layer", "chunk"]), rng.choice(["auto", "oneplusone"])
-    buckets = default_buckets(groups)
+    variant = rng.choice(["bosch", "nested"])  # nested: capped buckets, layers choose among Stage 1's groups
+    settings = SearchSettings(ratio=ratio, variant=variant)
+    buckets, pool = settings.buckets_for(shape), settings.stage3_pool(shape)
     target = ceil_count(ratio, shape.num_layers * groups)
     outcomes = [
-        stage3_calls(shape, ratios, budget, chunk, optimizer, quota)
+        stage3_calls(shape, ratios, budget, chunk, optimizer, quota, pool)
         for ratios in itertools.product(buckets, repeat=shape.num_layers)
         if sum(round(r * groups) for r in ratios) == target
     ]
-    assert outcomes  # k/G buckets reach every total
-    low, high, exact = stage3_range(shape, ratio, budget, chunk, optimizer, quota)
+    assert outcomes  # k/G buckets (up to ⌈ρG⌉/G when nested) reach every total up to L·⌈ρG⌉ ≥ the target
+    low, high, exact = stage3_range(shape, ratio, budget, chunk, optimizer, quota, buckets, pool)
     assert low == min(calls for calls, _ in outcomes)
     assert (high, exact) == max(outcomes)

@@ -21,7 +21,7 @@ from bosch_eval.search.pipeline import VARIANTS, Resumed, SearchSettings, Varian
 from bosch_eval.search.score_book import Bits, ScoreBook
 from bosch_eval.search.scoring import Anchors, SearchError, subproblem_loss
 from bosch_eval.search.stages import StageOutcome, StageSettings, refine, stage3
-from tests.helpers import SHAPE, RetrievalObjective, planted, score_of
+from tests.helpers import SHAPE, ExampleObjective, RetrievalObjective, planted, score_of
 
 
 def best_possible(objective: RetrievalObjective, swa_groups: int) -> float:
@@ -107,9 +107,9 @@ def test_bad_settings_are_named() -> None:
         SearchSettings(ratio=0.5, optimizer="cma")
     with pytest.raises(ValueError, match="ratio"):
         SearchSettings(ratio=1.5)
-    with pytest.raises(SearchError, match=r"^variant: unknown search variant 'singel', expected one of \['bosch', 'layer', 'multi', 'single'\] \(did you mean 'single'\?\)$"):
+    with pytest.raises(SearchError, match=r"^variant: unknown search variant 'singel', expected one of \['bosch', 'layer', 'multi', 'nested', 'single'\] \(did you mean 'single'\?\)$"):
         SearchSettings(ratio=0.5, variant="singel")
-    with pytest.raises(SearchError, match=r"refine: runs after Stage 3, so only with variant 'bosch', got variant 'multi'"):
+    with pytest.raises(SearchError, match=r"refine: runs after Stage 3, so only with variant 'bosch' or 'nested', got variant 'multi'"):
         SearchSettings(ratio=0.5, variant="multi", refine=1)
 
 
@@ -427,3 +427,78 @@ class TestThreeKVGroups:
         with pytest.raises(SearchError, match=r"--buckets: 0\.25 × 3 KV groups per layer = 0\.75 is not a whole number"):
             run_search(lambda mask: calls.append(mask) or 1.0, self.SHAPE, SearchSettings(ratio=0.75, buckets=(0.0, 0.25, 0.5, 0.75, 1.0)), progress=False)
         assert calls == []
+
+
+class AdditiveObjective:
+    """S(z) = the share of per-group weights kept full: groups do not interact, so Stage 3's
+    sub-problems, solved one after another, reach the best mask their quotas allow."""
+
+    def __init__(self, shape: ModelShape, seed: int) -> None:
+        rng = random.Random(seed)
+        self.weights = [[rng.random() for _ in range(shape.num_kv_heads)] for _ in range(shape.num_layers)]
+        self.total = sum(map(sum, self.weights))
+
+    def __call__(self, mask: HeadMask) -> float:
+        kept = sum(w for row, bits in zip(self.weights, mask.bits, strict=True) for w, bit in zip(row, bits, strict=True) if bit)
+        return 0.05 + 0.95 * kept / self.total
+
+
+@pytest.mark.parametrize(("ratio", "seed"), [(0.625, 0), (0.625, 1), (0.375, 2), (0.3, 3)])
+def test_nested_keeps_to_stage_one_groups_and_finds_the_best_such_mask(ratio: float, seed: int) -> None:
+    objective = AdditiveObjective(SHAPE, seed)
+    result = run_search(objective, SHAPE, SearchSettings(ratio=ratio, variant="nested"), progress=False)
+    stage1 = run_search(objective, SHAPE, SearchSettings(ratio=ratio, variant="single"), progress=False).mask.bits
+    per_layer = ceil_count(ratio, SHAPE.num_kv_heads)  # what Stage 1 converts in each layer (G = 4)
+    assert result.stage2.buckets == (*(b for b in (0.0, 0.25, 0.5, 0.75, 1.0) if b < per_layer / 4), per_layer / 4)
+    assert result.mask.num_swa_groups == ceil_count(ratio, 16)
+    assert result.mask.method == "bosch-nested"
+    swa = {(layer, group) for layer, row in enumerate(result.mask.bits) for group, bit in enumerate(row) if not bit}
+    assert all(stage1[layer][group] == 0 for layer, group in swa)  # only groups Stage 1 made SWA
+    # The oracle: in each layer, Stage 2's quota of Stage 1's groups, the least weighted.
+    best = set()
+    for layer, ratio_of_layer in enumerate(result.stage2.ratios):
+        pool = [group for group in range(4) if stage1[layer][group] == 0]
+        lightest = sorted(pool, key=lambda group: objective.weights[layer][group])[: round(ratio_of_layer * 4)]
+        best |= {(layer, group) for group in lightest}
+    assert swa == best
+
+
+def test_nested_is_bosch_when_stage_one_converts_every_group() -> None:
+    # ρ = 0.8 with G = 4: ⌈3.2⌉ = 4 groups per layer in Stage 1, so nothing limits Stages 2–3.
+    bosch = run_search(ExampleObjective(seed=4), SHAPE, SearchSettings(ratio=0.8), progress=False)
+    nested = run_search(ExampleObjective(seed=4), SHAPE, SearchSettings(ratio=0.8, variant="nested"), progress=False)
+    assert nested.mask.bits == bosch.mask.bits and nested.score == bosch.score
+    assert nested.stage2 == bosch.stage2 and nested.evaluations == bosch.evaluations
+
+
+def test_nested_refinement_stays_within_stage_one_groups() -> None:
+    objective = AdditiveObjective(SHAPE, 5)
+    result = run_search(objective, SHAPE, SearchSettings(ratio=0.625, variant="nested", refine=2), progress=False)
+    stage1 = run_search(objective, SHAPE, SearchSettings(ratio=0.625, variant="single"), progress=False).mask.bits
+    assert all(stage1[layer][group] == 0 for layer, row in enumerate(result.mask.bits) for group, bit in enumerate(row) if not bit)
+    assert result.score == result.stage3_score  # Stage 3 already found the best nested mask: nothing to refine
+
+
+def test_stage3_refuses_a_quota_larger_than_its_pool() -> None:
+    settings = StageSettings(budget_per_layer=10, optimizer="auto", alpha=100.0, seed=0, chunk_layers=4)
+    book = ScoreBook(AdditiveObjective(SHAPE, 0), SHAPE, {})
+    anchors = Anchors(all_swa=0.05, all_full=1.0)
+    pool = HeadMask.from_swa_groups(SHAPE, {(layer, 0) for layer in range(4)}).bits  # one group per layer
+    with pytest.raises(ValueError, match=r"^stage 3: layer 3 has quota 2 at ratio 0.5 but only groups \[0\] to convert$"):
+        stage3(book, anchors, SHAPE, [0.5] * 4, settings, progress=False, pool=pool)
+
+
+def test_stage3_converts_only_pool_groups_even_where_others_cost_less() -> None:
+    objective = AdditiveObjective(SHAPE, 6)
+    # The pool: the three heaviest groups of each layer, the ones an unlimited Stage 3 avoids.
+    heaviest = {layer: sorted(range(4), key=lambda group: objective.weights[layer][group])[1:] for layer in range(4)}
+    pool = HeadMask.from_swa_groups(SHAPE, {(layer, group) for layer, groups in heaviest.items() for group in groups}).bits
+    settings = StageSettings(budget_per_layer=100, optimizer="auto", alpha=100.0, seed=0, chunk_layers=4)
+    anchors = Anchors(all_swa=0.05, all_full=1.0)
+    ratios = [0.25, 0.5, 0.75, 0.0]
+    free = stage3(ScoreBook(objective, SHAPE, {}), anchors, SHAPE, ratios, settings, progress=False).bits
+    kept = stage3(ScoreBook(objective, SHAPE, {}), anchors, SHAPE, ratios, settings, progress=False, pool=pool).bits
+    assert free != kept  # without the pool, each layer's lightest group turns SWA first
+    for layer, ratio in enumerate(ratios):
+        swa = [group for group in range(4) if kept[layer][group] == 0]
+        assert swa == sorted(heaviest[layer][: round(ratio * 4)])  # the lightest of the pool, quota by quota

@@ -58,7 +58,11 @@ def test_the_search_warns_when_stage_1_scored_its_own_mask_higher(caplog):
     warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stage 1's mask")]
     assert warnings == ["stage 1's mask (8 SWA groups, S=1.0000) scores better than the mask returned (6 SWA groups, "
                         "S=0.7500): Stage 2 gave layers [3] more than the 2 of 3 SWA groups Stage 1 measured in each; "
-                        "`--variant single` returns Stage 1's mask"]  # fmt: skip
+                        "`--variant nested` keeps every layer within Stage 1's groups, `--variant single` returns "
+                        "Stage 1's mask"]  # fmt: skip
+    # The nested variant on the same objective: no layer above Stage 1's two groups, nothing lost.
+    nested = run_search(_saturated_at_two_of_three, shape, SearchSettings(ratio=0.5, budget_per_layer=8, variant="nested"), progress=False)
+    assert nested.score == 1.0 and nested.mask.num_swa_groups == 6
 
 
 def test_no_such_warning_when_stages_2_and_3_do_at_least_as_well(caplog):
