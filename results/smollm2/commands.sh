@@ -16,11 +16,13 @@
 #   check-ties-long  the same masks on a larger dev draw, 48 documents per format at 1024 and at 2048 -> check_ties_r0.75_long/
 #   stage1-dev  the rho = 0.5 search's Stage-1 mask and returned mask on check-ties-long's dev draw -> stage1_r0.5/
 #   search R [S]  BOSCH at ratio R (0.5, 0.75, 0.875), seed S (default 0)  -> search/bosch-rR[-sS]/
+#   search-nested R  the nested variant (Stages 2-3 within Stage 1's mask) at ratio R, on the scores of the
+#              seed-0 search's journal                                   -> search/bosch-nested-rR/
 #   compare R  the held-out leaderboard at ratio R                          -> leaderboard_rR/
 #   leaderboard R  its table from the runs finished so far (nothing evaluated) -> leaderboard_rR/leaderboard.md
 # On a lent GPU, gpu_session.sh runs the search and compare steps side by side.
 set -euo pipefail
-step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|stage1-dev|search RATIO [SEED]|compare RATIO|leaderboard RATIO}
+step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|stage1-dev|search RATIO [SEED]|search-nested RATIO|compare RATIO|leaderboard RATIO}
 R=results/smollm2
 CALIB=bosch_niah_calib  # the search's and the rankings' calibration task (README, "The calibration check with four sinks")
 RC=$R/rankings_retrieval_calib  # the six rankings on bosch_retrieval_calib, the checks' panels (before the choice)
@@ -134,6 +136,12 @@ sys.exit('no Stage-1 mask at S = 1.000 in the journal')"
             # attn_backend=blocked: auto's kernel on the CPU, named so that a GPU scores the same attention
             bosch-eval search --model smollm2 --ratio $ratio --seed $seed --calib-tasks $CALIB --dtype bfloat16 --batch-size 8 \
               --model-args sink=4,attn_backend=blocked --prefix-cache-mb 2560 --out $out "${resume[@]}" ;;
+  search-nested) # the same objective and flags as `search`, so every mask the seed-0 search scored is reused:
+            # a first run starts from a copy of its journal (--new-settings: the header takes the nested variant)
+            ratio=${2:?ratio}; out=$R/search/bosch-nested-r$ratio; mkdir -p $out
+            { [ -f $out/journal.jsonl ] || [ -f $out/journal.jsonl.gz ]; } || cp $R/search/bosch-r$ratio/journal.jsonl.gz $out/
+            bosch-eval search --model smollm2 --ratio $ratio --variant nested --calib-tasks $CALIB --dtype bfloat16 --batch-size 8 \
+              --model-args sink=4,attn_backend=blocked --prefix-cache-mb 2560 --out $out --resume --new-settings ;;
   compare)  # the entries whose mask exists (the narrowed config is kept beside the runs it made);
             # a later call adds the searches that finished since
             ratio=${2:?ratio}; out=$R/leaderboard_r$ratio; mkdir -p $out
