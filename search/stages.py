@@ -359,7 +359,7 @@ def _pool_blocks(sizes: Sequence[int], ones_per_layer: int, quota: str) -> tuple
     """:func:`quota_blocks` for layers that each choose among ``sizes[i]`` groups."""
     if quota == "chunk":
         return ((sum(sizes), ones_per_layer * len(sizes)),)
-    return tuple(quota_blocks(size, ones_per_layer, 1, quota)[0] for size in sizes)
+    return tuple((size, ones_per_layer) for size in sizes)
 
 
 def layer_level(

@@ -14,7 +14,8 @@
 #   check-tiebreak  the same check of bosch_niah_calib scored by acc_tiebreak -> check_tiebreak/bosch_niah_calib/
 #   check-ties  tied masks of the rho = 0.75 search and Razor's, by acc_tiebreak and on dev -> check_ties_r0.75/
 #   check-ties-long  the same masks on a larger dev draw, 48 documents per format at 1024 and at 2048 -> check_ties_r0.75_long/
-#   stage1-dev  the rho = 0.5 search's Stage-1 mask and returned mask on check-ties-long's dev draw -> stage1_r0.5/
+#   stage1-dev  the rho = 0.5 search's Stage-1 mask, returned mask and nested variant's mask (once search-nested 0.5
+#              has run) on check-ties-long's dev draw                      -> stage1_r0.5/
 #   search R [S]  BOSCH at ratio R (0.5, 0.75, 0.875), seed S (default 0)  -> search/bosch-rR[-sS]/
 #   search-nested R  the nested variant (Stages 2-3 within Stage 1's mask) at ratio R, on the scores of the
 #              seed-0 search's journal                                   -> search/bosch-nested-rR/
@@ -120,8 +121,9 @@ for record in map(json.loads, gzip.open('$R/search/bosch-r0.5/journal.jsonl.gz',
                            method='bosch-stage1').save('$out/stage1.json')
         sys.exit(0)
 sys.exit('no Stage-1 mask at S = 1.000 in the journal')"
-            for run in stage1:$out/stage1.json returned:$R/search/bosch-r0.5/mask.json; do
+            for run in stage1:$out/stage1.json returned:$R/search/bosch-r0.5/mask.json nested:$R/search/bosch-nested-r0.5/mask.json; do
               [ -d "$out/${run%%:*}" ] && continue
+              [ -f "${run#*:}" ] || { echo "stage1-dev: ${run#*:} missing (commands.sh search-nested 0.5 makes it)"; continue; }
               lm_eval --model bosch --model_args pretrained=smollm2,mask=${run#*:},sink=4,attn_backend=blocked,dtype=bfloat16 \
                 --device cpu --batch_size 8 --tasks bosch_niah_dev --output_path "$out/${run%%:*}" \
                 --metadata '{"dev_lengths": [1024, 2048], "dev_samples": 48, "dev_variants": ["single_1", "single_2"]}'
