@@ -14,16 +14,16 @@
 #   check-tiebreak  the same check of bosch_niah_calib scored by acc_tiebreak -> check_tiebreak/bosch_niah_calib/
 #   check-ties  tied masks of the rho = 0.75 search and Razor's, by acc_tiebreak and on dev -> check_ties_r0.75/
 #   check-ties-long  the same masks on a larger dev draw, 48 documents per format at 1024 and at 2048 -> check_ties_r0.75_long/
-#   stage1-dev  the rho = 0.5 search's Stage-1 mask, returned mask and nested variant's mask (once search-nested 0.5
-#              has run) on check-ties-long's dev draw                      -> stage1_r0.5/
-#   search R [S]  BOSCH at ratio R (0.5, 0.75, 0.875), seed S (default 0)  -> search/bosch-rR[-sS]/
-#   search-nested R  the nested variant (Stages 2-3 within Stage 1's mask) at ratio R, on the scores of the
-#              seed-0 search's journal                                   -> search/bosch-nested-rR/
+#   stage1-dev  at rho = 0.5, the paper's search's Stage-1 mask and returned mask, and the nested variant's mask (once
+#              search 0.5 has run), on check-ties-long's dev draw           -> stage1_r0.5/
+#   search R [S]  BOSCH at ratio R (0.5, 0.75, 0.875), seed S (default 0): at 0.5 the nested variant (Stages 2-3
+#              within Stage 1's mask), chosen on the dev split               -> search/bosch-rR[-sS]/
+#   search-paper R [S]  the paper's Stages 2-3 at ratio R (0.5: where the study chose nested) -> search/bosch-paper-rR[-sS]/
 #   compare R  the held-out leaderboard at ratio R                          -> leaderboard_rR/
 #   leaderboard R  its table from the runs finished so far (nothing evaluated) -> leaderboard_rR/leaderboard.md
 # On a lent GPU, gpu_session.sh runs the search and compare steps side by side.
 set -euo pipefail
-step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|stage1-dev|search RATIO [SEED]|search-nested RATIO|compare RATIO|leaderboard RATIO}
+step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|stage1-dev|search RATIO [SEED]|search-paper RATIO [SEED]|compare RATIO|leaderboard RATIO}
 R=results/smollm2
 CALIB=bosch_niah_calib  # the search's and the rankings' calibration task (README, "The calibration check with four sinks")
 RC=$R/rankings_retrieval_calib  # the six rankings on bosch_retrieval_calib, the checks' panels (before the choice)
@@ -112,8 +112,8 @@ case $step in
             python -c "
 import gzip, json, sys
 from bosch_eval.masks.head_mask import HeadMask
-returned = HeadMask.load('$R/search/bosch-r0.5/mask.json')
-for record in map(json.loads, gzip.open('$R/search/bosch-r0.5/journal.jsonl.gz', 'rt')):
+returned = HeadMask.load('$R/search/bosch-paper-r0.5/mask.json')
+for record in map(json.loads, gzip.open('$R/search/bosch-paper-r0.5/journal.jsonl.gz', 'rt')):
     rows = record.get('key', '').split('/')  # the header has no key
     if record.get('stage') == 'stage1' and record.get('score') == 1.0 and all(row.count('0') == 2 for row in rows):
         bits = [[int(c) for c in row] for row in rows]
@@ -121,29 +121,35 @@ for record in map(json.loads, gzip.open('$R/search/bosch-r0.5/journal.jsonl.gz',
                            method='bosch-stage1').save('$out/stage1.json')
         sys.exit(0)
 sys.exit('no Stage-1 mask at S = 1.000 in the journal')"
-            for run in stage1:$out/stage1.json returned:$R/search/bosch-r0.5/mask.json nested:$R/search/bosch-nested-r0.5/mask.json; do
+            for run in stage1:$out/stage1.json returned:$R/search/bosch-paper-r0.5/mask.json nested:$R/search/bosch-r0.5/mask.json; do
               [ -d "$out/${run%%:*}" ] && continue
-              [ -f "${run#*:}" ] || { echo "stage1-dev: ${run#*:} missing (commands.sh search-nested 0.5 makes it)"; continue; }
+              [ -f "${run#*:}" ] || { echo "stage1-dev: ${run#*:} missing (commands.sh search 0.5 makes it)"; continue; }
               lm_eval --model bosch --model_args pretrained=smollm2,mask=${run#*:},sink=4,attn_backend=blocked,dtype=bfloat16 \
                 --device cpu --batch_size 8 --tasks bosch_niah_dev --output_path "$out/${run%%:*}" \
                 --metadata '{"dev_lengths": [1024, 2048], "dev_samples": 48, "dev_variants": ["single_1", "single_2"]}'
             done ;;
-  search)   ratio=${2:?ratio}; seed=${3:-0}; suffix=""; [ "$seed" = 0 ] || suffix="-s$seed"
-            out=$R/search/bosch-r$ratio$suffix
+  search|search-paper)
+            # search: the study's search at ratio R, seed S -> search/bosch-rR[-sS]/: the nested variant at 0.5 (chosen on
+            # the dev split, README "The nested variant at rho = 0.5"), the paper's at 0.75 and 0.875, where ceil(rho * 3) = 3
+            # = G and nested is the same search. search-paper: the paper's at 0.5 -> search/bosch-paper-r0.5[-sS]/
+            ratio=${2:?ratio}; seed=${3:-0}; suffix=""; [ "$seed" = 0 ] || suffix="-s$seed"
+            variant=bosch; out=$R/search/bosch-r$ratio$suffix
+            if [ "$step" = search-paper ]; then out=$R/search/bosch-paper-r$ratio$suffix
+            elif [ "$ratio" = 0.5 ]; then variant=nested; fi
             resume=(); { [ -f $out/journal.jsonl ] || [ -f $out/journal.jsonl.gz ]; } && resume=(--resume)  # .gz: committed, unpacked on --resume
+            if [ $variant = nested ] && [ ${#resume[@]} = 0 ]; then
+              # the same objective as the paper's search (seed 0) or the nested seed 0's: a first run starts from a copy of
+              # its journal, so every mask it scored is reused (--new-settings: the header takes this variant and seed)
+              from=$R/search/bosch-paper-r$ratio; [ "$seed" = 0 ] || from=$R/search/bosch-r$ratio
+              [ -f $from/journal.jsonl.gz ] && mkdir -p $out && cp $from/journal.jsonl.gz $out/ && resume=(--resume --new-settings)
+            fi
             # --prefix-cache-mb: the states entering one layer for the 64 x 1024 calibration tokens
             # are 72 MiB in bf16 (64 x 1024 x 576 x 2 bytes); the default 1024 keeps 14 of the 29
             # boundaries, 2560 all of them. It changes no score and the journal does not pin it.
             # --model-args sink=4: the SWA the check and the leaderboard use (sinks.md); mask.json records it.
             # attn_backend=blocked: auto's kernel on the CPU, named so that a GPU scores the same attention
-            bosch-eval search --model smollm2 --ratio $ratio --seed $seed --calib-tasks $CALIB --dtype bfloat16 --batch-size 8 \
-              --model-args sink=4,attn_backend=blocked --prefix-cache-mb 2560 --out $out "${resume[@]}" ;;
-  search-nested) # the same objective and flags as `search`, so every mask the seed-0 search scored is reused:
-            # a first run starts from a copy of its journal (--new-settings: the header takes the nested variant)
-            ratio=${2:?ratio}; out=$R/search/bosch-nested-r$ratio; mkdir -p $out
-            { [ -f $out/journal.jsonl ] || [ -f $out/journal.jsonl.gz ]; } || cp $R/search/bosch-r$ratio/journal.jsonl.gz $out/
-            bosch-eval search --model smollm2 --ratio $ratio --variant nested --calib-tasks $CALIB --dtype bfloat16 --batch-size 8 \
-              --model-args sink=4,attn_backend=blocked --prefix-cache-mb 2560 --out $out --resume --new-settings ;;
+            bosch-eval search --model smollm2 --ratio $ratio --seed $seed --variant $variant --calib-tasks $CALIB --dtype bfloat16 \
+              --batch-size 8 --model-args sink=4,attn_backend=blocked --prefix-cache-mb 2560 --out $out "${resume[@]}" ;;
   compare)  # the entries whose mask exists (the narrowed config is kept beside the runs it made);
             # a later call adds the searches that finished since
             ratio=${2:?ratio}; out=$R/leaderboard_r$ratio; mkdir -p $out

@@ -1,6 +1,6 @@
 """Count, for committed searches, the masks their calibration set ties with the mask returned.
 
-    python results/smollm2/search_ties.py results/smollm2/search/bosch-r*
+    python results/smollm2/search_ties.py results/smollm2/search/bosch-*
 
 A search made since the count existed prints it when it ends and writes it to report.md and
 mask.json (``provenance.ties``); these searches ran before, so the count is taken here from
