@@ -124,6 +124,9 @@ class TestThreeKVGroups:
         assert "L=30 × G=3" in text and "Stage-2 buckets 0, 0.3333, 0.6667, 1, 16 layers per Stage-3 sub-problem" in text
         assert "35–2232 S() calls (2 anchors + 30 Stage 1 [3 of 3 groups per layer] + 3–2200 Stage 3" in text
         assert "0.10–6.20 h at 10 s per call" in text
+        nested = render_estimate(str(tmp_path), SearchSettings(ratio=0.5, variant="nested"), None)
+        assert "Stage-2 buckets 0, 0.3333, 0.6667, 16 layers per Stage-3 sub-problem" in nested
+        assert "94–1592 S() calls (2 anchors + 90 Stage 1 [2 of 3 groups per layer] + 2–1500 Stage 3" in nested
 
     def test_a_ratio_of_zero_or_one_scores_only_the_anchors(self) -> None:
         for ratio in (0.0, 1.0):

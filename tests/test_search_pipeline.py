@@ -502,3 +502,16 @@ def test_stage3_converts_only_pool_groups_even_where_others_cost_less() -> None:
     for layer, ratio in enumerate(ratios):
         swa = [group for group in range(4) if kept[layer][group] == 0]
         assert swa == sorted(heaviest[layer][: round(ratio * 4)])  # the lightest of the pool, quota by quota
+
+
+def test_the_report_of_a_nested_search_counts_its_smaller_pool() -> None:
+    from bosch_eval.search.report import render_report
+
+    shape = ModelShape(num_layers=4, num_heads=3, num_kv_heads=3)
+    objective = AdditiveObjective(shape, 7)
+    result = run_search(objective, shape, SearchSettings(ratio=0.5, variant="nested", budget_per_layer=8), progress=False)
+    report = render_report(result, "m", 128, {})
+    assert "Variant `nested`" in report
+    # Stage 1: 4 layers × C(3, 2); Stage 3 over Stage 1's 2 groups per layer with buckets 0, ⅓, ⅔:
+    # 6 = 2a + b over a layers at ⅔ and b at ⅓ (a + b <= 4): b = 0 → 0 calls; b = 2 → one chunk, 2² = 4 calls.
+    assert "N = 14 to 18 S() calls (2 anchors + 12 Stage 1 + 0–4 Stage 3" in report

@@ -200,10 +200,13 @@ class TestOptimizers:
 
 
 class TestSearch:
-    @pytest.mark.parametrize(("ratio", "seed"), [(0.5, 0), (0.75, 1), (0.75, 2), (0.5, 5)])
-    def test_same_mask_and_scores_with_fewer_examples(self, ratio: float, seed: int) -> None:
+    @pytest.mark.parametrize(
+        ("ratio", "seed", "variant"),
+        [(0.5, 0, "bosch"), (0.75, 1, "bosch"), (0.75, 2, "bosch"), (0.5, 5, "bosch"), (0.625, 3, "nested"), (0.375, 4, "nested")],
+    )
+    def test_same_mask_and_scores_with_fewer_examples(self, ratio: float, seed: int, variant: str) -> None:
         plain_fn, raced_fn = ExampleObjective(seed=seed), ExampleObjective(seed=seed)
-        settings = SearchSettings(ratio=ratio, seed=seed, budget_per_layer=10)
+        settings = SearchSettings(ratio=ratio, seed=seed, budget_per_layer=10, variant=variant)
         plain = run_search(plain_fn, SHAPE, settings, progress=False)
         raced = run_search(raced_fn, SHAPE, settings, progress=False, racing=True)
         assert raced.mask.bits == plain.mask.bits and raced.score == plain.score

@@ -22,7 +22,7 @@ from bosch_eval.models.model_check import resolve_model
 from bosch_eval.runtime.digests import file_digest
 
 OFFLINE = "78b3e0cc3e57fd04e57f66e0f8bda1dc8a094922b6401832e239667a267f2a99"
-FILES = ["results/smollm2/leaderboard_r*/runs/*/run.json", "results/smollm2/search/bosch-r*/journal.jsonl"]
+FILES = ["results/smollm2/leaderboard_r*/runs/*/run.json", "results/smollm2/search/bosch-*/journal.jsonl"]
 
 
 def pinned_files(text: str) -> dict[str, str]:
