@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bosch_eval.masks.head_mask import ModelShape, ceil_count
+from bosch_eval.search.pipeline import SearchSettings
 from bosch_eval.search.stage2 import _bucket_counts, default_buckets
 from bosch_eval.search.stages import _chunks, expected_evaluations, expected_method, quota_blocks
 
@@ -152,27 +153,19 @@ def _shifted(table: np.ndarray, layers: int, groups: int, fill: int) -> np.ndarr
     return out
 
 
-def estimate_calls(
-    shape: ModelShape,
-    ratio: float,
-    budget_per_layer: int,
-    chunk_layers: int,
-    optimizer: str = "auto",
-    quota: str = "layer",
-    layer_ratios: Sequence[float] | None = None,
-    buckets: Sequence[float] | None = None,
-    pool: int | None = None,
-) -> CallEstimate:
-    """BOSCH's S() calls: a range before Stage 2 (over Stage 2's ``buckets``, by default
-    :func:`stage2.default_buckets`), exact (up to repeats) once its ratios are known.
-    ``pool``: the groups a Stage-3 layer chooses among (None: all G; ``nested``: ⌈ρG⌉)."""
+def estimate_calls(shape: ModelShape, settings: SearchSettings, layer_ratios: Sequence[float] | None = None) -> CallEstimate:
+    """BOSCH's S() calls under ``settings``: a range before Stage 2 (over its buckets,
+    :meth:`SearchSettings.buckets_for`), exact (up to repeats) once its ratios are known.
+    Stage 3's layers choose among :meth:`SearchSettings.stage3_pool` groups each."""
+    ratio, budget, optimizer, quota = settings.ratio, settings.budget_per_layer, settings.optimizer, settings.quota
     if ratio in (0.0, 1.0):  # the search scores the anchors, one of which is its mask
         return CallEstimate(2, 0, 0, 0)
-    stage1 = stage1_calls(shape, ratio, budget_per_layer, optimizer)
+    chunk, pool = settings.chunk_layers_for(shape), settings.stage3_pool(shape)
+    stage1 = stage1_calls(shape, ratio, budget, optimizer)
     if layer_ratios is not None:
-        calls, exact = stage3_calls(shape, layer_ratios, budget_per_layer, chunk_layers, optimizer, quota, pool)
+        calls, exact = stage3_calls(shape, layer_ratios, budget, chunk, optimizer, quota, pool)
         return CallEstimate(2, stage1, calls, calls, exact)
-    low, high, exact = stage3_range(shape, ratio, budget_per_layer, chunk_layers, optimizer, quota, buckets, pool)
+    low, high, exact = stage3_range(shape, ratio, budget, chunk, optimizer, quota, settings.buckets_for(shape), pool)
     return CallEstimate(2, stage1, low, high, exact)
 
 

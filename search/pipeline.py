@@ -34,6 +34,7 @@ from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, Sea
 from bosch_eval.search.stage2 import Stage2Result, assign_layer_ratios, default_buckets
 from bosch_eval.search.stages import (
     QUOTAS,
+    LayerQuotas,
     StageOutcome,
     StageSettings,
     SubResult,
@@ -334,7 +335,6 @@ def _bosch(run: SearchRun) -> StageOutcome:
     nested = VARIANTS[settings.variant].nested
     outcome = _stage1(run, 1)
     stage1_bits = outcome.bits
-    pool = stage1_bits if nested else None
     result.subproblems.extend(outcome.subproblems)
     result.stage2 = assign_layer_ratios(
         result.stage1_scores,
@@ -344,14 +344,13 @@ def _bosch(run: SearchRun) -> StageOutcome:
         settings.buckets_for(shape) if nested else settings.buckets,  # None: the default, which Stage 2 logs
         higher_is_better=run.stages.higher_is_better,
     )
-    outcome = stage3(book, anchors, shape, result.stage2.ratios, run.stages, run.progress, pool=pool)
+    quotas = LayerQuotas(result.stage2.ratios, pool=stage1_bits if nested else None)
+    outcome = stage3(book, anchors, shape, quotas, run.stages, run.progress)
     if settings.refine:
         result.subproblems.extend(outcome.subproblems)
         result.stage3_score = book.score(outcome.bits, "final")
         result.stage3_evaluations = len(book.known) + len(book.bounds)
-        outcome = refine(
-            book, anchors, shape, outcome.bits, result.stage2.ratios, run.stages, settings.refine, run.progress, pool=pool
-        )
+        outcome = refine(book, anchors, shape, outcome.bits, quotas, run.stages, settings.refine, run.progress)
     _warn_if_stage1_scores_better(run, stage1_bits, outcome.bits)
     return outcome
 

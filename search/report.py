@@ -103,12 +103,9 @@ def render_report(result: SearchResult, model: str, window: int, calibration: Ma
             for sub in crashed
         ]
     if result.costs:
-        shape, chunk = mask.shape, settings.chunk_layers_for(mask.shape)
-        args = (shape, settings.ratio, settings.budget_per_layer, chunk, settings.optimizer, settings.quota)
-        pool = settings.stage3_pool(shape)
         ratios = result.stage2.ratios if result.stage2 is not None else None
-        after = estimate_calls(*args, layer_ratios=ratios, pool=pool) if ratios is not None and not settings.refine else None
-        lines += ["", *render_cost(result.costs, estimate_calls(*args, buckets=settings.buckets_for(shape), pool=pool), after)]
+        after = estimate_calls(mask.shape, settings, ratios) if ratios is not None and not settings.refine else None
+        lines += ["", *render_cost(result.costs, estimate_calls(mask.shape, settings), after)]
     lines += ["", "## Mask (F = full attention, S = sliding window; one column per KV group)", "", "```"]
     for layer in range(mask.shape.num_layers - 1, -1, -1):
         cells = "".join("F" if bit else "S" for bit in mask.bits[layer])

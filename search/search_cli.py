@@ -222,10 +222,7 @@ def render_estimate(model: str, settings: SearchSettings, seconds_per_call: floa
     shape = ModelShape.from_config(model_config(resolve_model(model)))
     validate_for_shape(settings, shape)
     chunk, buckets = settings.chunk_layers_for(shape), settings.buckets_for(shape)
-    calls = estimate_calls(
-        shape, settings.ratio, settings.budget_per_layer, chunk, settings.optimizer, settings.quota,
-        buckets=buckets, pool=settings.stage3_pool(shape),
-    )  # fmt: skip
+    calls = estimate_calls(shape, settings)
     per_layer = ceil_count(settings.ratio, shape.num_kv_heads)
     text = (
         f"{model}: L={shape.num_layers} × G={shape.num_kv_heads}, ρ={settings.ratio:g}, κ={settings.budget_per_layer}, "

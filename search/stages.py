@@ -81,6 +81,20 @@ QUOTAS = ("layer", "chunk")
 
 
 @dataclass(frozen=True)
+class LayerQuotas:
+    """What Stage 3 (and ``refine``) convert in each layer: ⌈r·G⌉ groups for its Stage-2 ratio r.
+
+    Attributes:
+        ratios: r per layer, bottom to top.
+        pool: a mask whose SWA groups are the only ones a layer may convert (the ``nested``
+            variant: Stage 1's mask); None: every group (the paper's Stage 3).
+    """
+
+    ratios: Sequence[float]
+    pool: Bits | None = None
+
+
+@dataclass(frozen=True)
 class StageSettings:
     """The knobs every stage shares.
 
@@ -299,10 +313,9 @@ def stage3(
     book: ScoreBook,
     anchors: Anchors,
     shape: ModelShape,
-    layer_ratios: Sequence[float],
+    quotas: LayerQuotas,
     settings: StageSettings,
     progress: bool = True,
-    pool: Bits | None = None,
 ) -> StageOutcome:
     """Algorithm 3: per ratio group, most localizable first, convert ⌈r·G⌉ groups per layer.
 
@@ -310,12 +323,13 @@ def stage3(
     equal parts of at most ``settings.chunk_layers`` layers (B.2). Every layer keeps its
     quota of ⌈r·G⌉ SWA groups unless ``settings.quota == "chunk"``. A layer whose quota is
     0 stays full, and one whose quota is every group it may convert gets them all: nothing
-    to search. ``pool`` (the ``nested`` variant: Stage 1's mask) limits the groups a layer
-    may convert to those SWA in it; None: every group (the paper's Stage 3).
+    to search. ``quotas.pool`` (the ``nested`` variant: Stage 1's mask) limits the groups a
+    layer may convert to those SWA in it.
 
     Raises:
-        ValueError: a layer's quota exceeds the groups ``pool`` leaves it.
+        ValueError: a layer's quota exceeds the groups the pool leaves it.
     """
+    layer_ratios, pool = quotas.ratios, quotas.pool
     choices = {layer: _pool_groups(shape, layer, pool) for layer in range(shape.num_layers)}
     groups = sorted(set(layer_ratios), reverse=True)
     max_layers = settings.chunk_layers
@@ -384,22 +398,22 @@ def refine(
     anchors: Anchors,
     shape: ModelShape,
     bits: Bits,
-    layer_ratios: Sequence[float],
+    quotas: LayerQuotas,
     settings: StageSettings,
     passes: int,
     progress: bool = True,
-    pool: Bits | None = None,
 ) -> StageOutcome:
     """Coordinate descent after Stage 3 (beyond the paper): up to ``passes`` passes that each
     re-solve every layer's sub-problem with all other layers fixed.
 
     A layer keeps its number of SWA groups (its Stage-3 quota) and is searched with budget κ
     from its current groups, in Stage 3's order (largest ratio first, top layer first);
-    layers with no choice (all full, every group it may convert SWA) are skipped; ``pool``
-    (Stage 3's) limits those groups as it limited Stage 3. A layer's new groups replace the
+    layers with no choice (all full, every group it may convert SWA) are skipped; the pool of
+    ``quotas`` (Stage 3's) limits those groups as it limited Stage 3. A layer's new groups replace the
     old only when they score strictly better, so ties never move the mask and the descent
     ends. Stops after the first pass without an improvement.
     """
+    layer_ratios, pool = quotas.ratios, quotas.pool
     sizes = {layer: len(_pool_groups(shape, layer, pool)) for layer in range(shape.num_layers)}
     order = sorted(
         (layer for layer in range(shape.num_layers) if 0 < bits[layer].count(0) < sizes[layer]),

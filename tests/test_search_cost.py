@@ -21,19 +21,18 @@ from tests.helpers import SHAPE, ExampleObjective
 
 def test_the_paper_scale_formula() -> None:
     shape = ModelShape(num_layers=32, num_heads=32, num_kv_heads=8)
-    calls = estimate_calls(shape, 0.75, budget_per_layer=100, chunk_layers=4)
+    calls = estimate_calls(shape, SearchSettings(ratio=0.75, chunk_layers=4))
     assert calls.stage1 == 32 * math.comb(8, 6)  # 28 masks per layer fit κ = 100: enumerated
     assert (calls.stage3_low, calls.stage3_high) == (0, 8 * 400)  # 28**4 > κ·4: the budget per 4-layer chunk
     assert (calls.low, calls.high) == (2 + 896, 2 + 896 + 3200)
 
 
-@pytest.mark.parametrize(("ratio", "seed"), [(0.5, 0), (0.75, 1), (0.5, 2)])
-def test_a_search_makes_at_most_the_calls_predicted_after_stage_2(ratio: float, seed: int) -> None:
-    settings = SearchSettings(ratio=ratio, seed=seed, budget_per_layer=10)
+@pytest.mark.parametrize(("ratio", "seed", "variant"), [(0.5, 0, "bosch"), (0.75, 1, "bosch"), (0.5, 2, "bosch"), (0.625, 3, "nested")])
+def test_a_search_makes_at_most_the_calls_predicted_after_stage_2(ratio: float, seed: int, variant: str) -> None:
+    settings = SearchSettings(ratio=ratio, seed=seed, budget_per_layer=10, variant=variant)
     result = run_search(ExampleObjective(seed=seed), SHAPE, settings, progress=False)
-    chunk = settings.chunk_layers_for(SHAPE)
-    before = estimate_calls(SHAPE, ratio, 10, chunk)
-    after = estimate_calls(SHAPE, ratio, 10, chunk, layer_ratios=result.stage2.ratios)
+    before = estimate_calls(SHAPE, settings)
+    after = estimate_calls(SHAPE, settings, result.stage2.ratios)
     made = {stage: int(row["calls"]) for stage, row in result.costs.items()}
     assert made["anchor"] == 2 and made["stage1"] == before.stage1 == after.stage1
     # Stage 3 may meet masks Stage 1 scored (answered from the book, not called again).
@@ -44,10 +43,10 @@ def test_a_search_makes_at_most_the_calls_predicted_after_stage_2(ratio: float, 
 def test_nomad_calls_are_counted_apart_since_they_are_never_raced() -> None:
     shape = ModelShape(num_layers=2, num_heads=16, num_kv_heads=8)
     # One quota over both layers: 16 variables in one block, C(16, 8) > κ·2, so NOMAD.
-    chunk = estimate_calls(shape, 0.5, 100, chunk_layers=2, quota="chunk", layer_ratios=[0.5, 0.5])
+    chunk = estimate_calls(shape, SearchSettings(ratio=0.5, chunk_layers=2, quota="chunk"), [0.5, 0.5])
     assert (chunk.stage3_high, chunk.stage3_exact) == (200, 200)
     # A quota per layer: two blocks, which NOMAD cannot keep, so the (1+1)-EA (raced).
-    per_layer = estimate_calls(shape, 0.5, 100, chunk_layers=2, quota="layer", layer_ratios=[0.5, 0.5])
+    per_layer = estimate_calls(shape, SearchSettings(ratio=0.5, chunk_layers=2, quota="layer"), [0.5, 0.5])
     assert (per_layer.stage3_high, per_layer.stage3_exact) == (200, 0)
 
 
@@ -93,11 +92,11 @@ class TestThreeKVGroups:
         #   fewest: 22 layers at 1, one at 2/3 (C(3, 2) = 3 candidates, enumerated), 7 at 0 → 3 calls;
         #   most: a + 2b + 3c = 68 with a + b + c <= 30 searched layers a + b at most 22 (c >= 8), best
         #   as 22 layers at 2/3: chunks of 16 and 6 → min(3^16, 1600) + min(3^6 = 729, 600) = 2200.
-        calls = estimate_calls(self.SHAPE, 0.75, budget_per_layer=100, chunk_layers=16)
+        calls = estimate_calls(self.SHAPE, SearchSettings(ratio=0.75, chunk_layers=16))
         assert (calls.stage1, calls.stage3_low, calls.stage3_high) == (30, 3, 2200)
         # ρ = 0.5: ⌈1.5⌉ = 2 of 3 per layer, C(3, 2) = 3 candidates; 45 groups: 15 layers at 1 and 15 at 0
         # need no Stage 3; 15 at 1/3 and 15 at 2/3 need min(3^15, 1500) each.
-        calls = estimate_calls(self.SHAPE, 0.5, budget_per_layer=100, chunk_layers=16)
+        calls = estimate_calls(self.SHAPE, SearchSettings(ratio=0.5, chunk_layers=16))
         assert (calls.stage1, calls.stage3_low, calls.stage3_high) == (90, 0, 3000)
 
     def test_the_nested_calls_worked_by_hand(self) -> None:
@@ -108,11 +107,11 @@ class TestThreeKVGroups:
         settings = SearchSettings(ratio=0.5, variant="nested")
         buckets, pool = settings.buckets_for(self.SHAPE), settings.stage3_pool(self.SHAPE)
         assert (buckets, pool) == ((0.0, 1 / 3, 2 / 3), 2)
-        calls = estimate_calls(self.SHAPE, 0.5, budget_per_layer=100, chunk_layers=16, buckets=buckets, pool=pool)
+        calls = estimate_calls(self.SHAPE, settings)
         assert (calls.stage1, calls.stage3_low, calls.stage3_high) == (90, 2, 1500)
         # What Stage 2 gave the SmolLM2 search: 20 layers at 2/3, 5 at 1/3, 5 at 0 → one chunk of 5: 2^5.
         ratios = [2 / 3] * 20 + [1 / 3] * 5 + [0.0] * 5
-        assert estimate_calls(self.SHAPE, 0.5, 100, 16, layer_ratios=ratios, pool=pool).stage3_high == 32
+        assert estimate_calls(self.SHAPE, settings, ratios).stage3_high == 32
 
     def test_the_estimate_of_a_model_of_that_shape(self, tmp_path: Path) -> None:
         from transformers import AutoConfig
@@ -130,7 +129,7 @@ class TestThreeKVGroups:
 
     def test_a_ratio_of_zero_or_one_scores_only_the_anchors(self) -> None:
         for ratio in (0.0, 1.0):
-            assert estimate_calls(self.SHAPE, ratio, 100, 16) == CallEstimate(2, 0, 0, 0)
+            assert estimate_calls(self.SHAPE, SearchSettings(ratio=ratio)) == CallEstimate(2, 0, 0, 0)
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -20,7 +20,7 @@ from bosch_eval.search.journal import Journal, mask_key
 from bosch_eval.search.pipeline import VARIANTS, Resumed, SearchSettings, Variant, default_chunk_layers, run_search
 from bosch_eval.search.score_book import Bits, ScoreBook
 from bosch_eval.search.scoring import Anchors, SearchError, subproblem_loss
-from bosch_eval.search.stages import StageOutcome, StageSettings, refine, stage3
+from bosch_eval.search.stages import LayerQuotas, StageOutcome, StageSettings, refine, stage3
 from tests.helpers import SHAPE, ExampleObjective, RetrievalObjective, planted, score_of
 
 
@@ -215,7 +215,7 @@ def stage3_alone(score_fn, shape: ModelShape, ratios: list[float], **settings) -
         all_full=book.score(HeadMask.uniform(shape, full=True).bits, "anchor"),
     )
     stage_settings = StageSettings(**{**dict(budget_per_layer=100, optimizer="auto", alpha=100.0, seed=0, chunk_layers=4), **settings})
-    return stage3(book, anchors, shape, ratios, stage_settings, progress=False).bits, book, anchors
+    return stage3(book, anchors, shape, LayerQuotas(ratios), stage_settings, progress=False).bits, book, anchors
 
 
 class TestPerLayerQuotas:
@@ -254,7 +254,7 @@ class TestChunkLayers:
         book = ScoreBook(additive([[0.005] * 8 for _ in range(12)]), shape)
         anchors = Anchors(all_swa=0.52, all_full=1.0)
         stage_settings = StageSettings(budget_per_layer=2, optimizer="auto", alpha=100.0, seed=0, chunk_layers=layers)
-        outcome = stage3(book, anchors, shape, [0.25] * 12, stage_settings, progress=False)
+        outcome = stage3(book, anchors, shape, LayerQuotas([0.25] * 12), stage_settings, progress=False)
         assert [len(sub.layers) for sub in outcome.subproblems] == sizes
 
     def test_settings_that_do_not_fit_the_model_fail_before_any_evaluation(self) -> None:
@@ -325,7 +325,7 @@ class TestRefine:
         bits, book, anchors = stage3_alone(self.score, self.SHAPE2, [0.25, 0.5])
         settings = StageSettings(budget_per_layer=100, optimizer="auto", alpha=100.0, seed=0, chunk_layers=4)
         if passes:
-            outcome = refine(book, anchors, self.SHAPE2, bits, [0.25, 0.5], settings, passes, progress=False)
+            outcome = refine(book, anchors, self.SHAPE2, bits, LayerQuotas([0.25, 0.5]), settings, passes, progress=False)
             bits = outcome.bits
             self.subproblems = outcome.subproblems
         return bits, book.known[mask_key(bits)], len(book.known)
@@ -485,7 +485,7 @@ def test_stage3_refuses_a_quota_larger_than_its_pool() -> None:
     anchors = Anchors(all_swa=0.05, all_full=1.0)
     pool = HeadMask.from_swa_groups(SHAPE, {(layer, 0) for layer in range(4)}).bits  # one group per layer
     with pytest.raises(ValueError, match=r"^stage 3: layer 3 has quota 2 at ratio 0.5 but only groups \[0\] to convert$"):
-        stage3(book, anchors, SHAPE, [0.5] * 4, settings, progress=False, pool=pool)
+        stage3(book, anchors, SHAPE, LayerQuotas([0.5] * 4, pool), settings, progress=False)
 
 
 def test_stage3_converts_only_pool_groups_even_where_others_cost_less() -> None:
@@ -496,8 +496,8 @@ def test_stage3_converts_only_pool_groups_even_where_others_cost_less() -> None:
     settings = StageSettings(budget_per_layer=100, optimizer="auto", alpha=100.0, seed=0, chunk_layers=4)
     anchors = Anchors(all_swa=0.05, all_full=1.0)
     ratios = [0.25, 0.5, 0.75, 0.0]
-    free = stage3(ScoreBook(objective, SHAPE, {}), anchors, SHAPE, ratios, settings, progress=False).bits
-    kept = stage3(ScoreBook(objective, SHAPE, {}), anchors, SHAPE, ratios, settings, progress=False, pool=pool).bits
+    free = stage3(ScoreBook(objective, SHAPE, {}), anchors, SHAPE, LayerQuotas(ratios), settings, progress=False).bits
+    kept = stage3(ScoreBook(objective, SHAPE, {}), anchors, SHAPE, LayerQuotas(ratios, pool), settings, progress=False).bits
     assert free != kept  # without the pool, each layer's lightest group turns SWA first
     for layer, ratio in enumerate(ratios):
         swa = [group for group in range(4) if kept[layer][group] == 0]
