@@ -57,7 +57,7 @@ class Variant:
         stage2: runs Stages 2 and 3, so ``buckets`` and ``refine`` apply.
         chunks: its sub-problems may span ``chunk_layers`` layers.
         nested: Stages 2–3 stay within Stage 1's mask (see :meth:`SearchSettings.buckets_for`
-            and :func:`stages.stage3`'s ``pool``).
+            and :class:`stages.LayerQuotas`).
     """
 
     run: Callable[[SearchRun], StageOutcome]
