@@ -18,6 +18,11 @@ calibration's favourite mask gives up against the ratio's best. The verdict, fir
 
 * ``not solvable``: S(full) on the calibration set is below ``solvable`` (0.8): the model
   cannot do the task with every head, so the scores cannot say which heads it needs;
+* ``dev cannot judge``: on the development task full attention scores no higher than every
+  group SWA, so it does not tell masks apart either: the model fails it with every head, or
+  its scoring misses the model's answers (SmolLM2 on ``bosch_niah_dev``'s UUID format, scored
+  prefill-only: 0 for both, since the model answers ": <uuid>" and the criterion wants the
+  value as the very next tokens);
 * ``saturated``: at least ``saturated_share`` (1/4) of the ratio's masks score at or above
   S(full): the search cannot tell them apart and returns whichever it meets first;
 * ``not predictive``: Spearman < ``predictive`` (0.8), or scores that do not vary;
@@ -153,6 +158,8 @@ def summarize(
         regret = max(y) - sum(favourites) / len(favourites)  # equal favourites: the search may return any
         if full < solvable:
             verdict = "not solvable"
+        elif dev["full"] <= dev["all-swa"]:
+            verdict = "dev cannot judge"
         elif share >= saturated_share:
             verdict = "saturated"
         elif math.isnan(rho) or rho < predictive:

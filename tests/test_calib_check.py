@@ -116,6 +116,14 @@ class TestVerdicts:
         panel, calib, dev = panel_scores(lambda i: i / 400, lambda i: i / 40, full=0.05)
         assert summarize(panel, calib, dev)[0].verdict == "not solvable"
 
+    def test_a_dev_task_that_full_attention_fails_cannot_judge(self):
+        # a predictive-looking calibration, but the dev task scores full attention as every group SWA
+        panel, calib, dev = panel_scores(lambda i: i / 40, lambda i: 0.0)
+        dev["full"] = 0.0
+        assert summarize(panel, calib, dev)[0].verdict == "dev cannot judge"
+        dev["full"] = 0.01  # above the all-SWA floor: the other rules decide
+        assert summarize(panel, calib, dev)[0].verdict == "not predictive"
+
     def test_layer_drops_are_full_minus_each_probe(self):
         panel = build_panel(SHAPE, 32, [0.5], {}, random_count=2)
         scores = {"full": 0.9, "probe-L0": 0.2, "probe-L1": 0.9, "probe-L2": 0.95, "probe-L3": 0.0}
@@ -180,7 +188,7 @@ def test_calib_check_end_to_end_on_the_toy_model(tmp_path: Path, capsys: pytest.
     assert main(argv) == 0
     report = json.loads((out / "check.json").read_text())
     assert [row["ratio"] for row in report["ratios"]] == [0.5]
-    assert report["ratios"][0]["verdict"] in {"not solvable", "saturated", "predictive", "not predictive"}
+    assert report["ratios"][0]["verdict"] in {"not solvable", "dev cannot judge", "saturated", "predictive", "not predictive"}
     assert {m["name"] for m in report["masks"]} >= {"full", "all-swa", "probe-L3", "intr-r0.5", "random1-r0.5"}
     assert "Spearman calib~dev" in (out / "report.md").read_text()
     lines = (out / "scores.jsonl").read_text()
