@@ -27,6 +27,7 @@ TASK_FAMILIES = {
     "bosch_niah_calib": "the search's default calibration set: one needle, the query repeats its wording",
     "bosch_retrieval_calib": "a calibration set that needs the key to find the value (distractors, multi-key, multi-value)",
     "bosch_niah_dev": "the development split that calib-check ranks masks on (never the test set)",
+    "bosch_niah_dev_gen": "bosch_niah_dev's documents scored by generation and string match, as the test tasks are",
     "bosch_niah": "held-out needle-in-a-haystack suite, single and multi-key, scored per length",
     "bosch_longbench": "LongBench's categories over lm-eval's longbench tasks, with their weighted scores",
 }

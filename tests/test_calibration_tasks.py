@@ -137,6 +137,21 @@ class TestDevSplit:
         test_doc = eval_suite.example("bosch_niah_single_3", tokenizer, 1024, 0, eval_suite.DEFAULT_SEED)
         assert split[0]["target"] != test_doc["outputs"][0]
 
+    def test_the_generation_split_holds_the_same_documents_as_the_eval_tasks_do(self, tokenizer, tmp_path):
+        tokenizer.save_pretrained(tmp_path)
+        metadata = {"tokenizer": str(tmp_path), "dev_lengths": [512, 1024], "dev_samples": 2, "dev_variants": ["single_3", "single_1"]}
+        prefill = dev_split.dataset(**metadata)["test"]
+        generated = dev_split.generation_dataset(**metadata)["test"]
+        assert generated["variant"] == prefill["variant"] and generated["max_length"] == prefill["max_length"]
+        assert [f"{doc['input']} {doc['gen_prefix']}" for doc in generated] == prefill["input"]
+        assert [doc["outputs"][0] for doc in generated] == prefill["target"]
+        # Scored like the test tasks: a value after a colon counts, which the prefill score cannot see.
+        doc = generated[1]  # single_3: a UUID
+        assert eval_suite.process_results(doc, [f": {doc['outputs'][0]}."])["score"] == (doc["max_length"], 1.0)
+        assert eval_suite.process_results(doc, ["I do not know."])["score"] == (doc["max_length"], 0.0)
+        with pytest.raises(ValueError, match=r"^bosch_niah_dev_gen: metadata 'dev_seed' = 0 draws bosch_niah's test documents"):
+            dev_split.generation_dataset(**metadata, dev_seed=0)
+
     @pytest.mark.parametrize("value", [[], ["single_4"], "uuid", [1]])
     def test_an_unknown_variant_is_refused_naming_the_choices(self, tokenizer, tmp_path, value):
         tokenizer.save_pretrained(tmp_path)
@@ -167,7 +182,7 @@ class TestCalibrationDiagnosisVariants:
 @pytest.mark.slow  # indexes every lm-eval task (~7 s CPU)
 def test_lm_eval_finds_the_new_tasks():
     manager = TaskManager(include_path=str(TASKS_DIR))
-    assert {"bosch_retrieval_calib", "bosch_niah_dev"} <= set(manager.all_subtasks)
+    assert {"bosch_retrieval_calib", "bosch_niah_dev", "bosch_niah_dev_gen"} <= set(manager.all_subtasks)
 
 
 class TestTiebreak:

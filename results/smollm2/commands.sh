@@ -14,6 +14,7 @@
 #   check-tiebreak  the same check of bosch_niah_calib scored by acc_tiebreak -> check_tiebreak/bosch_niah_calib/
 #   check-ties  tied masks of the rho = 0.75 search and Razor's, by acc_tiebreak and on dev -> check_ties_r0.75/
 #   check-ties-long  the same masks on a larger dev draw, 48 documents per format at 1024 and at 2048 -> check_ties_r0.75_long/
+#   dev-uuid   rho = 0.75's tied masks and Razor's on the UUID format, scored by generation (bosch_niah_dev_gen) -> dev_uuid_r0.75/
 #   stage1-dev  at rho = 0.5, the paper's search's Stage-1 mask and returned mask, and the nested variant's mask (once
 #              search 0.5 has run), on check-ties-long's dev draw           -> stage1_r0.5/
 #   search R [S]  BOSCH at ratio R (0.5, 0.75, 0.875), seed S (default 0): at 0.5 the nested variant (Stages 2-3
@@ -23,7 +24,7 @@
 #   leaderboard R  its table from the runs finished so far (nothing evaluated) -> leaderboard_rR/leaderboard.md
 # On a lent GPU, gpu_session.sh runs the search and compare steps side by side.
 set -euo pipefail
-step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|stage1-dev|search RATIO [SEED]|search-paper RATIO [SEED]|compare RATIO|leaderboard RATIO}
+step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|dev-uuid|stage1-dev|search RATIO [SEED]|search-paper RATIO [SEED]|compare RATIO|leaderboard RATIO}
 R=results/smollm2
 CALIB=bosch_niah_calib  # the search's and the rankings' calibration task (README, "The calibration check with four sinks")
 RC=$R/rankings_retrieval_calib  # the six rankings on bosch_retrieval_calib, the checks' panels (before the choice)
@@ -105,6 +106,17 @@ case $step in
               --dev-metadata '{"dev_lengths": [1024, 2048], "dev_samples": 48, "dev_variants": ["single_1", "single_2"]}' \
               --ratios 0.75 --random 2 --ranking razor_niah=$R/rankings/razor.json "${masks[@]}" --dtype bfloat16 --batch-size 8 \
               --no-probes --out $R/check_ties_r0.75_long ;;
+  dev-uuid) # diagnosis, choosing nothing: does the development split see the held-out gap to Razor at rho = 0.75
+            # (on UUID values) once it draws the UUID format and scores it as the test does, by generation? Full attention,
+            # the search's mask (tied0), two more tied masks and Razor's, on 48 single_3 documents at 1024 and at 2048
+            out=$R/dev_uuid_r0.75; mkdir -p $out
+            for run in full:mask=full tied0:mask=$R/tied_r0.75/tied0.json tied1:mask=$R/tied_r0.75/tied1.json \
+                       tied2:mask=$R/tied_r0.75/tied2.json razor:ranking=$R/rankings/razor.json,ratio=0.75; do
+              [ -d "$out/${run%%:*}" ] && continue
+              lm_eval --model bosch --model_args pretrained=smollm2,${run#*:},sink=4,attn_backend=blocked,dtype=bfloat16 \
+                --device cpu --batch_size 32 --tasks bosch_niah_dev_gen --gen_kwargs max_gen_toks=64 --output_path "$out/${run%%:*}" \
+                --metadata '{"dev_lengths": [1024, 2048], "dev_samples": 48, "dev_variants": ["single_3"]}'
+            done ;;
   stage1-dev) # development split only: does the rho = 0.5 search lose on dev what its Stage 1 kept (60 SWA groups, S = 1.000
             # on the calibration set, against 0.500 for the 45-group mask returned)? Stage 1's mask is the first stage1 mask
             # of the journal with two SWA groups in every layer scored 1.000 (the one Algorithm 1 keeps)

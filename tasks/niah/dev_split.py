@@ -15,7 +15,9 @@ so the prefill score below gives it 0 there with every head full
 forward pass per example: ``acc`` is 1 when the value's tokens are the greedy continuation
 of the prompt and ``gen_prefix``, which is what greedy generation must produce first for
 RULER's ``string_match_all`` to count it (generation with 128 new tokens costs ~100 times
-more on a CPU).
+more on a CPU). ``bosch_niah_dev_gen`` holds the same documents and scores them as the test
+tasks do, by greedy generation and RULER's string match: for a model whose answers the
+prefill score misses.
 
 Metadata: ``dev_lengths`` (default: the model's ``calib_len``, else 4096), ``dev_samples``
 (documents per variant and length, default 16), ``dev_seed`` (default 1; 0 is refused),
@@ -35,6 +37,7 @@ from bosch_eval.tasks.niah import eval_suite
 from bosch_eval.tasks.niah.metadata import check_lengths, default_lengths, int_list_setting, int_setting, model_tokenizer
 
 TASK = "bosch_niah_dev"
+GENERATION_TASK = "bosch_niah_dev_gen"
 VARIANTS = ("bosch_niah_single_1", "bosch_niah_single_2", "bosch_niah_multikey_1", "bosch_niah_multikey_2")  # the default
 CHOOSABLE = tuple(eval_suite.VARIANTS)  # every bosch_niah format, the UUID ones (single_3, multikey_3) included
 TEST_SEED = eval_suite.DEFAULT_SEED
@@ -44,28 +47,43 @@ DEFAULT_SAMPLES = 16
 
 def dataset(**metadata: Any) -> dict[str, datasets.Dataset]:
     """lm-eval ``custom_dataset``: the development documents as the ``test`` split."""
-    tokenizer = model_tokenizer(metadata, TASK)
-    lengths = int_list_setting(metadata, "dev_lengths", default_lengths(metadata, "dev_lengths", (4096,), TASK), TASK)
-    check_lengths(metadata, lengths, TASK, "dev_lengths")
-    samples = int_setting(metadata, "dev_samples", DEFAULT_SAMPLES, TASK)
-    seed = int_setting(metadata, "dev_seed", DEFAULT_SEED, TASK, minimum=0)
-    if seed == TEST_SEED:
-        raise ValueError(
-            f"{TASK}: metadata 'dev_seed' = {seed} draws bosch_niah's test documents (its eval_seed {TEST_SEED}); "
-            "a development split needs another seed"
-        )
-    variants = chosen_variants(metadata.get("dev_variants"))
-    docs = []
-    for index in range(samples):
-        for length in lengths:
-            for variant in variants:
-                doc = eval_suite.example(variant, tokenizer, length, index, seed)
-                docs.append({"input": f"{doc['input']} {doc['gen_prefix']}", "target": doc["outputs"][0],
-                             "variant": variant, "max_length": length})  # fmt: skip
+    docs = [
+        {"input": f"{doc['input']} {doc['gen_prefix']}", "target": doc["outputs"][0], "variant": variant, "max_length": length}
+        for variant, length, doc in documents(metadata, TASK)
+    ]
     return {"test": datasets.Dataset.from_list(docs)}
 
 
-def chosen_variants(value: Any) -> tuple[str, ...]:
+def generation_dataset(**metadata: Any) -> dict[str, datasets.Dataset]:
+    """lm-eval ``custom_dataset`` of ``bosch_niah_dev_gen``: the same documents as the eval
+    suite's tasks hold them, for greedy generation scored by RULER's string match (the value
+    anywhere in the answer), like the test tasks: a model that answers ": <uuid>" counts."""
+    docs = [dict(doc, variant=variant) for variant, _, doc in documents(metadata, GENERATION_TASK)]
+    return {"test": datasets.Dataset.from_list(docs)}
+
+
+def documents(metadata: dict[str, Any], task: str) -> list[tuple[str, int, dict[str, Any]]]:
+    """``(variant, length, eval-suite document)`` of the development split, interleaved by index."""
+    tokenizer = model_tokenizer(metadata, task)
+    lengths = int_list_setting(metadata, "dev_lengths", default_lengths(metadata, "dev_lengths", (4096,), task), task)
+    check_lengths(metadata, lengths, task, "dev_lengths")
+    samples = int_setting(metadata, "dev_samples", DEFAULT_SAMPLES, task)
+    seed = int_setting(metadata, "dev_seed", DEFAULT_SEED, task, minimum=0)
+    if seed == TEST_SEED:
+        raise ValueError(
+            f"{task}: metadata 'dev_seed' = {seed} draws bosch_niah's test documents (its eval_seed {TEST_SEED}); "
+            "a development split needs another seed"
+        )
+    variants = chosen_variants(metadata.get("dev_variants"), task)
+    return [
+        (variant, length, eval_suite.example(variant, tokenizer, length, index, seed))
+        for index in range(samples)
+        for length in lengths
+        for variant in variants
+    ]
+
+
+def chosen_variants(value: Any, task: str = TASK) -> tuple[str, ...]:
     """``dev_variants`` (a list, or a comma-separated string, of short names) as full variant
     names in the order of :data:`CHOOSABLE`; None: :data:`VARIANTS`."""
     if value is None:
@@ -73,6 +91,6 @@ def chosen_variants(value: Any) -> tuple[str, ...]:
     short = {variant.removeprefix("bosch_niah_"): variant for variant in CHOOSABLE}
     names = value.split(",") if isinstance(value, str) else value
     if not isinstance(names, (list, tuple)) or not names or not all(isinstance(name, str) and name.strip() in short for name in names):
-        raise ValueError(f"{TASK}: metadata 'dev_variants' must list some of {sorted(short)}, got {value!r}")
+        raise ValueError(f"{task}: metadata 'dev_variants' must list some of {sorted(short)}, got {value!r}")
     wanted = {short[name.strip()] for name in names}
     return tuple(variant for variant in CHOOSABLE if variant in wanted)
