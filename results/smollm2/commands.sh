@@ -108,10 +108,10 @@ case $step in
               --no-probes --out $R/check_ties_r0.75_long ;;
   dev-uuid) # diagnosis, choosing nothing: does the development split see the held-out gap to Razor at rho = 0.75
             # (on UUID values) once it draws the UUID format and scores it as the test does, by generation? Full attention,
-            # the search's mask (tied0), two more tied masks and Razor's, on 48 single_3 documents at 1024 and at 2048
+            # the search's mask (tied0), Razor's and two more tied masks, on 48 single_3 documents at 1024 and at 2048
             out=$R/dev_uuid_r0.75; mkdir -p $out
-            for run in full:mask=full tied0:mask=$R/tied_r0.75/tied0.json tied1:mask=$R/tied_r0.75/tied1.json \
-                       tied2:mask=$R/tied_r0.75/tied2.json razor:ranking=$R/rankings/razor.json,ratio=0.75; do
+            for run in full:mask=full tied0:mask=$R/tied_r0.75/tied0.json razor:ranking=$R/rankings/razor.json,ratio=0.75 \
+                       tied1:mask=$R/tied_r0.75/tied1.json tied2:mask=$R/tied_r0.75/tied2.json; do
               [ -d "$out/${run%%:*}" ] && continue
               lm_eval --model bosch --model_args pretrained=smollm2,${run#*:},sink=4,attn_backend=blocked,dtype=bfloat16 \
                 --device cpu --batch_size 32 --tasks bosch_niah_dev_gen --gen_kwargs max_gen_toks=64 --output_path "$out/${run%%:*}" \
