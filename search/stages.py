@@ -240,12 +240,18 @@ def expected_evaluations(blocks: Sequence[tuple[int, int]], budget: int, optimiz
 
 
 def quota_blocks(groups: int, ones_per_layer: int, layers: int, quota: str) -> tuple[tuple[int, int], ...]:
-    """The blocks of a sub-problem over ``layers`` layers of ``groups`` KV groups each:
+    """The blocks of a sub-problem over ``layers`` layers of ``groups`` KV groups each
+    (:func:`pool_blocks` with equal pools)."""
+    return pool_blocks([groups] * layers, ones_per_layer, quota)
+
+
+def pool_blocks(sizes: Sequence[int], ones_per_layer: int, quota: str) -> tuple[tuple[int, int], ...]:
+    """The blocks of a sub-problem over layers that choose among ``sizes[i]`` groups each:
     one per layer (``quota="layer"``) or one for all of them (``quota="chunk"``)."""
     if quota == "layer":
-        return ((groups, ones_per_layer),) * layers
+        return tuple((size, ones_per_layer) for size in sizes)
     if quota == "chunk":
-        return ((groups * layers, ones_per_layer * layers),)
+        return ((sum(sizes), ones_per_layer * len(sizes)),)
     raise ValueError(f"quota: expected one of {list(QUOTAS)}, got {quota!r}")
 
 
@@ -351,7 +357,7 @@ def stage3(
         problems.extend((ratio, part) for part in _chunks(searched, max_layers))
     bits: Bits = tuple(tuple(row) for row in rows)
     outcome = StageOutcome(bits)
-    blocks = [_pool_blocks([len(choices[layer]) for layer in layers], quota[ratio], settings.quota) for ratio, layers in problems]
+    blocks = [pool_blocks([len(choices[layer]) for layer in layers], quota[ratio], settings.quota) for ratio, layers in problems]
     plan = [
         (expected_evaluations(b, settings.budget_per_layer * len(layers), settings.optimizer), min(layers))
         for b, (_, layers) in zip(blocks, problems, strict=True)
@@ -367,13 +373,6 @@ def stage3(
             bar.report(result)
     outcome.bits = bits
     return outcome
-
-
-def _pool_blocks(sizes: Sequence[int], ones_per_layer: int, quota: str) -> tuple[tuple[int, int], ...]:
-    """:func:`quota_blocks` for layers that each choose among ``sizes[i]`` groups."""
-    if quota == "chunk":
-        return ((sum(sizes), ones_per_layer * len(sizes)),)
-    return tuple((size, ones_per_layer) for size in sizes)
 
 
 def layer_level(
