@@ -31,8 +31,12 @@ def main(documents: int) -> None:
         with torch.no_grad():
             output = model.generate(context, max_new_tokens=len(target) + 2, do_sample=False)
         generated = output[0, context.shape[1] :].tolist()
-        show = lambda ids: " ".join(repr(tokenizer.decode([i])) for i in ids)  # noqa: E731
-        print(f"| {index} | …{doc['input'][-40:]!r} | {show(target[:4])} … | {show(generated[:5])} … |")
+        print(f"| {index} | …{doc['input'][-40:]!r} | {tokens(tokenizer, target[:4])} … | {tokens(tokenizer, generated[:5])} … |")
+
+
+def tokens(tokenizer: AutoTokenizer, ids: list[int]) -> str:
+    """Each token of ``ids`` as its quoted text."""
+    return " ".join(repr(tokenizer.decode([i])) for i in ids)
 
 
 if __name__ == "__main__":
