@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import yaml
 from lm_eval.tasks import TaskManager
 
 from bosch_eval.models.random_model import train_tokenizer
@@ -173,6 +174,24 @@ class TestCalibrationDiagnosisVariants:
             assert len({key for key, _ in needles}) == 4 and (doc["key"], doc["target"]) in needles
             assert doc["input"].endswith(calibration.PLAIN_QUERY.format(key=doc["key"]))
 
+    def test_uuid_values_replace_the_digits_and_nothing_else_changes_by_default(self, tokenizer):
+        digits = calibration.examples.__wrapped__(tokenizer, 1024, 4, 0)
+        assert digits == calibration.examples.__wrapped__(tokenizer, 1024, 4, 0, "repeat", 0, "digits")
+        uuids = calibration.examples.__wrapped__(tokenizer, 1024, 4, 0, "repeat", 2, "uuid")
+        hexes = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+        for doc in uuids:
+            needles = re.findall(rf"The vault code of (\w+ \w+) is ({hexes})\.", doc["input"])
+            assert len(needles) == 3 and (doc["key"], doc["target"]) in needles
+            assert re.fullmatch(hexes, doc["target"]) and doc["length"] <= 1024
+            assert doc["input"].endswith(calibration.QUERY.format(key=doc["key"]))
+        assert len({doc["target"] for doc in uuids}) == 4
+        assert not {doc["target"] for doc in uuids} & {doc["target"] for doc in digits}
+
+    def test_unknown_values_are_refused(self, tokenizer, tmp_path):
+        tokenizer.save_pretrained(tmp_path)
+        with pytest.raises(ValueError, match=r"bosch_niah_calib: metadata 'calib_values' must be one of \['digits', 'uuid'\]"):
+            calibration.dataset(tokenizer=str(tmp_path), seq_len=1024, num_examples=1, calib_values="hex")
+
     def test_an_unknown_query_style_is_refused(self, tokenizer, tmp_path):
         tokenizer.save_pretrained(tmp_path)
         with pytest.raises(ValueError, match=r"bosch_niah_calib: metadata 'calib_query' must be one of \['plain', 'repeat'\]"):
@@ -182,7 +201,7 @@ class TestCalibrationDiagnosisVariants:
 @pytest.mark.slow  # indexes every lm-eval task (~7 s CPU)
 def test_lm_eval_finds_the_new_tasks():
     manager = TaskManager(include_path=str(TASKS_DIR))
-    assert {"bosch_retrieval_calib", "bosch_niah_dev", "bosch_niah_dev_gen"} <= set(manager.all_subtasks)
+    assert {"bosch_retrieval_calib", "bosch_niah_calib_uuid", "bosch_niah_dev", "bosch_niah_dev_gen"} <= set(manager.all_subtasks)
 
 
 class TestTiebreak:
@@ -220,7 +239,31 @@ def test_the_calibration_set_registry_names_each_modules_task():
 
     from bosch_eval.tasks.niah.calibration_sets import CALIBRATION_SETS, calibration_examples
 
-    for task, module in CALIBRATION_SETS.items():
-        assert importlib.import_module(f"bosch_eval.tasks.niah.{module}").TASK == task
-    with pytest.raises(ValueError, match=r"calibration task 'bosch_niah': expected one of \['bosch_niah_calib', 'bosch_retrieval_calib'\]"):
+    for task, (module, options) in CALIBRATION_SETS.items():
+        config = yaml.load((TASKS_DIR / "niah" / f"{task}.yaml").read_text(), Loader=_IgnoreTags)
+        assert config["task"] == task
+        if options:  # a variant: its YAML includes the module's task and sets the options in its metadata
+            assert config["include"] == f"{importlib.import_module(f'bosch_eval.tasks.niah.{module}').TASK}.yaml"
+            assert {f"calib_{key}": value for key, value in options.items()}.items() <= config["metadata"].items()
+        else:
+            assert importlib.import_module(f"bosch_eval.tasks.niah.{module}").TASK == task
+    names = r"\['bosch_niah_calib', 'bosch_niah_calib_uuid', 'bosch_retrieval_calib'\]"
+    with pytest.raises(ValueError, match=rf"calibration task 'bosch_niah': expected one of {names}"):
         calibration_examples("bosch_niah", None, 1024, 1, 0)
+
+
+def test_the_uuid_calibration_task_is_the_uuid_values_of_the_calibration_set(tokenizer, tmp_path):
+    from bosch_eval.tasks.niah.calibration_sets import calibration_examples
+
+    tokenizer.save_pretrained(tmp_path)
+    docs = calibration_examples("bosch_niah_calib_uuid", tokenizer, 1024, 3, 0)
+    assert docs == calibration.examples.__wrapped__(tokenizer, 1024, 3, 0, values="uuid")
+    built = calibration.dataset(tokenizer=str(tmp_path), seq_len=1024, num_examples=3, calib_values="uuid")["test"]
+    assert [doc["target"] for doc in built] == [doc["target"] for doc in docs]
+
+
+class _IgnoreTags(yaml.SafeLoader):
+    """Reads a task YAML without resolving lm-eval's ``!function`` tags."""
+
+
+_IgnoreTags.add_constructor(None, lambda loader, node: None)

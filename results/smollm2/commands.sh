@@ -15,6 +15,8 @@
 #   check-ties  tied masks of the rho = 0.75 search and Razor's, by acc_tiebreak and on dev -> check_ties_r0.75/
 #   check-ties-long  the same masks on a larger dev draw, 48 documents per format at 1024 and at 2048 -> check_ties_r0.75_long/
 #   dev-uuid   rho = 0.75's tied masks and Razor's on the UUID format, scored by generation (bosch_niah_dev_gen) -> dev_uuid_r0.75/
+#   uuid-calib-dev  the same masks on bosch_niah_calib_uuid's development draw (calib_seed 1), prefill-scored
+#              as a calibration set is                                     -> uuid_calib_dev/
 #   stage1-dev  at rho = 0.5, the paper's search's Stage-1 mask and returned mask, and the nested variant's mask (once
 #              search 0.5 has run), on check-ties-long's dev draw           -> stage1_r0.5/
 #   search R [S]  BOSCH at ratio R (0.5, 0.75, 0.875), seed S (default 0): at 0.5 the nested variant (Stages 2-3
@@ -24,7 +26,7 @@
 #   leaderboard R  its table from the runs finished so far (nothing evaluated) -> leaderboard_rR/leaderboard.md
 # On a lent GPU, gpu_session.sh runs the search and compare steps side by side.
 set -euo pipefail
-step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|dev-uuid|stage1-dev|search RATIO [SEED]|search-paper RATIO [SEED]|compare RATIO|leaderboard RATIO}
+step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|dev-uuid|uuid-calib-dev|stage1-dev|search RATIO [SEED]|search-paper RATIO [SEED]|compare RATIO|leaderboard RATIO}
 R=results/smollm2
 CALIB=bosch_niah_calib  # the search's and the rankings' calibration task (README, "The calibration check with four sinks")
 RC=$R/rankings_retrieval_calib  # the six rankings on bosch_retrieval_calib, the checks' panels (before the choice)
@@ -116,6 +118,18 @@ case $step in
               lm_eval --model bosch --model_args pretrained=smollm2,${run#*:},sink=4,attn_backend=blocked,dtype=bfloat16 \
                 --device cpu --batch_size 32 --tasks bosch_niah_dev_gen --gen_kwargs max_gen_toks=64 --output_path "$out/${run%%:*}" \
                 --metadata '{"dev_lengths": [1024, 2048], "dev_samples": 48, "dev_variants": ["single_3"]}'
+            done ;;
+  uuid-calib-dev) # diagnosis, choosing nothing: does a calibration set with UUID values (bosch_niah_calib_uuid) tell
+            # apart the masks that bosch_niah_calib ties at 1.000, in dev-uuid's order? Its development draw (calib_seed 1),
+            # 64 x 1024 as the search's set; fp32, not the study's bf16: the 2 cores of this run (AMD EPYC, AVX2, no AMX)
+            # ran a bf16 matmul 220 times slower than fp32
+            out=$R/uuid_calib_dev; mkdir -p $out
+            for run in full:mask=full tied0:mask=$R/tied_r0.75/tied0.json razor:ranking=$R/rankings/razor.json,ratio=0.75 \
+                       tied1:mask=$R/tied_r0.75/tied1.json tied2:mask=$R/tied_r0.75/tied2.json swa:layers=intr,ratio=1; do
+              [ -d "$out/${run%%:*}" ] && continue
+              lm_eval --model bosch --model_args pretrained=smollm2,${run#*:},sink=4,attn_backend=blocked --device cpu \
+                --batch_size 8 --tasks bosch_niah_calib_uuid --output_path "$out/${run%%:*}" --log_samples \
+                --metadata '{"calib_seed": 1, "seq_len": 1024, "num_examples": 64}'
             done ;;
   stage1-dev) # development split only: does the rho = 0.5 search lose on dev what its Stage 1 kept (60 SWA groups, S = 1.000
             # on the calibration set, against 0.500 for the 45-group mask returned)? Stage 1's mask is the first stage1 mask

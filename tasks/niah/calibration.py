@@ -19,7 +19,11 @@ Metadata (``--metadata`` JSON, or ``TaskManager(metadata=...)``):
 * ``calib_query`` (default ``repeat``) and ``calib_distractors`` (default 0): diagnosis
   variants (issue 29, ``results/calibration``). ``plain`` ends the query with "Reply: The
   code is" instead of repeating the needle's wording; ``calib_distractors`` adds that many
-  needles with other keys and values. The defaults are the calibration set as it was.
+  needles with other keys and values. The defaults are the calibration set as it was;
+* ``calib_values`` (default ``digits``): ``uuid`` makes every value a random 128-bit code
+  written as a UUID (8-4-4-4-12 hex digits) instead of 6 digits. The answer is then about
+  25 tokens to copy where 6 digits are two or three, a skill the digit values cannot
+  measure (results/smollm2: masks that tie at 1.000 on digits differ on UUID values).
 
 Nothing is shared with the eval suite (``eval_suite.py``, RULER's format): other keys
 (made-up names, not adjective-noun pairs), other values (6 digits, not 7), other
@@ -29,6 +33,7 @@ phrasing and another haystack vocabulary (``words.py``).
 from __future__ import annotations
 
 import random
+import uuid
 from functools import cache
 from typing import Any
 
@@ -49,6 +54,7 @@ NEEDLE = "The vault code of {key} is {value}."
 QUERY = "Query: which vault code belongs to {key}?\nReply: The vault code of {key} is"
 PLAIN_QUERY = "Query: which vault code belongs to {key}?\nReply: The code is"
 QUERIES = {"repeat": QUERY, "plain": PLAIN_QUERY}
+VALUES = ("digits", "uuid")
 
 _LEDGER = (
     "At {time} the {vessel} weighed anchor at {port} laden with {cargo}.",
@@ -68,24 +74,40 @@ def dataset(**metadata: Any) -> dict[str, datasets.Dataset]:
         **calibration_settings(metadata, TASK),
         query=_query_setting(metadata),
         distractors=int_setting(metadata, "calib_distractors", 0, TASK, minimum=0),
+        values=_values_setting(metadata),
     )
     return {"test": datasets.Dataset.from_list(list(docs))}
 
 
 @cache
 def examples(
-    tokenizer: PreTrainedTokenizerBase, seq_len: int, num_examples: int, seed: int, query: str = "repeat", distractors: int = 0
+    tokenizer: PreTrainedTokenizerBase,
+    seq_len: int,
+    num_examples: int,
+    seed: int,
+    query: str = "repeat",
+    distractors: int = 0,
+    values: str = "digits",
 ) -> tuple[dict[str, Any], ...]:
     """All examples, cached: the search rebuilds the task for each of its thousands of S(z) calls."""
-    return tuple(_example(tokenizer, seq_len, index, num_examples, seed, query, distractors) for index in range(num_examples))
+    return tuple(
+        _example(tokenizer, seq_len, index, num_examples, seed, query, distractors, values) for index in range(num_examples)
+    )
 
 
 def _example(
-    tokenizer: PreTrainedTokenizerBase, seq_len: int, index: int, num_examples: int, seed: int, query: str, distractors: int
+    tokenizer: PreTrainedTokenizerBase,
+    seq_len: int,
+    index: int,
+    num_examples: int,
+    seed: int,
+    query: str,
+    distractors: int,
+    values: str,
 ) -> dict[str, Any]:
-    rng = random.Random(f"{TASK}/{seed}/{seq_len}/{index}")
+    rng = random.Random(f"{TASK}/{seed}/{seq_len}/{index}" + ("" if values == "digits" else f"/{values}"))
     key = f"{rng.choice(words.CALIB_GIVEN_NAMES)} {rng.choice(words.CALIB_FAMILY_NAMES)}"
-    value = str(rng.randint(100_000, 999_999))
+    value = _value(rng, values)
     depth = (index + rng.random()) / num_examples  # stratified: every depth band gets its examples
     needles, depths = [NEEDLE.format(key=key, value=value)], [depth]
     others: set[str] = {key}
@@ -93,7 +115,7 @@ def _example(
         other = f"{rng.choice(words.CALIB_GIVEN_NAMES)} {rng.choice(words.CALIB_FAMILY_NAMES)}"
         if other not in others:
             others.add(other)
-            needles.append(NEEDLE.format(key=other, value=rng.randint(100_000, 999_999)))
+            needles.append(NEEDLE.format(key=other, value=_value(rng, values)))
             depths.append(rng.random())
     haystack = Haystack.grow(lambda: ledger_sentence(rng), tokenizer, seq_len, split_words=True)
 
@@ -111,6 +133,20 @@ def _query_setting(metadata: dict[str, Any]) -> str:
     if query not in QUERIES:
         raise ValueError(f"{TASK}: metadata 'calib_query' must be one of {sorted(QUERIES)}, got {query!r}")
     return query
+
+
+def _values_setting(metadata: dict[str, Any]) -> str:
+    values = metadata.get("calib_values", "digits")
+    if values not in VALUES:
+        raise ValueError(f"{TASK}: metadata 'calib_values' must be one of {list(VALUES)}, got {values!r}")
+    return values
+
+
+def _value(rng: random.Random, values: str) -> str:
+    """A needle's value: 6 digits (the eval suite's are 7), or 128 random bits in UUID layout."""
+    if values == "uuid":
+        return str(uuid.UUID(int=rng.getrandbits(128)))
+    return str(rng.randint(100_000, 999_999))
 
 
 def ledger_sentence(rng: random.Random) -> str:

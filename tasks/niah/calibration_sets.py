@@ -9,7 +9,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-CALIBRATION_SETS = {"bosch_niah_calib": "calibration", "bosch_retrieval_calib": "retrieval_calib"}  # task -> module
+# task -> (module, keyword arguments of its ``examples`` that the task's YAML metadata sets)
+CALIBRATION_SETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "bosch_niah_calib": ("calibration", {}),
+    "bosch_niah_calib_uuid": ("calibration", {"values": "uuid"}),
+    "bosch_retrieval_calib": ("retrieval_calib", {}),
+}
 DEFAULT_CALIBRATION = "bosch_niah_calib"
 
 
@@ -21,5 +26,6 @@ def calibration_examples(task: str, tokenizer: Any, seq_len: int, num_examples: 
     """
     if task not in CALIBRATION_SETS:
         raise ValueError(f"calibration task {task!r}: expected one of {sorted(CALIBRATION_SETS)}")
-    module = importlib.import_module(f"bosch_eval.tasks.niah.{CALIBRATION_SETS[task]}")
-    return module.examples(tokenizer, seq_len=seq_len, num_examples=num_examples, seed=seed)
+    module, options = CALIBRATION_SETS[task]
+    examples = importlib.import_module(f"bosch_eval.tasks.niah.{module}").examples
+    return examples(tokenizer, seq_len=seq_len, num_examples=num_examples, seed=seed, **options)
