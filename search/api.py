@@ -33,7 +33,7 @@ from bosch_eval.runtime.outdir_lock import OutputLock
 from bosch_eval.runtime.previous_results import keep_aside
 from bosch_eval.runtime.versions import versions
 from bosch_eval.search.defaults import DEFAULT_CALIB_LEN, DEFAULT_CALIB_TASK, DEFAULT_PREFIX_CACHE_MB
-from bosch_eval.search.journal import Journal, JournalError
+from bosch_eval.search.journal import Journal, JournalError, mask_key
 from bosch_eval.search.journal_header import refuse_other_settings
 from bosch_eval.search.objective import CalibrationObjective
 from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
@@ -41,6 +41,7 @@ from bosch_eval.search.pipeline import Resumed, SearchResult, SearchSettings, ru
 from bosch_eval.search.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound
 from bosch_eval.search.report import render_report
 from bosch_eval.search.score_book import ScoreBook
+from bosch_eval.search.tie_break import TieBreak, TieBreakFile, best_key, break_ties, tie_key_bits
 from bosch_eval.search.scoring import Anchors, SearchError
 
 log = logging.getLogger("bosch_eval.search")
@@ -146,6 +147,8 @@ def search_model(
                 higher_is_better=objective.higher_is_better,
                 racing=racing,
             )
+            if calibration.tie_break_tasks:
+                result.tie_break = _break_ties(result, objective, calibration.tie_break_tasks, out, header, state.is_main_process, progress)
         result.work = objective.work()
         if state.is_main_process:
             result.wall_s += journal.prior_wall_s if journal is not None else 0.0  # earlier runs of a resumed search
@@ -162,6 +165,33 @@ def search_model(
         if lock is not None:
             lock.release()
     return result
+
+
+def _break_ties(
+    result: SearchResult,
+    objective: CalibrationObjective,
+    tasks: tuple[str, ...],
+    out: Path,
+    header: Mapping[str, Any],
+    main_process: bool,
+    progress: bool,
+) -> TieBreak:
+    """Score the found mask and the masks tied with it on ``tasks`` (the same model, metric and
+    task metadata as ``objective``) and put the best into ``result.mask``. Every process reads
+    ``tiebreak.jsonl`` before the first (collective) call, after which only the main one appends."""
+    objective.vary_layers_from(None)  # the candidates differ anywhere
+    chooser = CalibrationObjective(
+        objective.lm, tasks, include_path=objective.include_path, metadata=objective.metadata, metric=objective.metric, limit=objective.limit
+    )
+    record = TieBreakFile(out, {"objective": chooser.describe(), "journal": header}, write=main_process)
+    found = mask_key(result.mask.bits)
+    ties = result.ties.keys if result.ties is not None else ()
+    scores = break_ties((found, *ties), chooser, objective.shape.num_heads, record.scores, on_score=record.append, progress=progress)
+    tie_break = TieBreak(tasks, scores, best_key(scores, chooser.higher_is_better))
+    log.info("search: tie-break on %s: %s", ", ".join(tasks), tie_break.message())
+    if tie_break.chosen != found:
+        result.mask = HeadMask(tie_key_bits(tie_break.chosen), objective.shape.num_heads, method=result.mask.method)
+    return tie_break
 
 
 def journal_header(

@@ -35,6 +35,8 @@ class CalibrationSettings:
         ignore_max_positions: the config understates the model's context (rope scaling):
             the tasks may build inputs past ``max_position_embeddings`` and the adapter
             does not truncate them to it.
+        tie_break_tasks: task(s) that order the masks ``tasks`` ties with the found one, under
+            the same metric and metadata (:mod:`bosch_eval.search.tie_break`); () for none.
     """
 
     tasks: tuple[str, ...] = DEFAULT_TASKS
@@ -46,11 +48,12 @@ class CalibrationSettings:
     limit: int | float | None = None
     metadata: Mapping[str, Any] | None = None
     ignore_max_positions: bool = False
+    tie_break_tasks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if isinstance(self.tasks, str):  # one name, not its letters
-            object.__setattr__(self, "tasks", (self.tasks,))
-        object.__setattr__(self, "tasks", tuple(self.tasks))
+        for name in ("tasks", "tie_break_tasks"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))  # one name, not its letters
         if self.include_path is not None:
             object.__setattr__(self, "include_path", str(self.include_path))
 

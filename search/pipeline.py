@@ -29,6 +29,7 @@ from bosch_eval.runtime.registry import Registry
 from bosch_eval.search.journal import Journal, mask_key
 from bosch_eval.search.optimizers import NOMAD_MAX_VARIABLES, optimizer_methods
 from bosch_eval.search.saturation import TopTies, stage1_saturation, top_ties
+from bosch_eval.search.tie_break import TieBreak
 from bosch_eval.search.score_book import Bits, ScoreBook
 from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, SearchError
 from bosch_eval.search.stage2 import Stage2Result, assign_layer_ratios, default_buckets
@@ -174,6 +175,7 @@ class SearchResult:
     work: dict[str, float] = field(default_factory=dict)  # the objective's own counts (CalibrationObjective.work)
     costs: dict[str, dict[str, float]] = field(default_factory=dict)  # per stage: calls, pruned, seconds (this run)
     ties: TopTies | None = None  # masks of the found ratio at the found S (None until the search ends)
+    tie_break: TieBreak | None = None  # how --tie-break-tasks ordered them (None: not asked)
 
     def provenance(self) -> dict[str, Any]:
         """The mask file's ``provenance`` block (paper quantities, settings, cost)."""
@@ -210,6 +212,7 @@ class SearchResult:
             "work": self.work,
             "costs": self.costs,
             "ties": None if self.ties is None else {"scored": self.ties.scored, "may_tie": self.ties.may_tie},
+            "tie_break": None if self.tie_break is None else self.tie_break.to_json(),
             "wall_s": round(self.wall_s, 2),
         }
 

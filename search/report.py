@@ -8,6 +8,7 @@ from typing import Any
 from bosch_eval.search.cost import estimate_calls, render_cost
 from bosch_eval.search.pipeline import SearchResult
 from bosch_eval.search.saturation import TopTies, stage1_saturation
+from bosch_eval.search.tie_break import TIE_BREAK_FILE
 
 
 def render_report(result: SearchResult, model: str, window: int, calibration: Mapping[str, Any]) -> str:
@@ -52,6 +53,11 @@ def render_report(result: SearchResult, model: str, window: int, calibration: Ma
         *(
             [f"| masks the calibration set cannot tell from the found one (as many SWA groups, the same S) | {_ties(result.ties)} |"]
             if result.ties is not None
+            else []
+        ),
+        *(
+            [f"| tie-break on {', '.join(result.tie_break.tasks)} ({TIE_BREAK_FILE}) | {result.tie_break.message()} |"]
+            if result.tie_break is not None
             else []
         ),
         # wall_s counts every run of a resumed journal (search/api.py adds the earlier runs')

@@ -54,13 +54,18 @@ class TopTies:
     """Masks the calibration set cannot tell from the one a search returns.
 
     Attributes:
-        scored: other distinct masks with as many SWA groups and the same S, scored to the end.
+        keys: other distinct masks with as many SWA groups and the same S, scored to the end
+            (journal keys, sorted: the same order however often the search was resumed).
         may_tie: masks racing stopped early whose bound equals that S: they could at best tie,
             so how many of them do is not known.
     """
 
-    scored: int
+    keys: tuple[str, ...]
     may_tie: int
+
+    @property
+    def scored(self) -> int:
+        return len(self.keys)
 
     def message(self) -> str:
         head = f"{self.scored} other mask(s) with as many SWA groups reach the same S"
@@ -71,7 +76,8 @@ class TopTies:
         return (
             f"{head}: the calibration set cannot tell them apart and the search returns the first it met; "
             "a held-out task may not score them alike. Check the calibration set with `bosch-eval calib-check`; "
-            "a metric that orders equal accuracies (`--calib-metric acc_tiebreak`) is a choice for a development split"
+            "a metric that orders equal accuracies (`--calib-metric acc_tiebreak`) or tasks that score the tied masks "
+            "(`--tie-break-tasks`) are choices for a development split"
         )
 
 
@@ -84,6 +90,6 @@ def top_ties(scores: Mapping[str, float], bounds: Mapping[str, float], found_key
     def same_ratio(key: str) -> bool:
         return key != found_key and key.count("0") == swa_groups
 
-    scored = sum(1 for key, score in scores.items() if same_ratio(key) and score == found_score)
+    tied = tuple(sorted(key for key, score in scores.items() if same_ratio(key) and score == found_score))
     may_tie = sum(1 for key, bound in bounds.items() if same_ratio(key) and bound == found_score)
-    return TopTies(scored, may_tie)
+    return TopTies(tied, may_tie)

@@ -86,6 +86,11 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calib-tasks", nargs="+", default=[DEFAULT_CALIB_TASK], help="lm-eval task(s) or group(s) scored as S(z)")
     parser.add_argument("--include-path", help="extra lm-eval task directory for --calib-tasks")
     parser.add_argument("--calib-metric", default="acc", help="metric of the calibration tasks (default acc)")
+    parser.add_argument(
+        "--tie-break-tasks", nargs="+", default=[], metavar="TASK",
+        help="after the search, score the found mask and the masks the calibration tasks tie with it on these "
+        "task(s) (same metric and metadata) and return the best; a deviation from the paper (docs/search.md)",
+    )  # fmt: skip
     parser.add_argument("--calib-examples", type=int, help="bosch_niah_calib examples (default 64)")
     parser.add_argument(
         "--calib-len", type=int, help="bosch_niah_calib length in tokens (default: the model's bosch_defaults.json, else 32768)"
@@ -193,6 +198,7 @@ def run_settings(args: argparse.Namespace, model_args: dict[str, Any]) -> tuple[
         length=args.calib_len,
         seed=args.calib_seed,
         ignore_max_positions=args.ignore_max_positions,
+        tie_break_tasks=tuple(args.tie_break_tasks),
     )
     load = LoadSettings(
         window=args.window,

@@ -93,7 +93,7 @@ def test_top_ties_counts_other_masks_of_the_found_ratio_at_its_score():
     }
     bounds = {"01/01": 1.0, "10/01": 0.75, "00/00": 1.0}  # stopped early: could at best reach 1.0 / 0.75 / 1.0
     ties = top_ties(scores, bounds, "11/00", 1.0)
-    assert (ties.scored, ties.may_tie) == (2, 1)
+    assert (ties.scored, ties.may_tie, ties.keys) == (2, 1, ("00/11", "10/10"))
     assert ties.message().startswith(
         "2 other mask(s) with as many SWA groups reach the same S (and 1 stopped early by racing could at best tie): "
         "the calibration set cannot tell them apart"

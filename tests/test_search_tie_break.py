@@ -1,0 +1,133 @@
+"""``--tie-break-tasks``: the masks the calibration ties with the found one, ordered by other
+tasks. The choice is checked on a planted objective whose tie-break optimum is known; the
+file that makes it resumable, and the command line end to end on a tiny checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bosch_eval.cli import main
+from bosch_eval.masks.head_mask import HeadMask, ModelShape
+from bosch_eval.search.journal import mask_key
+from bosch_eval.search.pipeline import SearchSettings, run_search
+from bosch_eval.search.scoring import SearchError
+from bosch_eval.search.tie_break import TIE_BREAK_FILE, TieBreak, TieBreakFile, best_key, break_ties, tie_key_bits
+from tests.helpers import DOT_TASK, search_args, write_tasks
+
+SHAPE = ModelShape(num_layers=4, num_heads=3, num_kv_heads=3)
+
+
+def saturated(mask: HeadMask) -> float:
+    """S drops by 0.25 per layer with all three groups SWA; two of three lose nothing, so many masks tie."""
+    return 1.0 - 0.25 * sum(row.count(0) == 3 for row in mask.bits)
+
+
+def prefers_high_groups(mask: HeadMask) -> float:
+    """A second task with one best mask among any set: full groups weigh 2^(layer·G + group)."""
+    return sum(2.0 ** (layer * 3 + group) for layer, row in enumerate(mask.bits) for group, bit in enumerate(row) if bit)
+
+
+def test_the_tie_break_returns_the_tied_mask_the_second_task_scores_best():
+    asked: dict[str, float] = {}
+
+    def score(mask: HeadMask) -> float:
+        asked[mask_key(mask.bits)] = saturated(mask)
+        return asked[mask_key(mask.bits)]
+
+    result = run_search(score, SHAPE, SearchSettings(ratio=0.5, budget_per_layer=8, buckets=(0.0, 2 / 3)), progress=False)
+    found = mask_key(result.mask.bits)
+    assert result.ties is not None and result.ties.scored > 1
+    tied = {key for key, s in asked.items() if s == result.score and key.count("0") == found.count("0")}
+    assert set(result.ties.keys) == tied - {found}
+
+    calls: list[str] = []
+    written: list[tuple[str, float]] = []
+
+    def second(mask: HeadMask) -> float:
+        calls.append(mask_key(mask.bits))
+        return prefers_high_groups(mask)
+
+    candidates = (found, *result.ties.keys)
+    known = {result.ties.keys[0]: prefers_high_groups(HeadMask(tie_key_bits(result.ties.keys[0]), 3))}
+    scores = break_ties(candidates, second, 3, known, on_score=lambda key, s: written.append((key, s)))
+    assert list(scores) == list(candidates) and calls == [key for key in candidates if key not in known]
+    assert written == [(key, scores[key]) for key in calls]
+    chosen = best_key(scores)
+    assert chosen == max(tied, key=lambda key: prefers_high_groups(HeadMask(tie_key_bits(key), 3)))
+    assert saturated(HeadMask(tie_key_bits(chosen), 3)) == result.score and chosen.count("0") == found.count("0")
+
+
+def test_the_found_mask_wins_a_second_tie_and_lower_can_be_better():
+    assert best_key({"11/00": 0.5, "00/11": 0.5, "10/01": 0.25}) == "11/00"
+    assert best_key({"11/00": 0.5, "00/11": 0.5, "10/01": 0.25}, higher_is_better=False) == "10/01"
+    tie_break = TieBreak(("second",), {"11/00": 0.5, "00/11": 0.75}, "00/11")
+    assert tie_break.found == "11/00" and tie_break.to_json() == {
+        "tasks": ["second"], "candidates": 2, "found_mask": "11/00", "found_score": 0.5, "chosen_score": 0.75, "file": TIE_BREAK_FILE,
+    }  # fmt: skip
+    assert tie_break.message() == "another of the 2 masks at the search's S is returned: 0.7500 against the found mask's 0.5000"
+    assert tie_key_bits("110/001") == ((1, 1, 0), (0, 0, 1)) and mask_key(tie_key_bits("110/001")) == "110/001"
+
+
+class TestTieBreakFile:
+    def test_scores_are_kept_and_read_back(self, tmp_path: Path):
+        record = TieBreakFile(tmp_path, {"tasks": ["second"]}, write=True)
+        record.append("11/00", 0.5)
+        record.append("00/11", 0.75)
+        assert TieBreakFile(tmp_path, {"tasks": ["second"]}, write=True).scores == {"11/00": 0.5, "00/11": 0.75}
+
+    def test_a_file_made_under_another_objective_is_refused_naming_it(self, tmp_path: Path):
+        TieBreakFile(tmp_path, {"tasks": ["second"]}, write=True).append("11/00", 0.5)
+        with pytest.raises(SearchError, match=rf"{TIE_BREAK_FILE}: its tie-break scores were made under other settings"):
+            TieBreakFile(tmp_path, {"tasks": ["third"]}, write=True)
+
+    def test_a_line_cut_short_by_a_kill_is_dropped_and_the_file_goes_on(self, tmp_path: Path):
+        record = TieBreakFile(tmp_path, {"tasks": ["second"]}, write=True)
+        record.append("11/00", 0.5)
+        with (tmp_path / TIE_BREAK_FILE).open("a") as handle:
+            handle.write('{"key": "00/1')
+        again = TieBreakFile(tmp_path, {"tasks": ["second"]}, write=True)
+        assert again.scores == {"11/00": 0.5}
+        again.append("00/11", 0.75)
+        assert TieBreakFile(tmp_path, {"tasks": ["second"]}, write=True).scores == {"11/00": 0.5, "00/11": 0.75}
+
+    def test_a_broken_line_before_the_last_is_an_error(self, tmp_path: Path):
+        TieBreakFile(tmp_path, {"tasks": ["second"]}, write=True).append("11/00", 0.5)
+        path = tmp_path / TIE_BREAK_FILE
+        path.write_text(path.read_text() + "not json\n" + json.dumps({"key": "00/11", "score": 0.75}) + "\n")
+        with pytest.raises(SearchError, match=rf"{TIE_BREAK_FILE}, line 3: expected"):
+            TieBreakFile(tmp_path, {"tasks": ["second"]}, write=True)
+
+    def test_only_the_main_process_writes(self, tmp_path: Path):
+        record = TieBreakFile(tmp_path, {"tasks": ["second"]}, write=False)
+        record.append("11/00", 0.5)
+        assert not (tmp_path / TIE_BREAK_FILE).exists()
+
+
+@pytest.mark.slow  # a search on a tiny checkpoint (~20 s)
+def test_a_finished_search_resumed_with_tie_break_tasks_scores_only_its_candidates(tiny_model_dir: Path, tmp_path: Path):
+    """The tiny model's perplexities never tie, so the only candidate is the found mask: it is
+    scored once on the second task, recorded in mask.json, report.md and tiebreak.jsonl, and a
+    second resume scores nothing."""
+    task_dir = write_tasks(tmp_path / "tasks")
+    out = tmp_path / "run"
+    assert main(search_args(tiny_model_dir, task_dir, out)) == 0
+    found = HeadMask.load(out / "mask.json").bits
+    journal = (out / "journal.jsonl").read_text()
+    assert main(search_args(tiny_model_dir, task_dir, out, "--resume", "--tie-break-tasks", DOT_TASK)) == 0
+    assert (out / "journal.jsonl").read_text() == journal  # the search itself scored nothing
+    lines = (out / TIE_BREAK_FILE).read_text().splitlines()
+    header, records = json.loads(lines[0])["header"], [json.loads(line) for line in lines[1:]]
+    assert header["objective"]["tasks"] == [DOT_TASK] and [r["key"] for r in records] == [mask_key(found)]
+    provenance = json.loads((out / "mask.json").read_text())["provenance"]
+    assert provenance["tie_break"] == {
+        "tasks": [DOT_TASK], "candidates": 1, "found_mask": mask_key(found), "found_score": records[0]["score"],
+        "chosen_score": records[0]["score"], "file": TIE_BREAK_FILE,
+    }  # fmt: skip
+    assert HeadMask.load(out / "mask.json").bits == found
+    assert f"| tie-break on {DOT_TASK} ({TIE_BREAK_FILE}) | the found mask stays" in (out / "report.md").read_text()
+    kept = (out / TIE_BREAK_FILE).read_text()
+    assert main(search_args(tiny_model_dir, task_dir, out, "--resume", "--tie-break-tasks", DOT_TASK)) == 0
+    assert (out / TIE_BREAK_FILE).read_text() == kept
