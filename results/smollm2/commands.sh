@@ -19,6 +19,9 @@
 #              as a calibration set is                                     -> uuid_calib_dev/
 #   stage1-dev  at rho = 0.5, the paper's search's Stage-1 mask and returned mask, and the nested variant's mask (once
 #              search 0.5 has run), on check-ties-long's dev draw           -> stage1_r0.5/
+#   tie-break R  search/bosch-rR's masks tied at its S, ordered by bosch_niah_calib_uuid (--tie-break-tasks) -> search/bosch-uuidtie-rR/
+#   dev-tiebreak R  the rule that adopts it or not: it and bosch-rR's mask on dev-uuid's and check-ties-long's
+#              development draws, per-document samples                   -> dev_tiebreak_rR/
 #   search R [S]  BOSCH at ratio R (0.5, 0.75, 0.875), seed S (default 0): at 0.5 the nested variant (Stages 2-3
 #              within Stage 1's mask), chosen on the dev split               -> search/bosch-rR[-sS]/
 #   search-paper R [S]  the paper's Stages 2-3 at ratio R (0.5: where the study chose nested) -> search/bosch-paper-rR[-sS]/
@@ -26,7 +29,7 @@
 #   leaderboard R  its table from the runs finished so far (nothing evaluated) -> leaderboard_rR/leaderboard.md
 # On a lent GPU, gpu_session.sh runs the search and compare steps side by side.
 set -euo pipefail
-step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|dev-uuid|uuid-calib-dev|stage1-dev|search RATIO [SEED]|search-paper RATIO [SEED]|compare RATIO|leaderboard RATIO}
+step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|dev-uuid|uuid-calib-dev|stage1-dev|tie-break RATIO|dev-tiebreak RATIO|search RATIO [SEED]|search-paper RATIO [SEED]|compare RATIO|leaderboard RATIO}
 R=results/smollm2
 CALIB=bosch_niah_calib  # the search's and the rankings' calibration task (README, "The calibration check with four sinks")
 RC=$R/rankings_retrieval_calib  # the six rankings on bosch_retrieval_calib, the checks' panels (before the choice)
@@ -154,6 +157,29 @@ sys.exit('no Stage-1 mask at S = 1.000 in the journal')"
                 --device cpu --batch_size 8 --tasks bosch_niah_dev --output_path "$out/${run%%:*}" \
                 --metadata '{"dev_lengths": [1024, 2048], "dev_samples": 48, "dev_variants": ["single_1", "single_2"]}'
             done ;;
+  tie-break) # a candidate for the ratio's BOSCH, adopted only by the rule of README "What is left": the chosen search's
+            # journal, copied and resumed with --tie-break-tasks bosch_niah_calib_uuid (calib_seed 0, the search's own
+            # examples with UUID values), so the search scores nothing and the tie-break only the tied masks
+            ratio=${2:?ratio}; from=$R/search/bosch-r$ratio; out=$R/search/bosch-uuidtie-r$ratio
+            variant=bosch; [ "$ratio" = 0.5 ] && variant=nested
+            { [ -f $out/journal.jsonl ] || [ -f $out/journal.jsonl.gz ]; } || { mkdir -p $out && cp $from/journal.jsonl.gz $out/; }
+            bosch-eval search --model smollm2 --ratio $ratio --seed 0 --variant $variant --calib-tasks $CALIB \
+              --tie-break-tasks bosch_niah_calib_uuid --dtype bfloat16 --batch-size 8 --model-args sink=4,attn_backend=blocked \
+              --prefix-cache-mb 2560 --out $out --resume ;;
+  dev-tiebreak) # development split only: the tie-break's mask against the search's on the UUID format scored by
+            # generation (dev-uuid's draw) and on the numeric formats prefill-scored (check-ties-long's draw), both masks
+            # on this machine, per-document samples for the paired rule (paired_dev.py); DEVICE=cuda on a GPU
+            ratio=${2:?ratio}; out=$R/dev_tiebreak_r$ratio; mkdir -p $out
+            for run in searched:$R/search/bosch-r$ratio/mask.json tiebreak:$R/search/bosch-uuidtie-r$ratio/mask.json; do
+              args=(--model bosch --model_args pretrained=smollm2,mask=${run#*:},sink=4,attn_backend=blocked,dtype=bfloat16
+                    --device ${DEVICE:-cpu} --log_samples)
+              [ -d "$out/uuid_${run%%:*}" ] || lm_eval "${args[@]}" --batch_size 32 --tasks bosch_niah_dev_gen --gen_kwargs max_gen_toks=64 \
+                --output_path "$out/uuid_${run%%:*}" --metadata '{"dev_lengths": [1024, 2048], "dev_samples": 48, "dev_variants": ["single_3"]}'
+              [ -d "$out/numeric_${run%%:*}" ] || lm_eval "${args[@]}" --batch_size 8 --tasks bosch_niah_dev \
+                --output_path "$out/numeric_${run%%:*}" \
+                --metadata '{"dev_lengths": [1024, 2048], "dev_samples": 48, "dev_variants": ["single_1", "single_2"]}'
+            done
+            for draw in uuid numeric; do python $R/paired_dev.py $out/${draw}_searched $out/${draw}_tiebreak; done ;;
   search|search-paper)
             # search: the study's search at ratio R, seed S -> search/bosch-rR[-sS]/: the nested variant at 0.5 (chosen on
             # the dev split, README "The nested variant at rho = 0.5"), the paper's at 0.75 and 0.875, where ceil(rho * 3) = 3
