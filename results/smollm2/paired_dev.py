@@ -3,29 +3,30 @@ their scores, and the mean paired difference with its standard error (per docume
 
     python results/smollm2/paired_dev.py RUN_A RUN_B
 
-RUN_A, RUN_B: lm_eval ``--output_path`` folders of one task each. A document's value is its
-``acc`` (prefill tasks) or its ``score`` (bosch_niah_dev_gen: [length, value]).
+RUN_A, RUN_B: lm_eval ``--output_path`` folders (samples plain or gzipped). A document's value is
+its ``acc`` (prefill tasks) or its ``score`` (bosch_niah_dev_gen: [length, value]).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
 
+from bosch_eval.compare.results import doc_values, read_run
 
-def document_values(run: Path) -> dict[tuple[str, int], float]:
-    """(task, doc_id) -> the document's value, from every samples file under ``run``."""
-    values = {}
-    for path in sorted(run.rglob("samples_*.jsonl")):
-        task = path.name.removeprefix("samples_").rsplit("_", 1)[0]
-        for record in map(json.loads, path.read_text().splitlines()):
-            value = record["acc"] if "acc" in record else record["score"]
-            values[task, record["doc_id"]] = float(value[-1] if isinstance(value, list) else value)
-    if not values:
-        sys.exit(f"{run}: no samples_*.jsonl (run lm_eval with --log_samples)")
-    return values
+
+def document_values(run: Path) -> dict[tuple[str, object, int], float]:
+    """(task, stratum, doc_id) -> the document's value, from the samples under ``run`` (plain or .gz)."""
+    samples = read_run(run).samples
+    if not samples:
+        sys.exit(f"{run}: no samples_*.jsonl[.gz] (run lm_eval with --log_samples)")
+    return {(task, *key): value for task, rows in samples.items() for key, value in doc_values(rows, _metric(rows)).items()}
+
+
+def _metric(rows: list[dict]) -> str:
+    """``acc`` for a prefill task's samples, ``score`` for bosch_niah_dev_gen's."""
+    return "acc" if "acc" in rows[0] else "score"
 
 
 def main(run_a: str, run_b: str) -> None:
