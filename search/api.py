@@ -105,6 +105,8 @@ def search_model(
     config = model_config(path)
     shape = ModelShape.from_config(config)
     validate_for_shape(settings, shape)
+    if calibration.tie_break_tasks and uniform_bit(settings.ratio) is not None:
+        raise SearchError(f"--tie-break-tasks: ratio {settings.ratio:g} allows one mask, so there are no ties to break")
     pinned = settings.pinned_json(shape)
     defaults = model_defaults(path)
     window = resolve_window(load.window, default=defaults.window, source=model, flag="--window W")
@@ -132,6 +134,8 @@ def search_model(
         calibration_json = objective.describe()
         header = journal_header(model, path, window, calibration_json, pinned, load.model_args)
         journal, resumed = _open_journal(out, header, resume, new_settings, state)
+        # Built before the search, so that a bad task or a tiebreak.jsonl of other settings fails first.
+        tie_breaker = _tie_break_objective(objective, calibration.tie_break_tasks, out, header, state.is_main_process)
         progress = run.progress and state.is_main_process
         score_fn = _AnchorLog(objective) if progress else objective
         if uniform_bit(settings.ratio) is not None:
@@ -147,8 +151,8 @@ def search_model(
                 higher_is_better=objective.higher_is_better,
                 racing=racing,
             )
-            if calibration.tie_break_tasks:
-                result.tie_break = _break_ties(result, objective, calibration.tie_break_tasks, out, header, state.is_main_process, progress)
+            if tie_breaker is not None:
+                result.tie_break = _break_ties(result, *tie_breaker, progress)
         result.work = objective.work()
         if state.is_main_process:
             result.wall_s += journal.prior_wall_s if journal is not None else 0.0  # earlier runs of a resumed search
@@ -167,30 +171,30 @@ def search_model(
     return result
 
 
-def _break_ties(
-    result: SearchResult,
-    objective: CalibrationObjective,
-    tasks: tuple[str, ...],
-    out: Path,
-    header: Mapping[str, Any],
-    main_process: bool,
-    progress: bool,
-) -> TieBreak:
-    """Score the found mask and the masks tied with it on ``tasks`` (the same model, metric and
-    task metadata as ``objective``) and put the best into ``result.mask``. Every process reads
-    ``tiebreak.jsonl`` before the first (collective) call, after which only the main one appends."""
-    objective.vary_layers_from(None)  # the candidates differ anywhere
+def _tie_break_objective(
+    objective: CalibrationObjective, tasks: tuple[str, ...], out: Path, header: Mapping[str, Any], main_process: bool
+) -> tuple[CalibrationObjective, TieBreakFile] | None:
+    """The tie-break's S on ``tasks`` (the same model, metric and task metadata as ``objective``)
+    and its ``tiebreak.jsonl``, which every process reads here, before any collective call, after
+    which only the main process appends to it; None without tie-break tasks."""
+    if not tasks:
+        return None
     chooser = CalibrationObjective(
         objective.lm, tasks, include_path=objective.include_path, metadata=objective.metadata, metric=objective.metric, limit=objective.limit
     )
-    record = TieBreakFile(out, {"objective": chooser.describe(), "journal": header}, write=main_process)
+    return chooser, TieBreakFile(out, {"objective": chooser.describe(), "journal": header}, write=main_process)
+
+
+def _break_ties(result: SearchResult, chooser: CalibrationObjective, record: TieBreakFile, progress: bool) -> TieBreak:
+    """Score the found mask and the masks tied with it by ``chooser`` and put the best into ``result.mask``."""
+    chooser.vary_layers_from(None)  # the candidates differ anywhere
     found = mask_key(result.mask.bits)
     ties = result.ties.keys if result.ties is not None else ()
-    scores = break_ties((found, *ties), chooser, objective.shape.num_heads, record.scores, on_score=record.append, progress=progress)
-    tie_break = TieBreak(tasks, scores, best_key(scores, chooser.higher_is_better))
-    log.info("search: tie-break on %s: %s", ", ".join(tasks), tie_break.message())
+    scores = break_ties((found, *ties), chooser, chooser.shape.num_heads, record.scores, on_score=record.append, progress=progress)
+    tie_break = TieBreak(chooser.tasks, scores, best_key(scores, chooser.higher_is_better))
+    log.info("search: tie-break on %s: %s", ", ".join(chooser.tasks), tie_break.message())
     if tie_break.chosen != found:
-        result.mask = HeadMask(tie_key_bits(tie_break.chosen), objective.shape.num_heads, method=result.mask.method)
+        result.mask = HeadMask(tie_key_bits(tie_break.chosen), chooser.shape.num_heads, method=result.mask.method)
     return tie_break
 
 

@@ -131,3 +131,22 @@ def test_a_finished_search_resumed_with_tie_break_tasks_scores_only_its_candidat
     kept = (out / TIE_BREAK_FILE).read_text()
     assert main(search_args(tiny_model_dir, task_dir, out, "--resume", "--tie-break-tasks", DOT_TASK)) == 0
     assert (out / TIE_BREAK_FILE).read_text() == kept
+
+
+@pytest.mark.slow  # loads a tiny checkpoint (~10 s)
+def test_an_unknown_tie_break_task_fails_before_the_search_scores_anything(tiny_model_dir: Path, tmp_path: Path, capsys):
+    task_dir = write_tasks(tmp_path / "tasks")
+    out = tmp_path / "run"
+    assert main(search_args(tiny_model_dir, task_dir, out, "--tie-break-tasks", "no_such_task")) != 0
+    assert "tasks: ['no_such_task'] are not lm-eval tasks" in capsys.readouterr().err
+    journal = out / "journal.jsonl"
+    assert not journal.exists() or not [line for line in journal.read_text().splitlines() if '"key"' in line]
+
+
+def test_a_ratio_with_one_mask_refuses_a_tie_break_before_the_model_loads(tiny_model_dir: Path, tmp_path: Path, capsys):
+    task_dir = write_tasks(tmp_path / "tasks")
+    args = search_args(tiny_model_dir, task_dir, tmp_path / "run", "--tie-break-tasks", DOT_TASK)
+    args[args.index("--ratio") + 1] = "1"
+    assert main(args) != 0
+    assert "--tie-break-tasks: ratio 1 allows one mask, so there are no ties to break" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "journal.jsonl").exists()
