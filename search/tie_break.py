@@ -4,9 +4,10 @@ When S(z) saturates, many masks with the found mask's number of SWA groups reach
 S (the search counts them, :class:`~bosch_eval.search.saturation.TopTies`), and the search
 returns the first it met. With tie-break tasks named, the search then scores the found mask
 and every mask tied with it on those tasks (the same model, metric and calibration metadata)
-and returns the best; the found mask wins a tie again, then the first by journal key. Every candidate has the search's S, so S and the ratio penalty stay as they were.
-Masks that racing stopped at a bound equal to S could at best tie, but their S is not known:
-they are not candidates.
+and returns the best; the found mask wins a tie again, then the first by journal key. Every
+candidate has the search's S, so S and the ratio penalty stay as they were. Masks that racing
+stopped at a bound equal to S could at best tie, but their S is not known: they are not
+candidates.
 
 Each score is appended to ``tiebreak.jsonl`` in the search's directory as it is made (main
 process only); a resumed search answers from it. Its header pins what the scores measure
