@@ -182,6 +182,8 @@ def _tie_break_objective(
     chooser = CalibrationObjective(
         objective.lm, tasks, include_path=objective.include_path, metadata=objective.metadata, metric=objective.metric, limit=objective.limit
     )
+    chooser.racing = objective.racing and chooser.racing_problem() is None  # it changes which mask wins in no case
+    chooser.race_chunk = objective.race_chunk
     return chooser, TieBreakFile(out, {"objective": chooser.describe(), "journal": header}, write=main_process)
 
 
@@ -190,7 +192,10 @@ def _break_ties(result: SearchResult, chooser: CalibrationObjective, record: Tie
     chooser.vary_layers_from(None)  # the candidates differ anywhere
     found = mask_key(result.mask.bits)
     ties = result.ties.keys if result.ties is not None else ()
-    scores = break_ties((found, *ties), chooser, chooser.shape.num_heads, record.scores, on_score=record.append, progress=progress)
+    scores = break_ties(
+        (found, *ties), chooser, chooser.shape.num_heads, record.scores, race=chooser.racing,
+        higher_is_better=chooser.higher_is_better, on_score=record.append, progress=progress,
+    )  # fmt: skip
     tie_break = TieBreak(chooser.tasks, scores, best_key(scores, chooser.higher_is_better))
     log.info("search: tie-break on %s: %s", ", ".join(chooser.tasks), tie_break.message())
     if tie_break.chosen != found:

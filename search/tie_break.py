@@ -27,6 +27,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from bosch_eval.masks.head_mask import HeadMask
+from bosch_eval.search.racing import RaceBound
 from bosch_eval.search.scoring import SearchError
 
 TIE_BREAK_FILE = "tiebreak.jsonl"
@@ -39,12 +40,13 @@ class TieBreak:
 
     Attributes:
         tasks: the tie-break task(s).
-        scores: tie-break score per candidate mask key, the search's found mask first.
+        scores: tie-break score per candidate mask key, the search's found mask first (a
+            :class:`RaceBound` for a candidate racing stopped: it could not beat the best).
         chosen: the key of the mask returned.
     """
 
     tasks: tuple[str, ...]
-    scores: dict[str, float]
+    scores: dict[str, float | RaceBound]
     chosen: str
 
     @property
@@ -56,6 +58,7 @@ class TieBreak:
         return {
             "tasks": list(self.tasks),
             "candidates": len(self.scores),
+            "stopped_early": sum(isinstance(value, RaceBound) for value in self.scores.values()),
             "found_mask": self.found,
             "found_score": self.scores[self.found],
             "chosen_score": self.scores[self.chosen],
@@ -64,10 +67,12 @@ class TieBreak:
 
     def message(self) -> str:
         """What the tie-break chose, in a sentence (the log's and report.md's)."""
+        stopped = sum(isinstance(value, RaceBound) for value in self.scores.values())
+        raced = f" ({stopped} stopped early by racing)" if stopped else ""
         if self.chosen == self.found:
-            return f"the found mask stays: {self.scores[self.found]:.4f}, the best of the {len(self.scores)} masks at the search's S"
+            return f"the found mask stays: {self.scores[self.found]:.4f}, the best of the {len(self.scores)} masks at the search's S{raced}"
         return (
-            f"another of the {len(self.scores)} masks at the search's S is returned: {self.scores[self.chosen]:.4f} "
+            f"another of the {len(self.scores)} masks at the search's S{raced} is returned: {self.scores[self.chosen]:.4f} "
             f"against the found mask's {self.scores[self.found]:.4f}"
         )
 
@@ -81,39 +86,57 @@ def break_ties(
     candidates: Sequence[str],
     score_fn: Callable[[HeadMask], float],
     num_heads: int,
-    known: Mapping[str, float],
+    known: Mapping[str, float | RaceBound],
     *,
-    on_score: Callable[[str, float], None] | None = None,
+    race: bool = False,
+    higher_is_better: bool = True,
+    on_score: Callable[[str, float | RaceBound], None] | None = None,
     progress: bool = False,
-) -> dict[str, float]:
+) -> dict[str, float | RaceBound]:
     """Score every candidate key not in ``known`` with ``score_fn``, calling ``on_score`` after
-    each, and return every candidate's score in candidate order (:func:`best_key` picks)."""
-    scores: dict[str, float] = {}
+    each, and return every candidate's value in candidate order (:func:`best_key` picks).
+
+    ``race``: ``score_fn.race`` (:class:`~bosch_eval.search.score_book.RacingScoreFunction`)
+    stops a candidate with a :class:`RaceBound` once it cannot beat the best so far, since a
+    tie keeps the earlier mask; the best and its score are those of plain calls. A candidate
+    known by a bound was stopped under the same best, which only a full score can set.
+    """
+    values: dict[str, float | RaceBound] = {}
+    best: float | None = None
+
+    def beats(value: float) -> bool:
+        return best is None or (value > best if higher_is_better else value < best)
+
     for key in tqdm(candidates, desc="tie-break", unit="mask", disable=not progress):
-        if key in known:
-            scores[key] = known[key]
-            continue
-        score = score_fn(HeadMask(tie_key_bits(key), num_heads))
-        scores[key] = score
-        if on_score is not None:
-            on_score(key, score)
-    return scores
+        value = known.get(key)
+        if value is None:
+            mask = HeadMask(tie_key_bits(key), num_heads)
+            value = score_fn.race(mask, beats) if race and best is not None else score_fn(mask)  # type: ignore[attr-defined]
+            if on_score is not None:
+                on_score(key, value)
+        values[key] = value
+        if not isinstance(value, RaceBound) and beats(value):
+            best = value
+    return values
 
 
-def best_key(scores: Mapping[str, float], higher_is_better: bool = True) -> str:
-    """The first key with the best score (dict order: the found mask first)."""
+def best_key(values: Mapping[str, float | RaceBound], higher_is_better: bool = True) -> str:
+    """The first key with the best full score (dict order: the found mask first); masks stopped
+    early by racing could not beat it."""
     sign = 1.0 if higher_is_better else -1.0
-    return max(scores, key=lambda key: sign * scores[key])
+    scored = [key for key, value in values.items() if not isinstance(value, RaceBound)]
+    return max(scored, key=lambda key: sign * values[key])
 
 
 class TieBreakFile:
-    """``tiebreak.jsonl``: a header line, then one ``{"key", "score"}`` line per scored mask."""
+    """``tiebreak.jsonl``: a header line, then one line per candidate, ``{"key", "score"}`` or, for
+    one racing stopped, ``{"key", "bound", "examples"}``."""
 
     def __init__(self, out: Path, header: Mapping[str, Any], write: bool) -> None:
         self.path = Path(out) / TIE_BREAK_FILE
         self.header = json.loads(json.dumps(dict(header)))  # as it reads back
         self.write = write
-        self.scores: dict[str, float] = {}
+        self.scores: dict[str, float | RaceBound] = {}
         if self.path.exists():
             self._load()
         elif write:
@@ -121,7 +144,15 @@ class TieBreakFile:
 
     def _load(self) -> None:
         lines = self.path.read_text().splitlines()
-        first = json.loads(lines[0]) if lines else {}
+        try:
+            first = json.loads(lines[0]) if lines else {}
+        except ValueError:  # the header line itself cut short by a kill: no score was written after it
+            first = {}
+        if len(lines) <= 1 and first.get("header") is None:
+            if self.write:
+                self.path.unlink()
+                self._append({"format": FORMAT, "header": self.header})
+            return
         if first.get("format") != FORMAT or first.get("header") != self.header:
             raise SearchError(
                 f"{self.path}: its tie-break scores were made under other settings or calibration (its header: "
@@ -130,18 +161,22 @@ class TieBreakFile:
         for number, line in enumerate(lines[1:], start=2):
             try:
                 record = json.loads(line)
-                self.scores[str(record["key"])] = float(record["score"])
+                bound = "bound" in record
+                value = RaceBound(float(record["bound"]), int(record["examples"])) if bound else float(record["score"])
+                self.scores[str(record["key"])] = value
             except (ValueError, KeyError, TypeError):
                 if number < len(lines):
-                    raise SearchError(f"{self.path}, line {number}: expected {{'key': ..., 'score': ...}}, got {line[:200]!r}") from None
+                    expected = "{'key': ..., 'score': ...} or {'key': ..., 'bound': ..., 'examples': ...}"
+                    raise SearchError(f"{self.path}, line {number}: expected {expected}, got {line[:200]!r}") from None
                 if self.write:  # the last line, cut short by a kill: dropped (that mask is scored again)
                     kept = self.path.with_name(f"{self.path.name}.tmp")
                     kept.write_text("".join(f"{line}\n" for line in lines[:-1]))
                     os.replace(kept, self.path)  # a rename: a kill leaves the old file or the new one
 
-    def append(self, key: str, score: float) -> None:
+    def append(self, key: str, value: float | RaceBound) -> None:
         if self.write:
-            self._append({"key": key, "score": score})
+            record = {"bound": value.score, "examples": value.examples} if isinstance(value, RaceBound) else {"score": value}
+            self._append({"key": key, **record})
 
     def _append(self, record: Mapping[str, Any]) -> None:
         with self.path.open("a") as handle:

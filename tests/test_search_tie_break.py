@@ -13,6 +13,7 @@ from bosch_eval.cli import main
 from bosch_eval.masks.head_mask import HeadMask, ModelShape
 from bosch_eval.search.journal import mask_key
 from bosch_eval.search.pipeline import SearchSettings, run_search
+from bosch_eval.search.racing import RaceBound
 from bosch_eval.search.scoring import SearchError
 from bosch_eval.search.tie_break import TIE_BREAK_FILE, TieBreak, TieBreakFile, best_key, break_ties, tie_key_bits
 from tests.helpers import DOT_TASK, search_args, write_tasks
@@ -60,12 +61,49 @@ def test_the_tie_break_returns_the_tied_mask_the_second_task_scores_best():
     assert saturated(HeadMask(tie_key_bits(chosen), 3)) == result.score and chosen.count("0") == found.count("0")
 
 
+class ExactRacer:
+    """A score function that races as the objective does: the full score while it can still win,
+    else a bound (here the score itself, reached after one example)."""
+
+    def __init__(self, score) -> None:
+        self.score, self.calls, self.raced = score, 0, 0
+
+    def __call__(self, mask: HeadMask) -> float:
+        self.calls += 1
+        return self.score(mask)
+
+    def race(self, mask: HeadMask, can_win) -> float | RaceBound:
+        self.raced += 1
+        value = self.score(mask)
+        return value if can_win(value) else RaceBound(value, 1)
+
+
+@pytest.mark.parametrize("higher_is_better", [True, False])
+def test_racing_the_candidates_returns_the_unraced_choice(higher_is_better: bool):
+    keys = ["110/011", "101/110", "011/101", "111/000", "000/111", "100/011"]
+    # two candidates share the best value: the earlier one must win, raced or not
+    score = lambda mask: [0.5, 0.25, 0.75, 0.75, 0.125, 0.5][keys.index(mask_key(mask.bits))]  # noqa: E731
+    if not higher_is_better:
+        score = lambda mask, plain=score: 1.0 - plain(mask)  # noqa: E731
+    plain = break_ties(keys, score, 3, {}, higher_is_better=higher_is_better)
+    racer = ExactRacer(score)
+    raced = break_ties(keys, racer, 3, {}, race=True, higher_is_better=higher_is_better)
+    assert best_key(raced, higher_is_better) == best_key(plain, higher_is_better) == "011/101"
+    assert racer.calls == 1 and racer.raced == 5  # the first has nothing to beat
+    stopped = [key for key, value in raced.items() if isinstance(value, RaceBound)]
+    assert stopped == ["101/110", "111/000", "000/111", "100/011"]  # a tie cannot win: the earlier mask stays
+    assert all(raced[key] == plain[key] for key in keys if key not in stopped)
+    again = break_ties(keys, ExactRacer(score), 3, raced, race=True, higher_is_better=higher_is_better)
+    assert again == raced
+
+
 def test_the_found_mask_wins_a_second_tie_and_lower_can_be_better():
     assert best_key({"11/00": 0.5, "00/11": 0.5, "10/01": 0.25}) == "11/00"
     assert best_key({"11/00": 0.5, "00/11": 0.5, "10/01": 0.25}, higher_is_better=False) == "10/01"
     tie_break = TieBreak(("second",), {"11/00": 0.5, "00/11": 0.75}, "00/11")
     assert tie_break.found == "11/00" and tie_break.to_json() == {
-        "tasks": ["second"], "candidates": 2, "found_mask": "11/00", "found_score": 0.5, "chosen_score": 0.75, "file": TIE_BREAK_FILE,
+        "tasks": ["second"], "candidates": 2, "stopped_early": 0, "found_mask": "11/00", "found_score": 0.5, "chosen_score": 0.75,
+        "file": TIE_BREAK_FILE,
     }  # fmt: skip
     assert tie_break.message() == "another of the 2 masks at the search's S is returned: 0.7500 against the found mask's 0.5000"
     assert tie_key_bits("110/001") == ((1, 1, 0), (0, 0, 1)) and mask_key(tie_key_bits("110/001")) == "110/001"
@@ -77,6 +115,18 @@ class TestTieBreakFile:
         record.append("11/00", 0.5)
         record.append("00/11", 0.75)
         assert TieBreakFile(tmp_path, {"tasks": ["second"]}, write=True).scores == {"11/00": 0.5, "00/11": 0.75}
+
+    def test_bounds_of_masks_racing_stopped_are_kept_too(self, tmp_path: Path):
+        record = TieBreakFile(tmp_path, {"tasks": ["second"]}, write=True)
+        record.append("11/00", 0.5)
+        record.append("00/11", RaceBound(0.25, 16))
+        assert TieBreakFile(tmp_path, {"tasks": ["second"]}, write=True).scores == {"11/00": 0.5, "00/11": RaceBound(0.25, 16)}
+
+    def test_a_header_cut_short_by_a_kill_is_written_again(self, tmp_path: Path):
+        (tmp_path / TIE_BREAK_FILE).write_text('{"format": "bosch-tie')
+        record = TieBreakFile(tmp_path, {"tasks": ["second"]}, write=True)
+        record.append("11/00", 0.5)
+        assert TieBreakFile(tmp_path, {"tasks": ["second"]}, write=True).scores == {"11/00": 0.5}
 
     def test_a_file_made_under_another_objective_is_refused_naming_it(self, tmp_path: Path):
         TieBreakFile(tmp_path, {"tasks": ["second"]}, write=True).append("11/00", 0.5)
@@ -123,7 +173,7 @@ def test_a_finished_search_resumed_with_tie_break_tasks_scores_only_its_candidat
     assert header["objective"]["tasks"] == [DOT_TASK] and [r["key"] for r in records] == [mask_key(found)]
     provenance = json.loads((out / "mask.json").read_text())["provenance"]
     assert provenance["tie_break"] == {
-        "tasks": [DOT_TASK], "candidates": 1, "found_mask": mask_key(found), "found_score": records[0]["score"],
+        "tasks": [DOT_TASK], "candidates": 1, "stopped_early": 0, "found_mask": mask_key(found), "found_score": records[0]["score"],
         "chosen_score": records[0]["score"], "file": TIE_BREAK_FILE,
     }  # fmt: skip
     assert HeadMask.load(out / "mask.json").bits == found

@@ -6,7 +6,8 @@
 #   defaults   window and calibration length on the development split      -> defaults/ (see defaults.md)
 #   sinks      attention sinks for the SWA groups, S in {0, 1, 4}, on the development split  -> sinks/ (sinks.md)
 #   card       full / all-SWA on the calibration sets and RULER, S() cost  -> card/
-#   card-uuid  full attention on bosch_niah_calib_uuid's calibration examples (calib_seed 0), fp32 -> card/calib_uuid_full_fp32/
+#   card-uuid  full attention and every group SWA on bosch_niah_calib_uuid's calibration examples (calib_seed 0), fp32
+#              -> card/calib_uuid_{full,swa}_fp32/
 #   rank       the six static rankings on the calibration set              -> rankings/{method}.json
 #   check      calib-check of bosch_retrieval_calib against bosch_niah_dev  -> check/
 #   check-niah the same for bosch_niah_calib at rho = 0.5                   -> check_niah_calib/
@@ -68,11 +69,13 @@ case $step in
             bosch-eval compare --config $R/card/ruler.yaml --out $R/card/ruler --resume
             python benchmarks/objective_speed.py --model smollm2 --configs dtype=bfloat16,layers=bme,ratio=0.75 dtype=float32,layers=bme,ratio=0.75 \
               --out $R/card/cost_of_s.md ;;
-  card-uuid) # the tie-break's examples (bosch_niah_calib_uuid at the search's calib_seed 0) with full attention; fp32 for
-            # the reason uuid-calib-dev gives (no AMX on the cores that ran it)
-            lm_eval --model bosch --model_args pretrained=smollm2,mask=full,sink=4,attn_backend=blocked --device cpu --batch_size 8 \
-              --tasks bosch_niah_calib_uuid --metadata '{"calib_seed": 0, "seq_len": 1024, "num_examples": 64}' \
-              --output_path $R/card/calib_uuid_full_fp32 ;;
+  card-uuid) # the tie-break's examples (bosch_niah_calib_uuid at the search's calib_seed 0), full attention and every group
+            # SWA; fp32 for the reason uuid-calib-dev gives (no AMX on the cores that ran it)
+            for run in full:mask=full swa:layers=intr,ratio=1; do
+              lm_eval --model bosch --model_args pretrained=smollm2,${run#*:},sink=4,attn_backend=blocked --device cpu --batch_size 8 \
+                --tasks bosch_niah_calib_uuid --metadata '{"calib_seed": 0, "seq_len": 1024, "num_examples": 64}' \
+                --output_path $R/card/calib_uuid_${run%%:*}_fp32
+            done ;;
   rank)     for method in apl dcam proxy qada razor fisher; do
               [ -f $R/rankings/$method.json ] && continue
               bosch-eval rank --method $method --model smollm2 --calib-task $CALIB --dtype bfloat16 --out $R/rankings/$method.json
