@@ -200,3 +200,19 @@ def test_a_ratio_with_one_mask_refuses_a_tie_break_before_the_model_loads(tiny_m
     assert main(args) != 0
     assert "--tie-break-tasks: ratio 1 allows one mask, so there are no ties to break" in capsys.readouterr().err
     assert not (tmp_path / "run" / "journal.jsonl").exists()
+
+
+@pytest.mark.slow  # a search on the bundled toy model (~20 s)
+def test_the_toy_models_tied_masks_are_all_candidates_and_the_choice_is_recorded(tmp_path: Path):
+    """On 8 calibration examples the toy model's search ties masks at its S: each is scored on
+    the second task once, in key order after the found mask, and mask.json names the choice."""
+    out = tmp_path / "run"
+    args = ["search", "--model", "toy", "--ratio", "0.5", "--calib-examples", "8", "--calib-len", "256", "--budget-per-layer", "4"]
+    assert main([*args, "--tie-break-tasks", "bosch_retrieval_calib", "--out", str(out)]) == 0
+    provenance = json.loads((out / "mask.json").read_text())["provenance"]
+    ties = provenance["ties"]["scored"]
+    assert ties > 0 and provenance["tie_break"]["candidates"] == ties + 1
+    keys = [json.loads(line)["key"] for line in (out / TIE_BREAK_FILE).read_text().splitlines()[1:]]
+    assert keys[0] == provenance["tie_break"]["found_mask"] and keys[1:] == sorted(keys[1:]) and len(set(keys)) == ties + 1
+    chosen = mask_key(HeadMask.load(out / "mask.json").bits)
+    assert chosen in keys and chosen.count("0") == keys[0].count("0")
