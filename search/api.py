@@ -41,8 +41,8 @@ from bosch_eval.search.pipeline import Resumed, SearchResult, SearchSettings, ru
 from bosch_eval.search.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound
 from bosch_eval.search.report import render_report
 from bosch_eval.search.score_book import ScoreBook
-from bosch_eval.search.tie_break import TieBreak, TieBreakFile, best_key, break_ties, tie_key_bits
 from bosch_eval.search.scoring import Anchors, SearchError
+from bosch_eval.search.tie_break import TieBreak, TieBreakFile, best_key, break_ties, tie_key_bits
 
 log = logging.getLogger("bosch_eval.search")
 VERSIONED_PACKAGES = ("python", "bosch-eval", "torch", "transformers", "lm_eval", "accelerate", "PyNomadBBO")

@@ -29,7 +29,6 @@ from bosch_eval.runtime.registry import Registry
 from bosch_eval.search.journal import Journal, mask_key
 from bosch_eval.search.optimizers import NOMAD_MAX_VARIABLES, optimizer_methods
 from bosch_eval.search.saturation import TopTies, stage1_saturation, top_ties
-from bosch_eval.search.tie_break import TieBreak
 from bosch_eval.search.score_book import Bits, ScoreBook
 from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, SearchError
 from bosch_eval.search.stage2 import Stage2Result, assign_layer_ratios, default_buckets
@@ -44,6 +43,7 @@ from bosch_eval.search.stages import (
     stage1,
     stage3,
 )
+from bosch_eval.search.tie_break import TieBreak
 
 log = logging.getLogger("bosch_eval.search")
 
