@@ -98,8 +98,9 @@ def break_ties(
 
     ``race``: ``score_fn.race`` (:class:`~bosch_eval.search.score_book.RacingScoreFunction`)
     stops a candidate with a :class:`RaceBound` once it cannot beat the best so far, since a
-    tie keeps the earlier mask; the best and its score are those of plain calls. A candidate
-    known by a bound was stopped under the same best, which only a full score can set.
+    tie keeps the earlier mask; one raced to the end gets exactly its plain score, so the
+    choice is the unraced one. A candidate known by a bound (a resumed run) was stopped under
+    the best of the full scores before it, which the resumed run rebuilds the same.
     """
     values: dict[str, float | RaceBound] = {}
     best: float | None = None
@@ -170,7 +171,7 @@ class TieBreakFile:
                     raise SearchError(f"{self.path}, line {number}: expected {expected}, got {line[:200]!r}") from None
                 if self.write:  # the last line, cut short by a kill: dropped (that mask is scored again)
                     kept = self.path.with_name(f"{self.path.name}.tmp")
-                    kept.write_text("".join(f"{line}\n" for line in lines[:-1]))
+                    kept.write_text("".join(f"{whole}\n" for whole in lines[:-1]))
                     os.replace(kept, self.path)  # a rename: a kill leaves the old file or the new one
 
     def append(self, key: str, value: float | RaceBound) -> None:
