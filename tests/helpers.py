@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import yaml
 from lm_eval.api.instance import Instance
 
 from bosch_eval.masks.head_mask import HeadMask, ModelShape
@@ -335,3 +336,13 @@ def settings_for(model_dir: Path, **changes) -> TrainSettings:
         lr=1e-3, lr_scheduler="cosine", warmup_ratio=0.25, weight_decay=0.01, max_grad_norm=1.0, seed=0,
     )  # fmt: skip
     return replace(base, **changes)
+
+
+# -- task YAML ---------------------------------------------------------------------------------------------
+
+
+class TaskYaml(yaml.SafeLoader):
+    """lm-eval's task YAML: ``!function`` tags read as nothing (only names and metadata matter here)."""
+
+
+TaskYaml.add_multi_constructor("!", lambda loader, suffix, node: None)

@@ -15,6 +15,7 @@ from bosch_eval.search.objective import CalibrationObjective
 from bosch_eval.tasks import TASKS_DIR
 from bosch_eval.tasks.niah import calibration, dev_split, eval_suite, retrieval_calib, tiebreak, words
 from bosch_eval.tasks.niah.haystack import count_tokens
+from tests.helpers import TaskYaml
 
 FUNCTION_WORDS = {"a", "and", "at", "for", "in", "is", "it", "of", "the", "to", "was", "with", "from", "by", "what", "are"}
 
@@ -240,7 +241,7 @@ def test_the_calibration_set_registry_names_each_modules_task():
     from bosch_eval.tasks.niah.calibration_sets import CALIBRATION_SETS, calibration_examples
 
     for task, (module, options) in CALIBRATION_SETS.items():
-        config = yaml.load((TASKS_DIR / "niah" / f"{task}.yaml").read_text(), Loader=_IgnoreTags)
+        config = yaml.load((TASKS_DIR / "niah" / f"{task}.yaml").read_text(), Loader=TaskYaml)
         assert config["task"] == task
         if options:  # a variant: its YAML includes the module's task and sets the options in its metadata
             assert config["include"] == f"{importlib.import_module(f'bosch_eval.tasks.niah.{module}').TASK}.yaml"
@@ -261,9 +262,3 @@ def test_the_uuid_calibration_task_is_the_uuid_values_of_the_calibration_set(tok
     built = calibration.dataset(tokenizer=str(tmp_path), seq_len=1024, num_examples=3, calib_values="uuid")["test"]
     assert [doc["target"] for doc in built] == [doc["target"] for doc in docs]
 
-
-class _IgnoreTags(yaml.SafeLoader):
-    """Reads a task YAML without resolving lm-eval's ``!function`` tags."""
-
-
-_IgnoreTags.add_constructor(None, lambda loader, node: None)

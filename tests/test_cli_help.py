@@ -16,6 +16,7 @@ import yaml
 
 from bosch_eval.cli import TASK_FAMILIES, build_parser
 from bosch_eval.tasks import TASKS_DIR
+from tests.helpers import TaskYaml
 
 HEAVY = ("torch", "transformers", "lm_eval", "accelerate", "numpy")
 
@@ -51,18 +52,11 @@ def test_help_prints_within_a_second(command: str | None) -> None:
     assert min(walls) < 1.0, f"{command or 'bosch-eval'} --help took {min(walls):.2f} s (best of 3)"
 
 
-class _TaskYaml(yaml.SafeLoader):
-    """lm-eval's task YAML: ``!function`` tags read as nothing (only names matter here)."""
-
-
-_TaskYaml.add_multi_constructor("!", lambda loader, suffix, node: None)
-
-
 def top_level_task_families() -> set[str]:
     """Every task or group name under tasks/ that no bundled group lists as a member."""
     names, members = set(), set()
     for path in Path(TASKS_DIR).rglob("*.yaml"):
-        data = yaml.load(path.read_text(), Loader=_TaskYaml) or {}
+        data = yaml.load(path.read_text(), Loader=TaskYaml) or {}
         name = data.get("group") or (data.get("task") if isinstance(data.get("task"), str) else None)
         if name is not None:
             names.add(name)
