@@ -105,6 +105,7 @@ def _example(
     distractors: int,
     values: str,
 ) -> dict[str, Any]:
+    # The digits keep their seed string, so the default examples are the calibration set as it was.
     rng = random.Random(f"{TASK}/{seed}/{seq_len}/{index}" + ("" if values == "digits" else f"/{values}"))
     key = f"{rng.choice(words.CALIB_GIVEN_NAMES)} {rng.choice(words.CALIB_FAMILY_NAMES)}"
     value = _value(rng, values)
