@@ -50,7 +50,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,16 @@ def mask_key(bits: Sequence[Sequence[int]]) -> str:
                 raise ValueError(f"mask_key: entry [{layer}][{group}] is {bit!r}, expected 0 or 1")
         rows.append("".join("1" if bit else "0" for bit in row))
     return "/".join(rows)
+
+
+def read_records(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Every line of the journal at ``path``, or of ``<path>.gz`` (a finished journal as
+    committed under results/) when ``path`` is absent, parsed, the header line first.
+    Read-only: for scripts that look at a finished search; a resume opens a :class:`Journal`."""
+    path = Path(path)
+    packed = path.with_name(path.name + ".gz")
+    with path.open(encoding="utf-8") if path.is_file() or not packed.is_file() else gzip.open(packed, "rt", encoding="utf-8") as lines:
+        yield from map(json.loads, lines)
 
 
 class Journal:

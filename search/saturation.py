@@ -15,6 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
+from bosch_eval.masks.head_mask import HeadMask
+from bosch_eval.search.journal import mask_key, read_records
 
 SATURATED_LAYER_SHARE = 0.5
 
@@ -93,3 +97,19 @@ def top_ties(scores: Mapping[str, float], bounds: Mapping[str, float], found_key
     tied = tuple(sorted(key for key, score in scores.items() if same_ratio(key) and score == found_score))
     may_tie = sum(1 for key, bound in bounds.items() if same_ratio(key) and bound == found_score)
     return TopTies(tied, may_tie)
+
+
+def search_ties(search: str | Path) -> tuple[str, TopTies]:
+    """The key of the mask a finished search returned (``mask.json``) and the masks its
+    journal ties with it (``journal.jsonl``, or its committed ``.gz``): what ``--tie-break-tasks``
+    would order. A key's first full score counts; a bound only for a mask never scored to the end."""
+    search = Path(search)
+    scores: dict[str, float] = {}
+    bounds: dict[str, float] = {}
+    for record in read_records(search / "journal.jsonl"):
+        if "score" in record:
+            scores.setdefault(record["key"], record["score"])
+        elif "bound" in record:
+            bounds.setdefault(record["key"], record["bound"])
+    found = mask_key(HeadMask.load(search / "mask.json").bits)
+    return found, top_ties(scores, {key: bound for key, bound in bounds.items() if key not in scores}, found, scores[found])

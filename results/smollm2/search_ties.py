@@ -4,7 +4,7 @@
 
 A search made since the count existed prints it when it ends and writes it to report.md and
 mask.json (``provenance.ties``); these searches ran before, so the count is taken here from
-their journals with the same function (``bosch_eval.search.saturation.top_ties``): the other
+their journals with the same function (``bosch_eval.search.saturation.search_ties``): the other
 masks with as many SWA groups at exactly the returned S, and the masks racing stopped early
 that could at best tie.
 """
@@ -15,23 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
-from tied_masks import journal_records  # this directory's script, on sys.path when run as below
-
 from bosch_eval.masks.head_mask import HeadMask
-from bosch_eval.search.journal import mask_key
-from bosch_eval.search.saturation import top_ties
-
-
-def journal_scores(search: Path) -> tuple[dict[str, float], dict[str, float]]:
-    """Full scores and racing bounds (of masks never scored to the end) of a search's journal."""
-    scores: dict[str, float] = {}
-    bounds: dict[str, float] = {}
-    for record in journal_records(search):
-        if "score" in record:
-            scores[record["key"]] = record["score"]
-        elif "bound" in record:
-            bounds[record["key"]] = record["bound"]
-    return scores, {key: bound for key, bound in bounds.items() if key not in scores}
+from bosch_eval.search.saturation import search_ties
 
 
 def main() -> None:
@@ -40,7 +25,7 @@ def main() -> None:
     for search in parser.parse_args().searches:
         mask = HeadMask.load(search / "mask.json")
         score = json.loads((search / "mask.json").read_text())["provenance"]["score"]
-        ties = top_ties(*journal_scores(search), mask_key(mask.bits), score)
+        _, ties = search_ties(search)
         print(
             f"{search.name}: S = {score:.4f}, {mask.num_swa_groups} SWA groups; {ties.scored} other masks tie, "
             f"{ties.may_tie} stopped early by racing could at best tie"

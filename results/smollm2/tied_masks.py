@@ -11,27 +11,16 @@ with as many SWA groups. COUNT of them, spread evenly over the journal's order f
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from bosch_eval.masks.head_mask import HeadMask
-from bosch_eval.search.journal import mask_key
-
-
-def journal_records(search: Path) -> Iterator[dict[str, Any]]:
-    """The records of a search's journal, gzipped (committed) or not."""
-    packed = search / "journal.jsonl.gz"
-    with gzip.open(packed, "rt") if packed.is_file() else (search / "journal.jsonl").open() as lines:
-        yield from map(json.loads, lines)
+from bosch_eval.search.journal import mask_key, read_records
 
 
 def tied_keys(search: Path, returned: HeadMask) -> list[str]:
     """The tied masks' keys in the order the journal first scored them."""
     scores: dict[str, float] = {}
-    for record in journal_records(search):
+    for record in read_records(search / "journal.jsonl"):
         if record.get("stage") == "stage3" and "score" in record:
             scores.setdefault(record["key"], record["score"])
     target = scores[mask_key(returned.bits)]
