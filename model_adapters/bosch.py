@@ -220,8 +220,8 @@ class BoschLM(HFLM):
         self.hybrid.set_mask(mask, window, sinks)
 
     def vary_layers_from(self, layer: int | None) -> None:
-        """The masks scored next differ only in layers >= ``layer`` (None: no promise), so
-        the prefix cache (if any) may reuse the hidden states entering that layer."""
+        """Let the prefix cache (if any) run the masks scored next from ``layer`` (None: every
+        layer), reusing the hidden states entering it wherever the rows below are the same."""
         if self.prefix_cache is not None:
             self.prefix_cache.vary_from(layer)
 

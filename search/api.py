@@ -42,7 +42,7 @@ from bosch_eval.search.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound
 from bosch_eval.search.report import render_report
 from bosch_eval.search.score_book import ScoreBook
 from bosch_eval.search.scoring import Anchors, SearchError
-from bosch_eval.search.tie_break import TieBreak, TieBreakFile, best_key, break_ties, tie_key_bits
+from bosch_eval.search.tie_break import TieBreak, TieBreakFile, best_key, break_ties, shared_rows_layer, tie_key_bits
 
 log = logging.getLogger("bosch_eval.search")
 VERSIONED_PACKAGES = ("python", "bosch-eval", "torch", "transformers", "lm_eval", "accelerate", "PyNomadBBO")
@@ -189,13 +189,19 @@ def _tie_break_objective(
 
 def _break_ties(result: SearchResult, chooser: CalibrationObjective, record: TieBreakFile, progress: bool) -> TieBreak:
     """Score the found mask and the masks tied with it by ``chooser`` and put the best into ``result.mask``."""
-    chooser.vary_layers_from(None)  # the candidates differ anywhere
     found = mask_key(result.mask.bits)
-    ties = result.ties.keys if result.ties is not None else ()
-    scores = break_ties(
-        (found, *ties), chooser, chooser.shape.num_heads, record.scores, race=chooser.racing,
-        higher_is_better=chooser.higher_is_better, on_score=record.append, progress=progress,
-    )  # fmt: skip
+    candidates = (found, *(result.ties.keys if result.ties is not None else ()))
+    prefix_layer = shared_rows_layer(candidates)
+    if prefix_layer is not None and chooser.relative_cost(prefix_layer) < 1.0:
+        log.info("search: tie-break: the prefix cache runs each candidate from layer %d (the rows below are shared in runs)", prefix_layer)
+    chooser.vary_layers_from(prefix_layer)
+    try:
+        scores = break_ties(
+            candidates, chooser, chooser.shape.num_heads, record.scores, race=chooser.racing,
+            higher_is_better=chooser.higher_is_better, on_score=record.append, progress=progress,
+        )  # fmt: skip
+    finally:
+        chooser.vary_layers_from(None)
     tie_break = TieBreak(chooser.tasks, scores, best_key(scores, chooser.higher_is_better))
     log.info("search: tie-break on %s: %s", ", ".join(chooser.tasks), tie_break.message())
     if tie_break.chosen != found:

@@ -198,8 +198,8 @@ class CalibrationObjective(ObjectiveRacing):
         return (layers - min(max(lowest_layer, 0), layers - 1)) / layers
 
     def vary_layers_from(self, layer: int | None) -> None:
-        """Masks scored next differ only in layers >= ``layer`` (None: no promise); passed
-        to the adapter's prefix-activation cache when it has one."""
+        """Masks scored next are run from ``layer`` (None: every layer) by the adapter's
+        prefix-activation cache when it has one; states are reused only for the same rows below."""
         self.lm.vary_layers_from(layer)
 
     def describe(self) -> dict[str, Any]:

@@ -82,6 +82,34 @@ def tie_key_bits(key: str) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(int(c) for c in row) for row in key.split("/"))
 
 
+def layer_computations(candidates: Sequence[str], layer: int | None) -> int:
+    """Decoder-layer computations per example when the prefix cache runs each candidate from
+    ``layer`` (None: every layer): candidates scored one after another with the same rows
+    below ``layer`` compute layers 0 … layer−1 once, so a run of k of them costs
+    ``layer + k·(L−layer)``."""
+    rows = [key.split("/") for key in candidates]
+    if not rows:
+        return 0
+    start = layer or 0
+    runs = 1 + sum(rows[i][:start] != rows[i - 1][:start] for i in range(1, len(rows)))
+    return runs * start + len(rows) * (len(rows[0]) - start)
+
+
+def shared_rows_layer(candidates: Sequence[str]) -> int | None:
+    """The layer ℓ0 from which the prefix cache should run each candidate, or None (every layer).
+
+    The tied masks of a Stage-3 search differ in a few layers and agree in the rest (on
+    SmolLM2 at ρ = 0.75, in layers 0–1 and 18–23 of 30). The prefix cache keys the states
+    entering ℓ0 by the rows below it, so candidates in a run with the same rows below ℓ0 share
+    them. This returns the ℓ0 with the fewest :func:`layer_computations` in scoring order
+    (the lowest such ℓ0, which stores the fewest states); None where that is 0, i.e. no layer
+    is saved.
+    """
+    if not candidates:
+        return None
+    return min(range(candidates[0].count("/") + 1), key=lambda layer: layer_computations(candidates, layer)) or None
+
+
 def break_ties(
     candidates: Sequence[str],
     score_fn: Callable[[HeadMask], float],

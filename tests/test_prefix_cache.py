@@ -58,6 +58,35 @@ class TestGPT2:
         assert not torch.equal(plain[0], plain[1])  # the masks matter, so equal logits mean something
 
 
+    def test_masks_that_differ_below_the_layer_reuse_states_only_for_the_same_rows(self, gpt2_dir: Path) -> None:
+        """A tie-break's candidates differ below ℓ0 too: an entry is reused by a mask with the
+        same rows below (also after other rows came between), never by one without."""
+        lm = BoschLM(
+            pretrained=str(gpt2_dir), device="cpu", batch_size=2, dtype="float32", layers="intr", ratio=0.0, window=2, prefix_cache_mb=16
+        )
+        cache = lm.prefix_cache
+        assert cache is not None
+        input_ids = torch.randint(0, 200, (2, 12), generator=torch.Generator().manual_seed(1))
+        top = len(cache.layers) - 1
+        full, first_swa = (1, 1, 1, 1), (0, 1, 1, 1)
+        # (bottom row, top row): runs A A, B B, then A again.
+        rows = [(full, full), (full, first_swa), (first_swa, full), (first_swa, first_swa), (full, (1, 0, 1, 1))]
+        masks = [HeadMask((bottom, *[full] * (top - 1), upper), lm.head_mask.shape.num_heads) for bottom, upper in rows]
+
+        def logits(mask: HeadMask) -> torch.Tensor:
+            lm.set_mask(mask)
+            return cache.run(lambda ids: lm.model(ids).logits, input_ids, lm.hybrid.spec)
+
+        plain = [logits(mask) for mask in masks]
+        cache.vary_from(top)
+        cached = [logits(mask) for mask in masks]
+        cache.vary_from(None)
+        for expected, got in zip(plain, cached, strict=True):
+            torch.testing.assert_close(got, expected, atol=0, rtol=0)
+        assert cache.layers_skipped == 3 * top * 2  # the second of each run and A's return
+        assert not torch.equal(plain[0], plain[2])  # the bottom row matters
+
+
 class _TupleBlock(torch.nn.Module):
     """A decoder layer of the older transformers layout: it returns a tuple, not a tensor."""
 

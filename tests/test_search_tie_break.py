@@ -4,6 +4,7 @@ file that makes it resumable, and the command line end to end on a tiny checkpoi
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -11,11 +12,12 @@ import pytest
 
 from bosch_eval.cli import main
 from bosch_eval.masks.head_mask import HeadMask, ModelShape
-from bosch_eval.search.journal import mask_key
+from bosch_eval.search.journal import mask_key, read_records
 from bosch_eval.search.pipeline import SearchSettings, run_search
 from bosch_eval.search.racing import RaceBound
+from bosch_eval.search.saturation import search_ties
 from bosch_eval.search.scoring import SearchError
-from bosch_eval.search.tie_break import TIE_BREAK_FILE, TieBreak, TieBreakFile, best_key, break_ties, tie_key_bits
+from bosch_eval.search.tie_break import TIE_BREAK_FILE, TieBreak, TieBreakFile, best_key, break_ties, layer_computations, shared_rows_layer, tie_key_bits
 from tests.helpers import DOT_TASK, search_args, write_tasks
 
 SHAPE = ModelShape(num_layers=4, num_heads=3, num_kv_heads=3)
@@ -107,6 +109,29 @@ def test_the_found_mask_wins_a_second_tie_and_lower_can_be_better():
     }  # fmt: skip
     assert tie_break.message() == "another of the 2 masks at the search's S is returned: 0.7500 against the found mask's 0.5000"
     assert tie_key_bits("110/001") == ((1, 1, 0), (0, 0, 1)) and mask_key(tie_key_bits("110/001")) == "110/001"
+
+
+class TestSharedRowsLayer:
+    """Where the prefix cache should start each candidate: the fewest layer computations."""
+
+    def test_candidates_that_share_low_rows_in_runs_start_above_them(self):
+        # 6 layers; rows 0 take two values in two runs, rows 4-5 vary, rows 1-3 are shared.
+        low = ["011/111/011/101/", "110/111/011/101/"]
+        tops = ["011/110", "101/110", "110/011"]
+        candidates = [low[0] + tops[0], *(low[0] + t for t in tops[1:]), *(low[1] + t for t in tops)]
+        assert shared_rows_layer(candidates) == 4
+        assert layer_computations(candidates, 4) == 2 * 4 + 6 * 2 and layer_computations(candidates, None) == 6 * 6
+
+    def test_no_layer_is_saved_when_every_candidate_has_its_own_low_rows(self):
+        assert shared_rows_layer(["011/111", "101/111", "110/111"]) is None
+
+    def test_one_candidate_or_none_saves_nothing(self):
+        assert shared_rows_layer(["011/111"]) is None
+        assert shared_rows_layer([]) is None
+
+    def test_rows_shared_only_across_a_gap_are_not_counted_as_one_run(self):
+        # A B A B: four runs below layer 1, so starting there saves nothing (4·1 + 4·1 = 8 = 4·2).
+        assert shared_rows_layer(["011/011", "101/011", "011/101", "101/101"]) is None
 
 
 class TestTieBreakFile:
@@ -216,3 +241,21 @@ def test_the_toy_models_tied_masks_are_all_candidates_and_the_choice_is_recorded
     assert keys[0] == provenance["tie_break"]["found_mask"] and keys[1:] == sorted(keys[1:]) and len(set(keys)) == ties + 1
     chosen = mask_key(HeadMask.load(out / "mask.json").bits)
     assert chosen in keys and chosen.count("0") == keys[0].count("0")
+
+
+def test_a_finished_searchs_ties_are_read_from_its_committed_journal(tmp_path: Path):
+    """``search_ties`` reads a gzipped journal as committed: equal S and as many SWA groups tie; a
+    bound counts only for a mask never scored to the end."""
+    found, tied, more_swa, lower, bounded, rescored = "011/111", "101/111", "001/111", "110/111", "111/011", "111/101"
+    HeadMask(tie_key_bits(found), 3).save(tmp_path / "mask.json")
+    records = [
+        {"journal": "bosch-journal/1", "header": {"model": "planted"}},
+        {"key": found, "score": 0.75}, {"key": tied, "score": 0.75}, {"key": more_swa, "score": 0.75},
+        {"key": lower, "score": 0.5}, {"key": bounded, "bound": 0.75, "examples": 8},
+        {"key": rescored, "bound": 0.75, "examples": 8}, {"key": rescored, "score": 0.5},
+    ]  # fmt: skip
+    with gzip.open(tmp_path / "journal.jsonl.gz", "wt") as handle:
+        handle.writelines(json.dumps(record) + "\n" for record in records)
+    assert next(read_records(tmp_path / "journal.jsonl"))["header"] == {"model": "planted"}
+    key, ties = search_ties(tmp_path)
+    assert key == found and ties.keys == (tied,) and ties.may_tie == 1
