@@ -132,7 +132,8 @@ def search_model(
         objective.racing = racing
         log.info("ready in %.1f s; evaluating the anchors S(all SWA) and S(all full)", time.perf_counter() - started)
         calibration_json = objective.describe()
-        header = journal_header(model, path, window, calibration_json, pinned, load.model_args)
+        dtype = str(objective.lm.model.dtype).removeprefix("torch.")
+        header = journal_header(model, path, window, calibration_json, pinned, load.model_args, dtype)
         journal, resumed = _open_journal(out, header, resume, new_settings, state)
         # Built before the search, so that a bad task or a tiebreak.jsonl of other settings fails first.
         tie_breaker = _tie_break_objective(objective, calibration.tie_break_tasks, out, header, state.is_main_process)
@@ -210,14 +211,22 @@ def _break_ties(result: SearchResult, chooser: CalibrationObjective, record: Tie
 
 
 def journal_header(
-    model: str, path: str, window: int, calibration: Mapping[str, Any], settings: Mapping[str, Any], model_args: Mapping[str, Any] | None
+    model: str,
+    path: str,
+    window: int,
+    calibration: Mapping[str, Any],
+    settings: Mapping[str, Any],
+    model_args: Mapping[str, Any] | None,
+    dtype: str,
 ) -> dict[str, Any]:
     """What the journal pins: the model by its name (a bundled model's alias, wherever the
     checkout lies) and identity (:func:`bosch_eval.models.model_identity.model_identity`), the
+    dtype it computes in (bf16 and fp32 round differently, so S can differ by an example), the
     window, the calibration and the search settings (:meth:`SearchSettings.pinned_json`)."""
     header = {
         "model": portable_name(model),
         "model_identity": model_identity(path, (model_args or {}).get("revision")),
+        "dtype": dtype,
         "window": window,
         "calibration": dict(calibration),
         "settings": dict(settings),
@@ -230,8 +239,10 @@ def journal_header(
 def migrate_header(stored: dict[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
     """A journal header as this version writes it: paths of a bundled model's directory (from
     any checkout) become its alias, a journal from before models were pinned by identity
-    takes today's identity (it pinned the model by name only; logged), and Stage-2 buckets
-    pinned as null (the model's default, before pins named them) become the ones they meant."""
+    takes today's identity (it pinned the model by name only; logged), one from before the
+    dtype was pinned takes this run's (logged: the file cannot say which it was), and Stage-2
+    buckets pinned as null (the model's default, before pins named them) become the ones
+    they meant."""
     header = dict(stored)
     if isinstance(header.get("model"), str):
         header["model"] = portable_name(header["model"])
@@ -242,6 +253,9 @@ def migrate_header(stored: dict[str, Any], current: Mapping[str, Any]) -> dict[s
     if "model_identity" not in header and "model_identity" in current:
         log.info("the journal pins the model %r by name only (an older bosch-eval); its files are pinned now", header.get("model"))
         header["model_identity"] = current["model_identity"]
+    if "dtype" not in header and "dtype" in current:
+        log.info("the journal does not pin the dtype (an older bosch-eval); its scores are taken as %s, this run's", current["dtype"])
+        header["dtype"] = current["dtype"]
     settings, now = header.get("settings"), current.get("settings")
     if isinstance(settings, dict) and "buckets" in settings and settings["buckets"] is None and isinstance(now, Mapping):
         header["settings"] = dict(settings, buckets=now.get("buckets"))  # the model is pinned: its default is the same

@@ -95,6 +95,35 @@ def test_a_journal_of_another_window_is_refused_naming_the_field(finished: tuple
     assert "header field 'window' is 256 in the journal but 128 in this search" in capsys.readouterr().err
 
 
+def test_a_journal_of_another_dtype_is_refused_naming_the_field(finished: tuple[Path, Path, Path], capsys) -> None:
+    """bf16 and fp32 round differently, so a resume in another dtype would mix two arithmetics."""
+    model_dir, task_dir, out = finished
+    before = (out / "journal.jsonl").read_text()
+    args = search_args(model_dir, task_dir, out, "--resume")
+    args[args.index("--dtype") + 1] = "bfloat16"
+    assert main(args) == 2
+    assert "header field 'dtype'" in (err := capsys.readouterr().err) and "float32" in err and "bfloat16" in err
+    assert (out / "journal.jsonl").read_text() == before
+
+
+def test_a_journal_from_before_the_dtype_was_pinned_resumes_under_this_runs(
+    finished: tuple[Path, Path, Path], tmp_path: Path, capsys, caplog
+) -> None:
+    import shutil
+
+    model_dir, task_dir, out = finished
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns(".bosch-search.lock"))
+    first, *rest = (copy / "journal.jsonl").read_text().splitlines(keepends=True)
+    header = json.loads(first)
+    del header["header"]["dtype"]
+    (copy / "journal.jsonl").write_text(json.dumps(header) + "\n" + "".join(rest))
+    with caplog.at_level("INFO"):
+        assert main(search_args(model_dir, task_dir, copy, "--resume")) == 0
+    assert "(0 in this run)" in capsys.readouterr().out
+    assert "does not pin the dtype" in caplog.text and "float32" in caplog.text
+
+
 def test_a_resume_under_other_settings_is_refused_unless_asked_and_keeps_the_old_result(
     finished: tuple[Path, Path, Path], tmp_path: Path, capsys, caplog
 ) -> None:
