@@ -80,7 +80,7 @@ from bosch_eval.models.checkpoint import saved_kv_quant, saved_mask, set_saved_k
 from bosch_eval.models.model_check import ModelError, check_causal_decoder, model_config, resolve_model
 from bosch_eval.models.model_defaults import model_defaults, resolve_window
 from bosch_eval.models.transformers_compat import cache_argument
-from bosch_eval.runtime.device import pick_device
+from bosch_eval.runtime.device import pick_device, warn_slow_cpu_bfloat16
 from bosch_eval.runtime.errors import SettingsError
 from bosch_eval.runtime.launch import join_cpu_processes, shard_over_processes
 from bosch_eval.runtime.lm_eval_logs import quiet_per_length_warnings
@@ -182,6 +182,7 @@ class BoschLM(HFLM):
         join_cpu_processes(str(loader_args.get("device", "")))  # before HFLM's Accelerator()
         super().__init__(pretrained=pretrained, **loader_args)
         shard_over_processes(self)
+        warn_slow_cpu_bfloat16(self.model.dtype, str(self.device))
         if self.backend != "causal":
             raise ModelError(f"bosch: hybrid attention needs a decoder-only (causal) model, got backend={self.backend!r}")
         if not isinstance(pretrained, str):  # a preloaded model: its own config

@@ -70,3 +70,38 @@ def test_every_command_refuses_cuda_without_it_in_one_line(no_cuda, tmp_path, ca
     err = capsys.readouterr().err
     assert f"bosch-eval: error: {'--device' if argv[0] != 'compare' else 'device'} 'cuda': {NO_CUDA}" in err
     assert "Traceback" not in err and "AssertionError" not in err
+
+
+class TestSlowCpuBfloat16:
+    """bf16 on a CPU without native bf16 instructions is said to be slow; nothing else is."""
+
+    @staticmethod
+    def cpu_with(native: bool):  # noqa: ANN205
+        return mock.patch.multiple(
+            "torch.cpu", _is_amx_tile_supported=mock.Mock(return_value=False), _is_avx512_bf16_supported=mock.Mock(return_value=native)
+        )
+
+    def test_bf16_on_a_cpu_without_amx_or_avx512_bf16_is_named_with_the_faster_dtype(self):
+        import torch
+
+        with self.cpu_with(native=False):
+            problem = device_module.slow_cpu_bfloat16(torch.bfloat16, "cpu")
+        assert problem is not None and "without AMX or AVX512-BF16" in problem and "dtype=float32 is faster" in problem
+
+    def test_native_bf16_float32_and_gpus_are_not_warned_about(self):
+        import torch
+
+        with self.cpu_with(native=True):
+            assert device_module.slow_cpu_bfloat16(torch.bfloat16, "cpu") is None
+        with self.cpu_with(native=False):
+            assert device_module.slow_cpu_bfloat16(torch.float32, "cpu") is None
+            assert device_module.slow_cpu_bfloat16(torch.bfloat16, "cuda:0") is None
+
+    def test_the_adapter_warns_once_when_it_loads_bf16_on_such_a_cpu(self, tiny_model_dir, caplog):
+        from bosch_eval.model_adapters.bosch import BoschLM
+
+        device_module.warn_slow_cpu_bfloat16.cache_clear()
+        with self.cpu_with(native=False), caplog.at_level(logging.WARNING, logger="bosch_eval"):
+            BoschLM(pretrained=str(tiny_model_dir), device="cpu", dtype="bfloat16", mask="full")
+            BoschLM(pretrained=str(tiny_model_dir), device="cpu", dtype="bfloat16", mask="full")
+        assert caplog.text.count("without AMX or AVX512-BF16") == 1

@@ -81,3 +81,30 @@ def pick_device(requested: str | None, setting: str = "device") -> str:
     elif parsed.type == "mps" and not torch.backends.mps.is_available():
         raise DeviceError(f"{setting} {requested!r}: torch has no MPS device here (macOS with Apple silicon only); use {setting} cpu")
     return requested
+
+
+def slow_cpu_bfloat16(dtype: object, device: str) -> str | None:
+    """Why bf16 on this CPU is slow, or None. Without AMX or AVX512-BF16 instructions torch's
+    bf16 matrix products take a fallback path several times slower than float32 (on the
+    AVX2 cores of issue 37's sessions, 5× for a layer's product and 60× for a 1024² one), so
+    a user who chose bf16 for speed should hear that float32 is faster here."""
+    import torch
+
+    if dtype != torch.bfloat16 or torch.device(device).type != "cpu":
+        return None
+    native = [getattr(torch.cpu, name, None) for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")]
+    if any(check is None for check in native) or any(check() for check in native):
+        return None  # native bf16, or a torch that cannot say: nothing to warn about
+    return (
+        f"dtype bfloat16 on a CPU without AMX or AVX512-BF16 instructions ({torch.backends.cpu.get_cpu_capability()}): "
+        "torch's bf16 matrix products take a fallback several times slower than float32 here; dtype=float32 is faster "
+        "(scores in the two dtypes can differ by rounding, so keep one dtype for masks you compare)"
+    )
+
+
+@functools.cache
+def warn_slow_cpu_bfloat16(dtype: object, device: str) -> None:
+    """Log :func:`slow_cpu_bfloat16`'s reason once per process and setting."""
+    problem = slow_cpu_bfloat16(dtype, device)
+    if problem is not None:
+        log.warning("bosch-eval: %s", problem)
