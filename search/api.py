@@ -196,6 +196,8 @@ def _break_ties(result: SearchResult, chooser: CalibrationObjective, record: Tie
     if prefix_layer is not None and chooser.relative_cost(prefix_layer) < 1.0:
         log.info("search: tie-break: the prefix cache runs each candidate from layer %d (the rows below are shared in runs)", prefix_layer)
     chooser.vary_layers_from(prefix_layer)
+    if chooser.racing:  # one example order for every candidate: the same batches, so the cache's states are reused
+        chooser.fix_example_order(True)
     try:
         scores = break_ties(
             candidates, chooser, chooser.shape.num_heads, record.scores, race=chooser.racing,
@@ -203,6 +205,8 @@ def _break_ties(result: SearchResult, chooser: CalibrationObjective, record: Tie
         )  # fmt: skip
     finally:
         chooser.vary_layers_from(None)
+        if chooser.racing:
+            chooser.fix_example_order(False)
     tie_break = TieBreak(chooser.tasks, scores, best_key(scores, chooser.higher_is_better))
     log.info("search: tie-break on %s: %s", ", ".join(chooser.tasks), tie_break.message())
     if tie_break.chosen != found:

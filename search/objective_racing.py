@@ -84,6 +84,15 @@ class ObjectiveRacing:
         self.calls += racer.masks_forwarded - before
         return outcomes
 
+    def fix_example_order(self, fixed: bool) -> None:
+        """Race every mask on the same chunks while ``fixed`` (the order as it stands), so
+        that the adapter's prefix cache sees the same batches from one mask to the next.
+
+        Raises:
+            ObjectiveError: racing cannot apply (:meth:`racing_problem`).
+        """
+        self._racer().order.fixed = fixed
+
     def racing_problem(self) -> str | None:
         """Why S(z) cannot be raced exactly, or None when it can: racing needs plain tasks
         (not groups or tags), zero-shot (few-shot draws depend on the examples before), and

@@ -111,12 +111,19 @@ def ruled_out(lowest: Sequence[float], highest: Sequence[float]) -> set[int]:
 
 @dataclass
 class ExampleOrder:
-    """Which examples to score first: the ones masks scored so far missed most."""
+    """Which examples to score first: the ones masks scored so far missed most.
+
+    ``fixed``: values are not recorded, so every race gets the same chunks (a tie-break's
+    candidates: the prefix cache keys states by a batch's inputs, and only repeated chunks
+    repeat the batches)."""
 
     higher_is_better: bool
     shortfall: dict[tuple[str, int], float] = field(default_factory=dict)
+    fixed: bool = False
 
     def record(self, task: str, values: Mapping[int, float]) -> None:
+        if self.fixed:
+            return
         best = 1.0 if self.higher_is_better else 0.0
         for doc, value in values.items():
             self.shortfall[task, doc] = self.shortfall.get((task, doc), 0.0) + abs(best - value)

@@ -140,7 +140,8 @@ def break_ties(
         value = known.get(key)
         if value is None:
             mask = HeadMask(tie_key_bits(key), num_heads)
-            value = score_fn.race(mask, beats) if race and best is not None else score_fn(mask)  # type: ignore[attr-defined]
+            # The first is raced too (nothing to beat: scored to the end), on the chunks the rest get.
+            value = score_fn.race(mask, beats) if race else score_fn(mask)  # type: ignore[attr-defined]
             if on_score is not None:
                 on_score(key, value)
         values[key] = value

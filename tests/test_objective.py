@@ -350,6 +350,24 @@ class TestSpeedupsOnTheToyModel:
         assert exact[-1] == 0.0 and isinstance(outcomes[-1], RaceBound)  # all-SWA stops early
         assert cached.examples_scored - before < 16 * len(masks)
 
+    def test_raced_masks_on_a_fixed_example_order_reuse_the_cache(self, plain, cached):
+        """A tie-break races its candidates one after another on one example order: masks that
+        share the rows below the top layer get the same batches, so all but the first skip them."""
+        cache, shape = cached.lm.prefix_cache, plain.shape
+        low = ((0, *[1] * (shape.num_kv_heads - 1)), *[tuple([1] * shape.num_kv_heads)] * (shape.num_layers - 2))
+        tops = [tuple(int(g != swa) for g in range(shape.num_kv_heads)) for swa in range(shape.num_kv_heads)]
+        masks = [HeadMask((*low, top), shape.num_heads) for top in tops]  # scored by no other test: not in the memo
+        cached.vary_layers_from(shape.num_layers - 1)
+        cached.fix_example_order(True)
+        try:
+            before = cache.layers_skipped
+            raced = [cached.race(mask, lambda best: True) for mask in masks]
+        finally:
+            cached.vary_layers_from(None)
+            cached.fix_example_order(False)
+        assert raced == [plain(mask) for mask in masks]
+        assert cache.layers_skipped - before == (len(masks) - 1) * 16 * (shape.num_layers - 1)
+
     def test_prefix_cache_skips_the_fixed_layers_and_changes_no_score(self, plain, cached):
         cache = cached.lm.prefix_cache
         masks = self.top_layer_masks(plain.shape)[:-1]

@@ -156,6 +156,34 @@ class TestRaceMany:
             assert outcome == value if not isinstance(outcome, RaceBound) else outcome.score >= value
 
 
+def test_a_fixed_example_order_gives_every_race_the_same_chunks() -> None:
+    """Learning moves missed examples first; fixed (a tie-break's candidates, for the prefix
+    cache's batches), every race asks for the chunks the first one did, and scores stay exact."""
+    values = [1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0]
+    masks = [HeadMask.from_swa_groups(SHAPE, {(0, group)}) for group in range(3)]
+
+    def chunks_asked(fixed: bool) -> tuple[list[list[list[int]]], list[float | RaceBound]]:
+        asked: list[list[list[int]]] = []
+
+        def score_chunks(items):  # noqa: ANN001, ANN202
+            asked[-1] += [indices for _, _, indices in items]
+            return [{e: values[e] for e in indices} for _, _, indices in items]
+
+        racer = Racer({"t": len(values)}, True, score_chunks, lambda tally: sum(tally.in_document_order("t")) / len(values), 2)
+        racer.order.fixed = fixed
+        outcomes = []
+        for mask in masks:
+            asked.append([])
+            outcomes.append(racer.race(mask, lambda best: True))
+        return asked, outcomes
+
+    learned, learned_scores = chunks_asked(fixed=False)
+    assert learned[1] != learned[0]  # the misses (examples 2, 4, 7) come first after one race
+    fixed, fixed_scores = chunks_asked(fixed=True)
+    assert fixed[0] == fixed[1] == fixed[2] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert fixed_scores == learned_scores == [0.625] * 3
+
+
 class TestOptimizers:
     @pytest.mark.parametrize("seed", range(12))
     def test_exhaustive_with_race_all_picks_the_same_point(self, seed: int) -> None:
