@@ -1,7 +1,7 @@
 """What the prefix cache saves a tie-break (``search --tie-break-tasks``), measured side by side.
 
 The candidates are a finished search's found mask and the masks its calibration set tied with
-it (``bosch_eval.search.saturation.top_ties`` on its journal), in the tie-break's order. The
+it (``bosch_eval.search.saturation.search_ties``), in the tie-break's order. The
 first ``--candidates`` of them are scored on the tie-break task twice with one objective:
 every layer run for each mask, then each run from the layer
 :func:`bosch_eval.search.tie_break.shared_rows_layer` picks, so that the layers below are

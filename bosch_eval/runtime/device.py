@@ -86,7 +86,7 @@ def pick_device(requested: str | None, setting: str = "device") -> str:
 def slow_cpu_bfloat16(dtype: object, device: str) -> str | None:
     """Why bf16 on this CPU is slow, or None. Without AMX or AVX512-BF16 instructions torch's
     bf16 matrix products take a fallback path several times slower than float32 (on the
-    AVX2 cores of issue 37's sessions, 5× for a layer's product and 60× for a 1024² one), so
+    AVX2 cores of issue 37's sessions, 5× for a layer's product and 60–130× for a 1024² one), so
     a user who chose bf16 for speed should hear that float32 is faster here."""
     import torch
 
