@@ -11,7 +11,12 @@ tests). Variants (paper §3.4), each registered in :data:`VARIANTS` under its na
 * ``nested`` (beyond the paper): ``bosch`` with no layer given more SWA groups than the
   ⌈ρG⌉ Stage 1 measured in it, chosen among the groups Stage 1 made SWA there (Stage 2's
   top bucket is ⌈ρG⌉/G, and Stage 3 only gives back, as full attention, groups of Stage
-  1's mask).
+  1's mask);
+* ``guarded`` (beyond the paper, the default): ``bosch`` that first scores the incumbents
+  (static rankings' and layer heuristics' masks, :mod:`.incumbents`), measures Stage 1 by
+  one-layer probes when ⌈ρG⌉ = G (:func:`stages.stage1_probes`), runs a local search over the
+  whole model after Stage 3 (:mod:`.local_search`) and never returns less than the best
+  incumbent (:mod:`.guard`).
 
 ``refine > 0`` adds coordinate descent after Stage 3 (beyond the paper; off by default).
 """
@@ -26,12 +31,16 @@ from typing import Any
 
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count, check_ratio
 from bosch_eval.runtime.registry import Registry
+from bosch_eval.search.guard import STAGES, Guard, Lineage, choose, source_of
+from bosch_eval.search.incumbents import best_incumbent, incumbent_masks, score_incumbents
 from bosch_eval.search.journal import Journal, mask_key
+from bosch_eval.search.local_search import local_search
 from bosch_eval.search.optimizers import NOMAD_MAX_VARIABLES, optimizer_methods
+from bosch_eval.search.racing import RaceBound
 from bosch_eval.search.saturation import TopTies, stage1_saturation, top_ties
 from bosch_eval.search.score_book import Bits, ScoreBook
 from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, SearchError
-from bosch_eval.search.stage2 import Stage2Result, assign_layer_ratios, default_buckets
+from bosch_eval.search.stage2 import Stage2Result, assign_layer_ratios, cumulative_from_probes, default_buckets
 from bosch_eval.search.stages import (
     QUOTAS,
     LayerQuotas,
@@ -41,9 +50,10 @@ from bosch_eval.search.stages import (
     layer_level,
     refine,
     stage1,
+    stage1_probes,
     stage3,
 )
-from bosch_eval.search.tie_break import TieBreak
+from bosch_eval.search.tie_break import TieBreak, tie_key_bits
 
 log = logging.getLogger("bosch_eval.search")
 
@@ -59,12 +69,18 @@ class Variant:
         chunks: its sub-problems may span ``chunk_layers`` layers.
         nested: Stages 2–3 stay within Stage 1's mask (see :meth:`SearchSettings.buckets_for`
             and :class:`stages.LayerQuotas`).
+        probes: when ⌈ρG⌉ = G, Stage 1 measures each layer alone from the full model
+            (:func:`stages.stage1_probes`) instead of Algorithm 1's cumulative pass.
+        incumbents: scores the incumbents first and runs the local search after the stages
+            (``SearchSettings.incumbents`` and ``local_calls`` apply).
     """
 
     run: Callable[[SearchRun], StageOutcome]
     stage2: bool = False
     chunks: bool = False
     nested: bool = False
+    probes: bool = False
+    incumbents: bool = False
 
 
 VARIANTS: Registry[Variant] = Registry("search variant", field="variant", error=SearchError)
@@ -90,7 +106,7 @@ class SearchSettings:
     """Everything that determines a search's result (and so its journal header)."""
 
     ratio: float
-    variant: str = "bosch"
+    variant: str = "guarded"  # the paper's search is "bosch"
     optimizer: str = "auto"
     budget_per_layer: int = 100  # κ (paper B.2)
     alpha: float = DEFAULT_ALPHA
@@ -101,6 +117,13 @@ class SearchSettings:
     chunk_layers: int | None = None  # None: default_chunk_layers(G, max_variables), the paper's B.2
     quota: str = "layer"  # "chunk": the old per-chunk count, a deviation from Algorithm 3
     refine: int = 0  # coordinate-descent passes after Stage 3 (0 = the paper's BOSCH)
+    local_calls: int = 100  # the guarded variant's local search: new S() calls, over both starts
+    # The guarded variant's incumbents besides the layer heuristics: (name, journal mask key)
+    # pairs, the static rankings' masks at the ratio (search/api.py computes them).
+    incumbents: tuple[tuple[str, str], ...] = ()
+    # The rankings search/api.py turns into incumbents: a ranker's name (computed on the
+    # calibration set) or NAME=FILE (a bosch-ranking/1 file); None: every registered ranker.
+    rankings: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         check_ratio(self.ratio, "ratio")
@@ -123,6 +146,16 @@ class SearchSettings:
         if self.refine and not variant.stage2:
             stage3_variants = [name for name, other in VARIANTS.items() if other.stage2]
             raise SearchError(f"refine: runs after Stage 3, so only with variant {' or '.join(map(repr, stage3_variants))}, got variant {self.variant!r}")
+        if isinstance(self.local_calls, bool) or not isinstance(self.local_calls, int) or self.local_calls < 0:
+            raise SearchError(f"local_calls: expected an integer >= 0 (S() calls of the local search), got {self.local_calls!r}")
+        names = [pair[0] for pair in self.incumbents if isinstance(pair, tuple) and len(pair) == 2]
+        if len(names) != len(self.incumbents) or not all(isinstance(name, str) and isinstance(key, str) for name, key in self.incumbents):
+            raise SearchError(f"incumbents: expected (name, mask key) pairs of strings, got {self.incumbents!r}")
+        if len(set(names)) != len(names):
+            raise SearchError(f"incumbents: expected distinct names, got {names}")
+        if self.incumbents and not variant.incumbents:
+            guarded = [name for name, other in VARIANTS.items() if other.incumbents]
+            raise SearchError(f"incumbents: scored only by variant {' or '.join(map(repr, guarded))}, got variant {self.variant!r}")
 
     def chunk_layers_for(self, shape: ModelShape) -> int:
         """``chunk_layers``, or the paper's default for the model's G."""
@@ -145,7 +178,12 @@ class SearchSettings:
         return ceil_count(self.ratio, shape.num_kv_heads) if VARIANTS[self.variant].nested else shape.num_kv_heads
 
     def to_json(self) -> dict[str, Any]:
-        return dict(asdict(self), buckets=None if self.buckets is None else list(self.buckets))
+        return dict(
+            asdict(self),
+            buckets=None if self.buckets is None else list(self.buckets),
+            incumbents=[list(pair) for pair in self.incumbents],
+            rankings=None if self.rankings is None else list(self.rankings),
+        )
 
     def pinned_json(self, shape: ModelShape) -> dict[str, Any]:
         """The settings as a journal pins them for a model of ``shape``: ``buckets`` as Stage 2
@@ -164,6 +202,7 @@ class SearchResult:
     anchors: Anchors
     settings: SearchSettings
     stage1_scores: list[float] | None = None
+    stage1_probes: bool = False  # Stage 1 measured each layer alone (stages.stage1_probes), not cumulatively
     stage2: Stage2Result | None = None
     subproblems: list[SubResult] = field(default_factory=list)
     stage3_score: float | None = None  # S before refinement (None without --refine)
@@ -176,6 +215,7 @@ class SearchResult:
     costs: dict[str, dict[str, float]] = field(default_factory=dict)  # per stage: calls, pruned, seconds (this run)
     ties: TopTies | None = None  # masks of the found ratio at the found S (None until the search ends)
     tie_break: TieBreak | None = None  # how --tie-break-tasks ordered them (None: not asked)
+    guard: Guard | None = None  # the guarded variant's incumbents and local search (None: another variant)
 
     def provenance(self) -> dict[str, Any]:
         """The mask file's ``provenance`` block (paper quantities, settings, cost)."""
@@ -192,6 +232,7 @@ class SearchResult:
             "score": self.score,
             "normalized_score": self.anchors.normalize(self.score),
             "stage1_scores": self.stage1_scores,
+            "stage1_probes": self.stage1_probes,
             "stage2": None
             if stage2 is None
             else {
@@ -213,6 +254,7 @@ class SearchResult:
             "costs": self.costs,
             "ties": None if self.ties is None else {"scored": self.ties.scored, "may_tie": self.ties.may_tie},
             "tie_break": None if self.tie_break is None else self.tie_break.to_json(),
+            "guard": None if self.guard is None else self.guard.to_json(),
             "wall_s": round(self.wall_s, 2),
         }
 
@@ -322,10 +364,17 @@ class SearchRun:
 
 
 def _stage1(run: SearchRun, layers_per_problem: int) -> StageOutcome:
-    """Stage 1 (Algorithm 1); its per-layer scores go into the result, its saturation into the log."""
-    outcome, run.result.stage1_scores = stage1(
-        run.book, run.anchors, run.shape, run.settings.ratio, run.stages, layers_per_problem, run.progress
-    )
+    """Stage 1 (Algorithm 1), or one probe per layer where the variant asks for them and ⌈ρG⌉ = G;
+    its per-layer scores go into the result, its saturation into the log."""
+    groups = run.shape.num_kv_heads
+    if VARIANTS[run.settings.variant].probes and layers_per_problem == 1 and ceil_count(run.settings.ratio, groups) == groups:
+        log.info("stage 1: ⌈ρG⌉ = G = %d, so each layer is measured alone from the full model (one probe per layer)", groups)
+        outcome, run.result.stage1_scores = stage1_probes(run.book, run.anchors, run.shape, run.stages, run.progress)
+        run.result.stage1_probes = True
+    else:
+        outcome, run.result.stage1_scores = stage1(
+            run.book, run.anchors, run.shape, run.settings.ratio, run.stages, layers_per_problem, run.progress
+        )
     saturation = stage1_saturation(run.result.stage1_scores, run.anchors.all_full, run.stages.higher_is_better)
     (log.warning if saturation.saturated else log.info)("stage 1: %s", saturation.message())
     return outcome
@@ -339,8 +388,10 @@ def _bosch(run: SearchRun) -> StageOutcome:
     outcome = _stage1(run, 1)
     stage1_bits = outcome.bits
     result.subproblems.extend(outcome.subproblems)
+    # Probes' drops are each layer's own; Stage 2 reads cumulative scores, so they are given as such.
+    drops_from = cumulative_from_probes(result.stage1_scores, anchors.all_full) if result.stage1_probes else result.stage1_scores
     result.stage2 = assign_layer_ratios(
-        result.stage1_scores,
+        drops_from,
         anchors.all_full,
         settings.ratio,
         shape.num_kv_heads,
@@ -354,8 +405,43 @@ def _bosch(run: SearchRun) -> StageOutcome:
         result.stage3_score = book.score(outcome.bits, "final")
         result.stage3_evaluations = len(book.known) + len(book.bounds)
         outcome = refine(book, anchors, shape, outcome.bits, quotas, run.stages, settings.refine, run.progress)
-    _warn_if_stage1_scores_better(run, stage1_bits, outcome.bits)
+    if not result.stage1_probes:  # probes leave no Stage-1 mask but all-SWA, which cannot score better
+        _warn_if_stage1_scores_better(run, stage1_bits, outcome.bits)
     return outcome
+
+
+def _guarded(run: SearchRun) -> StageOutcome:
+    """Incumbents, then ``bosch`` (with Stage-1 probes where ⌈ρG⌉ = G), then the local search
+    from the stages' mask and from the best incumbent; the best mask those runs end with
+    (:mod:`bosch_eval.search.guard`)."""
+    book, anchors, shape, settings = run.book, run.anchors, run.shape, run.settings
+    higher = anchors.higher_is_better
+    masks = incumbent_masks(shape, settings.ratio, settings.incumbents, settings.seed)
+    scores = score_incumbents(book, anchors, masks)
+    best = best_incumbent(masks, scores, higher)
+    for name, mask in masks.items():
+        outcome = scores[mask_key(mask)]
+        shown = f"S <= {outcome.score:.4f} (stopped early by racing)" if isinstance(outcome, RaceBound) else f"S = {outcome:.4f}"
+        log.info("incumbent %s: %s%s", name, shown, " (the best)" if name == best else "")
+    outcome = _bosch(run)
+    stages_score = book.score(outcome.bits, "final")
+    starts = [(STAGES, outcome.bits), (best, masks[best])]
+    if mask_key(masks[best]) == mask_key(outcome.bits):
+        starts = starts[:1]
+    lineages = []
+    for number, (origin, start) in enumerate(starts):
+        calls = settings.local_calls // len(starts) + (number < settings.local_calls % len(starts))
+        end, summary = local_search(book, anchors, shape, start, calls, run.stages, origin) if calls else (start, None)
+        if summary is not None:
+            outcome.subproblems.append(summary)
+        lineages.append(Lineage(origin, mask_key(start), mask_key(end), book.score(end, "final"), calls))
+    chosen = choose(lineages, higher)
+    run.result.guard = Guard(
+        {name: mask_key(mask) for name, mask in masks.items()},
+        scores, best, mask_key(outcome.bits), stages_score, tuple(lineages), chosen.end, source_of(chosen), higher,
+    )  # fmt: skip
+    log.info("search: %s", run.result.guard.message())
+    return StageOutcome(tie_key_bits(chosen.end), outcome.subproblems)
 
 
 def _warn_if_stage1_scores_better(run: SearchRun, stage1_bits: Bits, final_bits: Bits) -> None:
@@ -392,6 +478,7 @@ def _warn_if_stage1_scores_better(run: SearchRun, stage1_bits: Bits, final_bits:
 
 VARIANTS.register("bosch", Variant(_bosch, stage2=True, chunks=True))
 VARIANTS.register("nested", Variant(_bosch, stage2=True, chunks=True, nested=True))  # beyond the paper
+VARIANTS.register("guarded", Variant(_guarded, stage2=True, chunks=True, probes=True, incumbents=True))  # beyond the paper
 VARIANTS.register("single", Variant(lambda run: _stage1(run, 1)))  # B-single: the Stage-1 mask
 VARIANTS.register("multi", Variant(lambda run: _stage1(run, run.stages.chunk_layers), chunks=True))  # B-multi
 VARIANTS.register(  # B-layer: one search over whole layers, budget κ·L
@@ -428,6 +515,7 @@ def validate_for_shape(settings: SearchSettings, shape: ModelShape) -> None:
                 f"{list(buckets)} give {low} to {high} over {shape.num_layers} layers × "
                 f"{groups} groups; include a bucket of {'0' if target < low else '1'}"
             )
+    _check_incumbents(settings, shape)
     chunk = min(settings.chunk_layers_for(shape), shape.num_layers)
     searches_chunks = settings.optimizer == "nomad" and variant.chunks
     if searches_chunks and settings.quota == "layer" and chunk > 1:
@@ -442,3 +530,21 @@ def validate_for_shape(settings: SearchSettings, shape: ModelShape) -> None:
             f"the {NOMAD_MAX_VARIABLES} NOMAD handles (B.2); lower --chunk-layers to {max(1, NOMAD_MAX_VARIABLES // groups)} "
             "or use --optimizer auto/oneplusone"
         )
+
+
+def _check_incumbents(settings: SearchSettings, shape: ModelShape) -> None:
+    """Each given incumbent is a mask of the model with at least the target's SWA groups (a
+    cheaper mask may compete on S; a dearer one would beat the search by spending more)."""
+    target = ceil_count(settings.ratio, shape.num_layers * shape.num_kv_heads)
+    for name, key in settings.incumbents:
+        rows = key.split("/")
+        if len(rows) != shape.num_layers or any(len(row) != shape.num_kv_heads or set(row) - {"0", "1"} for row in rows):
+            raise SearchError(
+                f"incumbents: {name}: expected a mask key of {shape.num_layers} rows of {shape.num_kv_heads} digits 0/1 "
+                f"joined by '/', got {key[:80]!r}"
+            )
+        if key.count("0") < target:
+            raise SearchError(
+                f"incumbents: {name} has {key.count('0')} SWA groups, expected at least {target} "
+                f"(⌈ρ·L·G⌉ at ratio {settings.ratio:g})"
+            )

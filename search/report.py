@@ -6,7 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from bosch_eval.search.cost import estimate_calls, render_cost
+from bosch_eval.search.guard import Guard
 from bosch_eval.search.pipeline import SearchResult
+from bosch_eval.search.racing import RaceBound
 from bosch_eval.search.saturation import TopTies, stage1_saturation
 from bosch_eval.search.tie_break import TIE_BREAK_FILE
 
@@ -64,9 +66,14 @@ def render_report(result: SearchResult, model: str, window: int, calibration: Ma
         f"| search time, every run of this journal | {result.wall_s:.1f} s |",
         "",
     ]
+    if result.guard is not None:
+        lines += _guard(result.guard)
     if result.stage1_scores is not None:
         lines += ["## Stage 1 and Stage 2 (per layer, top first)", ""]
-        header = "| layer | s_best (Stage 1) |"
+        if result.stage1_probes:
+            lines += ["Stage 1 measured each layer alone from the full model (every group of that layer SWA, "
+                      "⌈ρG⌉ = G): the `guarded` variant's deviation from Algorithm 1.", ""]  # fmt: skip
+        header = "| layer | S, that layer alone SWA (Stage 1 probe) |" if result.stage1_probes else "| layer | s_best (Stage 1) |"
         rule = "|---|---|"
         if result.stage2 is not None:
             header += " drop d_l | weight w_l | ratio r_l |"
@@ -118,6 +125,20 @@ def render_report(result: SearchResult, model: str, window: int, calibration: Ma
         lines.append(f"layer {layer:>3}  {cells}")
     lines += ["```", ""]
     return "\n".join(lines)
+
+
+def _guard(guard: Guard) -> list[str]:
+    """The incumbents' scores and what the guard returned (a bound for one racing stopped)."""
+    lines = ["## Incumbents", "",
+             "Scored before Stage 1; the local search over the whole model ran from the stages' mask and from the best.", "",
+             "| incumbent | SWA groups | S |", "|---|---|---|"]  # fmt: skip
+    for name, key in guard.incumbents.items():
+        value = guard.scores[key]
+        shown = f"≤ {value.score:.4f} (stopped early by racing)" if isinstance(value, RaceBound) else f"{value:.4f}"
+        lines.append(f"| {name}{' (the best)' if name == guard.best else ''} | {key.count('0')} | {shown} |")
+    runs = [f"from {lineage.origin}: S {lineage.score:.4f} ({lineage.calls} S() calls at most)" for lineage in guard.lineages]
+    lines += ["", f"Local search {'; '.join(runs)}.", "", f"The search {guard.message()}.", ""]
+    return lines
 
 
 def _ties(ties: TopTies) -> str:

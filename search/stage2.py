@@ -183,6 +183,19 @@ def assign_layer_ratios(
     )
 
 
+def cumulative_from_probes(probe_scores: Sequence[float], original_score: float) -> list[float]:
+    """Stage-1 scores as Algorithm 2 reads them (cumulative, top layer first) whose drops are the
+    one-layer probes' own: s_l = s_orig + Σ_{m ≥ l} (p_m − s_orig), so that d_l = δ_{l+1} − δ_l =
+    (s_orig − p_l)/s_orig, the share of S(full) lost when layer l alone is SWA (the ``guarded``
+    variant's Stage 1 when ⌈ρG⌉ = G, :func:`bosch_eval.search.stages.stage1_probes`)."""
+    scores = _check_scores(probe_scores)
+    cumulative, running = [0.0] * len(scores), float(original_score)
+    for layer in range(len(scores) - 1, -1, -1):
+        running += scores[layer] - original_score
+        cumulative[layer] = running
+    return cumulative
+
+
 def _layer_drops(scores: list[float], original: float) -> list[float]:
     """d_l = δ_{l+1} − δ_l with δ_l = (s_best[l] − s_orig)/s_orig and δ_L = 0 (positive = a drop)."""
     deltas = [(score - original) / original for score in scores] + [0.0]

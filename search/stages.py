@@ -315,6 +315,34 @@ def stage1(
     return outcome, scores
 
 
+def stage1_probes(
+    book: ScoreBook, anchors: Anchors, shape: ModelShape, settings: StageSettings, progress: bool = True
+) -> tuple[StageOutcome, list[float]]:
+    """Stage 1 when ⌈ρG⌉ = G (a deviation from Algorithm 1, the ``guarded`` variant): each layer
+    measured alone from the full model, every group of that layer SWA and every other layer full.
+
+    Algorithm 1's cumulative pass turns whole layers SWA from the top when ⌈ρG⌉ = G (SmolLM2's
+    G = 3 at ρ > ⅔), reaches the all-SWA floor after a few layers and reads every layer below
+    as "no drop" (issue 53). A probe per layer sees each layer's own drop, at the same L calls
+    (one candidate per layer either way). Returns the mask the cumulative pass ends with (every
+    group SWA, the union of the probes) and S of each probe, bottom to top.
+    """
+    groups = shape.num_kv_heads
+    full: Bits = HeadMask.uniform(shape, full=True).bits
+    layers = list(range(shape.num_layers - 1, -1, -1))
+    plan = [(1, layer) for layer in layers]
+    scores = [0.0] * shape.num_layers
+    outcome = StageOutcome(HeadMask.uniform(shape, full=False).bits)
+    with StageProgress("stage 1 (probes)", plan, book, progress, settings.higher_is_better, complete_swa=groups) as bar:
+        for layer in layers:
+            choice = Choice(_cells(shape, [layer]), ((groups, groups),), 1.0, settings.budget_per_layer, "stage1", f"stage1-probe/{layer}")
+            _, result = solve(book, anchors, full, choice, settings)
+            scores[layer] = result.score
+            outcome.subproblems.append(result)
+            bar.report(result)
+    return outcome, scores
+
+
 def stage3(
     book: ScoreBook,
     anchors: Anchors,

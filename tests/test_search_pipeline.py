@@ -80,11 +80,15 @@ def test_multi_variant_searches_layers_jointly() -> None:
 
 
 def test_same_seed_same_mask_and_budget_respected() -> None:
-    first = run_search(planted(), SHAPE, SearchSettings(ratio=0.5, budget_per_layer=4, seed=3), progress=False)
-    second = run_search(planted(), SHAPE, SearchSettings(ratio=0.5, budget_per_layer=4, seed=3), progress=False)
+    settings = SearchSettings(ratio=0.5, budget_per_layer=4, seed=3, local_calls=6)
+    first = run_search(planted(), SHAPE, settings, progress=False)
+    second = run_search(planted(), SHAPE, settings, progress=False)
     assert first.mask.bits == second.mask.bits and first.score == second.score
+    local = [sub for sub in first.subproblems if sub.stage == "local"]
+    assert [sub.evaluations for sub in local] == [4, 4]  # 3 new masks each (the start is scored already)
     for sub in first.subproblems:
-        assert sub.evaluations <= 4 * len(sub.layers)
+        if sub.stage != "local":
+            assert sub.evaluations <= 4 * len(sub.layers)
 
 
 def test_anchor_error_when_calibration_cannot_rank() -> None:
@@ -107,9 +111,9 @@ def test_bad_settings_are_named() -> None:
         SearchSettings(ratio=0.5, optimizer="cma")
     with pytest.raises(ValueError, match="ratio"):
         SearchSettings(ratio=1.5)
-    with pytest.raises(SearchError, match=r"^variant: unknown search variant 'singel', expected one of \['bosch', 'layer', 'multi', 'nested', 'single'\] \(did you mean 'single'\?\)$"):
+    with pytest.raises(SearchError, match=r"^variant: unknown search variant 'singel', expected one of \['bosch', 'guarded', 'layer', 'multi', 'nested', 'single'\] \(did you mean 'single'\?\)$"):
         SearchSettings(ratio=0.5, variant="singel")
-    with pytest.raises(SearchError, match=r"refine: runs after Stage 3, so only with variant 'bosch' or 'nested', got variant 'multi'"):
+    with pytest.raises(SearchError, match=r"refine: runs after Stage 3, so only with variant 'bosch' or 'nested' or 'guarded', got variant 'multi'"):
         SearchSettings(ratio=0.5, variant="multi", refine=1)
 
 
@@ -340,8 +344,8 @@ class TestRefine:
         assert [sub.layers for sub in self.subproblems] == [(1,), (0,), (1,), (0,)]
 
     def test_pipeline_refine_records_the_stage3_score(self) -> None:
-        plain = run_search(planted(), SHAPE, SearchSettings(ratio=0.5), progress=False)
-        refined = run_search(planted(), SHAPE, SearchSettings(ratio=0.5, refine=2), progress=False)
+        plain = run_search(planted(), SHAPE, SearchSettings(ratio=0.5, variant="bosch"), progress=False)
+        refined = run_search(planted(), SHAPE, SearchSettings(ratio=0.5, variant="bosch", refine=2), progress=False)
         assert refined.stage3_score == plain.score and refined.score >= plain.score
         assert refined.stage3_evaluations == plain.evaluations <= refined.evaluations
         assert refined.provenance()["refine"]["stage3_score"] == plain.score
@@ -465,7 +469,7 @@ def test_nested_keeps_to_stage_one_groups_and_finds_the_best_such_mask(ratio: fl
 
 def test_nested_is_bosch_when_stage_one_converts_every_group() -> None:
     # ρ = 0.8 with G = 4: ⌈3.2⌉ = 4 groups per layer in Stage 1, so nothing limits Stages 2–3.
-    bosch = run_search(ExampleObjective(seed=4), SHAPE, SearchSettings(ratio=0.8), progress=False)
+    bosch = run_search(ExampleObjective(seed=4), SHAPE, SearchSettings(ratio=0.8, variant="bosch"), progress=False)
     nested = run_search(ExampleObjective(seed=4), SHAPE, SearchSettings(ratio=0.8, variant="nested"), progress=False)
     assert nested.mask.bits == bosch.mask.bits and nested.score == bosch.score
     assert nested.stage2 == bosch.stage2 and nested.evaluations == bosch.evaluations

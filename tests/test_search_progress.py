@@ -16,7 +16,7 @@ from tests.helpers import SHAPE, ExampleObjective
 
 def test_the_log_names_the_best_complete_mask_and_labels_partial_ones(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="bosch_eval.search"):
-        result = run_search(ExampleObjective(seed=5), SHAPE, SearchSettings(ratio=0.5, seed=5, budget_per_layer=10), racing=True)
+        result = run_search(ExampleObjective(seed=5), SHAPE, SearchSettings(ratio=0.5, seed=5, budget_per_layer=10, variant="bosch"), racing=True)
     lines = [r.getMessage() for r in caplog.records if "best complete" in r.getMessage()]
     stage1 = [line for line in lines if line.startswith("stage 1")]
     # Stage 1's first sub-problems score masks with fewer than the 8 SWA groups of its result.

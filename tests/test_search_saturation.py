@@ -53,7 +53,7 @@ def test_the_search_warns_when_stage_1_scored_its_own_mask_higher(caplog):
 
     shape = ModelShape(num_layers=4, num_heads=3, num_kv_heads=3)
     with caplog.at_level(logging.WARNING, logger="bosch_eval.search"):
-        result = run_search(_saturated_at_two_of_three, shape, SearchSettings(ratio=0.5, budget_per_layer=8), progress=False)
+        result = run_search(_saturated_at_two_of_three, shape, SearchSettings(ratio=0.5, budget_per_layer=8, variant="bosch"), progress=False)
     assert result.score == 0.75 and result.mask.num_swa_groups == 6  # the paper's mask, still returned
     warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stage 1's mask")]
     assert warnings == ["stage 1's mask (8 SWA groups, S=1.0000) scores better than the mask returned (6 SWA groups, "
