@@ -68,22 +68,38 @@ def generation_requests() -> list[Instance]:
 REFERENCE = "bosch_test_dense_band_reference"
 
 
+def row_sink_flags(padding: torch.Tensor, sinks: int) -> torch.Tensor:
+    """``[B, K]`` True at each row's first ``sinks`` real tokens, from the 2D padding mask,
+    counted one row and one key at a time (written out here, not imported)."""
+    flags = torch.zeros(padding.shape, dtype=torch.bool)
+    for row in range(padding.shape[0]):
+        seen = 0
+        for column in range(padding.shape[1]):
+            if padding[row, column] and seen < sinks:
+                flags[row, column] = True
+                seen += 1
+    return flags.to(padding.device)
+
+
 def dense_band_reference(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    """Eager attention over every head with an explicit [T, K] band for the SWA heads:
-    key j is seen iff j ≤ t and (j < sinks or t − j < W), written out here, not imported.
+    """Eager attention over every head with an explicit band for the SWA heads: key j is
+    seen iff j ≤ t and (j is one of the row's first ``sinks`` real tokens, from the 2D
+    padding mask the model was called with, or t − j < W), written out here, not imported.
     Runs on the inputs' device."""
     mask: HeadMask = module.reference_mask
     heads_per_group = getattr(module, "num_key_value_groups", 1)  # GPT-2 (MHA) has none
     key = key.repeat_interleave(heads_per_group, dim=1)
     value = value.repeat_interleave(heads_per_group, dim=1)
-    q_len, kv_len, device = query.shape[2], key.shape[2], query.device
+    batch, q_len, kv_len, device = query.shape[0], query.shape[2], key.shape[2], query.device
     query_pos = torch.arange(q_len, device=device)[:, None] + kv_len - q_len
     key_pos = torch.arange(kv_len, device=device)[None, :]
     lag = query_pos - key_pos
-    allowed = attention_mask.expand(query.shape[0], query.shape[1], q_len, kv_len).clone()
+    padding = module.reference_padding if module.reference_padding is not None else torch.ones(batch, kv_len, device=device)
+    sinks = row_sink_flags(padding[:, -kv_len:], mask.sinks)[:, None, :]  # [B, 1, K]
+    allowed = attention_mask.expand(batch, query.shape[1], q_len, kv_len).clone()
     for head, bit in enumerate(mask.query_head_bits()[module.layer_idx]):
         if not bit:
-            allowed[:, head] &= (lag >= 0) & ((lag < mask.window) | (key_pos < mask.sinks))
+            allowed[:, head] &= (lag >= 0) & ((lag < mask.window) | sinks)
     # float64 inside, so the oracle's own rounding stays far below the tolerance.
     scores = (query.double() @ key.double().transpose(2, 3)) * scaling
     # Padding queries see no key at all; zero them so their NaNs cannot leak via value rows.
@@ -91,7 +107,7 @@ def dense_band_reference(module, query, key, value, attention_mask, scaling, dro
     return (weights @ value.double()).to(query.dtype).transpose(1, 2), None
 
 
-def reference_logits(model, mask: HeadMask, ids, attention, grad: bool = False) -> torch.Tensor:
+def reference_logits(model, mask: HeadMask, ids, attention, grad: bool = False, position_ids=None) -> torch.Tensor:
     """The model's logits with :func:`dense_band_reference` as its attention, on the model's
     device (``ids``/``attention`` there too, e.g. from ``left_padded_batch(device=...)``)."""
     from transformers import AttentionInterface
@@ -104,11 +120,11 @@ def reference_logits(model, mask: HeadMask, ids, attention, grad: bool = False) 
     AttentionMaskInterface.register(REFERENCE, lambda *a, **k: sdpa_mask(*a, **{**k, "allow_is_causal_skip": False}))
     original = model.config._attn_implementation
     for module in attention_modules(model).values():
-        module.reference_mask = mask
+        module.reference_mask, module.reference_padding = mask, attention
     model.set_attn_implementation(REFERENCE)
     try:
         with torch.set_grad_enabled(grad):
-            return model(input_ids=ids, attention_mask=attention).logits
+            return model(input_ids=ids, attention_mask=attention, position_ids=position_ids).logits
     finally:
         model.set_attn_implementation(original)
 

@@ -1,5 +1,6 @@
 """Every registered SWA kernel against a dense reference built from the stated rule, on
-random fp32 tensors: query t sees key j iff j ≤ t and (j < S or t − W < j)."""
+random fp32 tensors: query t sees key j iff j ≤ t and (j is one of the row's first S real
+keys or t − W < j)."""
 
 from __future__ import annotations
 
@@ -26,9 +27,22 @@ from bosch_eval.runtime.errors import SettingsError
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}  # fp32 kernels against a float64 reference
 
 
-def rule(t: int, j: int, window: int, sinks: int) -> bool:
-    """The band, written out once more without any of the library's code."""
-    return j <= t and (j < sinks or t - window < j)
+def rule(t: int, j: int, window: int, sinks: int, rank: int | None = None) -> bool:
+    """The band, written out once more without any of the library's code; ``rank``: how many
+    real keys come before key j in its row (None: j, no padding)."""
+    return j <= t and ((j if rank is None else rank) < sinks or t - window < j)
+
+
+def ranks(padding, batch: int, kv_len: int) -> list[list[int]]:
+    """Per row and key, the number of real keys before it."""
+    out = []
+    for row in range(batch):
+        seen, row_ranks = 0, []
+        for j in range(kv_len):
+            row_ranks.append(seen)
+            seen += 1 if padding is None or padding[row, j] else 0
+        out.append(row_ranks)
+    return out
 
 
 def dense_reference(query, key, value, padding, window, sinks, scaling, swa_heads=None):
@@ -42,12 +56,14 @@ def dense_reference(query, key, value, padding, window, sinks, scaling, swa_head
     repeat = heads // key.shape[1]
     key, value = key.repeat_interleave(repeat, 1).double(), value.repeat_interleave(repeat, 1).double()
     allowed = torch.zeros(batch, heads, q_len, kv_len, dtype=torch.bool)
-    for h in range(heads):
-        windowed = swa_heads is None or swa_heads[h]
-        for i in range(q_len):
-            t = kv_len - q_len + i
-            for j in range(kv_len):
-                allowed[:, h, i, j] = rule(t, j, window, sinks) if windowed else j <= t
+    key_ranks = ranks(padding, batch, kv_len)
+    for b in range(batch):
+        for h in range(heads):
+            windowed = swa_heads is None or swa_heads[h]
+            for i in range(q_len):
+                t = kv_len - q_len + i
+                for j in range(kv_len):
+                    allowed[b, h, i, j] = rule(t, j, window, sinks, key_ranks[b][j]) if windowed else j <= t
     if padding is not None:
         allowed &= padding[:, None, None, :]
     scores = (query.double() @ key.transpose(2, 3)) * scaling

@@ -15,10 +15,12 @@ lm-eval's ``hf_steered``. Search mode (paper B.2) swaps the spec on the handle i
 (:meth:`HybridAttention.set_mask`, :meth:`HybridAttention.swap`): no reload, no weight copy.
 
 Window semantics (everywhere): :class:`~bosch_eval.attention.local_window.LocalWindow`, W keys up to
-and including the query plus S sink positions; with S = 0, identical to transformers'
-``sliding_attention`` layers. Layers that the model itself already runs with a sliding
-window keep it; our SWA groups there use ``min(W, model window)`` (and the model's own
-mask still applies, so sinks there are seen only within its window).
+and including the query plus S sinks, each row's first S real tokens; with S = 0, identical
+to transformers' ``sliding_attention`` layers. The sinks of a row come from its key padding,
+which the model's mask carries: the last query row of the 4D mask (causal ∧ padding: that row
+sees every real key) or flash's ``[B, K]`` mask itself. Layers that the model itself already runs with a sliding
+window keep it; our SWA groups there use ``min(W, model window)``. Sinks there are refused:
+such a layer's mask (and cache) no longer shows which keys are a row's first real tokens.
 
 Kernels come from the registry in :mod:`bosch_eval.attention.kernels` (``attn_backend=``).
 """
@@ -26,7 +28,7 @@ Kernels come from the registry in :mod:`bosch_eval.attention.kernels` (``attn_ba
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from transformers import AttentionInterface
@@ -34,6 +36,7 @@ from transformers.masking_utils import AttentionMaskInterface, flash_attention_m
 
 from bosch_eval.attention.hybrid_spec import GroupRun, HybridSpec, LayerSplit
 from bosch_eval.attention.kernels import Backend
+from bosch_eval.attention.kernels.row_sinks import key_padding
 from bosch_eval.attention.local_window import LocalWindow
 from bosch_eval.attention.restore_point import RestorePoint
 from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
@@ -50,13 +53,30 @@ HANDLE_ATTRIBUTE = "bosch_hybrid"
 CONFIG_FIELD = "bosch_mask"
 
 
+class SwaPart(Protocol):
+    """The SWA part of a deploy-mode cache layer, as the attention function sees it.
+
+    Its keys are every position until it first drops some; after that, ``S`` sink slots
+    (each row's first real tokens outside the recent run, gathered per row; ``sink_real``
+    says which slots hold one) followed by the contiguous run of positions that ends at the
+    last query.
+    """
+
+    sink_real: torch.Tensor | None  # [B, S] once slots exist, else None
+
+    def settle(self, key_padding: torch.Tensor | None) -> None:
+        """Keep only what later queries can see, after this step's attention; ``key_padding
+        [B, K_swa]``: the part's real keys in its own order (None: every key real)."""
+
+
 class HybridStates(NamedTuple):
     """Keys (or values) handed over by a deploy-mode cache layer (``bosch_eval.caches.hybrid_cache``):
-    ``full [B, G_full, S, D]`` over every position and ``swa [B, G_swa, S_swa, D]`` over
-    the last ``S_swa`` positions, ending at the last query."""
+    ``full [B, G_full, S, D]`` over every position and ``swa [B, G_swa, S_swa, D]``, what
+    ``part`` holds (:class:`SwaPart`)."""
 
     full: torch.Tensor
     swa: torch.Tensor
+    part: SwaPart
 
 
 class HybridAttention:
@@ -190,9 +210,22 @@ class HybridAttention:
         """The base implementation's attention (causal, plus the model's own mask)."""
         return self.spec.kernels.full(module, *args, **kwargs)
 
-    def layer_local(self, kwargs: dict[str, Any]) -> LocalWindow:
-        """The window of this call: the model's own sliding window, if any, still applies."""
-        return self.spec.local.narrowed(kwargs.get("sliding_window"))
+    def layer_local(self, kwargs: dict[str, Any], q_len: int, kv_len: int) -> LocalWindow:
+        """The window of this call: the model's own sliding window, if any, still applies.
+
+        Raises:
+            SettingsError: sinks in a layer the model itself runs with a sliding window that
+                may hide a row's first real tokens (its own cache may drop them once it
+                holds ``window − 1`` earlier keys; its mask hides keys past its window).
+        """
+        model_window = kwargs.get("sliding_window")
+        if model_window and self.spec.local.sinks and kv_len - q_len >= model_window - 1:
+            raise SettingsError(
+                f"sink: {self.spec.local.sinks} attention sinks cannot run past the model's own sliding window "
+                f"({model_window} keys, reached with {kv_len} keys): there its mask and cache no longer show each row's "
+                "first real tokens; use sink=0 or shorter inputs"
+            )
+        return self.spec.local.narrowed(model_window)
 
     def swa_attention(
         self,
@@ -203,16 +236,19 @@ class HybridAttention:
         attention_mask: torch.Tensor | None,
         **kwargs: Any,
     ) -> torch.Tensor:
-        """Windowed causal attention (window and sinks) by the backend's kernel."""
-        return self.spec.kernels.swa(module, query, key, value, attention_mask, self.layer_local(kwargs), **self._with_cache(kwargs))
+        """Windowed causal attention (window and sinks) by the backend's kernel; the sinks
+        are each row's first real keys, which the kernel reads from ``attention_mask``."""
+        local = self.layer_local(kwargs, query.shape[2], key.shape[2])
+        return self.spec.kernels.swa(module, query, key, value, attention_mask, local, **self._with_cache(kwargs))
 
     def mixed_layer(
         self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Any
     ) -> torch.Tensor:
         """A layer of full and SWA groups in one call of the backend's whole-layer kernel."""
         swa_groups = [not bit for bit in self.spec.mask.bits[module.layer_idx]]
+        local = self.layer_local(kwargs, query.shape[2], key.shape[2])
         layer = self.spec.kernels.layer
-        return layer(module, query, key, value, attention_mask, self.layer_local(kwargs), swa_groups=swa_groups, **self._with_cache(kwargs))
+        return layer(module, query, key, value, attention_mask, local, swa_groups=swa_groups, **self._with_cache(kwargs))
 
     def _with_cache(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         return kwargs if self.kernel_cache is None else {**kwargs, "kernel_cache": self.kernel_cache}
@@ -273,15 +309,21 @@ def _attend_cached_split(
     **kwargs: Any,
 ) -> torch.Tensor:
     """Attention over a hybrid cache layer, whose full and SWA groups hold different spans
-    (the cache checks that it was built for the current spec)."""
-    swa_mask = _kept_columns(attention_mask, key.swa.shape[2], handle.sinks)
-    # One query (a decode step): the SWA part holds exactly the positions it sees (the
-    # sinks and the last W, hybrid_cache keeps no more), so its attention is plain
+    (the cache checks that it was built for the current spec); then the cache's SWA part
+    drops what no later query sees."""
+    handle.layer_local(kwargs, query.shape[2], key.full.shape[2])  # refuses sinks past the model's own window
+    part_padding = _part_padding(key_padding(attention_mask) if handle.sinks else None, key.part, key.swa.shape[2])
+    swa_mask = _part_mask(attention_mask, key.part.sink_real, key.swa.shape[2], query.shape[2])
+    # One query (a decode step): the SWA part holds exactly the positions it sees (each
+    # row's sinks and the last W, hybrid_cache keeps no more), so its attention is plain
     # attention over the part, by the backend's full kernel — no band mask, nothing of
     # length T, no new shape to compile per step.
+    # Longer chunks: the kernels find each row's sinks in the part's mask (its sink slots' columns first).
     swa_attention = handle.full_attention if query.shape[2] == 1 else handle.swa_attention
     if not split.full:
-        return swa_attention(module, query, key.swa, value.swa, swa_mask, **kwargs)
+        out = swa_attention(module, query, key.swa, value.swa, swa_mask, **kwargs)
+        key.part.settle(part_padding)
+        return out
     out = query.new_empty(query.shape[0], query.shape[2], query.shape[1], value.full.shape[-1])
     parts = (
         (handle.full_attention, split.full, key.full, value.full, attention_mask),
@@ -295,6 +337,7 @@ def _attend_cached_split(
             # gathered, not one per run (a decode step is launch-bound on a GPU).
             heads = _head_index(runs, split.group_size, query.device)
             out[:, :, heads] = attend(module, query[:, heads], keys, values, mask, **kwargs)
+    key.part.settle(part_padding)
     return out
 
 
@@ -305,15 +348,34 @@ def _head_index(runs: tuple[GroupRun, ...], group_size: int, device: torch.devic
     return torch.tensor(heads, device=device)
 
 
-def _kept_columns(attention_mask: torch.Tensor | None, kept: int, sinks: int) -> torch.Tensor | None:
-    """The mask columns of the positions an SWA cache part holds: every position until it
-    drops some, then the first ``sinks`` and the last ``kept − sinks``
-    (:meth:`LocalWindow.retained`). O(kept), whatever the mask's length."""
-    if attention_mask is None or attention_mask.shape[-1] == kept:
-        return attention_mask
-    if not sinks:
-        return attention_mask[..., -kept:]
-    return torch.cat([attention_mask[..., :sinks], attention_mask[..., attention_mask.shape[-1] - (kept - sinks) :]], dim=-1)
+def _part_padding(real: torch.Tensor | None, part: SwaPart, held: int) -> torch.Tensor | None:
+    """The real keys of a cache's SWA part in its own order, from ``real [B, K]`` over every
+    position: its sink slots' (``part.sink_real``) and the last positions' (None: no
+    padding and no slot)."""
+    if part.sink_real is None:
+        return None if real is None else real[:, real.shape[1] - held :]
+    slots = part.sink_real.shape[1]
+    recent = real[:, real.shape[1] - (held - slots) :] if real is not None else part.sink_real.new_ones(part.sink_real.shape[0], held - slots)
+    return torch.cat([part.sink_real, recent], dim=1)
+
+
+def _part_mask(attention_mask: torch.Tensor | None, sink_real: torch.Tensor | None, held: int, q_len: int) -> torch.Tensor | None:
+    """The model's mask over a cache's SWA part: the columns of its last positions, after
+    its sink slots' columns (each slot seen where it holds a real token: a sink precedes
+    every query). O(held), whatever the mask's length."""
+    if sink_real is None:
+        return attention_mask if attention_mask is None or attention_mask.shape[-1] == held else attention_mask[..., -held:]
+    slots = sink_real.shape[1]
+    if attention_mask is None:
+        # transformers passes no mask only for one query without padding, which sees every key held.
+        recent = sink_real.new_ones(sink_real.shape[0], 1, q_len, held - slots)
+        return torch.cat([sink_real[:, None, None, :].expand(-1, 1, q_len, -1), recent], dim=-1)
+    if attention_mask.dim() == 2:
+        return torch.cat([sink_real.to(attention_mask.dtype), attention_mask[:, attention_mask.shape[1] - (held - slots) :]], dim=1)
+    columns = sink_real[:, None, None, :].expand(-1, 1, attention_mask.shape[2], -1).to(attention_mask.dtype)
+    if attention_mask.dtype != torch.bool:  # additive: 0 where allowed
+        columns = torch.zeros_like(columns).masked_fill(~sink_real[:, None, None, :], torch.finfo(attention_mask.dtype).min)
+    return torch.cat([columns, attention_mask[..., attention_mask.shape[-1] - (held - slots) :]], dim=-1)
 
 
 def _attend_runs(

@@ -5,15 +5,23 @@ Per layer of a hybridized model (transformers' ``Cache`` API, one layer object e
 * no SWA group: a plain ``DynamicLayer`` (every position, as the unpatched model);
 * otherwise a :class:`HybridHeadLayer`: the full-attention KV groups keep every position,
   the SWA groups the positions the next query can still see
-  (:meth:`~bosch_eval.attention.local_window.LocalWindow.retained`): the first ``S`` (sinks) and the
-  last ``W − 1`` (with ``S = 0`` the same as transformers' ``DynamicSlidingWindowLayer``).
+  (:meth:`~bosch_eval.attention.local_window.LocalWindow.retained`): each row's sinks (its
+  first ``S`` real tokens) and the last ``W − 1`` positions (with ``S = 0`` the same as
+  transformers' ``DynamicSlidingWindowLayer``).
 
 Bytes held = Σ_layers (G_full·T + G_swa·(min(T, S) + min(max(T − S, 0), W − 1))) × 2 (K and V)
 × head_dim × dtype size.
 
 Once the SWA part has dropped positions it is no longer contiguous: it hands the kernels
-the sinks followed by the recent run ending at the last query. The dropped middle lies
-outside every later query's window, so the band predicate on these indices is exact.
+``S`` sink slots followed by the recent run ending at the last query. Under left padding a
+row's sinks sit at its own positions, so the slots are gathered per row, and a slot that
+holds no sink of its row (the row has fewer real tokens, or the sink is in the recent run)
+is masked (``sink_real``). The kernels find each row's sinks as its first ``S`` real keys in
+this order, which are exactly its sinks; the dropped middle lies outside every later query's
+window, and no slot is within ``W`` of a query, so the band predicate on these indices is
+exact. Which keys are real comes from the model's mask, which the attention function reads:
+it hands it back (:meth:`HybridHeadLayer.settle`) once the step's attention is done, and only
+then are positions dropped.
 
 A hybrid layer hands :class:`HybridStates` (full part, SWA part) to the attention
 function instead of one ``[B, G, S, D]`` tensor, because the two parts have different
@@ -34,7 +42,8 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from bosch_eval.attention.hybrid_attention import HybridAttention, HybridStates, hybrid_state
 from bosch_eval.attention.hybrid_spec import GroupRun, HybridSpec, LayerSplit
-from bosch_eval.attention.local_window import LocalWindow
+from bosch_eval.attention.kernels.row_sinks import gather_keys
+from bosch_eval.attention.local_window import LocalWindow, sink_indices
 from bosch_eval.caches.kv_quant.config import KVQuantConfig
 from bosch_eval.caches.kv_quant.layer import QuantizedFullLayer
 from bosch_eval.caches.kv_quant.selection import Selector
@@ -51,6 +60,10 @@ class HybridHeadLayer(DynamicLayer):
         self.split, self.local = split, local
         self.cumulative_length = 0
         self.full_keys = self.full_values = self.swa_keys = self.swa_values = None
+        # [B, S] once the SWA part has sink slots: which hold a sink of their row.
+        self.sink_real: torch.Tensor | None = None
+        # The SWA part still holds a view of the model's states (the first step's): copy what is kept.
+        self._swa_is_view = False
         # Full groups quantized outside the selector's full-precision set (none: no full group).
         self.quantized = QuantizedKVStore(kv_quant, selector) if kv_quant is not None and split.full and selector is not None else None
 
@@ -59,7 +72,8 @@ class HybridHeadLayer(DynamicLayer):
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[HybridStates, HybridStates]:
-        """Append ``[B, G, q, D]`` states; return what this step's queries attend to."""
+        """Append ``[B, G, q, D]`` states; return what this step's queries attend to. The SWA
+        part keeps every position until :meth:`settle`."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         self.cumulative_length += key_states.shape[-2]
@@ -68,26 +82,44 @@ class HybridHeadLayer(DynamicLayer):
         else:
             full_keys = self.full_keys = _append(self.full_keys, _select(key_states, self.split.full))
             full_values = self.full_values = _append(self.full_values, _select(value_states, self.split.full))
-        swa_keys, self.swa_keys = self._window(self.swa_keys, _select(key_states, self.split.swa))
-        swa_values, self.swa_values = self._window(self.swa_values, _select(value_states, self.split.swa))
-        return HybridStates(full_keys, swa_keys), HybridStates(full_values, swa_values)
+        new_keys, new_values = _select(key_states, self.split.swa), _select(value_states, self.split.swa)
+        self._swa_is_view = self.swa_keys is None
+        self.swa_keys = new_keys if self.swa_keys is None else torch.cat([self.swa_keys, new_keys], dim=-2)
+        self.swa_values = new_values if self.swa_values is None else torch.cat([self.swa_values, new_values], dim=-2)
+        return HybridStates(full_keys, self.swa_keys, self), HybridStates(full_values, self.swa_values, self)
 
-    def _window(self, stored: torch.Tensor | None, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """What this step's SWA queries see, and what is kept for the next step.
+    def settle(self, key_padding: torch.Tensor | None) -> None:
+        """Keep what the next query can see (:meth:`LocalWindow.retained`): the last ``W − 1``
+        positions and, with sinks, each row's sinks outside them in ``S`` slots.
 
-        Kept: what the next query can see (:meth:`LocalWindow.retained`, counted over what
-        this part holds, whose first S entries are the sinks). Without sinks the kept part
-        is a view, copied when it would pin much more than it holds: the model's own states
-        on the first step, every position after a long chunk. (A decode step drops one
-        position; its view is kept, the next step's cat copies anyway.)
+        Args:
+            key_padding: ``[B, held]`` the SWA part's real keys in its own order (sink slots,
+                then positions), from the attention function; None: every key real.
+
+        Without sinks the kept part is a view, copied when it would pin much more than it
+        holds: the model's own states on the first step, every position after a long chunk.
+        (A decode step drops one position; its view is kept, the next step's cat copies anyway.)
         """
-        seen = new if stored is None else torch.cat([stored, new], dim=-2)
-        sinks, recent_start = self.local.retained(seen.shape[2])
-        if recent_start > sinks > 0:  # positions sinks … recent_start − 1 drop out
-            return seen, torch.cat([seen[:, :, :sinks], seen[:, :, recent_start:]], dim=2)
-        start = 0 if sinks else recent_start
-        kept = seen[:, :, start:]
-        return seen, kept.clone() if stored is None or start > kept.shape[2] else kept
+        held, recent = self.swa_keys.shape[2], self.local.window - 1
+        slots = self.local.sinks
+        if held <= slots + recent:  # nothing to drop yet
+            if self._swa_is_view:
+                self.swa_keys, self.swa_values = self.swa_keys.clone(), self.swa_values.clone()
+            self._swa_is_view = False
+            return
+        start = held - recent
+        if not slots:
+            kept_keys, kept_values = self.swa_keys[:, :, start:], self.swa_values[:, :, start:]
+            copy = self._swa_is_view or start > recent
+            self.swa_keys, self.swa_values = (kept_keys.clone(), kept_values.clone()) if copy else (kept_keys, kept_values)
+        else:
+            # Each row's first S real keys, in the part's order, are its sinks; those in the
+            # recent run stay there, so their slots hold nothing.
+            index, found = (t.to(self.swa_keys.device) for t in sink_indices(key_padding, slots, held))
+            self.sink_real = (found & (index < start)).expand(self.swa_keys.shape[0], -1).contiguous()
+            self.swa_keys = torch.cat([gather_keys(self.swa_keys, index), self.swa_keys[:, :, start:]], dim=2)
+            self.swa_values = torch.cat([gather_keys(self.swa_values, index), self.swa_values[:, :, start:]], dim=2)
+        self._swa_is_view = False
 
     def get_seq_length(self) -> int:
         return self.cumulative_length
@@ -106,6 +138,7 @@ class HybridHeadLayer(DynamicLayer):
 
     def reset(self) -> None:
         self.full_keys = self.full_values = self.swa_keys = self.swa_values = None
+        self.sink_real = None
         if self.quantized is not None:
             self.quantized.reset()
         self.cumulative_length = 0
@@ -118,6 +151,8 @@ class HybridHeadLayer(DynamicLayer):
             else:
                 self.full_keys, self.full_values = fn(self.full_keys), fn(self.full_values)
             self.swa_keys, self.swa_values = fn(self.swa_keys), fn(self.swa_values)
+            if self.sink_real is not None:
+                self.sink_real = fn(self.sink_real)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))

@@ -2,7 +2,8 @@
 
 Each block of C queries attends only the C + W − 1 keys its windows can reach, plus the
 S sink keys that lie before that span (sinks inside the span are part of it; the band
-predicate allows them there). Shapes: ``query [B, H, T, D]``, ``key/value [B, G, K, D]``.
+predicate allows them there). The sinks are each row's own (its first S real keys, from the
+model's mask), gathered per row. Shapes: ``query [B, H, T, D]``, ``key/value [B, G, K, D]``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bosch_eval.attention.local_window import LocalWindow
+from bosch_eval.attention.kernels.row_sinks import RowSinks
+from bosch_eval.attention.local_window import LocalWindow, causal, recent
 
 
 def default_block_size(window: int) -> int:
@@ -88,7 +90,7 @@ def blocked_attention(
         key, value: ``[B, G, K, D]`` with ``K ≥ T``, the last T keys at the queries'
             positions; H must be a multiple of G.
         attention_mask: the model's boolean ``[B, 1, T, K]`` mask (padding), or None.
-        local: the window and sinks.
+        local: the window and sinks (each row's first S real keys, from ``attention_mask``).
 
     Returns:
         ``[B, T, H, Dv]``.
@@ -100,7 +102,7 @@ def blocked_attention(
     n_blocks = -(-q_len // block)
     copied = batch * n_blocks * (block + local.window - 1 + local.sinks) * key.shape[1] * key.shape[-1]
     schedule = _all_blocks_in_one_call if copied <= _ONE_CALL_MAX_KEY_ELEMENTS else _block_by_block
-    return schedule(query, key, value, attention_mask, local, scaling, dropout, block)
+    return schedule(query, key, value, attention_mask, local, scaling, dropout, block, RowSinks(attention_mask, local, key))
 
 
 def _all_blocks_in_one_call(
@@ -112,6 +114,7 @@ def _all_blocks_in_one_call(
     scaling: float | None,
     dropout: float,
     block: int,
+    sinks: RowSinks,
 ) -> torch.Tensor:
     """The query heads of a KV group packed into the query axis (``[G, R·C]``), blocks on
     the batch axis: plain 4D SDPA inputs with a dense boolean mask, no GQA repeat."""
@@ -133,24 +136,25 @@ def _all_blocks_in_one_call(
     first_key = start + block * torch.arange(n_blocks, device=device)[:, None]  # [nb, 1]
     key_pos = first_key + torch.arange(span, device=device)  # [nb, span]
     query_pos = kv_len - q_len + block * torch.arange(n_blocks, device=device)[:, None] + torch.arange(block, device=device)
-    allowed = local.grid(query_pos[:, :, None], key_pos[:, None, :]) & (key_pos >= 0)[:, None, :]  # [nb, C, span]
-    allowed = allowed[None]  # [1, nb, C, span]
+    q_pos, k_pos = query_pos[:, :, None], key_pos[:, None, :]
+    seen = causal(0, 0, q_pos, k_pos)
+    allowed = seen & (recent(local.window)(0, 0, q_pos, k_pos) | sinks.in_span(k_pos, kv_len)) & (k_pos >= 0)  # [B or 1, nb, C, span]
     if attention_mask is not None:
         allowed = allowed & _mask_blocks(attention_mask, start, q_len, n_blocks, block, span)
 
-    sinks = min(local.sinks, kv_len)
-    if sinks:
-        # Sink keys before a block's span, the same for every block; those inside it are in the span.
-        sink_allowed = (torch.arange(sinks, device=device) < first_key)[None, :, None, :].expand(1, n_blocks, block, sinks)
+    if sinks.count:
+        # Each row's sink keys before a block's span; those inside it are in the span.
+        sink_allowed = (sinks.found[:, None, :] & (sinks.index[:, None, :] < first_key))[:, :, None, :]  # [B or 1, nb, 1, S']
+        sink_allowed = sink_allowed.expand(-1, -1, block, -1)
         if attention_mask is not None:
-            rows = F.pad(attention_mask[:, 0, :, :sinks], (0, 0, 0, n_blocks * block - q_len), value=True)
-            sink_allowed = sink_allowed & rows.view(batch, n_blocks, block, sinks)
-        allowed = torch.cat([sink_allowed.expand(allowed.shape[0], -1, -1, -1), allowed], dim=-1)
-        sink_keys = key[:, None, :, :sinks].expand(batch, n_blocks, -1, -1, -1).reshape(batch * n_blocks, groups, sinks, -1)
-        sink_values = value[:, None, :, :sinks].expand(batch, n_blocks, -1, -1, -1).reshape(batch * n_blocks, groups, sinks, -1)
-        k_blocks, v_blocks = torch.cat([sink_keys, k_blocks], dim=2), torch.cat([sink_values, v_blocks], dim=2)
+            rows = F.pad(sinks.mask_columns(attention_mask, slice(None))[:, 0], (0, 0, 0, n_blocks * block - q_len), value=True)
+            sink_allowed = sink_allowed & rows.view(batch, n_blocks, block, sinks.count)
+        allowed = torch.cat([sink_allowed.expand(batch, -1, -1, -1), allowed.expand(batch, -1, -1, -1)], dim=-1)
+        gathered_keys = sinks.gather(key)[:, None].expand(-1, n_blocks, -1, -1, -1).reshape(batch * n_blocks, groups, sinks.count, -1)
+        gathered_values = sinks.gather(value)[:, None].expand(-1, n_blocks, -1, -1, -1).reshape(batch * n_blocks, groups, sinks.count, -1)
+        k_blocks, v_blocks = torch.cat([gathered_keys, k_blocks], dim=2), torch.cat([gathered_values, v_blocks], dim=2)
     # Every query head of a group shares its row of the mask.
-    allowed = allowed[:, :, None].expand(batch, -1, per_group, -1, -1)
+    allowed = allowed.expand(batch, -1, -1, -1)[:, :, None].expand(batch, -1, per_group, -1, -1)
     allowed = allowed.reshape(batch * n_blocks, 1, per_group * block, allowed.shape[-1])
 
     out = F.scaled_dot_product_attention(q_blocks, k_blocks, v_blocks, attn_mask=allowed, dropout_p=dropout, scale=scaling)
@@ -167,37 +171,45 @@ def _block_by_block(
     scaling: float | None,
     dropout: float,
     block: int,
+    sinks: RowSinks,
 ) -> torch.Tensor:
-    """One SDPA call per block on key slices (plus the sinks before them); memory beyond
-    the output: one block's ``C × (S + C + W − 1)`` mask and scores."""
+    """One SDPA call per block on key slices (plus each row's sinks before them); memory
+    beyond the output: one block's ``C × (S + C + W − 1)`` mask and scores."""
     batch, heads, q_len, _ = query.shape
-    window, device = local.window, query.device
-    offset = key.shape[2] - q_len  # key index of query 0
+    window, device, kv_len = local.window, query.device, key.shape[2]
+    offset = kv_len - q_len  # key index of query 0
     out = query.new_empty(batch, q_len, heads, value.shape[-1])
-    # Every block that is whole and starts at or after the sinks, W − 1 keys in, has the same band.
+    row_sink_keys, row_sink_values = (sinks.gather(key), sinks.gather(value)) if sinks.count else (None, None)
+    # The last sink of any row: spans past it need no sink inside them.
+    last_sink = int(sinks.index.masked_fill(~sinks.found, -1).max()) if sinks.count else -1
+    # Every block that is whole and starts past every sink, W − 1 keys in, has the same band.
     interior = LocalWindow(window).dense(block, block + window - 1, device)[None, None]
-    if local.sinks:
-        interior = torch.cat([interior.new_ones(1, 1, block, local.sinks), interior], dim=-1)
+    if sinks.count:
+        interior = torch.cat([sinks.found[:, None, None, :].expand(-1, 1, block, -1), interior.expand(sinks.found.shape[0], -1, -1, -1)], dim=-1)
     if attention_mask is None:
         # SDPA turns a boolean mask into an additive one on every call: convert this one once.
         interior = torch.zeros(interior.shape, dtype=query.dtype, device=device).masked_fill_(~interior, float("-inf"))
     for first in range(0, q_len, block):
         last = min(first + block, q_len)
         lo, hi = max(0, offset + first - window + 1), offset + last
-        sinks = min(local.sinks, lo)  # sink keys before the span
-        whole = last - first == block and hi - lo == block + window - 1 and lo >= local.sinks
+        whole = last - first == block and hi - lo == block + window - 1 and lo > last_sink
+        before = sinks.found & (sinks.index < lo) if sinks.count else None  # [B or 1, S']
+        with_sinks = before is not None and (whole or bool(before.any()))
         if whole:
             allowed = interior
         else:
-            query_pos = torch.arange(offset + first, hi, device=device)[:, None]
-            key_pos = torch.cat([torch.arange(sinks, device=device), torch.arange(lo, hi, device=device)])[None, :]
-            allowed = local.grid(query_pos, key_pos)[None, None]
+            q_pos = torch.arange(offset + first, hi, device=device)[:, None]
+            k_pos = torch.arange(lo, hi, device=device)[None, :]
+            allowed = causal(0, 0, q_pos, k_pos) & (recent(window)(0, 0, q_pos, k_pos) | sinks.in_span(k_pos, kv_len))  # [B or 1, C, span]
+            if with_sinks:
+                allowed = torch.cat([before[:, None, :].expand(-1, last - first, -1), allowed.expand(before.shape[0], -1, -1)], dim=-1)
+            allowed = allowed[:, None]
         keys, values = key[:, :, lo:hi], value[:, :, lo:hi]
-        if sinks:
-            keys, values = torch.cat([key[:, :, :sinks], keys], dim=2), torch.cat([value[:, :, :sinks], values], dim=2)
+        if with_sinks:
+            keys, values = torch.cat([row_sink_keys, keys], dim=2), torch.cat([row_sink_values, values], dim=2)
         if attention_mask is not None:
-            rows = attention_mask[:, :, first:last]
-            allowed = allowed & (torch.cat([rows[..., :sinks], rows[..., lo:hi]], dim=-1) if sinks else rows[..., lo:hi])
+            rows = attention_mask[:, :, first:last, lo:hi]
+            allowed = allowed & (torch.cat([sinks.mask_columns(attention_mask, slice(first, last)), rows], dim=-1) if with_sinks else rows)
         out[:, first:last] = F.scaled_dot_product_attention(
             query[:, :, first:last], keys, values, attn_mask=allowed, dropout_p=dropout, scale=scaling, enable_gqa=True,
         ).transpose(1, 2)  # fmt: skip

@@ -45,7 +45,8 @@ def flash_swa_attention(
     local: LocalWindow,
     **kwargs: Any,
 ) -> torch.Tensor:
-    """Windowed flash attention; with sinks, the window and the sinks merged by log-sum-exp."""
+    """Windowed flash attention; with sinks, the window and the sinks merged by log-sum-exp
+    (flash's mask is the ``[B, K]`` key padding, from which the merge finds each row's sinks)."""
     kwargs.pop("sliding_window", None)
     if not local.sinks:
         return flash_full_attention(module, query, key, value, attention_mask, sliding_window=local.window, **kwargs)
@@ -60,7 +61,8 @@ def _flash_windowed(
 
     Right padding (lm-eval's scoring batches) needs no mask: under causality a real query
     never reaches a later padded key, and padded queries' outputs are dropped. Left padding
-    would need flash's variable-length path, whose log-sum-exp layout differs; it is refused.
+    puts padded keys inside real queries' windows, which this call cannot mask (flash's
+    variable-length path would, with another log-sum-exp layout); it is refused.
     """
     from flash_attn import flash_attn_func  # needs flash_attn, CUDA
 

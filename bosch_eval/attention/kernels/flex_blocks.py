@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from bosch_eval.attention.kernels.row_sinks import row_sinks
 from bosch_eval.attention.local_window import LocalWindow
 
 BLOCK = 128  # torch's default sparse block size (both axes)
@@ -64,12 +65,31 @@ def mask_tiles(attention_mask: torch.Tensor, block: int = BLOCK) -> Tiles:
     return tiles.any(dim=4).any(dim=2), tiles.all(dim=4).all(dim=2)
 
 
-def head_tiles(q_len: int, kv_len: int, local: LocalWindow, swa_heads: tuple[bool, ...] | None, device: torch.device) -> Tiles:
-    """``[H or 1, Qb, Kb]`` tiles: per query head windowed (True) or causal (False); None:
-    every head windowed."""
-    band_some, band_every = kind_tiles(q_len, kv_len, local, device)
+def row_sink_tiles(q_len: int, kv_len: int, local: LocalWindow, sink_keys: torch.Tensor, device: torch.device, block: int = BLOCK) -> Tiles:
+    """``[B, 1, Qb, Kb]`` tiles of windowed heads whose sinks are each row's own
+    (``sink_keys [B, K]``): a tile holds an allowed entry where the window reaches it, or
+    where it holds a row's sink at or before its last query; it is full only where every
+    query's window covers it (its sinks need ``mask_mod``)."""
+    window_some, window_every = kind_tiles(q_len, kv_len, LocalWindow(local.window), device, block)
+    k_blocks = -(-kv_len // block)
+    sinks = torch.nn.functional.pad(sink_keys.bool(), (0, k_blocks * block - kv_len)).view(sink_keys.shape[0], k_blocks, block).any(dim=-1)
+    causal_some, _ = kind_tiles(q_len, kv_len, None, device, block)
+    some = window_some | (causal_some & sinks[:, None, :])
+    return some[:, None], window_every.expand_as(some)[:, None]
+
+
+def head_tiles(
+    q_len: int, kv_len: int, local: LocalWindow, swa_heads: tuple[bool, ...] | None, device: torch.device, sink_keys: torch.Tensor | None = None
+) -> Tiles:
+    """``[B or 1, H or 1, Qb, Kb]`` tiles: per query head windowed (True) or causal (False);
+    None: every head windowed. With ``sink_keys [B, K]`` the windowed heads' sinks are each
+    row's own (:func:`row_sink_tiles`)."""
+    if local.sinks and sink_keys is not None:
+        band_some, band_every = row_sink_tiles(q_len, kv_len, local, sink_keys, device)
+    else:
+        band_some, band_every = (tiles[None, None] for tiles in kind_tiles(q_len, kv_len, local, device))
     if swa_heads is None:
-        return band_some[None], band_every[None]
+        return band_some, band_every
     causal_some, causal_every = kind_tiles(q_len, kv_len, None, device)
     windowed = torch.tensor(swa_heads, device=device)[:, None, None]
     return torch.where(windowed, band_some, causal_some), torch.where(windowed, band_every, causal_every)
@@ -83,8 +103,10 @@ def _ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return counts, indices
 
 
-def _mask_mod(local: LocalWindow, offset: torch.Tensor, swa_heads: torch.Tensor | None, attention_mask: torch.Tensor | None) -> Any:
-    band = local.mask_function()
+def _mask_mod(
+    local: LocalWindow, offset: torch.Tensor, swa_heads: torch.Tensor | None, attention_mask: torch.Tensor | None, sink_keys: torch.Tensor | None
+) -> Any:
+    band = local.mask_function(sink_keys)
 
     def mask_mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         # A tensor offset, not an int: torch.compile guards on a captured int's value and
@@ -120,14 +142,15 @@ def block_mask_for(
     padding_tiles: Tiles | None = None,
 ) -> Any:
     """The ``BlockMask`` of one call: heads windowed by ``local`` (or causal where
-    ``swa_heads`` says False), intersected with ``attention_mask`` (``[B, 1, T, K]`` bool).
+    ``swa_heads`` says False), intersected with ``attention_mask`` (``[B, 1, T, K]`` bool);
+    the windowed heads' sinks are each row's first S real keys, from that mask.
 
     Args:
         padding_tiles: :func:`mask_tiles` of ``attention_mask``, if already computed.
     """
     global _TAKES_SEQ_LENGTHS
-    some, every = head_tiles(q_len, kv_len, local, swa_heads, device)  # [H or 1, Qb, Kb]
-    some, every = some[None], every[None]  # [1, H or 1, Qb, Kb]
+    sink_keys = row_sinks(attention_mask, local)
+    some, every = head_tiles(q_len, kv_len, local, swa_heads, device, sink_keys)  # [B or 1, H or 1, Qb, Kb]
     if attention_mask is not None:
         mask_some, mask_every = padding_tiles if padding_tiles is not None else mask_tiles(attention_mask)
         # Both allowed somewhere in a tile does not make their intersection non-empty; a
@@ -143,7 +166,7 @@ def block_mask_for(
     extra = {"seq_lengths": (q_len, kv_len)} if _TAKES_SEQ_LENGTHS else {}
     return from_kv_blocks(
         partial_counts, partial_indices, full_counts, full_indices, BLOCK_SIZE=BLOCK,
-        mask_mod=_mask_mod(local, offset, heads, attention_mask), **extra,
+        mask_mod=_mask_mod(local, offset, heads, attention_mask, sink_keys), **extra,
     )  # fmt: skip
 
 

@@ -5,8 +5,9 @@ log-sum-exp-weighted sum of the attentions over each part:
 
     out = e^(lse_A − lse) · out_A + e^(lse_B − lse) · out_B,   lse = log(e^lse_A + e^lse_B)
 
-Part A is the window (the kernel's own call), part B the sink keys outside the window
-(``j < S`` and ``j ≤ t − W``), at most S keys per query, done here in eager PyTorch. The
+Part A is the window (the kernel's own call), part B the row's sink keys (its first S real
+keys) outside the window (``j ≤ t − W``), at most S keys per query, gathered per row and
+done here in eager PyTorch. The
 windowed call is a parameter, so the same merge runs on CPU with an eager stand-in
 (:func:`attention_with_lse`) in the tests and with flash-attn on CUDA.
 """
@@ -17,7 +18,8 @@ from collections.abc import Callable
 
 import torch
 
-from bosch_eval.attention.local_window import LocalWindow, causal, recent, sink
+from bosch_eval.attention.kernels.row_sinks import gather_keys
+from bosch_eval.attention.local_window import LocalWindow, causal, recent, sink_indices
 
 # (query, key, value, key_padding [B, K] bool or None, window, scaling) -> (out [B, T, H, D], lse [B, H, T] fp32)
 WindowedWithLse = Callable[
@@ -79,18 +81,15 @@ def sink_merged_attention(
         ``[B, T, H, Dv]``.
     """
     out_w, lse_w = windowed(query, key, value, key_padding, local.window, scaling)
-    sinks = min(local.sinks, key.shape[2])
-    if not sinks:
+    if not min(local.sinks, key.shape[2]):
         return out_w
     q_len, kv_len = query.shape[2], key.shape[2]
-    q_pos = torch.arange(kv_len - q_len, kv_len, device=query.device)[:, None]
-    kv_pos = torch.arange(sinks, device=query.device)[None, :]
+    index, found = (t.to(query.device) for t in sink_indices(key_padding, local.sinks, kv_len))  # [B or 1, S']
+    q_pos = torch.arange(kv_len - q_len, kv_len, device=query.device)[None, :, None]
+    kv_pos = index[:, None, :]
     # The sink keys outside the window: disjoint from part A, so the merge is exact.
-    allowed = causal(0, 0, q_pos, kv_pos) & sink(sinks)(0, 0, q_pos, kv_pos) & ~recent(local.window)(0, 0, q_pos, kv_pos)
-    allowed = allowed[None, None]
-    if key_padding is not None:
-        allowed = allowed & key_padding[:, None, None, :sinks].bool()
-    out_s, lse_s = attention_with_lse(query, key[:, :, :sinks], value[:, :, :sinks], allowed, scaling)
+    allowed = (found[:, None, :] & causal(0, 0, q_pos, kv_pos) & ~recent(local.window)(0, 0, q_pos, kv_pos))[:, None]  # [B or 1, 1, T, S']
+    out_s, lse_s = attention_with_lse(query, gather_keys(key, index), gather_keys(value, index), allowed, scaling)
     return merge_by_lse(out_w, lse_w, out_s, lse_s)
 
 

@@ -10,14 +10,22 @@ from typing import Any
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from bosch_eval.attention.kernels.row_sinks import row_sinks
 from bosch_eval.attention.local_window import LocalWindow
 
 
 def restrict_to_window(
-    attention_mask: torch.Tensor | None, q_len: int, kv_len: int, local: LocalWindow, device: torch.device
+    attention_mask: torch.Tensor | None,
+    q_len: int,
+    kv_len: int,
+    local: LocalWindow,
+    device: torch.device,
+    sink_keys: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The model's 4D mask (padding, causality) intersected with the band of ``local``."""
-    band = local.dense(q_len, kv_len, device)[None, None]
+    """The model's 4D mask (padding, causality) intersected with the band of ``local``, whose
+    sinks are ``sink_keys [B, K]`` per row (None: the first S indices)."""
+    band = local.dense(q_len, kv_len, device, sink_keys)
+    band = band[:, None] if band.dim() == 3 else band[None, None]
     if attention_mask is None:
         return band
     if attention_mask.dtype == torch.bool:
@@ -39,6 +47,7 @@ def masked_swa_attention(
     local: LocalWindow,
     **kwargs: Any,
 ) -> torch.Tensor:
-    """Reference SWA: SDPA with the band as an explicit mask."""
-    mask = restrict_to_window(attention_mask, query.shape[2], key.shape[2], local, query.device)
+    """Reference SWA: SDPA with the band as an explicit mask, each row's sinks its own."""
+    sinks = row_sinks(attention_mask, local)
+    mask = restrict_to_window(attention_mask, query.shape[2], key.shape[2], local, query.device, sinks)
     return sdpa_attention_forward(module, query, key, value, mask, **kwargs)[0]
