@@ -11,10 +11,14 @@ layer's groups SWA, the rest full: the Stage-1 drop), and per ratio every given 
 the layer heuristics (INTR, BME, RAND) and ``random`` uniformly drawn masks.
 
 Per ratio (:func:`summarize`): the spread of the random masks on the calibration set, the
-share of the ratio's masks at or above S(full) (saturation), Spearman's rank correlation
-between calibration and development scores over the ratio's masks, with a
-percentile-bootstrap CI over masks, and the top regret: how much dev score the
-calibration's favourite mask gives up against the ratio's best. The verdict, first rule that holds:
+share of the ratio's masks at or above S(full) (saturation), the masks *floor-tied*: at or
+below S(all SWA) on both sides, Spearman's rank correlation between calibration and
+development scores over the ratio's other masks (off the floor on at least one side), with a
+percentile-bootstrap CI over them, and the top regret: how much dev score the calibration's
+favourite mask gives up against the ratio's best. Floor-tied masks are left out of the
+correlation because they agree by having nothing to order: on SmolLM2 at ρ = 0.75, 23 of 30
+masks sat at the floor on both sides and gave Spearman 0.95, against 0.65 (p = 0.11) over the
+other 7 (issue 53). The verdict, first rule that holds:
 
 * ``not solvable``: S(full) on the calibration set is below ``solvable`` (0.8): the model
   cannot do the task with every head, so the scores cannot say which heads it needs;
@@ -25,6 +29,8 @@ calibration's favourite mask gives up against the ratio's best. The verdict, fir
   value as the very next tokens);
 * ``saturated``: at least ``saturated_share`` (1/4) of the ratio's masks score at or above
   S(full): the search cannot tell them apart and returns whichever it meets first;
+* ``saturated at the floor``: most of the ratio's masks (more than half) are floor-tied: neither
+  task tells them apart, so the correlation rests on the few others;
 * ``not predictive``: Spearman < ``predictive`` (0.8), or scores that do not vary;
 * ``not predictive at the top``: the masks the calibration set likes best lose more than
   ``top_regret`` (a tenth of S(full) on the dev task) against the best dev score at this
@@ -128,10 +134,11 @@ class RatioSummary:
     masks: int
     random_spread: float
     saturated_share: float
-    spearman: float
+    spearman: float  # over the masks off the floor on at least one side
     ci: tuple[float, float]
     top_regret: float  # best dev score minus the dev score of the calibration's favourite(s)
     verdict: str
+    floor_tied: int = 0  # masks at or below S(all SWA) on both sides, left out of the correlation
 
 
 def summarize(
@@ -153,7 +160,10 @@ def summarize(
         randoms = [calib[item.name] for item in panel if item.ratio == ratio and item.kind == "random"]
         x, y = [calib[name] for name in names], [dev[name] for name in names]
         share = sum(score >= full for score in x) / len(x)
-        rho = spearman(x, y)
+        off_floor = [i for i in range(len(x)) if x[i] > calib["all-swa"] or y[i] > dev["all-swa"]]
+        floor_tied = len(x) - len(off_floor)
+        x_off, y_off = [x[i] for i in off_floor], [y[i] for i in off_floor]
+        rho = spearman(x_off, y_off) if len(off_floor) > 1 else math.nan
         favourites = [dev_score for calib_score, dev_score in zip(x, y, strict=True) if calib_score == max(x)]
         regret = max(y) - sum(favourites) / len(favourites)  # equal favourites: the search may return any
         if full < solvable:
@@ -162,6 +172,8 @@ def summarize(
             verdict = "dev cannot judge"
         elif share >= saturated_share:
             verdict = "saturated"
+        elif floor_tied > len(x) / 2:
+            verdict = "saturated at the floor"
         elif math.isnan(rho) or rho < predictive:
             verdict = "not predictive"
         elif regret > top_regret * dev["full"]:
@@ -169,7 +181,8 @@ def summarize(
         else:
             verdict = "predictive"
         spread = max(randoms) - min(randoms) if randoms else math.nan
-        out.append(RatioSummary(ratio, len(names), spread, share, rho, bootstrap_ci(x, y), regret, verdict))
+        ci = bootstrap_ci(x_off, y_off) if len(off_floor) > 1 else (math.nan, math.nan)
+        out.append(RatioSummary(ratio, len(names), spread, share, rho, ci, regret, verdict, floor_tied))
     return out
 
 

@@ -293,16 +293,19 @@ def render(report: dict[str, Any]) -> str:
         "", f"S(full) calib {report['full']['calib']:.3f} / dev {report['full']['dev']:.3f}; "
         f"S(all SWA) calib {report['all_swa']['calib']:.3f} / dev {report['all_swa']['dev']:.3f}", "",
         *_layer_drops(report["layer_drops"]),
-        "| ratio | masks | random spread (calib) | share ≥ S(full) | Spearman calib~dev [95% CI] | top regret (dev) | verdict |",
-        "|---|---|---|---|---|---|---|",
+        "| ratio | masks | random spread (calib) | share ≥ S(full) | at the floor on both sides | Spearman calib~dev, off the floor [95% CI] | top regret (dev) | verdict |",
+        "|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for row in report["ratios"]:
         low, high = row["ci"]
         lines.append(
             f"| {row['ratio']} | {row['masks']} | {row['random_spread']:.3f} | {row['saturated_share']:.2f} | "
-            f"{_number(row['spearman'])} [{_number(low)}, {_number(high)}] | {row['top_regret']:.3f} | **{row['verdict']}** |"
+            f"{row['floor_tied']} | {_number(row['spearman'])} [{_number(low)}, {_number(high)}] | {row['top_regret']:.3f} | **{row['verdict']}** |"
         )
-    lines += ["", "Top regret: the best dev score at the ratio minus the dev score of the calibration's favourite mask "
+    lines += ["", "At the floor: masks that score at or below S(all SWA) on both tasks; Spearman and the verdict leave "
+              "them out (they agree by having nothing to order), and most of a ratio's masks there is "
+              "\"saturated at the floor\".",
+              "", "Top regret: the best dev score at the ratio minus the dev score of the calibration's favourite mask "
               "(the mean over equal favourites): what a search that finds that favourite gives up on the dev task.",
               "", "| mask | ratio | calib | dev |", "|---|---|---|---|"]
     lines += [f"| {m['name']} | {m['ratio'] if m['ratio'] is not None else ''} | {m['calib']:.3f} | {m['dev']:.3f} |" for m in report["masks"]]
@@ -332,7 +335,7 @@ def _summary_json(summary: RatioSummary) -> dict[str, Any]:
     return {"ratio": summary.ratio, "masks": summary.masks, "random_spread": summary.random_spread,
             "saturated_share": summary.saturated_share, "spearman": _finite(summary.spearman),
             "ci": [_finite(value) for value in summary.ci], "top_regret": summary.top_regret,
-            "verdict": summary.verdict}  # fmt: skip
+            "floor_tied": summary.floor_tied, "verdict": summary.verdict}  # fmt: skip
 
 
 def _pin_settings(out: Path, settings: dict[str, Any], new_settings: bool, check_only: bool = False) -> None:

@@ -124,6 +124,30 @@ class TestVerdicts:
         dev["full"] = 0.01  # above the all-SWA floor: the other rules decide
         assert summarize(panel, calib, dev)[0].verdict == "not predictive"
 
+    def test_floor_tied_masks_are_left_out_of_the_correlation(self):
+        # 8 of the ratio's 23 masks sit at the floor on both sides; the others are ranked otherwise on dev
+        panel, calib, dev = panel_scores(lambda i: 0.0 if i < 12 else i / 40, lambda i: 0.0 if i < 12 else ((i * 7) % 24 + 1) / 40)
+        (summary,) = summarize(panel, calib, dev)
+        names = [item.name for item in panel if item.ratio == 0.5]
+        off = [name for name in names if calib[name] > 0 or dev[name] > 0]
+        assert summary.floor_tied == 8 == len(names) - len(off)
+        assert summary.spearman == pytest.approx(spearman([calib[n] for n in off], [dev[n] for n in off]))
+        assert summary.spearman < spearman([calib[n] for n in names], [dev[n] for n in names])  # the ties flattered it
+        assert summary.verdict == "not predictive"
+
+    def test_most_masks_at_the_floor_is_saturated_at_the_floor(self):
+        # 14 of 23 at the floor on both sides; the other 9 ranked alike, which alone would pass
+        panel, calib, dev = panel_scores(lambda i: 0.0 if i < 18 else i / 40, lambda i: 0.0 if i < 18 else i / 40)
+        (summary,) = summarize(panel, calib, dev)
+        assert summary.floor_tied == 14 and summary.spearman == pytest.approx(1.0)
+        assert summary.verdict == "saturated at the floor"
+
+    def test_a_mask_off_the_floor_on_one_side_counts(self):
+        # at the calibration floor but not on dev: the calibration misses what dev sees, so it is kept
+        panel, calib, dev = panel_scores(lambda i: 0.0 if i < 18 else i / 40, lambda i: i / 40)
+        (summary,) = summarize(panel, calib, dev)
+        assert summary.floor_tied == 0 and summary.verdict != "saturated at the floor"
+
     def test_layer_drops_are_full_minus_each_probe(self):
         panel = build_panel(SHAPE, 32, [0.5], {}, random_count=2)
         scores = {"full": 0.9, "probe-L0": 0.2, "probe-L1": 0.9, "probe-L2": 0.95, "probe-L3": 0.0}
