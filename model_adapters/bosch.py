@@ -66,6 +66,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from bosch_eval.attention.hybrid_attention import HybridAttention, hybridize
+from bosch_eval.attention.local_window import SINK_RULE
 from bosch_eval.caches.hybrid_cache import HybridCache
 from bosch_eval.caches.kv_quant.config import KVQuantConfig, parse_kv_quant
 from bosch_eval.caches.prefix_cache import PrefixActivations
@@ -283,6 +284,7 @@ class BoschLM(HFLM):
             bosch_swa_ratio=mask.swa_ratio,
             bosch_window=self.hybrid.window,
             bosch_sinks=self.hybrid.sinks,
+            bosch_sink_rule=SINK_RULE,
             bosch_method=mask.method,
             bosch_attn_backend=self.hybrid.backend,
             bosch_attn_backend_reason=self.hybrid.spec.backend_reason,  # why auto chose it, or "asked for"

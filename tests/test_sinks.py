@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bosch_eval.attention.local_window import LocalWindow
+from bosch_eval.attention.local_window import SINK_RULE, LocalWindow
 from bosch_eval.compare.kv_bytes import entry_kv_bytes
 from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
 from bosch_eval.masks.mask_sources import resolve_mask
@@ -19,7 +19,8 @@ def test_sink_overrides_the_masks_own_and_survives_mask_swaps(tiny_model_dir, tm
     from_file = BoschLM(pretrained=str(tiny_model_dir), device="cpu", mask=str(tmp_path / "mask.json"))
     assert from_file.hybrid.local == LocalWindow(6, 2)
     lm = BoschLM(pretrained=str(tiny_model_dir), device="cpu", mask=str(tmp_path / "mask.json"), sink=5)
-    assert lm.hybrid.local == LocalWindow(6, 5) and lm.get_model_info()["bosch_sinks"] == 5
+    info = lm.get_model_info()
+    assert lm.hybrid.local == LocalWindow(6, 5) and info["bosch_sinks"] == 5 and info["bosch_sink_rule"] == SINK_RULE
     lm.set_mask(HeadMask.from_rows([[0, 0, 0, 0], [0, 1, 1, 1], [1, 1, 1, 1]], 8, window=6))  # sink= from construction still wins
     assert lm.hybrid.local == LocalWindow(6, 5)
 
@@ -53,3 +54,24 @@ def test_a_comparisons_sink_is_in_every_runs_mask_and_kv_bytes(tiny_model_dir, t
     assert plan["intr"].sinks == 4 and plan["own"].sinks == 1
     swa = plan["intr"].swa_ratio
     assert entry_kv_bytes({}, plan["intr"], 9, 100) == pytest.approx(swa * 12 / 100 + (1 - swa))  # 8 + 4 cached positions of 100
+
+
+@pytest.mark.slow
+def test_stock_lm_eval_answers_do_not_depend_on_the_batch_size_with_sinks():
+    """lm-eval's generation batches are left-padded: with sinks, batch 1 and batch 8 give
+    every document the same answer (fp32, the bundled toy model, rows of two lengths, tasks
+    found as the stock CLI finds them)."""
+    import lm_eval
+
+    answers = {}
+    metadata = {"max_seq_lengths": [256, 512], "num_samples": 4}  # lm-eval adds the model_args (the tokenizer)
+    for batch_size in (1, 8):
+        out = lm_eval.simple_evaluate(
+            model="bosch", model_args="pretrained=toy,dtype=float32,layers=intr,ratio=0.75,window=32,sink=4", device="cpu",
+            batch_size=batch_size, tasks=["bosch_niah_single_1"], metadata=metadata, log_samples=True,
+            bootstrap_iters=0, gen_kwargs={"max_gen_toks": 24},
+        )  # fmt: skip
+        answers[batch_size] = {sample["doc_id"]: sample["resps"] for sample in out["samples"]["bosch_niah_single_1"]}
+        assert out["config"]["bosch_sink_rule"] == SINK_RULE
+    assert len(answers[1]) == 8 and answers[1] == answers[8]
+    assert len({str(resps) for resps in answers[1].values()}) > 1  # real answers, not one empty string

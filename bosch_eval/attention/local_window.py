@@ -43,6 +43,10 @@ from bosch_eval.runtime.errors import BoschError
 # "exclusive", W − 1 keys before it.
 WINDOW_CONVENTIONS = ("inclusive", "exclusive")
 
+# Where the sinks are, recorded beside every result (the adapter's ``bosch_sink_rule``): results
+# from before this rule took a padded row's first S key indices, padding in a left-padded row.
+SINK_RULE = "first S real tokens of each row"
+
 # (batch, head, q_idx, kv_idx) -> bool, or a bool tensor when the indices are tensors.
 MaskFunction = Callable[[Any, Any, Any, Any], Any]
 
