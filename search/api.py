@@ -32,20 +32,25 @@ from bosch_eval.runtime.launch import launch_state, on_main_then_everywhere
 from bosch_eval.runtime.outdir_lock import OutputLock
 from bosch_eval.runtime.previous_results import keep_aside
 from bosch_eval.runtime.versions import versions
-from bosch_eval.search.defaults import DEFAULT_CALIB_LEN, DEFAULT_CALIB_TASK, DEFAULT_PREFIX_CACHE_MB
+from bosch_eval.search.defaults import DEFAULT_CALIB_EXAMPLES, DEFAULT_CALIB_LEN, DEFAULT_CALIB_TASK, DEFAULT_PREFIX_CACHE_MB
+from bosch_eval.search.incumbent_rankings import RankingLoad, computed_incumbents, file_incumbents, split_rankings
 from bosch_eval.search.journal import Journal, JournalError, mask_key
 from bosch_eval.search.journal_header import refuse_other_settings
 from bosch_eval.search.objective import CalibrationObjective
 from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
-from bosch_eval.search.pipeline import Resumed, SearchResult, SearchSettings, run_search, validate_for_shape
+from bosch_eval.search.pipeline import VARIANTS, Resumed, SearchResult, SearchSettings, run_search, validate_for_shape
+from bosch_eval.search.rankers import RANKERS
+from bosch_eval.search.rankers.driver import RankingInputs
 from bosch_eval.search.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound
 from bosch_eval.search.report import render_report
 from bosch_eval.search.score_book import ScoreBook
 from bosch_eval.search.scoring import Anchors, SearchError
 from bosch_eval.search.tie_break import TieBreak, TieBreakFile, best_key, break_ties, shared_rows_layer, tie_key_bits
+from bosch_eval.tasks.niah.calibration_sets import CALIBRATION_SETS
 
 log = logging.getLogger("bosch_eval.search")
 VERSIONED_PACKAGES = ("python", "bosch-eval", "torch", "transformers", "lm_eval", "accelerate", "PyNomadBBO")
+GUARDED_FIELDS = ("local_calls", "incumbents", "rankings")  # settings the guarded variant added (migrate_header)
 RESULT_FILES = ("mask.json", "report.md")  # what a search under new settings replaces (kept aside first)
 
 
@@ -116,11 +121,35 @@ def search_model(
     if length is not None and not calibration.ignore_max_positions:
         check_length(length, model, config, "--calib-len", IGNORE_FLAG)
     out = Path(out)
+    ranked = _ranking_methods(settings, calibration) if VARIANTS[settings.variant].incumbents else None
     if resume and not new_settings:  # before the model loads; the journal checks again, under the lock
-        refuse_other_settings(out / "journal.jsonl", "settings", pinned, migrate=lambda stored: migrate_header(stored, {"settings": pinned}))
+
+        def as_now(stored: dict[str, Any]) -> dict[str, Any]:
+            header = migrate_header(stored, {"settings": pinned})
+            if ranked is None or not isinstance(header.get("settings"), dict):
+                return header
+            # The rankings' incumbents are known once computed; the journal compares them then.
+            return dict(header, settings=dict(header["settings"], incumbents=pinned["incumbents"]))
+
+        refuse_other_settings(out / "journal.jsonl", "settings", pinned, migrate=as_now)
     lock = OutputLock(out, "search", JournalError) if state.is_main_process else None  # only the main process writes
     on_main_then_everywhere(lock.acquire if lock is not None else None, JournalError, state.num_processes)
     try:
+        if ranked is not None:  # before the search's model loads: the rankers load their own copy
+            methods, files = ranked
+            inputs = RankingInputs(
+                window=window, examples=calibration.examples or DEFAULT_CALIB_EXAMPLES, length=length or DEFAULT_CALIB_LEN,
+                seed=calibration.seed, task=calibration.tasks[0],
+            )  # fmt: skip
+            ranking_load = RankingLoad(model, path, inputs, device, load.model_args)
+
+            def incumbents() -> list[tuple[str, str]]:
+                return [*file_incumbents(files, shape, settings.ratio), *computed_incumbents(methods, ranking_load, settings.ratio, out)]
+
+            given = on_main_then_everywhere(incumbents if state.is_main_process else None, SearchError, state.num_processes)
+            settings = replace(settings, incumbents=(*settings.incumbents, *map(tuple, given)))
+            validate_for_shape(settings, shape)
+            pinned = settings.pinned_json(shape)
         log.info("loading %s and building the calibration task(s) %s", model, ", ".join(calibration.tasks))
         started = time.perf_counter()
         objective = build_objective(path, calibration, replace(load, window=window, device=device))
@@ -170,6 +199,34 @@ def search_model(
         if lock is not None:
             lock.release()
     return result
+
+
+def _ranking_methods(settings: SearchSettings, calibration: CalibrationSettings) -> tuple[list[str], list[tuple[str, str]]]:
+    """The rankers to compute and the ranking files to read for the incumbents, checked before
+    anything loads (:mod:`bosch_eval.search.incumbent_rankings`).
+
+    Raises:
+        SearchError: a ranker that does not exist, or one named for calibration tasks the rankers
+            cannot read (not one calibration set of ``tasks/niah/calibration_sets.py``).
+    """
+    methods, files = split_rankings(settings.rankings)
+    rankable = len(calibration.tasks) == 1 and calibration.tasks[0] in CALIBRATION_SETS
+    if methods is None:
+        if not rankable:
+            log.info(
+                "incumbents: no ranking is computed, since the rankers read the calibration sets %s and the search "
+                "is calibrated on %s; the layer heuristics%s are the incumbents",
+                sorted(CALIBRATION_SETS), ", ".join(calibration.tasks), " and the given ranking files" if files else "",
+            )  # fmt: skip
+        return (list(RANKERS.names()) if rankable else []), files
+    for method in methods:
+        RANKERS.lookup(method, field="rankings")
+    if methods and not rankable:
+        raise SearchError(
+            f"rankings: {methods} would be computed on the calibration set, but the rankers read only {sorted(CALIBRATION_SETS)} "
+            f"and the search is calibrated on {list(calibration.tasks)}; pass ranking files as NAME=FILE instead"
+        )
+    return methods, files
 
 
 def _tie_break_objective(
@@ -262,7 +319,10 @@ def migrate_header(stored: dict[str, Any], current: Mapping[str, Any]) -> dict[s
         header["dtype"] = current["dtype"]
     settings, now = header.get("settings"), current.get("settings")
     if isinstance(settings, dict) and "buckets" in settings and settings["buckets"] is None and isinstance(now, Mapping):
-        header["settings"] = dict(settings, buckets=now.get("buckets"))  # the model is pinned: its default is the same
+        header["settings"] = settings = dict(settings, buckets=now.get("buckets"))  # the model is pinned: its default is the same
+    if isinstance(settings, dict) and "local_calls" not in settings and isinstance(now, Mapping):
+        # From before the guarded variant: no variant it could run reads these fields.
+        header["settings"] = dict(settings, **{key: now.get(key) for key in GUARDED_FIELDS})
     return header
 
 

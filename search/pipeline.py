@@ -189,8 +189,10 @@ class SearchSettings:
         """The settings as a journal pins them for a model of ``shape``: ``buckets`` as Stage 2
         uses them there (:meth:`buckets_for`), so that the default and the same buckets named
         are one setting (every journal written before the default depended on G names the
-        paper's buckets)."""
-        return dict(self.to_json(), buckets=list(self.buckets_for(shape)))
+        paper's buckets); ranking files by name only, never by a path, since their masks are
+        pinned in ``incumbents`` (a committed search resumes from any clone)."""
+        rankings = None if self.rankings is None else [entry.partition("=")[0] for entry in self.rankings]
+        return dict(self.to_json(), buckets=list(self.buckets_for(shape)), rankings=rankings)
 
 
 @dataclass

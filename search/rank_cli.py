@@ -109,7 +109,6 @@ def method_options(args: argparse.Namespace) -> dict[str, Any]:
 def rank_main(args: argparse.Namespace) -> None:
     """Run ``bosch-eval rank``; raises a :class:`~bosch_eval.runtime.errors.BoschError` on any bad input."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from bosch_eval.models.model_check import check_length, model_config, resolve_model
     from bosch_eval.models.model_defaults import model_defaults, resolve_window
@@ -133,11 +132,7 @@ def rank_main(args: argparse.Namespace) -> None:
     if not args.ignore_max_positions:  # before the weights load: past it, every score would be ~0
         check_length(calib_len, args.model, model_config(path), "--calib-len", "--ignore-max-positions")
     device = pick_device(args.device, "--device")
-    if model_args:
-        model, tokenizer = _load_like_lm_eval(path, args.dtype, device, model_args)
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype), attn_implementation="sdpa")
+    model, tokenizer = load_for_ranking(path, args.dtype, device, model_args)
     try:
         ranking = compute_ranking(
             args.method,
@@ -166,7 +161,20 @@ def rank_main(args: argparse.Namespace) -> None:
     print(f"  more local = {ranking.more_local} score; use it with ranking={args.out},ratio=R")
 
 
-def _load_like_lm_eval(path: str, dtype: str, device: str, model_args: dict[str, Any]) -> tuple[Any, Any]:
+def load_for_ranking(path: str, dtype: str, device: str | None, model_args: dict[str, Any]) -> tuple[Any, Any]:
+    """The model and tokenizer the rankers read: with plain SDPA attention, in ``dtype`` (a name
+    of torch's, e.g. float32); loaded as lm-eval loads it when ``model_args`` are given."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if model_args:
+        return _load_like_lm_eval(path, dtype, device, model_args)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+    return model, tokenizer
+
+
+def _load_like_lm_eval(path: str, dtype: str, device: str | None, model_args: dict[str, Any]) -> tuple[Any, Any]:
     """The model and tokenizer as ``lm_eval --model hf --model_args`` loads them (revision, remote
     code, ``parallelize``, PEFT, quantization), with the plain SDPA attention the rankers read."""
     from lm_eval.models.huggingface import HFLM

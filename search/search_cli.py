@@ -52,7 +52,22 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of every optimizer (default 0)")
     parser.add_argument("--budget-per-layer", type=int, default=100, help="κ: evaluations per layer (default 100, paper B.2)")
-    parser.add_argument("--variant", choices=VARIANTS, default="bosch", help="bosch (stages 1–3), nested (bosch with no layer given more than Stage 1's SWA groups, chosen among them) or an ablation of §3.4")
+    parser.add_argument(
+        "--variant", choices=VARIANTS, default="guarded",
+        help="guarded (default, beyond the paper: bosch after scoring the static rankings' and layer heuristics' masks, "
+        "with a local search over the whole model after Stage 3 and one-layer Stage-1 probes when ⌈ρG⌉ = G; never "
+        "returns less than the best of those masks), bosch (the paper's stages 1–3), nested (bosch with no layer given "
+        "more than Stage 1's SWA groups, chosen among them) or an ablation of §3.4",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rankings", nargs="*", metavar="METHOD|NAME=FILE",
+        help="guarded: the static rankings whose masks are incumbents: a ranker computed on the calibration set "
+        "(written to OUT/rankings/) or a bosch-ranking/1 file (default: every ranker; none when given no value)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--local-calls", type=int, default=100,
+        help="guarded: S() calls of the local search after Stage 3, shared by its two starts (default 100; 0 = none)",
+    )  # fmt: skip
     parser.add_argument("--optimizer", choices=optimizer_methods(), default="auto", help="auto: exhaustive if it fits the budget, else NOMAD up to 50 variables, else (1+1)-EA")
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="α, weight of the ratio penalty (Eq. 5)")
     parser.add_argument("--gamma", type=float, default=DEFAULT_GAMMA, help="γ, headroom of the upper anchor b = (1+γ)·S(full)")
@@ -182,6 +197,8 @@ def search_settings(args: argparse.Namespace) -> SearchSettings:
         chunk_layers=args.chunk_layers,
         quota=args.quota,
         refine=args.refine,
+        local_calls=args.local_calls,
+        rankings=None if args.rankings is None else tuple(args.rankings),
     )
 
 

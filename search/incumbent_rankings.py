@@ -1,0 +1,111 @@
+"""The static rankings a ``guarded`` search turns into incumbents (:mod:`bosch_eval.search.incumbents`).
+
+``SearchSettings.rankings`` names them: a ranker's name (computed here, on the search's own
+calibration set, exactly as ``bosch-eval rank --method M --calib-task T --calib-examples N
+--calib-len L --seed S`` computes it) or ``NAME=FILE`` (a ``bosch-ranking/1`` file); None means
+every registered ranker. A computed ranking is written to ``<out>/rankings/<method>.json`` and a
+resumed search reads it from there when its inputs match, so a ranking is computed once per
+search. Each ranking's incumbent is its mask at the search's ratio (⌈ρ·L·G⌉ most local groups).
+
+The rankers read the examples of a calibration set of ``tasks/niah/calibration_sets.py``; a
+search calibrated on other tasks gets no computed ranking by default (logged: the layer
+heuristics are then its incumbents), and naming a method there is an error.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bosch_eval.masks.head_mask import HeadRanking, ModelShape
+from bosch_eval.search.journal import mask_key
+from bosch_eval.search.scoring import SearchError
+
+if TYPE_CHECKING:
+    from bosch_eval.search.rankers.driver import RankingInputs
+
+log = logging.getLogger("bosch_eval.search")
+
+RANKINGS_DIR = "rankings"
+
+
+def split_rankings(rankings: Sequence[str] | None) -> tuple[list[str] | None, list[tuple[str, str]]]:
+    """``(methods, files)``: the rankers to compute (None: every registered one) and the
+    ``(name, path)`` of each ranking file named ``NAME=FILE``.
+
+    Raises:
+        SearchError: an entry ``NAME=`` or ``=FILE``.
+    """
+    if rankings is None:
+        return None, []
+    methods, files = [], []
+    for entry in rankings:
+        name, sep, path = entry.partition("=")
+        if sep and (not name or not path):
+            raise SearchError(f"rankings: expected a ranker's name or NAME=FILE, got {entry!r}")
+        if sep:
+            files.append((name, path))
+        else:
+            methods.append(entry)
+    return methods, files
+
+
+def file_incumbents(files: Sequence[tuple[str, str]], shape: ModelShape, ratio: float) -> list[tuple[str, str]]:
+    """``(name, mask key)`` of each ranking file's mask at ``ratio``.
+
+    Raises:
+        MaskError: a file that is not a ranking of a model of ``shape``.
+    """
+    pairs = []
+    for name, path in files:
+        ranking = HeadRanking.load(path)
+        ranking.shape.check_matches(shape, f"rankings: {name}={path}")
+        pairs.append((name, mask_key(ranking.to_mask(ratio).bits)))
+    return pairs
+
+
+def computed_incumbents(methods: Sequence[str], load: RankingLoad, ratio: float, out: Path) -> list[tuple[str, str]]:
+    """``(method, mask key)`` of each ranking computed on the calibration set (or read back from
+    ``<out>/rankings/<method>.json`` when made on the same inputs); the model loads once, only
+    if some ranking is not on disk."""
+    directory = out / RANKINGS_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    pairs, model = [], None
+    for method in methods:
+        path = directory / f"{method}.json"
+        ranking = HeadRanking.load(path) if path.is_file() else None
+        if ranking is None or not load.made(ranking):
+            if model is None:
+                model = load.model()
+            log.info("incumbents: computing the %s ranking on the calibration set", method)
+            ranking = load.rank(method, *model)
+            ranking.save(path)
+        pairs.append((method, mask_key(ranking.to_mask(ratio).bits)))
+    return pairs
+
+
+class RankingLoad:
+    """How the rankings are computed: the model (loaded as ``bosch-eval rank`` loads it) and the
+    calibration examples they read (:class:`~bosch_eval.search.rankers.driver.RankingInputs`)."""
+
+    def __init__(self, model: str, path: str, inputs: RankingInputs, device: str | None, model_args: dict[str, Any] | None) -> None:
+        self.name, self.path, self.inputs, self.device, self.model_args = model, path, inputs, device, model_args
+
+    def made(self, ranking: HeadRanking) -> bool:
+        """Whether ``ranking`` was computed on these inputs (so a resume can take it as is)."""
+        inputs, provenance = self.inputs, ranking.provenance
+        expected = {"window": inputs.window, "calib_examples": inputs.examples, "calib_len": inputs.length,
+                    "calib_seed": inputs.seed, "calib_task": inputs.task}  # fmt: skip
+        return all(provenance.get(key) == value for key, value in expected.items())
+
+    def model(self) -> tuple[Any, Any]:
+        from bosch_eval.search.rank_cli import load_for_ranking
+
+        return load_for_ranking(self.path, "float32", self.device, self.model_args or {})
+
+    def rank(self, method: str, model: Any, tokenizer: Any) -> HeadRanking:
+        from bosch_eval.search.rankers.driver import RankingCompute, compute_ranking
+
+        return compute_ranking(method, model, tokenizer, self.inputs, compute=RankingCompute(device=self.device), model_name=self.name)

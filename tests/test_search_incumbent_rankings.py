@@ -1,0 +1,42 @@
+"""The guarded search on the bundled toy model computes its rankings on its own calibration set,
+writes them to ``<out>/rankings/``, scores their masks as incumbents and never returns less."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking
+from bosch_eval.search.api import RunOptions, search_model
+from bosch_eval.search.journal import mask_key
+from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings
+from bosch_eval.search.pipeline import SearchSettings
+from bosch_eval.search.scoring import SearchError
+
+
+CALIBRATION = CalibrationSettings(examples=4, length=256)
+LOAD = LoadSettings(window=32, prefix_cache_mb=0)
+
+
+def test_rankings_on_the_calibration_set_are_incumbents_and_a_resume_reads_them(tmp_path: Path) -> None:
+    settings = SearchSettings(ratio=0.5, budget_per_layer=2, local_calls=4, rankings=("dcam", "apl"))
+    result = search_model("toy", settings, tmp_path, calibration=CALIBRATION, load=LOAD, run=RunOptions(progress=False))
+    guard = result.guard
+    assert guard is not None and {"dcam", "apl", "intr", "bme", "rand:0"} <= set(guard.incumbents)
+    ranking = HeadRanking.load(tmp_path / "rankings" / "dcam.json")
+    assert ranking.provenance["calib_task"] == "bosch_niah_calib" and ranking.provenance["calib_examples"] == 4
+    assert guard.incumbents["dcam"] == mask_key(ranking.to_mask(0.5).bits)
+    assert result.score >= guard.best_score
+    provenance = HeadMask.load(tmp_path / "mask.json").provenance
+    assert dict(map(tuple, provenance["search"]["incumbents"]))["dcam"] == guard.incumbents["dcam"]
+    before = (tmp_path / "rankings" / "dcam.json").stat().st_mtime_ns
+    again = search_model("toy", settings, tmp_path, calibration=CALIBRATION, load=LOAD, run=RunOptions(progress=False), resume=True)
+    assert again.mask.bits == result.mask.bits and again.new_evaluations == 0
+    assert (tmp_path / "rankings" / "dcam.json").stat().st_mtime_ns == before  # read back, not computed again
+
+
+def test_a_ranker_named_for_tasks_the_rankers_cannot_read_is_refused(tmp_path: Path) -> None:
+    calibration = CalibrationSettings(tasks=("some_other_task",))
+    with pytest.raises(SearchError, match=r"^rankings: \['dcam'\] would be computed on the calibration set"):
+        search_model("toy", SearchSettings(ratio=0.5, rankings=("dcam",)), tmp_path, calibration=calibration, load=LOAD)
