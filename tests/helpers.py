@@ -69,16 +69,11 @@ REFERENCE = "bosch_test_dense_band_reference"
 
 
 def row_sink_flags(padding: torch.Tensor, sinks: int) -> torch.Tensor:
-    """``[B, K]`` True at each row's first ``sinks`` real tokens, from the 2D padding mask,
-    counted one row and one key at a time (written out here, not imported)."""
-    flags = torch.zeros(padding.shape, dtype=torch.bool)
-    for row in range(padding.shape[0]):
-        seen = 0
-        for column in range(padding.shape[1]):
-            if padding[row, column] and seen < sinks:
-                flags[row, column] = True
-                seen += 1
-    return flags.to(padding.device)
+    """``[B, K]`` True at each row's first ``sinks`` real tokens, from the 2D padding mask: a
+    real token whose count of real tokens up to and including it is at most ``sinks``
+    (written out here, not imported; on the padding's device)."""
+    real = padding.bool()
+    return real & (real.long().cumsum(dim=-1) <= sinks)
 
 
 def dense_band_reference(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -94,7 +89,8 @@ def dense_band_reference(module, query, key, value, attention_mask, scaling, dro
     query_pos = torch.arange(q_len, device=device)[:, None] + kv_len - q_len
     key_pos = torch.arange(kv_len, device=device)[None, :]
     lag = query_pos - key_pos
-    padding = module.reference_padding if module.reference_padding is not None else torch.ones(batch, kv_len, device=device)
+    padding = getattr(module, "reference_padding", None)  # set by reference_logits; None: no padding
+    padding = padding if padding is not None else torch.ones(batch, kv_len, device=device)
     sinks = row_sink_flags(padding[:, -kv_len:], mask.sinks)[:, None, :]  # [B, 1, K]
     allowed = attention_mask.expand(batch, query.shape[1], q_len, kv_len).clone()
     for head, bit in enumerate(mask.query_head_bits()[module.layer_idx]):
