@@ -71,7 +71,6 @@ def computed_incumbents(methods: Sequence[str], load: RankingLoad, ratio: float,
     ``<out>/rankings/<method>.json`` when made on the same inputs); the model loads once, only
     if some ranking is not on disk."""
     directory = out / RANKINGS_DIR
-    directory.mkdir(parents=True, exist_ok=True)
     pairs, model = [], None
     for method in methods:
         path = directory / f"{method}.json"
@@ -81,6 +80,7 @@ def computed_incumbents(methods: Sequence[str], load: RankingLoad, ratio: float,
                 model = load.model()
             log.info("incumbents: computing the %s ranking on the calibration set", method)
             ranking = load.rank(method, *model)
+            directory.mkdir(parents=True, exist_ok=True)
             ranking.save(path)
         pairs.append((method, mask_key(ranking.to_mask(ratio).bits)))
     return pairs
