@@ -101,7 +101,7 @@ class RankingLoad:
         return all(provenance.get(key) == value for key, value in expected.items())
 
     def model(self) -> tuple[Any, Any]:
-        from bosch_eval.search.rank_cli import load_for_ranking
+        from bosch_eval.search.rankers.driver import load_for_ranking
 
         return load_for_ranking(self.path, "float32", self.device, self.model_args or {})
 

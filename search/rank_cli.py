@@ -113,7 +113,7 @@ def rank_main(args: argparse.Namespace) -> None:
     from bosch_eval.models.model_check import check_length, model_config, resolve_model
     from bosch_eval.models.model_defaults import model_defaults, resolve_window
     from bosch_eval.runtime.device import pick_device
-    from bosch_eval.search.rankers.driver import RankingCompute, RankingInputs, compute_ranking
+    from bosch_eval.search.rankers.driver import RankingCompute, RankingInputs, compute_ranking, load_for_ranking
     from bosch_eval.tasks.niah.haystack import TemplateTooLong
 
     from bosch_eval.model_adapters.loader_args import parse_model_args
@@ -159,25 +159,3 @@ def rank_main(args: argparse.Namespace) -> None:
         f"tokens, seed {args.seed}, {ranking.provenance['wall_time_s']:.1f} s"
     )
     print(f"  more local = {ranking.more_local} score; use it with ranking={args.out},ratio=R")
-
-
-def load_for_ranking(path: str, dtype: str, device: str | None, model_args: dict[str, Any]) -> tuple[Any, Any]:
-    """The model and tokenizer the rankers read: with plain SDPA attention, in ``dtype`` (a name
-    of torch's, e.g. float32); loaded as lm-eval loads it when ``model_args`` are given."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if model_args:
-        return _load_like_lm_eval(path, dtype, device, model_args)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa")
-    return model, tokenizer
-
-
-def _load_like_lm_eval(path: str, dtype: str, device: str | None, model_args: dict[str, Any]) -> tuple[Any, Any]:
-    """The model and tokenizer as ``lm_eval --model hf --model_args`` loads them (revision, remote
-    code, ``parallelize``, PEFT, quantization), with the plain SDPA attention the rankers read."""
-    from lm_eval.models.huggingface import HFLM
-
-    lm = HFLM(pretrained=path, device=device, dtype=dtype, attn_implementation="sdpa", **model_args)
-    return lm.model, lm.tokenizer

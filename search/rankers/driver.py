@@ -234,3 +234,24 @@ def compute_ranking(
         model=model_name or getattr(model.config, "_name_or_path", None) or None,
         provenance=provenance,
     )
+
+
+def load_for_ranking(path: str, dtype: str, device: str | None, model_args: dict[str, Any]) -> tuple[Any, Any]:
+    """The model and tokenizer the rankers read: with plain SDPA attention, in ``dtype`` (a name
+    of torch's, e.g. float32); loaded as lm-eval loads it when ``model_args`` are given."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if model_args:
+        return _load_like_lm_eval(path, dtype, device, model_args)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+    return model, tokenizer
+
+
+def _load_like_lm_eval(path: str, dtype: str, device: str | None, model_args: dict[str, Any]) -> tuple[Any, Any]:
+    """The model and tokenizer as ``lm_eval --model hf --model_args`` loads them (revision, remote
+    code, ``parallelize``, PEFT, quantization), with the plain SDPA attention the rankers read."""
+    from lm_eval.models.huggingface import HFLM
+
+    lm = HFLM(pretrained=path, device=device, dtype=dtype, attn_implementation="sdpa", **model_args)
+    return lm.model, lm.tokenizer
