@@ -4,6 +4,7 @@
         --metadata '{"max_seq_lengths": [512, 1024]}' \\
         --entry original= --entry bosch=mask=mask.json --entry intr=layers=intr,ratio=0.75 --out cmp
     bosch-eval compare --config leaderboard.yaml --out cmp [--resume [--new-settings]] [--from-results DIR ...]
+    bosch-eval compare --pack --out cmp    # its finished runs made ready to commit (bosch_eval.compare.pack)
 """
 
 from __future__ import annotations
@@ -38,6 +39,17 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="with --resume: evaluate again finished runs made with other settings or inputs (a changed mask file, "
         "model, limit, ...), keeping the old runs and leaderboard in --out/previous/; without it such a resume is refused",
     )
+    parser.add_argument(
+        "--pack",
+        action="store_true",
+        help="evaluate nothing: pack the finished lm-eval outputs under --out (a comparison, or any lm_eval --output_path) "
+        "for committing: prompts stripped, the machine description written once, files gzipped (results/README.md)",
+    )
+    parser.add_argument(
+        "--keep-prompts",
+        action="store_true",
+        help="with --pack: keep the prompt text, for documents no task can regenerate (their only record)",
+    )
     parser.add_argument("--out", required=True, help="output directory")
     parser.set_defaults(run=compare_main)
     return parser
@@ -68,6 +80,11 @@ def compare_main(args: argparse.Namespace) -> None:
     from bosch_eval.compare.runner import output_lock, run_compare
     from bosch_eval.compare.spec import build_spec, load_spec
 
+    if args.pack:
+        from bosch_eval.compare.pack import pack
+
+        print(f"{args.out}: {pack(args.out, keep_prompts=args.keep_prompts)} files packed")
+        return
     if args.new_settings and not args.resume:
         raise EntryError("--new-settings: evaluates again finished runs that no longer match; pass it with --resume")
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 and args.limit.is_integer() else args.limit)
