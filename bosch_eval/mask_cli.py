@@ -1,4 +1,4 @@
-"""``bosch-eval mask``: inspect a mask file, or build one from a ranking."""
+"""``bosch-eval mask``: inspect a mask file, or build one from a ranking or a layer heuristic."""
 
 from __future__ import annotations
 
@@ -42,8 +42,23 @@ def _mask_from_ranking(args: argparse.Namespace) -> None:
     print(format_mask(mask, args.out))
 
 
+def _mask_from_layers(args: argparse.Namespace) -> None:
+    # deferred: resolving a model imports transformers, and `bosch-eval --help` stays free of it
+    from bosch_eval.masks.head_mask import ModelShape
+    from bosch_eval.masks.mask_sources import resolve_mask
+    from bosch_eval.models.model_check import model_config, resolve_model
+    from bosch_eval.models.model_defaults import model_defaults
+
+    path = resolve_model(args.model)
+    mask, _ = resolve_mask(ModelShape.from_config(model_config(path)), layers=args.heuristic, ratio=args.ratio, seed=args.seed,
+                           window=args.window, default_window=model_defaults(path).window)  # fmt: skip
+    mask = mask.with_meta(model=args.model)
+    mask.save(args.out)
+    print(format_mask(mask, args.out))
+
+
 def add_mask_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``mask show`` and ``mask from-ranking`` to the ``bosch-eval`` subcommands."""
+    """Add ``mask show``, ``mask from-ranking`` and ``mask from-layers`` to the ``bosch-eval`` subcommands."""
     parser = subparsers.add_parser("mask", help="inspect and build head masks")
     mask = parser.add_subparsers(dest="mask_command", required=True)
     show = mask.add_parser("show", help="print a summary of a bosch-mask/1 file")
@@ -55,4 +70,12 @@ def add_mask_parser(subparsers: Any) -> argparse.ArgumentParser:
     from_ranking.add_argument("--window", type=int, help="SWA window W (default: the ranking's)")
     from_ranking.add_argument("--out", required=True, help="where to write the bosch-mask/1 file")
     from_ranking.set_defaults(run=_mask_from_ranking)
+    from_layers = mask.add_parser("from-layers", help="turn whole layers into SWA by a layer heuristic (INTR, BME, RAND)")
+    from_layers.add_argument("heuristic", help="a layer heuristic's name: intr, bme or rand (docs/masks.md)")
+    from_layers.add_argument("--model", required=True, help="HF id or path, or toy / toy-l / smollm2: the mask's shape")
+    from_layers.add_argument("--ratio", type=float, required=True, help="share of KV groups to turn into SWA, in [0, 1]")
+    from_layers.add_argument("--seed", type=int, help="rand's seed")
+    from_layers.add_argument("--window", type=int, help="SWA window W (default: the model's)")
+    from_layers.add_argument("--out", required=True, help="where to write the bosch-mask/1 file")
+    from_layers.set_defaults(run=_mask_from_layers)
     return parser

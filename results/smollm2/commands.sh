@@ -36,7 +36,7 @@ R=results/smollm2
 CALIB=bosch_niah_calib  # the search's and the rankings' calibration task (README, "The calibration check with four sinks")
 RC=$R/rankings_retrieval_calib  # the six rankings on bosch_retrieval_calib, the checks' panels (before the choice)
 case $step in
-  probe)    python $R/probe_calibration.py --out $R/calibration_probe.md ;;
+  probe)    python benchmarks/studies/probe_calibration.py --out $R/calibration_probe.md ;;
   defaults) # development split only (defaults.md)
             for run in dev_full:mask=full dev_swa_w32:layers=intr,ratio=1,window=32 dev_swa_w64:layers=intr,ratio=1,window=64 \
                        dev_swa_w128:layers=intr,ratio=1,window=128; do
@@ -105,7 +105,7 @@ case $step in
               --dev-scores-from $R/check_sinks/$CALIB --out $R/check_tiebreak/$CALIB ;;
   check-ties) # do the masks the rho = 0.75 search tied at S = 1.000 differ on the dev split, and does acc_tiebreak order
             # them as it does? 8 of the 144 (the returned one first) and Razor's mask of rankings/ (the leaderboard's)
-            python $R/tied_masks.py $R/search/bosch-r0.75 8 $R/tied_r0.75
+            python benchmarks/studies/journal_masks.py tied $R/search/bosch-r0.75 8 $R/tied_r0.75
             masks=(); for file in $R/tied_r0.75/tied*.json; do masks+=(--mask "$(basename $file .json)=$file"); done
             bosch-eval calib-check --model smollm2 --calib $CALIB --calib-metric acc_tiebreak --sink 4 --dev bosch_niah_dev \
               --dev-metadata '{"dev_lengths": [1024], "dev_samples": 24, "dev_variants": ["single_1", "single_2"]}' \
@@ -147,18 +147,7 @@ case $step in
             # on the calibration set, against 0.500 for the 45-group mask returned)? Stage 1's mask is the first stage1 mask
             # of the journal with two SWA groups in every layer scored 1.000 (the one Algorithm 1 keeps)
             out=$R/stage1_r0.5; mkdir -p $out
-            python -c "
-import gzip, json, sys
-from bosch_eval.masks.head_mask import HeadMask
-returned = HeadMask.load('$R/search/bosch-paper-r0.5/mask.json')
-for record in map(json.loads, gzip.open('$R/search/bosch-paper-r0.5/journal.jsonl.gz', 'rt')):
-    rows = record.get('key', '').split('/')  # the header has no key
-    if record.get('stage') == 'stage1' and record.get('score') == 1.0 and all(row.count('0') == 2 for row in rows):
-        bits = [[int(c) for c in row] for row in rows]
-        HeadMask.from_rows(bits, returned.shape.num_heads, window=returned.window, sinks=returned.sinks, model='smollm2',
-                           method='bosch-stage1').save('$out/stage1.json')
-        sys.exit(0)
-sys.exit('no Stage-1 mask at S = 1.000 in the journal')"
+            python benchmarks/studies/journal_masks.py stage1 $R/search/bosch-paper-r0.5 $out
             for run in stage1:$out/stage1.json returned:$R/search/bosch-paper-r0.5/mask.json nested:$R/search/bosch-r0.5/mask.json; do
               [ -d "$out/${run%%:*}" ] && continue
               [ -f "${run#*:}" ] || { echo "stage1-dev: ${run#*:} missing (commands.sh search 0.5 makes it)"; continue; }
@@ -177,7 +166,7 @@ sys.exit('no Stage-1 mask at S = 1.000 in the journal')"
               --prefix-cache-mb 2560 --out $out --resume ;;
   dev-tiebreak) # development split only: the tie-break's mask against the search's on the UUID format scored by
             # generation (dev-uuid's draw) and on the numeric formats prefill-scored (check-ties-long's draw), both masks
-            # on this machine, per-document samples for the paired rule (paired_dev.py); DEVICE=cuda on a GPU
+            # on this machine, per-document samples for the paired rule (benchmarks/studies/paired_runs.py); DEVICE=cuda on a GPU
             ratio=${2:?ratio}; out=$R/dev_tiebreak_r$ratio; mkdir -p $out
             for run in searched:$R/search/bosch-r$ratio/mask.json tiebreak:$R/search/bosch-uuidtie-r$ratio/mask.json; do
               args=(--model bosch --model_args pretrained=smollm2,mask=${run#*:},sink=4,attn_backend=blocked,dtype=bfloat16
@@ -188,7 +177,7 @@ sys.exit('no Stage-1 mask at S = 1.000 in the journal')"
                 --output_path "$out/numeric_${run%%:*}" \
                 --metadata '{"dev_lengths": [1024, 2048], "dev_samples": 48, "dev_variants": ["single_1", "single_2"]}'
             done
-            for draw in uuid numeric; do python $R/paired_dev.py $out/${draw}_searched $out/${draw}_tiebreak; done ;;
+            for draw in uuid numeric; do python benchmarks/studies/paired_runs.py documents $out/${draw}_searched $out/${draw}_tiebreak; done ;;
   search|search-paper)
             # search: the study's search at ratio R, seed S -> search/bosch-rR[-sS]/: the nested variant at 0.5 (chosen on
             # the dev split, README "The nested variant at rho = 0.5"), the paper's at 0.75 and 0.875, where ceil(rho * 3) = 3
@@ -214,10 +203,10 @@ sys.exit('no Stage-1 mask at S = 1.000 in the journal')"
   compare)  # the entries whose mask exists (the narrowed config is kept beside the runs it made);
             # a later call adds the searches that finished since
             ratio=${2:?ratio}; out=$R/leaderboard_r$ratio; mkdir -p $out
-            python $R/available_entries.py $R/leaderboard_r$ratio.yaml $out/available.yaml
+            python benchmarks/studies/available_entries.py $R/leaderboard_r$ratio.yaml $out/available.yaml
             bosch-eval compare --config $out/available.yaml --out $out --resume ;;
   leaderboard) # the leaderboard of the runs finished so far, evaluating nothing (a comparison stopped early)
             ratio=${2:?ratio}; out=$R/leaderboard_r$ratio
-            python $R/available_entries.py $R/leaderboard_r$ratio.yaml $out/finished.yaml --finished $out
+            python benchmarks/studies/available_entries.py $R/leaderboard_r$ratio.yaml $out/finished.yaml --finished $out
             bosch-eval compare --config $out/finished.yaml --out $out --resume ;;
 esac

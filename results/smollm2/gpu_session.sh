@@ -22,7 +22,7 @@ export OMP_NUM_THREADS=2 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE
 logs=.gpu_logs; mkdir -p "$out" $logs
 left() { local s=$((deadline - SECONDS - ${1:-0})); echo $((s > 1 ? s : 1)); }  # seconds until the deadline less $1, at least 1
 # Convert the GGUF once, before the parallel steps all ask for it.
-python -c "from bosch_eval.models.model_check import resolve_model; print(resolve_model('smollm2'))" || exit 1
+bosch-eval toy-model --path --name smollm2 || exit 1
 gpu() { command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu="$1" --format=csv,noheader; }
 gpu name,memory.total
 ratio_pipeline() {

@@ -14,7 +14,7 @@ deadline=$((SECONDS + budget))
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false DEVICE=cuda
 left() { local s=$((deadline - SECONDS - $1)); echo $((s > 1 ? s : 1)); }  # seconds until the deadline less $1, at least 1
 mkdir -p "$out" .gpu_logs
-python -c "from bosch_eval.models.model_check import resolve_model; print(resolve_model('smollm2'))" || exit 1
+bosch-eval toy-model --path --name smollm2 || exit 1
 timeout -k 20 -s INT "$(left 240)" $R/commands.sh tie-break "$ratio" > .gpu_logs/tie_break_r$ratio.log 2>&1
 echo "tie-break: rc $? at ${SECONDS}s"
 timeout -k 20 -s INT "$(left 120)" $R/commands.sh dev-tiebreak "$ratio" > .gpu_logs/dev_tiebreak_r$ratio.log 2>&1

@@ -25,15 +25,12 @@ for ratio in 0.875 0.75; do
       --out "$here/masks/$method-r$ratio.json" > /dev/null
   done
 done
-python - <<'PY'
-from bosch_eval.masks.mask_sources import resolve_mask
-from bosch_eval.masks.head_mask import ModelShape
-shape = ModelShape(num_layers=4, num_heads=8, num_kv_heads=4)  # the toy model
-for layers, seed in (("intr", None), ("bme", None), ("rand", 0), ("rand", 1), ("rand", 2)):
-    mask, _ = resolve_mask(shape, layers=layers, ratio=0.75, seed=seed, window=32)  # 3 whole layers = 12 groups
-    name = layers if seed is None else f"rand{seed}"
-    mask.with_meta(model="toy").save(f"results/toy_optimum/masks/{name}-r0.75.json")
-PY
+for heuristic in intr bme; do  # 3 whole layers = 12 groups
+  bosch-eval mask from-layers $heuristic --model toy --ratio 0.75 --window 32 --out "$here/masks/$heuristic-r0.75.json" > /dev/null
+done
+for seed in 0 1 2; do
+  bosch-eval mask from-layers rand --seed $seed --model toy --ratio 0.75 --window 32 --out "$here/masks/rand$seed-r0.75.json" > /dev/null
+done
 
 # 3. Place them (evaluates nothing: every score is in the journal).
 places() { for item in "$@"; do printf -- '--place %s ' "$item"; done; }

@@ -10,7 +10,7 @@ token is the greedy prediction after the prompt.
 * ``v2``: the prompt ends with the answer's first words (version 2's format);
 * kinds ``single``, ``multikey`` with 1, 2 or 3 other keys' needles, ``multivalue``.
 
-    python results/smollm2/probe_calibration.py --out results/smollm2/calibration_probe.md
+    python benchmarks/studies/probe_calibration.py --out results/smollm2/calibration_probe.md
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def greedy_hits(model, tokenizer, docs, answer_lead: bool) -> list[bool]:
     return hits
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--seq-len", type=int, default=1024)
@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--calib-seed", type=int, default=1, help="a development draw (0 is the search's own)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.calib_seed == 0:
         sys.exit("--calib-seed 0 draws the search's own calibration examples; use a development seed")
     path = resolve_model(args.model)
@@ -59,7 +59,7 @@ def main() -> None:
     rows = [("v1", ("single", "multikey", "multivalue"), 3), ("v2", ("single",), 1)]
     rows += [("v2", ("multikey",), keys) for keys in (1, 2, 3)] + [("v2", ("multivalue",), 1)]
     lines = [
-        f"# SmolLM2 on bosch_retrieval_calib formats, full attention ({args.dtype}, {args.seq_len} tokens, "
+        f"# {args.model} on bosch_retrieval_calib formats, full attention ({args.dtype}, {args.seq_len} tokens, "
         f"calib_seed {args.calib_seed}: a development draw)",
         "",
         f"`{shlex.join(['python', *sys.argv])}`; {', '.join(f'{k} {v}' for k, v in versions('torch', 'transformers').items())}",

@@ -7,7 +7,7 @@ A layer's drop is S(full) − S(that layer's three groups SWA) on the calibratio
 (ties: the lower layer first), and the last layer kept is kept in part (its groups in index
 order) so that exactly ⌈ρ·90⌉ groups are SWA. Run from the repo root:
 
-    python results/smollm2/probe_guided.py    # -> results/smollm2/check/probe_guided/mask-r{0.75,0.875}.json
+    python benchmarks/studies/probe_guided.py results/smollm2/check    # -> CHECK/probe_guided/mask-r{0.75,0.875}.json
 
 then, for each ratio R, on the calibration set (in-sample: the probes chose the layers) and
 the development split as the check scores them (the output files are gzipped and moved up
@@ -21,14 +21,14 @@ out of lm-eval's per-model folder):
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count
 
 SHAPE = ModelShape(num_layers=30, num_heads=9, num_kv_heads=3)  # SmolLM2-135M
-WINDOW = 128  # the model's default (defaults.md)
-HERE = Path(__file__).parent
+WINDOW = 128  # the model's default (results/smollm2/defaults.md)
 
 
 def probe_guided(drops: dict[int, float], ratio: float) -> HeadMask:
@@ -39,10 +39,13 @@ def probe_guided(drops: dict[int, float], ratio: float) -> HeadMask:
     return HeadMask.from_swa_groups(SHAPE, swa, window=WINDOW, model="smollm2", method=f"probe-guided-{ratio:g}")
 
 
-def main() -> None:
-    check = json.loads((HERE / "check" / "check.json").read_text())
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("check", type=Path, help="a calib-check's folder with its one-layer probes (check.json)")
+    check_dir = parser.parse_args(argv).check
+    check = json.loads((check_dir / "check.json").read_text())
     drops = {int(layer): drop for layer, drop in check["layer_drops"]["calib"].items()}
-    out = HERE / "check" / "probe_guided"
+    out = check_dir / "probe_guided"
     out.mkdir(exist_ok=True)
     for ratio in (0.75, 0.875):
         mask = probe_guided(drops, ratio)

@@ -1,6 +1,6 @@
 """Recovery curves (paper B.5, Fig. 3 at toy scale) from `commands.sh recovery`'s lm-eval outputs.
 
-    python results/toy_train/curves.py OUT_DIR results/toy_train/recovery   # from the repo root
+    python benchmarks/studies/recovery_curves.py OUT_DIR results/toy_train/recovery   # from the repo root
 
 Reads OUT_DIR/eval/<mask>-r<ratio>/step-<N>/len<L>/**/results_*.json (held-out upstream
 niah_single_1 and bosch_niah, one lm_eval call per length; or results_*.json.gz, as they are

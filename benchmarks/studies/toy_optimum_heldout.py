@@ -1,7 +1,7 @@
 """Held-out scores of the placed masks: their rank among all masks (in-sample) next to lm-eval's
 held-out scores of the same masks from the toy leaderboard (results/toy_compare/leaderboard_toy).
 
-    python results/toy_optimum/heldout.py > results/toy_optimum/heldout.md   # from the repo root
+    python benchmarks/studies/toy_optimum_heldout.py > results/toy_optimum/heldout.md   # from the repo root
 
 A leaderboard run is matched to a placement by its mask bits, not by name, so that masks reached
 by different routes (BOSCH --refine 2, the EA, the APL ranking) share one row of scores.
@@ -13,14 +13,10 @@ import json
 from pathlib import Path
 
 from bosch_eval.compare.results import read_run
+from bosch_eval.search.journal import mask_key
 
 OPTIMUM = Path("results/toy_optimum")
 LEADERBOARD = Path("results/toy_compare/leaderboard_toy")
-
-
-def mask_key(bits: list[list[int]]) -> str:
-    """The enumeration journal's key: one 0/1 string per layer (1 = full attention), layer 0 first."""
-    return "/".join("".join(str(int(b)) for b in layer) for layer in bits)
 
 
 def run_scores(run: Path) -> dict[str, float]:
@@ -46,19 +42,25 @@ def leaderboard_runs() -> dict[str, tuple[str, dict[str, float]]]:
 
 
 def main() -> None:
+    print(heldout_table())
+
+
+def heldout_table() -> str:
+    """The page: each placed mask's in-sample rank beside its held-out scores."""
+    lines: list[str] = []
     runs = leaderboard_runs()
     columns = ("niah_single_1@512", "niah_single_1@1024", "bosch_niah")
-    print("$ " + __doc__.split("\n\n")[1].strip())
-    print()
-    print("In-sample: `bosch_niah_calib` acc (the search's S(z)) and the rank among all masks with")
-    print("the same number of SWA groups. Held out: upstream `niah_single_1` (64 documents per")
-    print("length) and `bosch_niah` (6 tasks × 20 documents × 2 lengths), from the leaderboard run")
-    print("named in the last column. The optimum's row is the best mask of the enumeration.")
+    lines.append("$ " + __doc__.split("\n\n")[1].strip())
+    lines.append("")
+    lines.append("In-sample: `bosch_niah_calib` acc (the search's S(z)) and the rank among all masks with")
+    lines.append("the same number of SWA groups. Held out: upstream `niah_single_1` (64 documents per")
+    lines.append("length) and `bosch_niah` (6 tasks × 20 documents × 2 lengths), from the leaderboard run")
+    lines.append("named in the last column. The optimum's row is the best mask of the enumeration.")
     for ratio_dir in sorted(OPTIMUM.glob("r*/optimum.json"), key=lambda p: p.parent.name):
         data = json.loads(ratio_dir.read_text())
-        print(f"\n## ρ = {ratio_dir.parent.name[1:]} ({data['masks']} masks)\n")
-        print("| mask | S in-sample | rank | " + " | ".join(columns) + " | leaderboard run |")
-        print("|---|---|---|" + "---|" * len(columns) + "---|")
+        lines.append(f"\n## ρ = {ratio_dir.parent.name[1:]} ({data['masks']} masks)\n")
+        lines.append("| mask | S in-sample | rank | " + " | ".join(columns) + " | leaderboard run |")
+        lines.append("|---|---|---|" + "---|" * len(columns) + "---|")
         ties = len(data["optima"]) - 1
         rows = [("**optimum**", key, data["optimum"], 1, ties) for key in data["optima"]]
         rows += [(p["name"], p["key"], p["score"], p["rank"], p["ties"]) for p in data["placements"]]
@@ -66,7 +68,8 @@ def main() -> None:
             run, scores = runs.get(key, ("(not on the leaderboard)", {}))
             cells = " | ".join(f"{scores[c]:.3f}" if c in scores else "–" for c in columns)
             tied = f" (tied with {ties})" if ties else ""
-            print(f"| {name} | {score:.3f} | {rank}{tied} | {cells} | {run} |")
+            lines.append(f"| {name} | {score:.3f} | {rank}{tied} | {cells} | {run} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ dropped entry is named on stderr, so nothing is left out silently.
 seeds finished), so that ``compare --resume`` on it runs nothing and writes the leaderboard of
 the runs made so far (commands.sh leaderboard).
 
-    python results/smollm2/available_entries.py results/smollm2/leaderboard_r0.75.yaml OUT.yaml [--finished DIR]
+    python benchmarks/studies/available_entries.py results/smollm2/leaderboard_r0.75.yaml OUT.yaml [--finished DIR]
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ def finished_seeds(name: str, runs: Path) -> list[int]:
 
 
 def narrow(spec: dict[str, Any], finished: Path | None, where: str) -> list[str | dict[str, Any]]:
+    """The entries of ``spec`` whose mask exists (and, with ``finished``, whose runs are done there)."""
     kept = []
     for entry in spec["entries"]:
         name, args = entry_args(entry)
@@ -60,14 +61,14 @@ def narrow(spec: dict[str, Any], finished: Path | None, where: str) -> list[str 
     return kept
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("config")
     parser.add_argument("out")
     parser.add_argument("--finished", type=Path, help="keep only the entries with finished runs in this comparison folder")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     spec = yaml.safe_load(Path(args.config).read_text())
-    note = f"# {args.config}, narrowed by results/smollm2/available_entries.py to the entries {'finished in ' + str(args.finished) if args.finished else 'whose mask exists'}\n"
+    note = f"# {args.config}, narrowed by benchmarks/studies/available_entries.py to the entries {'finished in ' + str(args.finished) if args.finished else 'whose mask exists'}\n"
     Path(args.out).write_text(note + yaml.safe_dump({**spec, "entries": narrow(spec, args.finished, args.config)}, sort_keys=False))
 
 

@@ -1,0 +1,166 @@
+"""The study scripts of benchmarks/studies/: each one gives back the committed files it made
+(results/), or, where a model had to run, runs at toy size."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bosch_eval.masks.head_mask import HeadMask, ModelShape
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks" / "studies"))  # the scripts are run as files, not installed
+
+import available_entries  # noqa: E402
+import calibration_scores  # noqa: E402
+import greedy_by_kind  # noqa: E402
+import journal_masks  # noqa: E402
+import order_within_ties  # noqa: E402
+import paired_runs  # noqa: E402
+import probe_calibration  # noqa: E402
+import probe_guided  # noqa: E402
+import recovery_curves  # noqa: E402
+import toy_optimum_heldout  # noqa: E402
+import uuid_answers  # noqa: E402
+
+SMOLLM2 = REPO / "results" / "smollm2"
+
+
+@pytest.fixture
+def at_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)  # the scripts name results/ relative to the repo root, as commands.sh runs them
+
+
+class TestJournalMasks:
+    def test_the_tied_masks_of_the_check_come_back_byte_for_byte(self, at_repo_root: None, tmp_path: Path) -> None:
+        written = journal_masks.write_tied(Path("results/smollm2/search/bosch-r0.75"), 8, tmp_path)
+        assert [path.name for path in written] == [f"tied{i}.json" for i in range(8)]
+        for path in written:
+            assert path.read_bytes() == (SMOLLM2 / "tied_r0.75" / path.name).read_bytes(), path.name
+
+    def test_the_stage1_mask_comes_back_byte_for_byte(self, tmp_path: Path) -> None:
+        journal_masks.stage1_mask(SMOLLM2 / "search" / "bosch-paper-r0.5").save(tmp_path / "stage1.json")
+        assert (tmp_path / "stage1.json").read_bytes() == (SMOLLM2 / "stage1_r0.5" / "stage1.json").read_bytes()
+
+    def test_the_tie_count_is_the_searchs_own(self) -> None:
+        line = journal_masks.ties_line(SMOLLM2 / "search" / "bosch-r0.75")
+        assert line == "bosch-r0.75: S = 1.0000, 68 SWA groups; 143 other masks tie, 0 stopped early by racing could at best tie"
+
+    def test_a_count_below_one_is_refused(self, tmp_path: Path) -> None:
+        with pytest.raises(SystemExit, match="count: 0; expected at least 1"):
+            journal_masks.write_tied(SMOLLM2 / "search" / "bosch-r0.75", 0, tmp_path)
+
+
+def test_the_held_out_page_of_the_toy_optimum_comes_back(at_repo_root: None) -> None:
+    committed = (REPO / "results" / "toy_optimum" / "heldout.md").read_text()
+    assert toy_optimum_heldout.heldout_table() + "\n" == committed
+
+
+def test_the_recovery_table_comes_back(tmp_path: Path) -> None:
+    table = recovery_curves.collect(REPO / "results" / "toy_train" / "recovery")
+    recovery_curves.write_table(table, tmp_path / "recovery.md", "(command)")
+    committed = (REPO / "results" / "toy_train" / "recovery" / "recovery.md").read_text().splitlines()
+    assert (tmp_path / "recovery.md").read_text().splitlines()[1:] == committed[1:]
+
+
+def test_the_probe_guided_masks_come_back(tmp_path: Path) -> None:
+    shutil.copy(SMOLLM2 / "check" / "check.json", tmp_path)
+    probe_guided.main([str(tmp_path)])
+    for ratio in ("0.75", "0.875"):
+        name = f"mask-r{ratio}.json"
+        assert (tmp_path / "probe_guided" / name).read_bytes() == (SMOLLM2 / "check" / "probe_guided" / name).read_bytes()
+
+
+def test_the_tie_break_order_against_dev_is_the_readmes() -> None:
+    report = order_within_ties.order_within_ties(SMOLLM2 / "check_sinks" / "bosch_niah_calib", SMOLLM2 / "check_tiebreak" / "bosch_niah_calib", "0.5")
+    assert report.startswith("ratio 0.5: 9 of ") and report.endswith("Spearman, tie-break ~ dev, among the tied masks: -0.17")
+    with pytest.raises(SystemExit, match="no calibration score of a mask at ratio 0.6"):
+        order_within_ties.order_within_ties(SMOLLM2 / "check_sinks" / "bosch_niah_calib", SMOLLM2 / "check_tiebreak" / "bosch_niah_calib", "0.6")
+
+
+class TestPairedRuns:
+    @staticmethod
+    def run(folder: Path, accs: list[float]) -> Path:
+        folder.mkdir()
+        (folder / "results_1.json").write_text(json.dumps({"results": {"t": {"acc,none": sum(accs) / len(accs)}}}))
+        rows = [{"doc_id": i, "acc": acc} for i, acc in enumerate(accs)]
+        (folder / "samples_t_1.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        return folder
+
+    def test_documents_gives_both_scores_and_the_paired_difference(self, tmp_path: Path) -> None:
+        a = self.run(tmp_path / "a", [1.0, 0.0, 1.0, 0.0])
+        b = self.run(tmp_path / "b", [1.0, 1.0, 1.0, 0.0])
+        # differences 0, 1, 0, 0: mean 0.25, sd 0.5, SE 0.25
+        assert paired_runs.paired_documents(a, b) == "4 documents: A 0.500, B 0.750, B − A +0.250 ± 0.250 (SE)"
+
+    def test_runs_on_other_documents_are_refused(self, tmp_path: Path) -> None:
+        a = self.run(tmp_path / "a", [1.0, 0.0])
+        b = self.run(tmp_path / "b", [1.0, 0.0, 1.0])
+        with pytest.raises(SystemExit, match="scored different documents"):
+            paired_runs.paired_documents(a, b)
+
+    def test_entries_pairs_an_entry_with_another_as_the_leaderboard_does(self) -> None:
+        (line,) = paired_runs.paired_entries(SMOLLM2 / "leaderboard_r0.875", "bosch-r0.875", ["razor-r0.875"])
+        assert line.startswith("bosch-r0.875 − razor-r0.875: headline 0.258, -0.339 [-0.401, -0.279];")
+
+
+class TestAvailableEntries:
+    def test_entries_whose_mask_is_missing_are_left_for_later(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        (tmp_path / "m.json").write_text("{}")
+        spec = {"entries": ["original=", f"here=mask={tmp_path / 'm.json'}", f"later=mask={tmp_path / 'nope.json'}"]}
+        (tmp_path / "in.yaml").write_text(yaml.safe_dump(spec))
+        available_entries.main([str(tmp_path / "in.yaml"), str(tmp_path / "out.yaml")])
+        assert [e.split("=")[0] for e in yaml.safe_load((tmp_path / "out.yaml").read_text())["entries"]] == ["original", "here"]
+        assert "entry 'later' left for a later call" in capsys.readouterr().err
+
+    def test_finished_keeps_finished_runs_and_seeds(self, tmp_path: Path) -> None:
+        for run in ("original", "intr", "rand@seed=1"):
+            (tmp_path / "runs" / run).mkdir(parents=True)
+            (tmp_path / "runs" / run / "run.json").write_text("{}")
+        spec = {"seeds": [0, 1], "entries": ["original=", "intr=layers=intr,ratio=0.5", "bme=layers=bme,ratio=0.5", "rand=layers=rand,ratio=0.5"]}
+        kept = available_entries.narrow(spec, tmp_path, "in.yaml")
+        assert kept == ["original=", "intr=layers=intr,ratio=0.5", {"name": "rand", "args": "layers=rand,ratio=0.5", "seeds": [1]}]
+
+
+def test_calibration_scores_tables_every_mask_and_score() -> None:
+    shape = ModelShape(num_layers=1, num_heads=2, num_kv_heads=2)
+    masks = {"full": HeadMask.uniform(shape, full=True, window=4), "swa": HeadMask.uniform(shape, full=False, window=4)}
+    scores = {"calib": lambda mask: mask.num_swa_groups / 2, "dev": lambda mask: 1 - mask.num_swa_groups / 4}
+    table = calibration_scores.score_table(masks, scores)
+    assert table == {"full": {"calib": 0.0, "dev": 1.0}, "swa": {"calib": 1.0, "dev": 0.5}}
+    assert calibration_scores.markdown_table(table, ["dev", "calib"])[2:] == ["| full | 1.000 | 0.000 |", "| swa | 0.500 | 1.000 |"]
+
+
+def test_the_diagnosis_scores_the_committed_toy_l_masks(at_repo_root: None) -> None:
+    masks = calibration_scores.toy_l_masks(32, ModelShape(num_layers=8, num_heads=16, num_kv_heads=8))
+    assert list(masks)[:3] == ["full", "bosch-r0.5", "fisher-r0.5"] and len(masks) == 9
+    assert masks["bosch-r0.5"] == HeadMask.load("results/toy_l/search/bosch-r0.5/mask.json")
+
+
+def test_keyed_kinds_are_read_off_the_document() -> None:
+    assert greedy_by_kind.keyed_kind("Where does Ann Lee live?", "Paris") == "single"
+    assert greedy_by_kind.keyed_kind("Ann Lee met Bob Ray. Where does Ann Lee live?", "Paris") == "multikey"
+    assert greedy_by_kind.keyed_kind("Where does Ann Lee live?", "Paris and Rome") == "multivalue"
+
+
+@pytest.mark.slow
+def test_the_greedy_probes_run_on_the_toy_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The model-running scripts at toy size: every row, every kind, counts within their totals."""
+    from bosch_eval.models.model_check import resolve_model
+
+    toy = str(resolve_model("toy"))
+    calib = greedy_by_kind.calib_by_kind(toy, seed=1, examples=4)
+    assert set(calib) <= {"single", "multikey", "multivalue"} and sum(total for total, _, _ in calib.values()) == 4
+    assert all(0 <= right <= first <= total for total, right, first in calib.values())  # all digits right: the first too
+    keyed = greedy_by_kind.keyed_by_kind(toy, length=256, documents=4)
+    assert sum(n for n, _ in keyed.values()) == 4 and all(0 <= right <= n for n, right in keyed.values())
+    probe_calibration.main(["--model", "toy", "--seq-len", "256", "--examples", "3", "--dtype", "float32", "--out", str(tmp_path / "probe.md")])
+    rows = [line for line in (tmp_path / "probe.md").read_text().splitlines() if line.startswith("| v")]
+    assert [row.split(" | ")[0] for row in rows] == ["| v1"] + ["| v2"] * 5
+    table = uuid_answers.answers_table("toy", 1).splitlines()
+    assert len(table) == 3 and table[2].startswith("| 0 | …")
