@@ -156,7 +156,11 @@ class ObjectiveRacing:
         """This process's per-example values of ``mask`` on ``indices`` of ``name`` (an error as text)."""
         self.lm.set_mask(mask)
         sub = {"tasks": {name: self.task_dict["tasks"][name]}, "groups": {}, "group_map": {}}
-        results = self._evaluate(sub, samples={name: indices}, log_samples=True)
+        # Ascending, whatever the racer's (hardest-first) order: lm-eval reads the chosen
+        # documents in dataset order and logs the k-th it read as ``samples[k]``, so indices out
+        # of order would give documents each other's values (and one process, scoring a chunk
+        # whole, other values than N processes, scoring it in parts).
+        results = self._evaluate(sub, samples={name: sorted(indices)}, log_samples=True)
         try:
             values = self._example_values(results["samples"][name])
             Tally({name: len(indices)}, self.higher_is_better).add(name, values, self.metric)  # values in [0, 1]

@@ -337,6 +337,16 @@ class TestSpeedupsOnTheToyModel:
         for mask in self.top_layer_masks(plain.shape)[:2]:
             assert cached.race(mask, lambda best: True) == plain(mask)
 
+    def test_a_chunk_in_hardest_first_order_gives_each_document_its_own_value(self, plain):
+        """The racer's chunks come hardest first, not by index; lm-eval logs the k-th document it
+        reads as ``samples[k]``, so a chunk passed out of order once swapped documents' values
+        (and one process, scoring a chunk whole, then differed from two, scoring it in parts)."""
+        mask = HeadMask.uniform(plain.shape, full=True)  # misses one needle of the 16
+        docs = list(range(16))
+        ascending, descending = plain._chunk_values([(mask, "bosch_niah_calib", docs), (mask, "bosch_niah_calib", docs[::-1])])
+        assert ascending != {doc: ascending[docs[-1] - doc] for doc in docs}  # reversed values differ: the test can fail
+        assert descending == ascending
+
     def test_race_many_scores_the_survivors_exactly_and_bounds_the_rest(self, plain, cached):
         masks = self.top_layer_masks(plain.shape)
         exact = [plain(mask) for mask in masks]
