@@ -21,9 +21,9 @@ Metadata (``--metadata`` JSON, or ``TaskManager(metadata=...)``):
   code is" instead of repeating the needle's wording; ``calib_distractors`` adds that many
   needles with other keys and values. The defaults are the calibration set as it was;
 * ``calib_values`` (default ``digits``): ``uuid`` makes every value a random 128-bit code
-  written as a UUID (8-4-4-4-12 hex digits) instead of 6 digits. The answer is then 29-37
-  tokens to copy (SmolLM2's tokenizer) where 6 digits are 7, a skill the digits barely
-  ask for (results/smollm2: masks tied at 1.000 on the digits differ on UUID values).
+  written as a UUID (8-4-4-4-12 hex digits) instead of 6 digits. The answer is then several
+  times as many tokens to copy, a skill the digits barely ask for, so masks the digits tie
+  can differ on it (results/smollm2/README.md).
 
 Nothing is shared with the eval suite (``eval_suite.py``, RULER's format): other keys
 (made-up names, not adjective-noun pairs), other values (6 digits, not 7), other

@@ -9,9 +9,9 @@ and ``gen_prefix``, the eval vocabulary) from other seeds, and refuses seed 0.
 By default the variants with numeric values (``single_1``, ``single_2``, ``multikey_1``,
 ``multikey_2``) are drawn, interleaved by index: the bundled toy models cannot copy UUIDs.
 The UUID formats (``single_3``, ``multikey_3``) are drawn when ``dev_variants`` names them,
-for a model that answers with the value itself: SmolLM2 copies UUIDs but answers ": <uuid>",
-so the prefill score below gives it 0 there with every head full
-(results/smollm2/uuid_answers.md; ``calib-check`` then says "dev cannot judge"). Scored like the calibration sets, as one
+for a model that answers with the value itself: a model that puts anything before the value
+scores 0 there under the prefill score below, even with every head full
+(results/smollm2/uuid_answers.md shows one; ``calib-check`` then says "dev cannot judge"). Scored like the calibration sets, as one
 forward pass per example: ``acc`` is 1 when the value's tokens are the greedy continuation
 of the prompt and ``gen_prefix``, which is what greedy generation must produce first for
 RULER's ``string_match_all`` to count it (generation with 128 new tokens costs ~100 times

@@ -3,20 +3,18 @@
 Why a second calibration set (issue 29): ``bosch_niah_calib`` holds one number in a
 haystack with no other digits, and its query repeats the needle's wording, so a model can
 answer it by copying "the only number" after "The vault code of <key> is" without matching
-the key. Measured on toy-l (``results/calibration/diagnosis.md``): with three distractor
-needles in that format, full attention falls from 0.84 to 0.28, chance for four needles.
-A search on such a set keeps the heads of that shortcut and loses held-out retrieval.
+the key (three distractor needles in that format take full attention to chance on toy-l:
+``results/calibration/README.md``). A search on such a set keeps the heads of that shortcut and loses held-out retrieval.
 
 Here every example needs the key to find its value:
 
 * the question never repeats a needle's wording ("Question: what is the permit number of
   <key>?"); the needles say "<key> was issued permit <value>." and others;
 * the prompt ends with the start of the answer ("Answer: The permit number of <key> is"),
-  so the next tokens are the value. Version 1 ended at "Answer:", and a real instruction-tuned
-  model (SmolLM2-135M-Instruct) answered in a sentence ("The permit number of ... is 36267")
-  and scored 0 of 24 under a greedy-prefix metric although it found the value: the format
-  measured the answer style, not retrieval (``results/smollm2/calibration_probe.md``, a
-  development draw, ``calib_seed`` 1). RULER's prompts end with such a ``gen_prefix`` for the same reason;
+  so the next tokens are the value: ending at "Answer:" lets an instruction-tuned model
+  answer in a sentence, and a greedy-prefix metric then scores the answer style, not retrieval
+  (version 1 did; ``results/smollm2/calibration_probe.md``). RULER's prompts end with such a
+  ``gen_prefix`` for the same reason;
 * the haystack is full of distractor values (numbers of the same shape in routine
   entries), so the only-number shortcut fails;
 * a mix of kinds, by example index (``kinds``, default ``single, single, multikey``):
@@ -24,9 +22,8 @@ Here every example needs the key to find its value:
   needles with other keys, default 1) and ``multivalue`` (the key holds two permits, both
   asked for in the order they appear, plus one needle with another key). A kind may repeat
   to weigh it. The default is the mix with the most other-key examples whose full-attention
-  score on the development draw stays at least 0.85 (the check's 0.8 plus a standard error
-  at 64 examples) on a real 135M model: 0.96 single, 0.62 with one other key, 0.50 with two,
-  0.33 with three; half and half would give 0.79 (``results/smollm2/calibration_probe.md``);
+  score on a development draw stays at least 0.85 (the check's 0.8 plus a standard error at
+  64 examples) on a real 135M model (``results/smollm2/calibration_probe.md``);
 * the asked needle's depth is stratified over the examples, the others uniform;
 * a third vocabulary (a botanic garden's registry, ``words.RETRIEVAL_*``), 5-digit values
   (the eval suite uses 7, ``bosch_niah_calib`` 6) and string seeds of its own: nothing is
