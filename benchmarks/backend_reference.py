@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))  # tests/helpers.py holds the reference; run as a 
 
 from bosch_eval.attention.hybrid_attention import hybridize  # noqa: E402
 from bosch_eval.attention.hybrid_spec import resolve_backend  # noqa: E402
-from bosch_eval.attention.kernels import BACKENDS  # noqa: E402
+from bosch_eval.attention.kernels import BACKENDS, flex  # noqa: E402
 from bosch_eval.bench.report import environment  # noqa: E402
 from bosch_eval.masks.head_mask import HeadMask, ModelShape  # noqa: E402
 from bosch_eval.models.random_model import FAMILIES, random_model  # noqa: E402
@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     from bosch_eval.runtime.device import pick_device
 
     device = torch.device(pick_device(args.device, "--device"))
+    flex.unfused_policy = "error"  # a case flex ran unfused would not check the kernel that runs
     backends, skipped = runnable_backends(device)
     floors = {family: bf16_floor(family, device) for family in args.families} if "bfloat16" in args.dtypes else {}
     if args.out:

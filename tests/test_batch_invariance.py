@@ -109,10 +109,11 @@ def test_the_sinks_matter_here(backend):
     assert (right[real] - without[real]).abs().max() > 1e-3
 
 
-def test_chunked_prefill_on_the_hybrid_cache_keeps_each_rows_sinks():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_chunked_prefill_on_the_hybrid_cache_keeps_each_rows_sinks(backend):
     """Deploy mode over several chunks of a left-padded batch: once the cache has dropped
     positions, its sink slots hold each row's own first real tokens."""
-    model = hybrid("blocked", 4)
+    model = hybrid(backend, 4)
     tokens = rows(model.config.vocab_size)
     ids, attention, positions = padded(tokens, "left")
     cache = HybridCache.for_model(model)

@@ -94,8 +94,11 @@ def test_cache_bytes_equal_the_formula_and_the_memory_held(length, sinks):
                 assert stored.untyped_storage().nbytes() == stored.numel() * stored.element_size()
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "blocked"])
-def test_chunked_prefill_equals_one_shot(backend):
+@pytest.mark.parametrize("backend", ["sdpa", "blocked", "flex"])
+def test_chunked_prefill_equals_one_shot(backend, monkeypatch):
+    """flex runs a mixed layer's chunk in one call over every group (tests/test_flex_compiles
+    counts its graphs); once the SWA part dropped positions, its SWA heads over the part."""
+    monkeypatch.setattr("bosch_eval.attention.kernels.flex.compile_policy", False)
     model = hybrid_model(MASKS["mixed"], backend)
     ids, _ = left_padded_batch(model.config.vocab_size, [45], seed=4)
     with torch.no_grad():

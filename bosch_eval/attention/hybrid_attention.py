@@ -314,6 +314,10 @@ def _attend_cached_split(
     handle.layer_local(kwargs, query.shape[2], key.full.shape[2])  # refuses sinks past the model's own window
     part_padding = _part_padding(key_padding(attention_mask) if handle.sinks else None, key.part, key.swa.shape[2])
     swa_mask = _part_mask(attention_mask, key.part.sink_real, key.swa.shape[2], query.shape[2])
+    if query.shape[2] > 1 and handle.kernels.layer is not None and split.full:
+        out = _prefill_in_one_call(handle, split, module, query, key, value, attention_mask, swa_mask, **kwargs)
+        key.part.settle(part_padding)
+        return out
     # One query (a decode step): the SWA part holds exactly the positions it sees (each
     # row's sinks and the last W, hybrid_cache keeps no more), so its attention is plain
     # attention over the part, by the backend's full kernel — no band mask, nothing of
@@ -325,20 +329,79 @@ def _attend_cached_split(
         key.part.settle(part_padding)
         return out
     out = query.new_empty(query.shape[0], query.shape[2], query.shape[1], value.full.shape[-1])
-    parts = (
-        (handle.full_attention, split.full, key.full, value.full, attention_mask),
-        (swa_attention, split.swa, key.swa, value.swa, swa_mask),
-    )
-    for attend, runs, keys, values, mask in parts:
-        if len(runs) == 1:
-            _attend_runs(attend, runs, split.group_size, module, query, keys, values, mask, out, kind_only=True, **kwargs)
-        else:
-            # The cache holds this kind's groups side by side: one call on the query heads
-            # gathered, not one per run (a decode step is launch-bound on a GPU).
-            heads = _head_index(runs, split.group_size, query.device)
-            out[:, :, heads] = attend(module, query[:, heads], keys, values, mask, **kwargs)
+    _attend_kind(handle.full_attention, split.full, split.group_size, module, query, key.full, value.full, attention_mask, out, **kwargs)
+    _attend_kind(swa_attention, split.swa, split.group_size, module, query, key.swa, value.swa, swa_mask, out, **kwargs)
     key.part.settle(part_padding)
     return out
+
+
+def _attend_kind(
+    attend: Any,
+    runs: tuple[GroupRun, ...],
+    group_size: int,
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    out: torch.Tensor,
+    **kwargs: Any,
+) -> None:
+    """``attend`` on the query heads of one kind's groups, whose keys a cache holds side by side."""
+    if len(runs) == 1:
+        _attend_runs(attend, runs, group_size, module, query, keys, values, mask, out, kind_only=True, **kwargs)
+    else:
+        # One call on the query heads gathered, not one per run (a decode step is launch-bound on a GPU).
+        heads = _head_index(runs, group_size, query.device)
+        out[:, :, heads] = attend(module, query[:, heads], keys, values, mask, **kwargs)
+
+
+def _prefill_in_one_call(
+    handle: HybridAttention,
+    split: LayerSplit,
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: HybridStates,
+    value: HybridStates,
+    attention_mask: torch.Tensor | None,
+    swa_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """A mixed layer's chunk on the cache by the backend's whole-layer kernel, with every query
+    head and every group in each call, so the call has the same shapes in every layer of any
+    mask (one compiled graph; a call on the SWA groups alone would have as many shapes as the
+    mask has SWA counts).
+
+    Until the SWA part drops positions both parts hold every position: the layer's keys,
+    put together again, go through one call. After it, the full heads attend every position by
+    the base kernel, and the SWA heads the part by one call over all groups, the full groups'
+    slots left empty and their heads' outputs unused (W + S keys each: little beside a full head).
+    """
+    if key.part.sink_real is None and key.swa.shape[2] == key.full.shape[2]:
+        return handle.mixed_layer(module, query, _all_groups(key, split), _all_groups(value, split), attention_mask, **kwargs)
+    out = query.new_empty(query.shape[0], query.shape[2], query.shape[1], value.full.shape[-1])
+    _attend_kind(handle.full_attention, split.full, split.group_size, module, query, key.full, value.full, attention_mask, out, **kwargs)
+    empty_full = HybridStates(key.swa.new_zeros(key.swa.shape[0], len(split.full_groups), *key.swa.shape[2:]), key.swa, key.part)
+    empty_values = HybridStates(value.swa.new_zeros(value.swa.shape[0], len(split.full_groups), *value.swa.shape[2:]), value.swa, value.part)
+    windowed = handle.swa_attention(module, query, _all_groups(empty_full, split), _all_groups(empty_values, split), swa_mask, **kwargs)
+    heads = _head_index(split.swa, split.group_size, query.device)
+    out[:, :, heads] = windowed[:, :, heads]
+    return out
+
+
+def _all_groups(states: HybridStates, split: LayerSplit) -> torch.Tensor:
+    """``[B, G, K, D]``: the full and SWA parts (of one length) in the layer's group order."""
+    full, swa = states.full, states.swa
+    merged = full.new_empty(full.shape[0], full.shape[1] + swa.shape[1], *full.shape[2:])
+    merged[:, _group_index(split.full, full.device)] = full
+    merged[:, _group_index(split.swa, full.device)] = swa
+    return merged
+
+
+@functools.lru_cache(maxsize=4096)
+def _group_index(runs: tuple[GroupRun, ...], device: torch.device) -> torch.Tensor:
+    """The groups of ``runs``, in order, as an index tensor on ``device`` (made once)."""
+    return torch.tensor([group for run in runs for group in range(run.start, run.stop)], device=device)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -36,6 +36,7 @@ from transformers import DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from bosch_eval.attention.hybrid_attention import hybrid_state, hybridize
+from bosch_eval.attention.kernels.flex import unfused_is_an_error
 from bosch_eval.bench.memory import peak_memory, tensor_memory_peak
 from bosch_eval.caches.hybrid_cache import HybridCache, kv_cache_bytes
 from bosch_eval.caches.kv_quant.config import KVQuantConfig
@@ -262,35 +263,36 @@ def run_bench(
     device = model.device
     quant = {c[0]: c[2] for c in configs if len(c) > 2}
     rows: list[BenchRow] = []
-    for length in lengths:
-        w = window or max(1, length // 32)
-        masks = [(c[0], c[1] if isinstance(c[1], HeadMask) or c[1] is None else balanced_mask(shape, c[1], w).with_meta(sinks=sinks)) for c in configs]
-        ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length)).to(device)
-        configurations: list[tuple[str, HeadMask | None]] = [("original", None), *masks]
+    with unfused_is_an_error():  # a timing of flex unfused would measure another kernel
+        for length in lengths:
+            w = window or max(1, length // 32)
+            masks = [(c[0], c[1] if isinstance(c[1], HeadMask) or c[1] is None else balanced_mask(shape, c[1], w).with_meta(sinks=sinks)) for c in configs]
+            ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length)).to(device)
+            configurations: list[tuple[str, HeadMask | None]] = [("original", None), *masks]
 
-        def set_up(label: str, mask: HeadMask | None) -> DynamicCache:
-            return _set_up(model, mask, w, quant.get(label), backend)
+            def set_up(label: str, mask: HeadMask | None) -> DynamicCache:
+                return _set_up(model, mask, w, quant.get(label), backend)
 
-        for _ in range(warmup):  # start-up costs land here, not in the first configuration's timings
-            for label, mask in configurations:
-                measure(model, ids, decode_tokens, chunk, set_up(label, mask), decode_batch)
-        timings: dict[str, list[Measurement]] = {}
-        backends: dict[str, str | None] = {}
-        for _ in range(repeats):  # interleaved, so drifting machine load hits every configuration alike
-            for label, mask in configurations:
-                cache = set_up(label, mask)
-                backends[label] = hybrid_state(model).backend if isinstance(cache, HybridCache) else None
-                timings.setdefault(label, []).append(measure(model, ids, decode_tokens, chunk, cache, decode_batch))
-        # Separate runs: timing every attention call, or profiling allocations, perturbs the timing.
-        shares = {label: attention_share(model, ids, chunk, set_up(label, mask)) for label, mask in configurations} if profile else {}
-        peaks = {label: decode_peak(model, ids, chunk, set_up(label, mask)) for label, mask in configurations} if profile else {}
-        for label, runs in timings.items():
-            mask = dict(masks).get(label)
-            rows.append(
-                _row(model, label, mask, w, length, runs, quant.get(label), shares.get(label), peaks.get(label), decode_batch, backends[label])
-            )
-        if progress is not None:
-            progress(list(rows))
+            for _ in range(warmup):  # start-up costs land here, not in the first configuration's timings
+                for label, mask in configurations:
+                    measure(model, ids, decode_tokens, chunk, set_up(label, mask), decode_batch)
+            timings: dict[str, list[Measurement]] = {}
+            backends: dict[str, str | None] = {}
+            for _ in range(repeats):  # interleaved, so drifting machine load hits every configuration alike
+                for label, mask in configurations:
+                    cache = set_up(label, mask)
+                    backends[label] = hybrid_state(model).backend if isinstance(cache, HybridCache) else None
+                    timings.setdefault(label, []).append(measure(model, ids, decode_tokens, chunk, cache, decode_batch))
+            # Separate runs: timing every attention call, or profiling allocations, perturbs the timing.
+            shares = {label: attention_share(model, ids, chunk, set_up(label, mask)) for label, mask in configurations} if profile else {}
+            peaks = {label: decode_peak(model, ids, chunk, set_up(label, mask)) for label, mask in configurations} if profile else {}
+            for label, runs in timings.items():
+                mask = dict(masks).get(label)
+                rows.append(
+                    _row(model, label, mask, w, length, runs, quant.get(label), shares.get(label), peaks.get(label), decode_batch, backends[label])
+                )
+            if progress is not None:
+                progress(list(rows))
     return rows
 
 
