@@ -33,20 +33,18 @@ from bosch_eval.runtime.outdir_lock import OutputLock
 from bosch_eval.runtime.previous_results import keep_aside
 from bosch_eval.runtime.versions import versions
 from bosch_eval.search.defaults import DEFAULT_CALIB_EXAMPLES, DEFAULT_CALIB_LEN, DEFAULT_CALIB_TASK, DEFAULT_PREFIX_CACHE_MB
-from bosch_eval.search.incumbent_rankings import RankingLoad, computed_incumbents, file_incumbents, split_rankings
+from bosch_eval.search.incumbent_rankings import RankingLoad, computed_incumbents, file_incumbents, ranking_sources
 from bosch_eval.search.journal import Journal, JournalError, mask_key
 from bosch_eval.search.journal_header import refuse_other_settings
 from bosch_eval.search.objective import CalibrationObjective
 from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.search.pipeline import VARIANTS, Resumed, SearchResult, SearchSettings, run_search, validate_for_shape
-from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.rankers.driver import RankingInputs
 from bosch_eval.search.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound
 from bosch_eval.search.report import render_report
 from bosch_eval.search.score_book import ScoreBook
 from bosch_eval.search.scoring import Anchors, SearchError
 from bosch_eval.search.tie_break import TieBreak, TieBreakFile, best_key, break_ties, shared_rows_layer, tie_key_bits
-from bosch_eval.tasks.niah.calibration_sets import CALIBRATION_SETS
 
 log = logging.getLogger("bosch_eval.search")
 VERSIONED_PACKAGES = ("python", "bosch-eval", "torch", "transformers", "lm_eval", "accelerate", "PyNomadBBO")
@@ -121,7 +119,7 @@ def search_model(
     if length is not None and not calibration.ignore_max_positions:
         check_length(length, model, config, "--calib-len", IGNORE_FLAG)
     out = Path(out)
-    ranked = _ranking_methods(settings, calibration) if VARIANTS[settings.variant].incumbents else None
+    ranked = ranking_sources(settings.rankings, calibration.tasks) if VARIANTS[settings.variant].incumbents else None
     if resume and not new_settings:  # before the model loads; the journal checks again, under the lock
 
         def as_now(stored: dict[str, Any]) -> dict[str, Any]:
@@ -199,34 +197,6 @@ def search_model(
         if lock is not None:
             lock.release()
     return result
-
-
-def _ranking_methods(settings: SearchSettings, calibration: CalibrationSettings) -> tuple[list[str], list[tuple[str, str]]]:
-    """The rankers to compute and the ranking files to read for the incumbents, checked before
-    anything loads (:mod:`bosch_eval.search.incumbent_rankings`).
-
-    Raises:
-        SearchError: a ranker that does not exist, or one named for calibration tasks the rankers
-            cannot read (not one calibration set of ``tasks/niah/calibration_sets.py``).
-    """
-    methods, files = split_rankings(settings.rankings)
-    rankable = len(calibration.tasks) == 1 and calibration.tasks[0] in CALIBRATION_SETS
-    if methods is None:
-        if not rankable:
-            log.info(
-                "incumbents: no ranking is computed, since the rankers read the calibration sets %s and the search "
-                "is calibrated on %s; the layer heuristics%s are the incumbents",
-                sorted(CALIBRATION_SETS), ", ".join(calibration.tasks), " and the given ranking files" if files else "",
-            )  # fmt: skip
-        return (list(RANKERS.names()) if rankable else []), files
-    for method in methods:
-        RANKERS.lookup(method, field="rankings")
-    if methods and not rankable:
-        raise SearchError(
-            f"rankings: {methods} would be computed on the calibration set, but the rankers read only {sorted(CALIBRATION_SETS)} "
-            f"and the search is calibrated on {list(calibration.tasks)}; pass ranking files as NAME=FILE instead"
-        )
-    return methods, files
 
 
 def _tie_break_objective(

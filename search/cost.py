@@ -12,7 +12,16 @@ With q(r) = ⌈r·G⌉ SWA groups per layer at ratio r::
     T ≈ N · t_call
 
 where P is the pool of groups a Stage-3 layer chooses among: all G, or the ⌈ρG⌉ Stage 1 made
-SWA in it for the ``nested`` variant (``pool``).
+SWA in it for the ``nested`` variant (``pool``). The ``guarded`` variant adds::
+
+      + |heuristics| + |given masks| + |rankings|          (incumbents: one call per mask, before
+                                                             Stage 1; masks several share, once)
+      + local_calls                                          (the local search after Stage 3)
+
+and, before the incumbents, computes each ranking not given as a file: one pass of the model
+over the calibration set (Fisher's with a backward pass), which is no S() call and is counted
+apart (``rankings``), not timed. Its Stage 1 by probes (⌈ρG⌉ = G) costs what Algorithm 1 does
+there: one mask per layer.
 
 Before the search, the Stage-2 ratios are unknown: the range runs over every outcome Stage 2
 can have (each layer at one of its buckets, ⌈ρ·L·G⌉ SWA groups in all; a small dynamic
@@ -33,7 +42,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from bosch_eval.masks.head_mask import ModelShape, ceil_count
-from bosch_eval.search.pipeline import SearchSettings
+from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS
+from bosch_eval.search.pipeline import VARIANTS, SearchSettings
 from bosch_eval.search.stage2 import _bucket_counts, default_buckets
 from bosch_eval.search.stages import _chunks, expected_evaluations, expected_method, quota_blocks
 
@@ -47,14 +57,33 @@ class CallEstimate:
     stage3_low: int
     stage3_high: int
     stage3_exact: int = 0  # of stage3_high, NOMAD's calls: never raced, every example forwarded
+    incumbents: int = 0  # the guarded variant: one call per incumbent mask, before Stage 1
+    local: int = 0  # the guarded variant's local search after Stage 3 (--local-calls)
+    rankings: int = 0  # rankings computed for the incumbents: model passes, not S() calls (not in low/high)
 
     @property
     def low(self) -> int:
-        return self.anchors + self.stage1 + self.stage3_low
+        return self.anchors + self.incumbents + self.stage1 + self.stage3_low + self.local
 
     @property
     def high(self) -> int:
-        return self.anchors + self.stage1 + self.stage3_high
+        return self.anchors + self.incumbents + self.stage1 + self.stage3_high + self.local
+
+    def terms(self, stage1_note: str = "") -> str:
+        """The calls as a sum, in the search's order ('2 anchors + 9 incumbents + 30 Stage 1 + ...');
+        ``stage1_note`` follows Stage 1's count."""
+        guarded = self.incumbents > 0  # a guarded search scores every layer heuristic at least
+        incumbents = f" + {self.incumbents} incumbents" if guarded else ""
+        local = f" + {self.local} local search" if guarded else ""
+        stage3 = f"{self.stage3_low}–{self.stage3_high} Stage 3"
+        return f"{self.anchors} anchors{incumbents} + {self.stage1} Stage 1{stage1_note} + {stage3}{local}"
+
+    def rankings_note(self) -> str:
+        """What the guarded variant computes besides S() calls ('' when nothing)."""
+        if not self.rankings:
+            return ""
+        return (f"; before the incumbents, {self.rankings} ranking(s) computed on the calibration set (a pass of the model "
+                "over it each: no S() call, not in the count nor the time)")  # fmt: skip
 
 
 def stage1_calls(shape: ModelShape, ratio: float, budget_per_layer: int, optimizer: str = "auto") -> int:
@@ -153,20 +182,35 @@ def _shifted(table: np.ndarray, layers: int, groups: int, fill: int) -> np.ndarr
     return out
 
 
-def estimate_calls(shape: ModelShape, settings: SearchSettings, layer_ratios: Sequence[float] | None = None) -> CallEstimate:
+def estimate_calls(
+    shape: ModelShape, settings: SearchSettings, layer_ratios: Sequence[float] | None = None, *, rankings: int = 0, ranking_files: int = 0
+) -> CallEstimate:
     """BOSCH's S() calls under ``settings``: a range before Stage 2 (over its buckets,
     :meth:`SearchSettings.buckets_for`), exact (up to repeats) once its ratios are known.
-    Stage 3's layers choose among :meth:`SearchSettings.stage3_pool` groups each."""
+    Stage 3's layers choose among :meth:`SearchSettings.stage3_pool` groups each.
+
+    The guarded variant's incumbents are ``settings.incumbents`` (the rankings' masks once the
+    search has them), the layer heuristics, and ``rankings`` still to compute and
+    ``ranking_files`` still to read (before the search: ``incumbent_rankings.ranking_sources``)."""
     ratio, budget, optimizer, quota = settings.ratio, settings.budget_per_layer, settings.optimizer, settings.quota
     if ratio in (0.0, 1.0):  # the search scores the anchors, one of which is its mask
         return CallEstimate(2, 0, 0, 0)
     chunk, pool = settings.chunk_layers_for(shape), settings.stage3_pool(shape)
     stage1 = stage1_calls(shape, ratio, budget, optimizer)
+    guarded = guarded_calls(settings, rankings, ranking_files)
     if layer_ratios is not None:
         calls, exact = stage3_calls(shape, layer_ratios, budget, chunk, optimizer, quota, pool)
-        return CallEstimate(2, stage1, calls, calls, exact)
+        return CallEstimate(2, stage1, calls, calls, exact, *guarded)
     low, high, exact = stage3_range(shape, ratio, budget, chunk, optimizer, quota, settings.buckets_for(shape), pool)
-    return CallEstimate(2, stage1, low, high, exact)
+    return CallEstimate(2, stage1, low, high, exact, *guarded)
+
+
+def guarded_calls(settings: SearchSettings, rankings: int, ranking_files: int) -> tuple[int, int, int]:
+    """(incumbent calls, local-search calls, rankings computed) of a guarded search; zeros for another variant."""
+    if not VARIANTS[settings.variant].incumbents:
+        return 0, 0, 0
+    incumbents = len(LAYER_HEURISTICS.names()) + len(settings.incumbents) + rankings + ranking_files
+    return incumbents, settings.local_calls, rankings
 
 
 def render_cost(
@@ -193,8 +237,7 @@ def render_cost(
     lines += [
         "",
         f"Cost model (`bosch_eval.search.cost`): before the search, N = {estimate_before.low} to {estimate_before.high} "
-        f"S() calls (2 anchors + {estimate_before.stage1} Stage 1 + {estimate_before.stage3_low}–{estimate_before.stage3_high} "
-        "Stage 3, depending on Stage 2's ratios); time ≈ N × seconds per call.",
+        f"S() calls ({estimate_before.terms()}, depending on Stage 2's ratios); time ≈ N × seconds per call.",
     ]
     if estimate_after is not None:
         lines.append(_prediction_after_stage2(costs, estimate_after, total_seconds))
@@ -202,12 +245,13 @@ def render_cost(
 
 
 def _prediction_after_stage2(costs: Mapping[str, Mapping[str, float]], estimate: CallEstimate, total_seconds: float) -> str:
-    """Stage 3 timed at the seconds per call measured until then (what a user watching the run
-    knows); NOMAD's calls, never raced, at the seconds of an unraced call (an anchor's) when this
-    run timed one, since raced Stage-1 calls can be many times cheaper."""
+    """Stage 3 (and the guarded variant's local search after it) timed at the seconds per call
+    measured until then (what a user watching the run knows; the guarded variant's incumbents
+    are among those calls); NOMAD's calls, never raced, at the seconds of an unraced call (an
+    anchor's) when this run timed one, since raced Stage-1 calls can be many times cheaper."""
     if not total_seconds:
         return ""
-    early = [row for stage, row in costs.items() if stage in ("anchor", "stage1")]
+    early = [row for stage, row in costs.items() if stage in ("anchor", "incumbent", "stage1")]
     early_calls = sum(int(row["calls"]) for row in early)
     if not early_calls:
         return ("After Stage 2: no prediction, since this run timed no call before Stage 3 (a resume whose "
@@ -216,14 +260,16 @@ def _prediction_after_stage2(costs: Mapping[str, Mapping[str, float]], estimate:
     per_call = early_seconds / early_calls
     anchor = costs.get("anchor")
     per_exact_call = anchor["seconds"] / anchor["calls"] if anchor and anchor["calls"] else None
-    raced_calls, exact_calls = estimate.stage3_high - estimate.stage3_exact, estimate.stage3_exact
+    later = estimate.stage3_high + estimate.local  # the local search is raced, as Stage 3's (1+1)-EA
+    raced_calls, exact_calls = later - estimate.stage3_exact, estimate.stage3_exact
     if exact_calls and per_exact_call is not None:
         predicted = early_seconds + raced_calls * per_call + exact_calls * per_exact_call
         terms = (f"{raced_calls} calls × {per_call:.3f} s (the seconds per call until then) + {exact_calls} NOMAD calls × "
                  f"{per_exact_call:.3f} s (an anchor's: NOMAD is never raced)")  # fmt: skip
     else:
-        predicted = early_seconds + estimate.stage3_high * per_call
-        terms = f"{estimate.stage3_high} calls × {per_call:.3f} s (the seconds per call until then"
+        predicted = early_seconds + later * per_call
+        terms = f"{later} calls × {per_call:.3f} s (the seconds per call until then"
         terms += "; no unraced call timed in this run, so NOMAD's calls at that rate too)" if exact_calls else ")"
-    return (f"After Stage 2: Stage 3 predicted at ≤ {terms} → total {predicted:.1f} s predicted, {total_seconds:.1f} s "
+    what = "Stage 3 and the local search" if estimate.local else "Stage 3"
+    return (f"After Stage 2: {what} predicted at ≤ {terms} → total {predicted:.1f} s predicted, {total_seconds:.1f} s "
             f"measured ({predicted / total_seconds - 1:+.0%}).")  # fmt: skip

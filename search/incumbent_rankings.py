@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from bosch_eval.masks.head_mask import HeadRanking, ModelShape
 from bosch_eval.search.journal import mask_key
+from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.scoring import SearchError
+from bosch_eval.tasks.niah.calibration_sets import CALIBRATION_SETS
 
 if TYPE_CHECKING:
     from bosch_eval.search.rankers.driver import RankingInputs
@@ -49,6 +51,35 @@ def split_rankings(rankings: Sequence[str] | None) -> tuple[list[str] | None, li
             files.append((name, path))
         else:
             methods.append(entry)
+    return methods, files
+
+
+def ranking_sources(rankings: Sequence[str] | None, tasks: Sequence[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """The rankers to compute and the ``(name, path)`` ranking files to read for the incumbents
+    of a search calibrated on ``tasks``, checked before anything loads (the search and its
+    ``--estimate`` both ask here).
+
+    Raises:
+        SearchError: a ranker that does not exist, or one named for calibration tasks the rankers
+            cannot read (not one calibration set of ``tasks/niah/calibration_sets.py``).
+    """
+    methods, files = split_rankings(rankings)
+    rankable = len(tasks) == 1 and tasks[0] in CALIBRATION_SETS
+    if methods is None:
+        if not rankable:
+            log.info(
+                "incumbents: no ranking is computed, since the rankers read the calibration sets %s and the search "
+                "is calibrated on %s; the layer heuristics%s are the incumbents",
+                sorted(CALIBRATION_SETS), ", ".join(tasks), " and the given ranking files" if files else "",
+            )  # fmt: skip
+        return (list(RANKERS.names()) if rankable else []), files
+    for method in methods:
+        RANKERS.lookup(method, field="rankings")
+    if methods and not rankable:
+        raise SearchError(
+            f"rankings: {methods} would be computed on the calibration set, but the rankers read only {sorted(CALIBRATION_SETS)} "
+            f"and the search is calibrated on {list(tasks)}; pass ranking files as NAME=FILE instead"
+        )
     return methods, files
 
 

@@ -168,7 +168,7 @@ def run_from_args(args: argparse.Namespace) -> None:
     settings = search_settings(args)
     model_args = parse_model_args(args.model_args)
     if args.estimate is not None:
-        print(render_estimate(args.model, settings, None if args.estimate is CALLS_ONLY else args.estimate))
+        print(render_estimate(args.model, settings, None if args.estimate is CALLS_ONLY else args.estimate, tuple(args.calib_tasks)))
         return
     out = args.out or f"bosch_search/{Path(args.model).name}-{args.variant}-r{args.ratio:g}-s{args.seed}"
     calibration, load, run = run_settings(args, model_args)
@@ -228,9 +228,12 @@ def run_settings(args: argparse.Namespace, model_args: dict[str, Any]) -> tuple[
     return calibration, load, RunOptions(racing=args.racing, race_chunk=args.race_chunk)
 
 
-def render_estimate(model: str, settings: SearchSettings, seconds_per_call: float | None) -> str:
+def render_estimate(
+    model: str, settings: SearchSettings, seconds_per_call: float | None, calib_tasks: tuple[str, ...] = (DEFAULT_CALIB_TASK,)
+) -> str:
     """The cost model's call range, and its time at ``seconds_per_call`` (None: calls only), for
-    ``model`` (its config only) under ``settings``.
+    ``model`` (its config only) under ``settings``; ``calib_tasks`` decide which rankings the
+    guarded variant computes for its incumbents.
 
     Raises:
         SearchError: a time that is not positive, or settings that do not fit the model.
@@ -238,6 +241,7 @@ def render_estimate(model: str, settings: SearchSettings, seconds_per_call: floa
     from bosch_eval.masks.head_mask import ModelShape, ceil_count
     from bosch_eval.models.model_check import model_config, resolve_model
     from bosch_eval.search.cost import estimate_calls
+    from bosch_eval.search.incumbent_rankings import ranking_sources
     from bosch_eval.search.pipeline import validate_for_shape
 
     if seconds_per_call is not None and not seconds_per_call > 0:
@@ -245,18 +249,19 @@ def render_estimate(model: str, settings: SearchSettings, seconds_per_call: floa
     shape = ModelShape.from_config(model_config(resolve_model(model)))
     validate_for_shape(settings, shape)
     chunk, buckets = settings.chunk_layers_for(shape), settings.buckets_for(shape)
-    calls = estimate_calls(shape, settings)
+    methods, files = ranking_sources(settings.rankings, calib_tasks) if VARIANTS[settings.variant].incumbents else ([], [])
+    calls = estimate_calls(shape, settings, rankings=len(methods), ranking_files=len(files))
     per_layer = ceil_count(settings.ratio, shape.num_kv_heads)
     text = (
         f"{model}: L={shape.num_layers} × G={shape.num_kv_heads}, ρ={settings.ratio:g}, κ={settings.budget_per_layer}, "
         f"Stage-2 buckets {', '.join(f'{b:.4g}' for b in buckets)}, {chunk} layers per Stage-3 sub-problem: "
-        f"{calls.low}–{calls.high} S() calls (2 anchors + {calls.stage1} Stage 1 [{per_layer} of {shape.num_kv_heads} "
-        f"groups per layer] + {calls.stage3_low}–{calls.stage3_high} Stage 3, by Stage 2's ratios)"
+        f"{calls.low}–{calls.high} S() calls ({calls.terms(f' [{per_layer} of {shape.num_kv_heads} groups per layer]')}, "
+        "by Stage 2's ratios)"
     )
     if seconds_per_call is None:
-        return text + "; pass --estimate SECONDS (one lm_eval run of the calibration task) for the time"
+        return text + calls.rankings_note() + "; pass --estimate SECONDS (one lm_eval run of the calibration task) for the time"
     hours = [n * seconds_per_call / 3600 for n in (calls.low, calls.high)]
-    return text + f" ≈ {hours[0]:.2f}–{hours[1]:.2f} h at {seconds_per_call:g} s per call, before racing"
+    return text + f" ≈ {hours[0]:.2f}–{hours[1]:.2f} h at {seconds_per_call:g} s per call, before racing" + calls.rankings_note()
 
 
 def add_search_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -13,6 +13,7 @@ from bosch_eval.cli import main
 from bosch_eval.masks.head_mask import ModelShape, ceil_count
 from bosch_eval.search.cost import CallEstimate, estimate_calls, render_cost, stage3_calls, stage3_range
 from bosch_eval.search.pipeline import SearchSettings, run_search
+from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.scoring import SearchError
 from bosch_eval.search.search_cli import render_estimate
 from bosch_eval.search.stage2 import default_buckets
@@ -21,10 +22,34 @@ from tests.helpers import SHAPE, ExampleObjective
 
 def test_the_paper_scale_formula() -> None:
     shape = ModelShape(num_layers=32, num_heads=32, num_kv_heads=8)
-    calls = estimate_calls(shape, SearchSettings(ratio=0.75, chunk_layers=4))
+    calls = estimate_calls(shape, SearchSettings(ratio=0.75, chunk_layers=4, variant="bosch"))
     assert calls.stage1 == 32 * math.comb(8, 6)  # 28 masks per layer fit κ = 100: enumerated
     assert (calls.stage3_low, calls.stage3_high) == (0, 8 * 400)  # 28**4 > κ·4: the budget per 4-layer chunk
     assert (calls.low, calls.high) == (2 + 896, 2 + 896 + 3200)
+    assert (calls.incumbents, calls.local, calls.rankings) == (0, 0, 0)
+
+
+def test_the_guarded_variant_adds_its_incumbents_and_local_search() -> None:
+    shape = ModelShape(num_layers=32, num_heads=32, num_kv_heads=8)
+    given = (("mine", "/".join(["00000011"] * 32)),)
+    settings = SearchSettings(ratio=0.75, chunk_layers=4, local_calls=40, incumbents=given)
+    calls = estimate_calls(shape, settings, rankings=6, ranking_files=1)
+    # 3 layer heuristics + 1 given mask + 6 rankings computed + 1 ranking file, one call each.
+    assert (calls.incumbents, calls.local, calls.rankings) == (3 + 1 + 6 + 1, 40, 6)
+    assert (calls.low, calls.high) == (2 + 11 + 896 + 40, 2 + 11 + 896 + 3200 + 40)
+    assert calls.terms() == "2 anchors + 11 incumbents + 896 Stage 1 + 0–3200 Stage 3 + 40 local search"
+    assert "6 ranking(s) computed on the calibration set" in calls.rankings_note()
+
+
+@pytest.mark.parametrize(("ratio", "seed"), [(0.5, 0), (0.75, 1)])
+def test_a_guarded_search_makes_at_most_the_calls_predicted(ratio: float, seed: int) -> None:
+    settings = SearchSettings(ratio=ratio, seed=seed, budget_per_layer=10, local_calls=12)
+    result = run_search(ExampleObjective(seed=seed), SHAPE, settings, progress=False)
+    after = estimate_calls(SHAPE, settings, result.stage2.ratios)
+    made = {stage: int(row["calls"]) for stage, row in result.costs.items()}
+    assert 0 < made["incumbent"] <= after.incumbents == 3  # the layer heuristics (some may share a mask)
+    assert 0 < made["local"] <= after.local == 12
+    assert sum(made.values()) <= after.high <= estimate_calls(SHAPE, settings).high
 
 
 @pytest.mark.parametrize(("ratio", "seed", "variant"), [(0.5, 0, "bosch"), (0.75, 1, "bosch"), (0.5, 2, "bosch"), (0.625, 3, "nested")])
@@ -65,6 +90,18 @@ def test_the_prediction_times_nomad_calls_as_unraced_ones() -> None:
     stage3_only = {"stage3": costs["stage3"]}
     line = render_cost(stage3_only, before, after)[-2]
     assert line.startswith("After Stage 2: no prediction") and "predicted," not in line
+
+
+def test_the_prediction_counts_the_guarded_variants_incumbents_and_local_search() -> None:
+    # One second per call throughout: the incumbents are timed with the anchors and Stage 1, the
+    # local search is predicted with Stage 3.
+    costs = {stage: {"calls": calls, "pruned": 0, "seconds": float(calls)}
+             for stage, calls in (("anchor", 2), ("incumbent", 3), ("stage1", 5), ("stage3", 10), ("local", 20))}  # fmt: skip
+    before, after = CallEstimate(2, 5, 0, 10, 0, 3, 20), CallEstimate(2, 5, 10, 10, 0, 3, 20)
+    lines = render_cost(costs, before, after)
+    assert "N = 30 to 40 S() calls (2 anchors + 3 incumbents + 5 Stage 1 + 0–10 Stage 3 + 20 local search" in lines[-3]
+    assert lines[-2].startswith("After Stage 2: Stage 3 and the local search predicted at ≤ 30 calls × 1.000 s")
+    assert "40.0 s predicted, 40.0 s measured (+0%)" in lines[-2]
 
 
 def test_the_estimate_reads_only_the_config(tiny_model_dir: Path) -> None:
@@ -119,10 +156,20 @@ class TestThreeKVGroups:
         AutoConfig.for_model(
             "llama", num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576, max_position_embeddings=8192
         ).save_pretrained(tmp_path)
-        text = render_estimate(str(tmp_path), SearchSettings(ratio=0.75), 10.0)
+        text = render_estimate(str(tmp_path), SearchSettings(ratio=0.75, variant="bosch"), 10.0)
         assert "L=30 × G=3" in text and "Stage-2 buckets 0, 0.3333, 0.6667, 1, 16 layers per Stage-3 sub-problem" in text
-        assert "35–2232 S() calls (2 anchors + 30 Stage 1 [3 of 3 groups per layer] + 3–2200 Stage 3" in text
+        assert "35–2232 S() calls (2 anchors + 30 Stage 1 [3 of 3 groups per layer] + 3–2200 Stage 3, by" in text
         assert "0.10–6.20 h at 10 s per call" in text
+        # The default, guarded: every registered ranker computed on the default calibration set, and
+        # its mask scored with the layer heuristics'; then the local search's 100 calls.
+        guarded = render_estimate(str(tmp_path), SearchSettings(ratio=0.75), 10.0)
+        rankers = len(RANKERS.names())
+        assert f"(2 anchors + {3 + rankers} incumbents + 30 Stage 1 [3 of 3 groups per layer] + 3–2200 Stage 3 + 100 local search" in guarded
+        assert f"; before the incumbents, {rankers} ranking(s) computed on the calibration set" in guarded
+        # `--rankings` alone computes none; calibrated on a task the rankers cannot read, none either.
+        for settings, tasks in ((SearchSettings(ratio=0.75, rankings=()), ("bosch_niah_calib",)), (SearchSettings(ratio=0.75), ("mine",))):
+            alone = render_estimate(str(tmp_path), settings, None, tasks)
+            assert "+ 3 incumbents +" in alone and "ranking(s) computed" not in alone
         nested = render_estimate(str(tmp_path), SearchSettings(ratio=0.5, variant="nested"), None)
         assert "Stage-2 buckets 0, 0.3333, 0.6667, 16 layers per Stage-3 sub-problem" in nested
         assert "94–1592 S() calls (2 anchors + 90 Stage 1 [2 of 3 groups per layer] + 2–1500 Stage 3" in nested
