@@ -5,9 +5,9 @@ mask and from the best incumbent (:mod:`bosch_eval.search.incumbents`), half the
 run with all of it when they are the same mask). The search returns the best of the masks those
 runs end with; each ends with its start or a mask that scores strictly better, so the result
 scores at least the best incumbent and at least the stages' mask. On equal S the stages' side
-wins (as a tie-break keeps the found mask): an incumbent is returned only when it, or a mask found
-from it, scores strictly better. :class:`Guard` records the incumbents' scores, what the stages
-alone returned and the gain, for ``report.md`` and the mask's provenance.
+wins, since a tie is no evidence for the incumbent: an incumbent is returned only when it, or a
+mask found from it, scores strictly better. :class:`Guard` records the incumbents' scores, what
+the stages alone returned and the gain, for ``report.md`` and the mask's provenance.
 """
 
 from __future__ import annotations
