@@ -73,7 +73,8 @@ def test_a_committed_search_resumes_from_a_copy_evaluating_nothing(tmp_path: Pat
     copy = tmp_path / "bosch-r0.5"
     shutil.copytree(SEARCH, copy)
     monkeypatch.chdir(tmp_path)
-    assert main(["search", "--model", "toy", "--ratio", "0.5", "--out", str(copy), "--resume"]) == 0
+    # The committed search is the paper's variant; the default is now the guarded one.
+    assert main(["search", "--model", "toy", "--ratio", "0.5", "--variant", "bosch", "--out", str(copy), "--resume"]) == 0
     assert "34 masks evaluated (0 in this run)" in capsys.readouterr().out
     assert HeadMask.load(copy / "mask.json").bits == HeadMask.load(SEARCH / "mask.json").bits
     lines = (copy / "journal.jsonl").read_text().splitlines()

@@ -148,7 +148,7 @@ class TestCommandLineStaysCheap:
             from bosch_eval.search.pipeline import VARIANTS
             assert LAYER_HEURISTICS.names() == ("intr", "bme", "rand")
             assert OPTIMIZERS.names() == ("exhaustive", "nomad", "oneplusone")
-            assert VARIANTS.names() == ("bosch", "nested", "single", "multi", "layer")
+            assert VARIANTS.names() == ("bosch", "nested", "guarded", "single", "multi", "layer")
             parser = argparse.ArgumentParser(prog="bosch-eval")
             add_rank_parser(parser.add_subparsers(dest="command"))
             with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
