@@ -16,11 +16,19 @@ import bosch_eval.bench.runner as bench
 from bosch_eval.attention.hybrid_attention import hybridize
 from bosch_eval.bench.memory import peak_memory
 from bosch_eval.bench.report import ratio_table, speedups
-from bosch_eval.bench.runner import BenchRow, Measurement, balanced_mask, run_bench, stopwatch
+from bosch_eval.bench.runner import BenchRow, Measurement, balanced_mask, drawn_mask, run_bench, stopwatch
 from bosch_eval.caches.hybrid_cache import HybridCache
 from bosch_eval.cli import main
 from bosch_eval.masks.head_mask import ModelShape
 from bosch_eval.models.random_model import random_model
+
+
+def test_a_ratio_is_timed_on_a_mask_whose_layers_hold_different_swa_counts():
+    """What a search or a ranking returns: bench must time the kernels' per-layer specialization."""
+    mask = drawn_mask(ModelShape(28, 16, 8), 0.75, window=8)
+    counts = {row.count(0) for row in mask.bits}
+    assert mask.num_swa_groups == 168 and len(counts) >= 4
+    assert drawn_mask(ModelShape(28, 16, 8), 0.75, window=8).bits == mask.bits  # seeded: the same mask every run
 
 
 def test_balanced_mask_spreads_swa_groups_over_layers():
@@ -187,7 +195,8 @@ def test_speedups_are_tokens_per_second_over_the_same_runs_original():
     rows = [row("original", 100.0, 10.0, 40.0, 1000, 800), row("h", 150.0, 9.0, 60.0, 900, 200)]
     (ratio,) = speedups(rows)
     assert ratio == {"label": "h", "backend": "sdpa", "length": 64, "swa_ratio": 0.5, "window": 4, "prefill": 1.5,
-                     "decode_batch_1": 0.9, "decode_batch_8": 1.5, "prefill_peak": 0.9, "kv_bytes": 0.25}  # fmt: skip
+                     "decode_batch_1": 0.9, "decode_batch_8": 1.5, "prefill_peak": 0.9, "kv_bytes": 0.25,
+                     "warmup_s": None, "compiles": 0}  # fmt: skip
     rows[0] = row("original", 100.0, 10.0, 40.0, 0, 800)  # a CPU's resident-set peak can read 0 at tiny sizes
     assert speedups(rows)[0]["prefill_peak"] is None
 

@@ -62,7 +62,7 @@ def _bench(args: argparse.Namespace) -> None:
 
     from bosch_eval.attention.hybrid_spec import backend_names, resolve_backend
     from bosch_eval.bench.report import environment, plot, ratio_table, rows_as_json
-    from bosch_eval.bench.runner import balanced_mask, run_bench
+    from bosch_eval.bench.runner import drawn_mask, run_bench
 
     if args.backend not in backend_names():
         raise SettingsError(f"--backend: expected one of {backend_names()}, got {args.backend!r}")
@@ -105,7 +105,7 @@ def _bench(args: argparse.Namespace) -> None:
     if args.windows:
         ratio = args.ratios[-1]
         shape = ModelShape.from_config(model.config)
-        sweep_configs = [(f"ρ={ratio:g} W={w}", balanced_mask(shape, ratio, w).with_meta(sinks=sinks)) for w in args.windows]
+        sweep_configs = [(f"ρ={ratio:g} W={w}", drawn_mask(shape, ratio, w).with_meta(sinks=sinks)) for w in args.windows]
         sweep = run_bench(model, sweep_configs, [max(args.lengths)], args.decode_tokens, None, args.chunk, args.repeats, **timing)
         report["window_sweep"] = rows_as_json(sweep)
         table += "\n\nWindow sweep\n" + ratio_table(sweep)

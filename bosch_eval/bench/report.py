@@ -30,6 +30,8 @@ def speedups(rows: list[BenchRow]) -> list[dict[str, Any]]:
             # None where the original's peak is not positive (a CPU's resident-set peak at tiny sizes).
             "prefill_peak": row.prefill_peak_bytes / original[row.length].prefill_peak_bytes if original[row.length].prefill_peak_bytes > 0 else None,
             "kv_bytes": row.kv_cache_bytes / original[row.length].kv_cache_bytes,
+            # Apart from the steady state above: the first, untimed run and the flex graphs compiled.
+            "warmup_s": row.warmup_s, "compiles": row.compiles,
         }
         for row in rows
         if row.label != "original"
@@ -46,8 +48,8 @@ def ratio_table(rows: list[BenchRow], budget_bytes: int | None = None, weight_by
     lines = [
         f"| config | ρ | W | T | prefill tok/s | decode tok/s | decode tok/s ×{batch} | KV bytes | prefill peak MB | decode peak MB | "
         f"attention share | prefill time ratio | decode time ratio | decode ×{batch} time ratio | KV ratio | prefill peak ratio | "
-        "decode peak ratio | backend |" + (" kv_quant | KV bytes (formula) | max batch |" if kv_columns else ""),
-        "|---" * 18 + "|" + ("---|---|---|" if kv_columns else ""),
+        "decode peak ratio | backend | warm-up s (flex compiles) |" + (" kv_quant | KV bytes (formula) | max batch |" if kv_columns else ""),
+        "|---" * 19 + "|" + ("---|---|---|" if kv_columns else ""),
     ]
     for row in rows:
         base = original[row.length]
@@ -59,10 +61,14 @@ def ratio_table(rows: list[BenchRow], budget_bytes: int | None = None, weight_by
             f"{base.prefill_tokens_per_s / row.prefill_tokens_per_s:.3f} | {base.decode_tokens_per_s / row.decode_tokens_per_s:.3f} | "
             f"{base.decode_batch_tokens_per_s / row.decode_batch_tokens_per_s:.3f} | {row.kv_cache_bytes / base.kv_cache_bytes:.4f} | "
             f"{row.prefill_peak_bytes / max(base.prefill_peak_bytes, 1):.3f} | {_ratio(row.decode_peak_bytes, base.decode_peak_bytes)} | "
-            f"{row.backend or 'sdpa (unpatched)'} |"
+            f"{row.backend or 'sdpa (unpatched)'} | {_warmup(row)} |"
             + (f" {row.kv_quant or '-'} | {row.kv_bytes_formula} | {max_batch(budget_bytes, weight_bytes, row.kv_bytes_formula)} |" if kv_columns else "")
         )
     return "\n".join(lines)
+
+
+def _warmup(row: BenchRow) -> str:
+    return "-" if row.warmup_s is None else f"{row.warmup_s:.2f} ({row.compiles})"
 
 
 def _megabytes(size: int | None) -> str:

@@ -24,11 +24,12 @@ closed-form :func:`~bosch_eval.caches.kv_quant.formula.kv_cache_bytes_formula`.
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -36,6 +37,7 @@ from transformers import DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from bosch_eval.attention.hybrid_attention import hybrid_state, hybridize
+from bosch_eval.attention.kernels import flex
 from bosch_eval.attention.kernels.flex import unfused_is_an_error
 from bosch_eval.bench.memory import peak_memory, tensor_memory_peak
 from bosch_eval.caches.hybrid_cache import HybridCache, kv_cache_bytes
@@ -63,6 +65,8 @@ class BenchRow:
     decode_batch: int = 1  # B of the batched decode
     decode_batch_tokens_per_s: float = 0.0  # tokens of all B sequences per second
     backend: str | None = None  # the hybrid attention backend that ran (None: the original, unpatched)
+    warmup_s: float | None = None  # the first, untimed run: compiles, kernel selection, allocator growth (None: no warm-up)
+    compiles: int = 0  # flex graphs compiled during this configuration's runs (apart from the steady state timed)
 
 
 @dataclass(frozen=True)
@@ -77,11 +81,22 @@ class Measurement:
 
 
 def balanced_mask(shape: ModelShape, ratio: float, window: int) -> HeadMask:
-    """⌈ρ·L·G⌉ SWA groups spread evenly over layers (for timing, which groups does not matter)."""
+    """⌈ρ·L·G⌉ SWA groups spread evenly over layers: every layer holds (nearly) the same count."""
     ratio = check_ratio(ratio)
     cells = sorted(((layer, g) for layer in range(shape.num_layers) for g in range(shape.num_kv_heads)), key=lambda c: (c[1], c[0]))
     swa = set(cells[: ceil_count(ratio, len(cells))])
     return HeadMask.from_swa_groups(shape, swa, window=window, method=f"balanced-{ratio:g}")
+
+
+def drawn_mask(shape: ModelShape, ratio: float, window: int, seed: int = 0) -> HeadMask:
+    """⌈ρ·L·G⌉ SWA groups drawn at random over the model, so that layers hold different
+    counts as a search's or a ranking's mask does: what bench times by default. A balanced
+    mask, the same count in every layer, would hide what a real mask costs where kernels
+    specialize on a layer's count (compiled graphs, cache layouts)."""
+    ratio = check_ratio(ratio)
+    cells = [(layer, g) for layer in range(shape.num_layers) for g in range(shape.num_kv_heads)]
+    swa = set(random.Random(seed).sample(cells, ceil_count(ratio, len(cells))))
+    return HeadMask.from_swa_groups(shape, swa, window=window, method=f"drawn-{ratio:g}-seed{seed}")
 
 
 DECODE_LABEL = "bosch_bench.decode"
@@ -244,7 +259,7 @@ def run_bench(
     """Measure the original model and each hybrid configuration at each length.
 
     Args:
-        configs: ``(label, ratio or mask[, kv_quant])``; a ratio gets :func:`balanced_mask`;
+        configs: ``(label, ratio or mask[, kv_quant])``; a ratio gets :func:`drawn_mask`;
             ``None`` with a ``kv_quant``: quantization alone on the original attention.
         window: W for ratio configs; default ``T // 32`` (the paper's T/W) per length.
         sinks: S attention sinks for ratio configs (a mask config keeps its own).
@@ -266,30 +281,41 @@ def run_bench(
     with unfused_is_an_error():  # a timing of flex unfused would measure another kernel
         for length in lengths:
             w = window or max(1, length // 32)
-            masks = [(c[0], c[1] if isinstance(c[1], HeadMask) or c[1] is None else balanced_mask(shape, c[1], w).with_meta(sinks=sinks)) for c in configs]
+            masks = [(c[0], c[1] if isinstance(c[1], HeadMask) or c[1] is None else drawn_mask(shape, c[1], w).with_meta(sinks=sinks)) for c in configs]
             ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length)).to(device)
             configurations: list[tuple[str, HeadMask | None]] = [("original", None), *masks]
 
             def set_up(label: str, mask: HeadMask | None) -> DynamicCache:
                 return _set_up(model, mask, w, quant.get(label), backend)
 
+            first_run: dict[str, float] = {}
+            compiled: dict[str, int] = {}
             for _ in range(warmup):  # start-up costs land here, not in the first configuration's timings
                 for label, mask in configurations:
-                    measure(model, ids, decode_tokens, chunk, set_up(label, mask), decode_batch)
+                    before = flex.compiles
+                    with stopwatch(device) as seconds:
+                        measure(model, ids, decode_tokens, chunk, set_up(label, mask), decode_batch)
+                    first_run.setdefault(label, seconds())
+                    compiled[label] = compiled.get(label, 0) + flex.compiles - before
             timings: dict[str, list[Measurement]] = {}
             backends: dict[str, str | None] = {}
             for _ in range(repeats):  # interleaved, so drifting machine load hits every configuration alike
                 for label, mask in configurations:
                     cache = set_up(label, mask)
                     backends[label] = hybrid_state(model).backend if isinstance(cache, HybridCache) else None
+                    before = flex.compiles
                     timings.setdefault(label, []).append(measure(model, ids, decode_tokens, chunk, cache, decode_batch))
+                    compiled[label] = compiled.get(label, 0) + flex.compiles - before
             # Separate runs: timing every attention call, or profiling allocations, perturbs the timing.
             shares = {label: attention_share(model, ids, chunk, set_up(label, mask)) for label, mask in configurations} if profile else {}
             peaks = {label: decode_peak(model, ids, chunk, set_up(label, mask)) for label, mask in configurations} if profile else {}
             for label, runs in timings.items():
                 mask = dict(masks).get(label)
                 rows.append(
-                    _row(model, label, mask, w, length, runs, quant.get(label), shares.get(label), peaks.get(label), decode_batch, backends[label])
+                    replace(
+                        _row(model, label, mask, w, length, runs, quant.get(label), shares.get(label), peaks.get(label), decode_batch, backends[label]),
+                        warmup_s=first_run.get(label), compiles=compiled.get(label, 0),
+                    )
                 )
             if progress is not None:
                 progress(list(rows))
