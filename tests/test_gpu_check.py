@@ -55,6 +55,11 @@ def test_auto_runs_first_and_unavailable_backends_are_named():
     assert "flash-attn" in skipped["flash_attention_2"]
 
 
+def test_bench_runs_flex_first():
+    assert gpu_check.bench_order(["blocked", "sdpa", "flex"]) == ["flex", "blocked", "sdpa"]
+    assert gpu_check.bench_order(["flash_attention_2", "sdpa"]) == ["flash_attention_2", "sdpa"]
+
+
 def test_slug_names_a_folder():
     assert gpu_check.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3" and gpu_check.slug("cpu (x86_64)") == "cpu-x86-64"
 
@@ -136,7 +141,7 @@ def test_quick_check_on_cpu_runs_every_stage_and_packs_them(tmp_path):
     assert {name: stage["status"] for name, stage in stages.items()} == dict.fromkeys(gpu_check.STAGES, "ok")
     assert stages["correctness"]["summary"].startswith("float32: 12 of 12 within tolerance")
     bench = stages["bench"]["backends"]
-    assert list(bench)[0] == "blocked" and all(len(run["speedups"]) == 4 for run in bench.values())  # 2 ratios × 2 lengths
+    assert list(bench)[0] == "flex" and all(len(run["speedups"]) == 4 for run in bench.values())  # 2 ratios × 2 lengths
     assert stages["lm_eval"]["equal"] and stages["search"]["evaluations"] > 0
     assert [row["config"] for row in stages["objective"]["rows"]] == [
         "dtype=bfloat16,mask=full", "dtype=bfloat16,layers=bme,ratio=0.75", "dtype=bfloat16,layers=bme,ratio=0.5"]
@@ -144,7 +149,7 @@ def test_quick_check_on_cpu_runs_every_stage_and_packs_them(tmp_path):
     assert environment["device"].startswith("cpu") and environment["torch"] and "--quick" in environment["command"]
     assert (tmp_path / "pack" / "summary.md").read_text() == (folder / "summary.md").read_text()
     with tarfile.open(tmp_path / "pack" / "gpu_check.tar.gz") as archive:
-        assert f"{folder.name}/bench/blocked/bench.json" in archive.getnames()
+        assert f"{folder.name}/bench/flex/bench.json" in archive.getnames()
     again = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_check.py"), "--device", "cpu", "--out", str(tmp_path / "out")],
                            capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert again.returncode == 2 and "already holds a check" in again.stderr
