@@ -20,6 +20,7 @@ from typing import Any
 
 from bosch_eval.masks.head_mask import HeadMask, HeadRanking, check_ratio, check_sinks, check_window
 from bosch_eval.models.rope_scaling import check_rope_args
+from bosch_eval.runtime.checks import check_int, is_number
 from bosch_eval.runtime.errors import SettingsError
 
 KV_CACHES = ("hybrid", "dynamic")
@@ -58,9 +59,7 @@ def _integer(name: str, value: Any) -> int:
             value = int(value.strip())
         except ValueError:
             raise SettingsError(f"{name}: expected an integer, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SettingsError(f"{name}: expected an integer, got {value!r}")
-    return value
+    return check_int(value, name)
 
 
 def _number(name: str, value: Any) -> float:
@@ -69,7 +68,7 @@ def _number(name: str, value: Any) -> float:
             value = float(value.strip())
         except ValueError:
             raise SettingsError(f"{name}: expected a number, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         raise SettingsError(f"{name}: expected a number, got {value!r}")
     return float(value)
 

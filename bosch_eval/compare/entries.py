@@ -22,6 +22,7 @@ from typing import Any
 
 from bosch_eval.model_adapters import loader_args
 from bosch_eval.model_adapters.settings import AdapterSettings
+from bosch_eval.runtime.checks import is_int
 from bosch_eval.runtime.errors import BoschError, SettingsError
 
 SOURCE_KEYS = AdapterSettings.mask_source_names()
@@ -98,7 +99,7 @@ def check_keys(args: dict[str, str], where: str, sources: bool = True) -> None:
 
 def _parse_seeds(value: Any, where: str) -> tuple[int, ...]:
     items = value.split(SEED_SEPARATOR) if isinstance(value, str) else value
-    if isinstance(items, int) and not isinstance(items, bool):
+    if is_int(items):
         items = [items]
     if not isinstance(items, (list, tuple)) or not items:
         raise EntryError(f"{where}: field 'seeds' must be a list of integers (or 0/1/2), got {value!r}")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bosch_eval.compare.entries import Entry, EntryError, check_keys, check_unique, default_seeds, make_entry, parse_entry, parse_model_args
+from bosch_eval.runtime.checks import is_number
 
 FIELDS = ("model", "model_args", "tasks", "metadata", "limit", "gen_kwargs", "seeds", "reference", "kv_length", "entries",
           "include_path", "bootstrap_iters")  # fmt: skip
@@ -52,7 +53,7 @@ class CompareSpec:
         if not self.entries:
             raise EntryError("entries: expected at least one entry (--entry NAME=ARGS or 'entries:' in the YAML)")
         check_unique(self.entries, "entries")
-        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, (int, float)) or self.limit <= 0):
+        if self.limit is not None and (not is_number(self.limit) or self.limit <= 0):
             raise EntryError(f"limit: expected a positive number, got {self.limit!r}")
 
     def settings(self) -> dict[str, Any]:

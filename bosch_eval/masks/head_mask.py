@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bosch_eval.attention.local_window import LocalWindow
+from bosch_eval.runtime.checks import check_int, is_number
 from bosch_eval.runtime.errors import BoschError
 
 MASK_FORMAT = "bosch-mask/1"
@@ -54,7 +55,7 @@ def check_ratio(ratio: Any, source: str = "ratio") -> float:
     Raises:
         MaskError: naming ``source`` when the value is not a number in [0, 1].
     """
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
+    if not is_number(ratio) or not 0.0 <= ratio <= 1.0:
         raise MaskError(f"{source}: expected an SWA ratio in [0, 1], got {ratio!r}")
     return float(ratio)
 
@@ -69,16 +70,12 @@ def uniform_bit(ratio: float) -> int | None:
 
 def check_window(window: Any, source: str = "window") -> int:
     """Validate a sliding-window size: a positive integer number of keys."""
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise MaskError(f"{source}: expected a positive integer window (keys seen per query), got {window!r}")
-    return window
+    return check_int(window, source, minimum=1, expected="a positive integer window (keys seen per query)", error=MaskError)
 
 
 def check_sinks(sinks: Any, source: str = "sink") -> int:
     """Validate an attention-sink count: an integer >= 0 (0 = no sinks)."""
-    if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
-        raise MaskError(f"{source}: expected an integer >= 0 (attention-sink positions, 0 = none), got {sinks!r}")
-    return sinks
+    return check_int(sinks, source, minimum=0, expected="an integer >= 0 (attention-sink positions, 0 = none)", error=MaskError)
 
 
 @dataclass(frozen=True)
@@ -376,7 +373,7 @@ class HeadRanking:
             raise MaskError(f"{source}: field 'scores' must be a list of L lists of numbers")
         for layer, row in enumerate(rows):
             for group, value in enumerate(row):
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                if not is_number(value):
                     raise MaskError(f"{source}: field 'scores' entry [{layer}][{group}] is {value!r}, expected a number")
         for key, expected in (("num_layers", len(rows)), ("num_kv_heads", len(rows[0]) if rows else 0)):
             if key in data and data[key] != expected:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bosch_eval.masks.head_mask import MaskError, check_window
+from bosch_eval.runtime.checks import is_int
 from bosch_eval.runtime.errors import SettingsError
 
 DEFAULTS_FILE = "bosch_defaults.json"
@@ -55,7 +56,7 @@ def model_defaults(model: str | Path) -> ModelDefaults:
         raise SettingsError(f"{path}: unknown fields {sorted(unknown)}; expected 'window', 'calib_len'")
     window = check_window(data["window"], f"{path}: field 'window'") if "window" in data else None
     calib_len = data.get("calib_len")
-    if calib_len is not None and (not isinstance(calib_len, int) or isinstance(calib_len, bool) or calib_len < 1):
+    if calib_len is not None and (not is_int(calib_len) or calib_len < 1):
         raise SettingsError(f"{path}: field 'calib_len' must be a positive integer, got {calib_len!r}")
     return ModelDefaults(window=window, calib_len=calib_len)
 
