@@ -23,6 +23,7 @@ import json
 import math
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from bosch_eval.toy.corpus import DOCUMENT_KINDS, TRAIN_SEED_BASE, DocumentMaker
 
 EVAL_SEED = 20_000_000  # held-out documents for the training log; never used for training
 EVAL_KINDS = ("niah_single_1", "ruler", "calib", "keyed")
+STATE_FILE = "train_state.pt"  # what --resume continues from, under --out
 
 
 def train_tokenizer(vocab_size: int, seed: int) -> PreTrainedTokenizerFast:
@@ -178,7 +180,19 @@ def save_state(path: Path, model: Qwen3ForCausalLM, optimizer: torch.optim.Optim
     partial.replace(path)
 
 
-def main(argv: list[str] | None = None) -> None:
+@dataclass(frozen=True)
+class Run:
+    """What every step of one training run works on, built once before the first."""
+
+    model: Qwen3ForCausalLM
+    tokenizer: PreTrainedTokenizerFast
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    maker: DocumentMaker
+    device: torch.device
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
     parser.add_argument("--log", type=Path, help="JSON-lines progress log (default: <out>/train_log.jsonl)")
@@ -216,10 +230,14 @@ def main(argv: list[str] | None = None) -> None:
         "--init-from", type=Path, help="a second training stage: start from this checkpoint's weights (same shape and "
         "tokenizer) with a fresh optimizer, schedule and curriculum"
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Reject what argparse cannot see (``--stop-after`` beyond ``--steps``, a bad ``--mix``);
+    return the step the run ends before."""
     if args.stop_after is not None and not 0 < args.stop_after <= args.steps:
         parser.error(f"--stop-after {args.stop_after}: expected a step count in [1, --steps = {args.steps}]")
-    last_step = args.steps if args.stop_after is None else args.stop_after
     if args.mix is not None:
         if not isinstance(args.mix, dict):
             parser.error(f"--mix {json.dumps(args.mix)}: expected a JSON object of document kinds and weights")
@@ -227,8 +245,12 @@ def main(argv: list[str] | None = None) -> None:
         if unknown or not all(isinstance(w, (int, float)) and w >= 0 for w in args.mix.values()) or not any(args.mix.values()):
             parser.error(f"--mix {json.dumps(args.mix)}: expected non-negative weights, not all zero, of document kinds "
                          f"{DOCUMENT_KINDS}; unknown: {unknown}")  # fmt: skip
+    return args.steps if args.stop_after is None else args.stop_after
 
-    torch.manual_seed(args.seed)
+
+def start_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Run:
+    """The tokenizer, model, optimizer, schedule and document stream, in the order that draws
+    the seeded random streams the same way on every run."""
     device = torch.device(args.device)
     tokenizer = train_tokenizer(args.vocab, args.seed)
     model = build_model(args, len(tokenizer), tokenizer.eos_token_id)
@@ -239,51 +261,78 @@ def main(argv: list[str] | None = None) -> None:
     schedule = lambda step: min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))  # noqa: E731
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     maker = DocumentMaker(random.Random(TRAIN_SEED_BASE + args.seed))
-    args.out.mkdir(parents=True, exist_ok=True)
-    log_path = args.log or args.out / "train_log.jsonl"
-    state_path = args.out / "train_state.pt"
-    history: list[dict[str, Any]] = []
-    first_step, spent_s = 0, 0.0
-    if args.resume:
-        state = torch.load(state_path, weights_only=False)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        maker.rng.setstate(state["documents_rng"])
-        torch.set_rng_state(state["torch_rng"])
-        first_step, spent_s, history = state["next_step"], state["elapsed_s"], state["history"]
-    started = time.time() - spent_s
+    return Run(model, tokenizer, optimizer, scheduler, maker, device)
 
-    with log_path.open("a" if args.resume else "w") as log:
-        for step in range(first_step, last_step):
-            max_len, mix = curriculum(step, args)
-            lengths = [maker.rng.randint(max(32, max_len // 4), max_len) for _ in range(max(1, args.batch_tokens // max_len))]
-            ids, weights, answers = make_batch(tokenizer, maker, lengths, mix, args.context_weight)
-            loss, accuracy = loss_and_accuracy(model, ids.to(device), weights.to(device), answers.to(device))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            if step % 10 == 0 or step == last_step - 1:
-                record = {"step": step, "loss": round(loss.item(), 4), "train_acc": accuracy, "max_len": max_len,
-                          "lr": scheduler.get_last_lr()[0], "elapsed_s": round(time.time() - started, 1)}  # fmt: skip
-                if step % args.eval_every == 0 or step == last_step - 1:
-                    record.update(evaluate(model, tokenizer, device, [512, 1024], 32))
-                history.append(record)
-                log.write(json.dumps(record) + "\n")
-                log.flush()
-            if (step + 1) % args.eval_every == 0:
-                save_state(state_path, model, optimizer, scheduler, maker, step + 1, time.time() - started, history)
 
-    model.eval().save_pretrained(args.out)
-    tokenizer.save_pretrained(args.out)
-    final = evaluate(model, tokenizer, device, [512, 1024], 64)
+def restore_state(run: Run, path: Path) -> tuple[int, float, list[dict[str, Any]]]:
+    """Load what :func:`save_state` wrote into ``run``; return the next step, the time spent and the log so far."""
+    state = torch.load(path, weights_only=False)
+    run.model.load_state_dict(state["model"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
+    run.maker.rng.setstate(state["documents_rng"])
+    torch.set_rng_state(state["torch_rng"])
+    return state["next_step"], state["elapsed_s"], state["history"]
+
+
+def train_step(run: Run, step: int, args: argparse.Namespace) -> tuple[torch.Tensor, float, int]:
+    """One optimizer step on a fresh batch of the curriculum; its loss, accuracy and longest document."""
+    max_len, mix = curriculum(step, args)
+    lengths = [run.maker.rng.randint(max(32, max_len // 4), max_len) for _ in range(max(1, args.batch_tokens // max_len))]
+    ids, weights, answers = make_batch(run.tokenizer, run.maker, lengths, mix, args.context_weight)
+    loss, accuracy = loss_and_accuracy(run.model, ids.to(run.device), weights.to(run.device), answers.to(run.device))
+    run.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(run.model.parameters(), 1.0)
+    run.optimizer.step()
+    run.scheduler.step()
+    return loss, accuracy, max_len
+
+
+def run_steps(run: Run, args: argparse.Namespace, steps: range, history: list[dict[str, Any]], started: float, log: Any) -> None:
+    """Train ``steps``, logging every tenth (held-out evaluation every ``--eval-every``) to
+    ``history`` and ``log``, and saving the state every ``--eval-every`` steps."""
+    last = steps.stop - 1
+    for step in steps:
+        loss, accuracy, max_len = train_step(run, step, args)
+        if step % 10 == 0 or step == last:  # the loss is read (a device sync) only on logged steps
+            record = {"step": step, "loss": round(loss.item(), 4), "train_acc": accuracy, "max_len": max_len,
+                      "lr": run.scheduler.get_last_lr()[0], "elapsed_s": round(time.time() - started, 1)}  # fmt: skip
+            if step % args.eval_every == 0 or step == last:
+                record.update(evaluate(run.model, run.tokenizer, run.device, [512, 1024], 32))
+            history.append(record)
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+        if (step + 1) % args.eval_every == 0:
+            save_state(args.out / STATE_FILE, run.model, run.optimizer, run.scheduler, run.maker, step + 1, time.time() - started, history)
+
+
+def write_result(run: Run, args: argparse.Namespace, history: list[dict[str, Any]], started: float) -> None:
+    """The checkpoint, tokenizer and ``training.json`` with the final held-out evaluation."""
+    run.model.eval().save_pretrained(args.out)
+    run.tokenizer.save_pretrained(args.out)
+    final = evaluate(run.model, run.tokenizer, run.device, [512, 1024], 64)
     summary = {"args": {k: str(v) for k, v in vars(args).items()}, "wall_time_s": round(time.time() - started, 1),
-               "final": final, "num_parameters": model.num_parameters(), "history": history}  # fmt: skip
+               "final": final, "num_parameters": run.model.num_parameters(), "history": history}  # fmt: skip
     (args.out / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps({"wall_time_s": summary["wall_time_s"], **final}))
 
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    last_step = check_args(args, parser)
+    torch.manual_seed(args.seed)
+    run = start_run(args, parser)
+    args.out.mkdir(parents=True, exist_ok=True)
+    history: list[dict[str, Any]] = []
+    first_step, spent_s = 0, 0.0
+    if args.resume:
+        first_step, spent_s, history = restore_state(run, args.out / STATE_FILE)
+    started = time.time() - spent_s
+    with (args.log or args.out / "train_log.jsonl").open("a" if args.resume else "w") as log:
+        run_steps(run, args, range(first_step, last_step), history, started, log)
+    write_result(run, args, history, started)
 
 if __name__ == "__main__":
     main()
