@@ -18,7 +18,7 @@ TARGETS = ("transformers", "serving")
 def _mask(args: argparse.Namespace) -> tuple[HeadMask, str]:
     """The mask asked for: --mask, --ranking/--layers with --ratio, or the one a hybrid
     checkpoint (--model) embeds."""
-    from bosch_eval.masks.mask_sources import resolve_mask
+    from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
     from bosch_eval.models.checkpoint import CONFIG_FIELD, saved_mask  # transformers: not for --help
 
     if args.model is None:
@@ -36,18 +36,9 @@ def _mask(args: argparse.Namespace) -> tuple[HeadMask, str]:
                 f"{model}/config.json: no field '{CONFIG_FIELD}' (not a hybrid checkpoint); "
                 "pass --mask FILE, --ranking FILE --ratio R or --layers NAME --ratio R"
             )
-        return resolve_mask(ModelShape.from_config(config), mask=mask, window=args.window, model_name=args.model)
-    return resolve_mask(
-        ModelShape.from_config(config),
-        mask=args.mask,
-        ranking=args.ranking,
-        layers=args.layers,
-        ratio=args.ratio,
-        seed=args.seed,
-        window=args.window,
-        default_window=model_defaults(model).window,
-        model_name=args.model,
-    )
+        return resolve_mask(ModelShape.from_config(config), MaskRequest(mask=mask, window=args.window), model_name=args.model)
+    request = MaskRequest(mask=args.mask, ranking=args.ranking, layers=args.layers, ratio=args.ratio, seed=args.seed, window=args.window)
+    return resolve_mask(ModelShape.from_config(config), request, default_window=model_defaults(model).window, model_name=args.model)
 
 
 def _export(args: argparse.Namespace) -> None:

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import logging
 from array import array
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -97,17 +98,15 @@ hflm_parameters()  # the keys HFLM takes, read from the class imported above (ca
 
 def _head_mask(config: Any, model_name: str | None, settings: AdapterSettings) -> tuple[HeadMask, str]:
     """The mask asked for, checked against ``config`` (a hybrid checkpoint restores its own)."""
-    sources = settings.mask_sources()
+    request = settings.mask_request()
     default_window = model_defaults(model_name).window if model_name else None
-    if isinstance(sources["mask"], str) and sources["mask"] == "full":  # no head mask: the original attention everywhere
+    if isinstance(request.mask, str) and request.mask == "full":  # no head mask: the original attention everywhere
         window = resolve_window(settings.window, default=default_window, all_full=True, source="mask=full")
-        sources["mask"] = HeadMask.uniform(ModelShape.from_config(config), full=True, window=window, method="full")
+        request = replace(request, mask=HeadMask.uniform(ModelShape.from_config(config), full=True, window=window, method="full"))
     checkpoint_mask = saved_mask(config, f"{model_name}/config.json")
-    if checkpoint_mask is not None and (sources["mask"], sources["ranking"], sources["layers"]) == (None, None, None):
-        sources["mask"] = checkpoint_mask
-    head_mask, source = resolve_mask(
-        ModelShape.from_config(config), sinks=settings.sink, default_window=default_window, model_name=model_name, **sources
-    )
+    if checkpoint_mask is not None and (request.mask, request.ranking, request.layers) == (None, None, None):
+        request = replace(request, mask=checkpoint_mask)
+    head_mask, source = resolve_mask(ModelShape.from_config(config), request, default_window=default_window, model_name=model_name)
     if checkpoint_mask is not None and (head_mask.bits, head_mask.window) != (checkpoint_mask.bits, checkpoint_mask.window):
         raise MaskError(
             f"{source}: differs from the mask saved in {model_name}/config.json "

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bosch_eval.masks.head_mask import HeadMask, HeadRanking, check_ratio, check_sinks, check_window
+from bosch_eval.masks.mask_sources import MaskRequest
 from bosch_eval.models.rope_scaling import check_rope_args
 from bosch_eval.runtime.checks import check_int, is_number
 from bosch_eval.runtime.errors import SettingsError
@@ -133,8 +134,12 @@ class AdapterSettings:
         return tuple(spec.name for spec in fields(cls) if spec.metadata[MASK_SOURCE])
 
     def mask_sources(self) -> dict[str, Any]:
-        """The mask-source fields, as :func:`bosch_eval.masks.mask_sources.resolve_mask` takes them."""
+        """The mask-source fields, by name."""
         return {name: getattr(self, name) for name in self.mask_source_names()}
+
+    def mask_request(self) -> MaskRequest:
+        """The mask asked for, with the sinks override, as :func:`bosch_eval.masks.mask_sources.resolve_mask` takes it."""
+        return MaskRequest(**self.mask_sources(), sinks=self.sink)
 
 
 ROPE_ARGS = ("rope_scaling", "rope_factor", "rope_original_max_positions")

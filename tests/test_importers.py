@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError, ModelShape, ceil_count
-from bosch_eval.masks.mask_sources import resolve_mask
+from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
 from bosch_eval.models.model_check import ModelError
 from bosch_eval.search.import_cli import add_import_parser, import_main
 from bosch_eval.search.importers import (
@@ -269,7 +269,7 @@ class TestRoundTripAndUse:
         argv = ["import", "--format", "duo", str(pattern), "--model", str(config_dir), "--out", str(out)]
         args = parser.parse_args(argv)
         args.run(args)
-        mask, source = resolve_mask(shape, ranking=str(out), ratio=ratio, window=8, model_name=str(config_dir))
+        mask, source = resolve_mask(shape, MaskRequest(ranking=str(out), ratio=ratio, window=8), model_name=str(config_dir))
         assert source == str(out)
         mask.check_fits(shape)
         assert mask.num_swa_groups == ceil_count(ratio, 12) and mask.window == 8

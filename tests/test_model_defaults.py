@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bosch_eval.masks.head_mask import MaskError, ModelShape
-from bosch_eval.masks.mask_sources import resolve_mask
+from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
 from bosch_eval.models.model_defaults import DEFAULTS_FILE, UNREAD_WINDOW, ModelDefaults, model_defaults, resolve_window
 from bosch_eval.runtime.errors import SettingsError
 
@@ -42,8 +42,8 @@ def test_bad_files_name_the_file_and_field(tmp_path, content, error, expected):
 
 
 def test_default_window_applies_only_when_nothing_else_sets_one():
-    from_default, _ = resolve_mask(SHAPE, layers="intr", ratio=0.5, default_window=32)
-    explicit, _ = resolve_mask(SHAPE, layers="intr", ratio=0.5, window=64, default_window=32)
+    from_default, _ = resolve_mask(SHAPE, MaskRequest(layers="intr", ratio=0.5), default_window=32)
+    explicit, _ = resolve_mask(SHAPE, MaskRequest(layers="intr", ratio=0.5, window=64), default_window=32)
     assert (from_default.window, explicit.window) == (32, 64)
 
 

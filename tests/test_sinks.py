@@ -8,7 +8,7 @@ import pytest
 from bosch_eval.attention.local_window import SINK_RULE, LocalWindow
 from bosch_eval.compare.kv_bytes import entry_kv_bytes
 from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
-from bosch_eval.masks.mask_sources import resolve_mask
+from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
 from bosch_eval.model_adapters.bosch import BoschLM
 
 SHAPE = ModelShape(2, 4, 2)
@@ -27,8 +27,8 @@ def test_sink_overrides_the_masks_own_and_survives_mask_swaps(tiny_model_dir, tm
 
 def test_bad_sink_names_the_argument():
     with pytest.raises(MaskError, match="sink: expected an integer >= 0"):
-        resolve_mask(SHAPE, layers="intr", ratio=0.5, window=4, sinks=-2)
-    mask, _ = resolve_mask(SHAPE, layers="intr", ratio=0.5, window=4, sinks=3)
+        resolve_mask(SHAPE, MaskRequest(layers="intr", ratio=0.5, window=4, sinks=-2))
+    mask, _ = resolve_mask(SHAPE, MaskRequest(layers="intr", ratio=0.5, window=4, sinks=3))
     assert mask.local == LocalWindow(4, 3)
 
 

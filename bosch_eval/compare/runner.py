@@ -196,7 +196,7 @@ def _load_model(spec: CompareSpec, load_args: dict[str, str]) -> Any:
 
 def resolve_entry_mask(args: dict[str, str], shape: ModelShape, default_window: int | None, model: str) -> HeadMask:
     """The mask a run's model_args ask for (all full for the original), validated against ``shape``."""
-    from bosch_eval.masks.mask_sources import resolve_mask
+    from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
     from bosch_eval.model_adapters.settings import AdapterSettings
     from bosch_eval.models.model_defaults import resolve_window
 
@@ -207,7 +207,7 @@ def resolve_entry_mask(args: dict[str, str], shape: ModelShape, default_window: 
         # mask=full is the adapter's spelling of no head mask (e.g. a KV-quantized original).
         window = resolve_window(given.window, default=default_window, all_full=True, source=model)
         return HeadMask.uniform(shape, full=True, window=window, method="full" if "mask" in source else "original")
-    mask, _ = resolve_mask(shape, default_window=default_window, model_name=model, **source)
+    mask, _ = resolve_mask(shape, MaskRequest(**source), default_window=default_window, model_name=model)
     return mask
 
 
@@ -216,7 +216,7 @@ def _build_tasks(spec: CompareSpec, path: str) -> tuple[Any, dict[str, list[Any]
     from bosch_eval.runtime.lm_eval_session import LmEvalError, load_task, task_manager
 
     # Synthetic tasks (RULER, bosch_niah*) size their documents with the model's tokenizer.
-    metadata = {"pretrained": path, "tokenizer": path} | dict(spec.metadata)
+    metadata = {"pretrained": path, "tokenizer": path} | spec.task_metadata()
     try:
         manager = task_manager(spec.tasks, spec.include_path, metadata)
     except LmEvalError as err:
@@ -224,7 +224,7 @@ def _build_tasks(spec: CompareSpec, path: str) -> tuple[Any, dict[str, list[Any]
     objects: dict[str, list[Any]] = {}
     leaves: dict[str, dict[str, Any]] = {}
     for name in spec.tasks:
-        loaded = load_task(manager, name)
+        loaded = load_task(manager, name, spec.doc_seed)
         groups = loaded.get("groups", {})
         objects[name] = [groups[name]] if name in groups else list(loaded["tasks"].values())
         leaves[name] = dict(loaded["tasks"])

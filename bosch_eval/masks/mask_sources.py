@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,20 +12,27 @@ from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS, layer_heuristic_
 from bosch_eval.models.model_defaults import resolve_window
 
 
+@dataclass(frozen=True)
+class MaskRequest:
+    """The mask a user asked for, as given: one source (``mask``, ``ranking`` or ``layers``),
+    ``ratio`` and ``seed`` where that source takes them, and overrides of the window (W) and
+    the attention sinks (S). The values arrive from command lines and files as well as from
+    :class:`~bosch_eval.model_adapters.settings.AdapterSettings`, so :func:`resolve_mask`
+    checks them and their combination."""
+
+    mask: str | Path | HeadMask | None = None
+    ranking: str | Path | HeadRanking | None = None
+    layers: str | None = None
+    ratio: Any = None
+    seed: Any = None
+    window: Any = None
+    sinks: Any = None
+
+
 def resolve_mask(
-    shape: ModelShape,
-    *,
-    mask: str | Path | HeadMask | None = None,
-    ranking: str | Path | HeadRanking | None = None,
-    layers: str | None = None,
-    ratio: Any = None,
-    seed: Any = None,
-    window: Any = None,
-    default_window: int | None = None,
-    model_name: str | None = None,
-    sinks: Any = None,
+    shape: ModelShape, request: MaskRequest, *, default_window: int | None = None, model_name: str | None = None
 ) -> tuple[HeadMask, str]:
-    """Build the mask asked for and check it fits ``shape``.
+    """Build the mask ``request`` asks for and check it fits ``shape``.
 
     Exactly one of ``mask``, ``ranking`` or ``layers`` must be given; ``ratio`` goes with
     ``ranking`` and ``layers`` only, ``seed`` with ``layers=rand`` only. ``window``
@@ -39,6 +47,9 @@ def resolve_mask(
     Raises:
         MaskError: naming the argument or file that is wrong and what was expected.
     """
+    mask, ranking, layers, ratio, seed, sinks = (
+        request.mask, request.ranking, request.layers, request.ratio, request.seed, request.sinks
+    )  # fmt: skip
     given = {name: value for name, value in (("mask", mask), ("ranking", ranking), ("layers", layers)) if value is not None}
     if len(given) != 1:
         raise MaskError(
@@ -68,6 +79,6 @@ def resolve_mask(
             source = f"layers={layers}"
             result = layer_heuristic_mask(str(layers), shape, ratio, seed=0 if seed is None else int(seed))
     result.check_fits(shape, source=source, model=model_name)
-    effective_window = resolve_window(window, carried=result.window, default=default_window, source=source)
+    effective_window = resolve_window(request.window, carried=result.window, default=default_window, source=source)
     return result.with_meta(window=effective_window, sinks=result.sinks if sinks is None else sinks), source
 

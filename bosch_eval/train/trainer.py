@@ -103,7 +103,7 @@ def load_model(settings: TrainSettings, device: torch.device) -> tuple[Any, Any,
 
     from bosch_eval.attention.hybrid_attention import hybridize
     from bosch_eval.masks.head_mask import ModelShape
-    from bosch_eval.masks.mask_sources import resolve_mask
+    from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
     from bosch_eval.models.checkpoint import saved_mask
     from bosch_eval.models.model_check import resolve_model
     from bosch_eval.models.model_defaults import model_defaults
@@ -126,8 +126,9 @@ def load_model(settings: TrainSettings, device: torch.device) -> tuple[Any, Any,
         if unknown:
             raise MaskError(f"--mask-source: unknown keys {sorted(unknown)}; expected mask, ranking, layers, ratio, seed, window, sink")
         sinks = args.pop("sink", None)
+        request = MaskRequest(**args, sinks=sinks)
         mask, source = resolve_mask(
-            ModelShape.from_config(model.config), **args, sinks=sinks, default_window=model_defaults(path).window, model_name=settings.model
+            ModelShape.from_config(model.config), request, default_window=model_defaults(path).window, model_name=settings.model
         )
         if saved is not None and (saved.bits, saved.window, saved.sinks) != (mask.bits, mask.window, mask.sinks):
             raise MaskError(f"--mask-source {settings.mask_source}: differs from the mask saved in {path}/config.json; drop it to train with the saved one")
