@@ -82,6 +82,53 @@ class TestTrainingLoop:
         assert all(t.dtype == torch.float32 for t in weights(runs["bf16"]).values())
 
 
+class TestTheModelIsGivenBack:
+    """The run hybridizes its model for the run only (issue 55): finished or failed, the model
+    leaves with the attention it was loaded with, no mask in its config and no hybrid handle."""
+
+    @staticmethod
+    def watch_loads(monkeypatch) -> list:
+        handles = []
+        load_model = trainer.load_model
+
+        def watched(settings, device):
+            model, tokenizer, hybrid = load_model(settings, device)
+            handles.append(hybrid)
+            return model, tokenizer, hybrid
+
+        monkeypatch.setattr(trainer, "load_model", watched)
+        return handles
+
+    @staticmethod
+    def assert_as_loaded(model, path) -> None:
+        from transformers import AutoModelForCausalLM
+
+        from bosch_eval.attention.hybrid_attention import hybrid_state
+
+        plain = AutoModelForCausalLM.from_pretrained(path)
+        assert model.config._attn_implementation == plain.config._attn_implementation
+        assert not hasattr(model.config, "bosch_mask")
+        with pytest.raises(RuntimeError, match="is not hybridized"):
+            hybrid_state(model)
+
+    def test_after_a_finished_run(self, tiny_model_dir, tmp_path, monkeypatch):
+        handles = self.watch_loads(monkeypatch)
+        out = train(settings_for(tiny_model_dir, steps=1), tmp_path / "run", progress_bar=False)
+        assert "bosch_mask" in json.loads((out / "config.json").read_text())  # saved while hybridized
+        (hybrid,) = handles
+        assert hybrid.restored
+        self.assert_as_loaded(hybrid.model, tiny_model_dir)
+
+    def test_after_a_run_that_fails(self, tiny_model_dir, tmp_path, monkeypatch):
+        handles = self.watch_loads(monkeypatch)
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "other.txt").write_text("not a run")
+        with pytest.raises(SettingsError, match="not empty"):
+            train(settings_for(tiny_model_dir, steps=1), tmp_path / "run", progress_bar=False)
+        (hybrid,) = handles
+        self.assert_as_loaded(hybrid.model, tiny_model_dir)
+
+
 class Killed(Exception):
     """Stands for a kill of the training process."""
 
@@ -159,7 +206,8 @@ class TestCheckpoint:
 
         settings = settings_for(tiny_model_dir, steps=2)
         out = train(settings, tmp_path / "run", export_every=1, progress_bar=False)
-        model, _, mask = trainer.load_model(settings, torch.device("cpu"))
+        model, _, hybrid = trainer.load_model(settings, torch.device("cpu"))
+        mask = hybrid.mask
         lm = BoschLM(pretrained=str(out), device="cpu")
         assert lm.head_mask.bits == mask.bits and 0 < mask.swa_ratio < 1 and lm.hybrid.window == 8
         ids = torch.randint(3, 200, (1, 40), generator=torch.Generator().manual_seed(0))

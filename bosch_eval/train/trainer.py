@@ -14,18 +14,22 @@ summation order, take the same steps.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
-from bosch_eval.masks.head_mask import HeadMask, MaskError
+from bosch_eval.masks.head_mask import MaskError
 from bosch_eval.runtime.errors import SettingsError
 from bosch_eval.runtime.versions import versions
+
+if TYPE_CHECKING:  # the annotation only: the attention imports transformers, which load_model defers
+    from bosch_eval.attention.hybrid_attention import HybridAttention
 
 STATE_DIR = "state"  # resumable Accelerate states, state/step-00000010 ...
 
@@ -96,8 +100,9 @@ def latest_state(out: Path) -> Path | None:
     return states[-1] if states else None
 
 
-def load_model(settings: TrainSettings, device: torch.device) -> tuple[Any, Any, HeadMask]:
-    """The model (YaRN set on its config if asked), hybridized with its mask, and its tokenizer."""
+def load_model(settings: TrainSettings, device: torch.device) -> tuple[Any, Any, HybridAttention]:
+    """The model (YaRN set on its config if asked) hybridized with its mask, its tokenizer, and
+    the hybrid handle: its ``mask``, and, left as a ``with`` block, the model given back as loaded."""
     from lm_eval.utils import simple_parse_args_string
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -133,8 +138,7 @@ def load_model(settings: TrainSettings, device: torch.device) -> tuple[Any, Any,
         if saved is not None and (saved.bits, saved.window, saved.sinks) != (mask.bits, mask.window, mask.sinks):
             raise MaskError(f"--mask-source {settings.mask_source}: differs from the mask saved in {path}/config.json; drop it to train with the saved one")
     model.to(device)
-    hybridize(model, mask, backend=settings.attn_backend, source=source)
-    return model, tokenizer, mask
+    return model, tokenizer, hybridize(model, mask, backend=settings.attn_backend, source=source)
 
 
 def train(settings: TrainSettings, out: Path, *, resume: bool = False, save_every: int = 0, export_every: int = 0,
@@ -157,18 +161,54 @@ def train(settings: TrainSettings, out: Path, *, resume: bool = False, save_ever
     """
     from accelerate import Accelerator
     from accelerate.utils import set_seed
-    from tqdm import tqdm
-    from transformers import get_scheduler
-
-    from bosch_eval.train.data import PackedSequences, open_source
 
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=settings.mixed_precision)
     accumulation = settings.accumulation_steps(accelerator.num_processes)
     accelerator.gradient_accumulation_steps = accumulation
     set_seed(settings.seed)
-    model, tokenizer, _ = load_model(settings, accelerator.device)  # bad mask sources fail before out is touched
-    _check_run_dir(out, settings, resume, accelerator.is_main_process)
+    model, tokenizer, hybrid = load_model(settings, accelerator.device)  # bad mask sources fail before out is touched
+    with hybrid:  # the model leaves the run as it came, however the run ends
+        _check_run_dir(out, settings, resume, accelerator.is_main_process)
+        accelerator.wait_for_everyone()
+        run = _prepare(accelerator, model, tokenizer, settings, accumulation)
+        if resume and (state := latest_state(out)) is not None:
+            accelerator.load_state(str(state))
+        _run_steps(run, settings, out, _Saves(save_every, export_every, keep_states), progress_bar)
+        _export(accelerator, run.model, tokenizer, out, settings, run.progress)
     accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return out
+
+
+@dataclass(frozen=True)
+class _Saves:
+    """How often a run writes what it has: resumable states and loadable checkpoints (0: never)."""
+
+    state_every: int
+    export_every: int
+    keep_states: int
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every optimizer step works on, prepared once before the first."""
+
+    accelerator: Any
+    model: Any
+    tokenizer: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    stream: Any  # PackedSequences
+    progress: Progress
+    accumulation: int  # micro-steps per optimizer step in each process
+
+
+def _prepare(accelerator: Any, model: Any, tokenizer: Any, settings: TrainSettings, accumulation: int) -> _Run:
+    """Optimizer, schedule and data stream, with what a resume restores registered for checkpointing."""
+    from transformers import get_scheduler
+
+    from bosch_eval.train.data import PackedSequences, open_source
+
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay, betas=(0.9, 0.95))
     scheduler = get_scheduler(
@@ -181,60 +221,78 @@ def train(settings: TrainSettings, out: Path, *, resume: bool = False, save_ever
                              tokenizer, settings.seq_len)  # fmt: skip
     progress = Progress()
     accelerator.register_for_checkpointing(scheduler, stream, progress)
-    if resume:
-        state = latest_state(out)
-        if state is not None:
-            accelerator.load_state(str(state))
+    return _Run(accelerator, model, tokenizer, optimizer, scheduler, stream, progress, accumulation)
 
-    rows = settings.micro_batch_size
+
+def _run_steps(run: _Run, settings: TrainSettings, out: Path, saves: _Saves, progress_bar: bool) -> None:
+    """Train from ``run.progress.step`` to ``settings.steps``: a log line per step, states and
+    checkpoints as ``saves`` asks (the final checkpoint is the caller's)."""
+    from tqdm import tqdm
+
+    accelerator, progress = run.accelerator, run.progress
     bar = tqdm(total=settings.steps, initial=progress.step, desc="train", disable=not (progress_bar and accelerator.is_main_process))
-    log = None
-    if accelerator.is_main_process:
-        # Rewritten from the restored history: a kill after the last state left later steps in the file.
-        log = (out / "train_log.jsonl").open("w")
-        log.writelines(json.dumps(record) + "\n" for record in progress.history)
-        log.flush()
     started = time.perf_counter() - progress.elapsed_s
-    while progress.step < settings.steps:
-        step_started = time.perf_counter()
-        batch = stream.next_batch(settings.batch_size)  # [batch_size, seq_len], identical in every process
-        loss_sum = torch.zeros((), device=accelerator.device)
-        for micro in range(accumulation):
-            first = (micro * accelerator.num_processes + accelerator.process_index) * rows
-            ids = batch[first : first + rows].to(accelerator.device)
-            with accelerator.accumulate(model):
-                loss = model(input_ids=ids, labels=ids).loss  # mean next-token loss; packed rows have no padding
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and settings.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            loss_sum += loss.detach()
-        scheduler.step()
-        step_loss = accelerator.reduce(loss_sum / accumulation, reduction="mean").item()
-        progress.step += 1
-        progress.tokens += settings.batch_size * settings.seq_len
-        progress.elapsed_s = time.perf_counter() - started
-        tokens_per_s = settings.batch_size * settings.seq_len / (time.perf_counter() - step_started)
-        record = {"step": progress.step, "loss": round(step_loss, 5), "lr": scheduler.get_last_lr()[0], "tokens": progress.tokens,
-                  "tokens_per_s": round(tokens_per_s, 1), "elapsed_s": round(progress.elapsed_s, 2)}  # fmt: skip
-        progress.history.append(record)
-        if log is not None:
-            log.write(json.dumps(record) + "\n")
-            log.flush()
-        bar.set_postfix(loss=f"{step_loss:.4f}", tok_s=f"{tokens_per_s:.0f}")
-        bar.update(1)
-        if export_every and progress.step % export_every == 0 and progress.step < settings.steps:
-            _export(accelerator, model, tokenizer, out / f"step-{progress.step:08d}", settings, progress)
-        if save_every and progress.step % save_every == 0 and progress.step < settings.steps:
-            _save_state(accelerator, out, progress.step, keep_states)
+    with _open_log(out, progress, accelerator.is_main_process) as log:
+        while progress.step < settings.steps:
+            step_started = time.perf_counter()
+            step_loss = _optimizer_step(run, settings)
+            progress.step += 1
+            progress.tokens += settings.batch_size * settings.seq_len
+            progress.elapsed_s = time.perf_counter() - started
+            tokens_per_s = settings.batch_size * settings.seq_len / (time.perf_counter() - step_started)
+            record = {"step": progress.step, "loss": round(step_loss, 5), "lr": run.scheduler.get_last_lr()[0], "tokens": progress.tokens,
+                      "tokens_per_s": round(tokens_per_s, 1), "elapsed_s": round(progress.elapsed_s, 2)}  # fmt: skip
+            progress.history.append(record)
+            if log is not None:
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+            bar.set_postfix(loss=f"{step_loss:.4f}", tok_s=f"{tokens_per_s:.0f}")
+            bar.update(1)
+            _save_on_schedule(run, settings, out, saves)
     bar.close()
-    if log is not None:
-        log.close()
-    _export(accelerator, model, tokenizer, out, settings, progress)
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
-    return out
+
+
+def _open_log(out: Path, progress: Progress, main: bool) -> IO[str] | contextlib.nullcontext[None]:
+    """``train_log.jsonl`` rewritten from the restored history (a kill after the last state
+    left later steps in the file), open for the steps to come; nothing in the other processes."""
+    if not main:
+        return contextlib.nullcontext()
+    log = (out / "train_log.jsonl").open("w")
+    log.writelines(json.dumps(record) + "\n" for record in progress.history)
+    log.flush()
+    return log
+
+
+def _optimizer_step(run: _Run, settings: TrainSettings) -> float:
+    """One optimizer step over ``batch_size`` sequences; the mean loss over every process.
+
+    Micro-step ``j`` of process ``r`` trains on rows ``(j·N + r)·m … +m`` of the batch, which
+    is the same in every process (module docstring)."""
+    accelerator, model, rows = run.accelerator, run.model, settings.micro_batch_size
+    batch = run.stream.next_batch(settings.batch_size)  # [batch_size, seq_len], identical in every process
+    loss_sum = torch.zeros((), device=accelerator.device)
+    for micro in range(run.accumulation):
+        first = (micro * accelerator.num_processes + accelerator.process_index) * rows
+        ids = batch[first : first + rows].to(accelerator.device)
+        with accelerator.accumulate(model):
+            loss = model(input_ids=ids, labels=ids).loss  # mean next-token loss; packed rows have no padding
+            accelerator.backward(loss)
+            if accelerator.sync_gradients and settings.max_grad_norm > 0:
+                accelerator.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
+            run.optimizer.step()
+            run.optimizer.zero_grad(set_to_none=True)
+        loss_sum += loss.detach()
+    run.scheduler.step()
+    return accelerator.reduce(loss_sum / run.accumulation, reduction="mean").item()
+
+
+def _save_on_schedule(run: _Run, settings: TrainSettings, out: Path, saves: _Saves) -> None:
+    """The checkpoint and state ``saves`` asks for after this step; none after the last (the caller exports it)."""
+    step = run.progress.step
+    if saves.export_every and step % saves.export_every == 0 and step < settings.steps:
+        _export(run.accelerator, run.model, run.tokenizer, out / f"step-{step:08d}", settings, run.progress)
+    if saves.state_every and step % saves.state_every == 0 and step < settings.steps:
+        _save_state(run.accelerator, out, step, saves.keep_states)
 
 
 def _check_run_dir(out: Path, settings: TrainSettings, resume: bool, main: bool) -> None:
