@@ -19,8 +19,9 @@ from bosch_eval.compare.kv_bytes import entry_kv_bytes, relative_kv_bytes
 from bosch_eval.compare.leaderboard import EntryRuns, build_rows
 from bosch_eval.compare.paired_ci import paired_bootstrap_ci
 from bosch_eval.compare.results import RunResults, main_score
-from bosch_eval.compare.spec import load_spec
+from bosch_eval.compare.spec import CompareSpec, load_spec
 from bosch_eval.masks.head_mask import CALIBRATION_INPUTS, HeadMask, HeadRanking
+from bosch_eval.models.model_check import resolve_model
 from bosch_eval.models.random_model import random_model
 from bosch_eval.runtime.doc_selection import limited_indices, per_length_indices
 
@@ -245,6 +246,34 @@ def test_ruler_documents_do_not_depend_on_the_global_random_state():
         documents.append([doc["input"] for doc in task.eval_docs])
         assert random.random() == random.Random(seed).random()  # the caller's generator is left as it was
     assert documents[0] == documents[1]
+
+
+@pytest.mark.slow
+def test_a_doc_seed_draws_other_documents_and_the_same_ones_again():
+    """compare's doc_seed reaches the documents the tasks build before the evaluation:
+    RULER's needles (Python's global random) and bosch_niah's eval_seed."""
+    from bosch_eval.compare.runner import _build_tasks
+
+    def documents(doc_seed):
+        spec = CompareSpec(model="toy", tasks=["niah_single_1", "bosch_niah_single_1"], entries=[parse_entry("original=")],
+                           metadata={"max_seq_lengths": [256], "num_samples": 3}, doc_seed=doc_seed)  # fmt: skip
+        _, _, leaves = _build_tasks(spec, resolve_model("toy"))
+        return {name: [doc["input"] for task in tasks.values() for doc in task.eval_docs] for name, tasks in leaves.items()}
+
+    default, five, again = documents(None), documents(5), documents(5)
+    assert five == again
+    assert all(five[name] != default[name] for name in default)
+
+
+def test_doc_seed_is_checked_and_pinned_with_the_settings():
+    spec = CompareSpec(model="toy", tasks=["x"], entries=[parse_entry("original=")], doc_seed=5)
+    assert spec.settings()["doc_seed"] == 5 and spec.task_metadata()["eval_seed"] == 5
+    assert "doc_seed" not in CompareSpec(model="toy", tasks=["x"], entries=[parse_entry("original=")]).settings()
+    for bad in (-1, True, "5"):
+        with pytest.raises(EntryError, match="doc_seed: expected an integer >= 0"):
+            CompareSpec(model="toy", tasks=["x"], entries=[parse_entry("original=")], doc_seed=bad)
+    with pytest.raises(EntryError, match="doc_seed: 5 and metadata's eval_seed 0 both seed"):
+        CompareSpec(model="toy", tasks=["x"], entries=[parse_entry("original=")], doc_seed=5, metadata={"eval_seed": 0})
 
 
 class TestEntryKeys:

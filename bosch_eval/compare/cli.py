@@ -27,6 +27,11 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--tasks", nargs="+", help="lm-eval task or group names")
     parser.add_argument("--metadata", help="JSON passed to the tasks (e.g. max_seq_lengths)")
     parser.add_argument("--limit", type=float, help="documents per task (per length for RULER-style tasks)")
+    parser.add_argument(
+        "--doc-seed", type=int,
+        help="seed of the documents the synthetic tasks build (RULER's niah_*, bosch_niah's eval_seed): a fresh test draw "
+        "(default: their own documents); lm-eval's --seed does not reach documents built before the evaluation",
+    )  # fmt: skip
     parser.add_argument("--gen-kwargs", help="lm-eval gen_kwargs (k=v,...)")
     parser.add_argument("--include-path", help="an extra lm-eval task directory")
     parser.add_argument("--reference", help="entry the CIs are differences to (default: original)")
@@ -94,7 +99,7 @@ def compare_main(args: argparse.Namespace) -> None:
         raise EntryError(f"--metadata: not valid JSON ({err})") from None
     fields = {"model": args.model, "model_args": args.model_args, "tasks": args.tasks, "metadata": metadata, "limit": limit,
               "gen_kwargs": args.gen_kwargs, "include_path": args.include_path, "reference": args.reference,
-              "kv_length": args.kv_length}  # fmt: skip
+              "kv_length": args.kv_length, "doc_seed": args.doc_seed}  # fmt: skip
     if args.config:
         spec = load_spec(args.config, fields, args.entry)
     else:

@@ -27,7 +27,7 @@ from typing import Any
 from bosch_eval.compare.entries import Entry, EntryError, check_keys, check_unique, default_seeds, make_entry, parse_entry, parse_model_args
 from bosch_eval.runtime.checks import is_number
 
-FIELDS = ("model", "model_args", "tasks", "metadata", "limit", "gen_kwargs", "seeds", "reference", "kv_length", "entries",
+FIELDS = ("model", "model_args", "tasks", "metadata", "limit", "gen_kwargs", "seeds", "doc_seed", "reference", "kv_length", "entries",
           "include_path", "bootstrap_iters")  # fmt: skip
 
 
@@ -46,6 +46,9 @@ class CompareSpec:
     kv_length: int | None = None
     include_path: str | None = None
     bootstrap_iters: int = 0
+    # Seeds the documents the synthetic tasks build (RULER's needles, bosch_niah's eval_seed):
+    # a fresh test draw. None: the tasks' own default documents.
+    doc_seed: int | None = None
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -55,6 +58,13 @@ class CompareSpec:
         check_unique(self.entries, "entries")
         if self.limit is not None and (not is_number(self.limit) or self.limit <= 0):
             raise EntryError(f"limit: expected a positive number, got {self.limit!r}")
+        if self.doc_seed is not None and (isinstance(self.doc_seed, bool) or not isinstance(self.doc_seed, int) or self.doc_seed < 0):
+            raise EntryError(f"doc_seed: expected an integer >= 0 (the seed of the tasks' documents), got {self.doc_seed!r}")
+        if self.doc_seed is not None and "eval_seed" in self.metadata and self.metadata["eval_seed"] != self.doc_seed:
+            raise EntryError(
+                f"doc_seed: {self.doc_seed} and metadata's eval_seed {self.metadata['eval_seed']!r} both seed bosch_niah's "
+                "documents; give one of them"
+            )
 
     def settings(self) -> dict[str, Any]:
         """The task-side settings every run of one output directory shares."""
@@ -62,7 +72,13 @@ class CompareSpec:
 
         keys = ("tasks", "model_args", "metadata", "limit", "gen_kwargs", "include_path", "bootstrap_iters")
         settings = {"model": portable_name(self.model)} | {k: asdict(self)[k] if k != "model_args" else self.model_args for k in keys}
+        if self.doc_seed is not None:  # absent otherwise, as in the settings written before it existed
+            settings["doc_seed"] = self.doc_seed
         return json.loads(json.dumps(settings))
+
+    def task_metadata(self) -> dict[str, Any]:
+        """The metadata the tasks get: the given one, and ``eval_seed`` from ``doc_seed``."""
+        return self.metadata | ({"eval_seed": self.doc_seed} if self.doc_seed is not None else {})
 
     def default_kv_length(self) -> int | None:
         """The longest length the tasks are run at (``max_seq_lengths``/``seq_len``), if stated."""
@@ -135,4 +151,5 @@ def build_spec(data: dict[str, Any], entries: list[Entry], where: str) -> Compar
         kv_length=data.get("kv_length"),
         include_path=data.get("include_path"),
         bootstrap_iters=int(data.get("bootstrap_iters") or 0),
+        doc_seed=data.get("doc_seed"),
     )

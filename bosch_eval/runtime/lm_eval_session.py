@@ -61,7 +61,7 @@ def task_manager(tasks: Sequence[str], include_path: str | None, metadata: Mappi
     return manager
 
 
-def load_task(manager: TaskManager, name: str) -> TaskDict:
+def load_task(manager: TaskManager, name: str, doc_seed: int | None = None) -> TaskDict:
     """``manager.load([name])`` with the global generators seeded as ``simple_evaluate`` seeds them.
 
     lm-eval's RULER tasks draw their needles from Python's global ``random`` while they build
@@ -69,11 +69,15 @@ def load_task(manager: TaskManager, name: str) -> TaskDict:
     search, a comparison resumed with more entries, two leaderboards of one YAML). Seeded per
     task name, a task's documents do not depend on which tasks are built before it. The
     caller's generator state is restored afterwards.
+
+    Args:
+        doc_seed: the seed of that draw (None: ``simple_evaluate``'s, the tasks' default
+            documents); another seed is another draw of documents, e.g. a fresh test split.
     """
     from lm_eval.defaults import DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED
 
     with global_rng_kept(), nltk_download_explained():  # RULER's import-time nltk.download, offline
-        random.seed(DEFAULT_RANDOM_SEED)
+        random.seed(DEFAULT_RANDOM_SEED if doc_seed is None else doc_seed)
         np.random.seed(DEFAULT_OTHER_SEED)
         torch.manual_seed(DEFAULT_OTHER_SEED)
         return manager.load([name])
