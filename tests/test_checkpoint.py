@@ -54,6 +54,20 @@ def test_lm_eval_adapter_restores_the_saved_mask(hybrid_checkpoint):
         BoschLM(pretrained=str(path), device="cpu", layers="intr", ratio=0.5, window=5)
 
 
+def test_the_loaded_model_gives_back_the_plain_checkpoint(hybrid_checkpoint):
+    _, path = hybrid_checkpoint
+    plain = load_plain(path)  # the same weights under the model's own attention
+    ids = torch.randint(0, plain.config.vocab_size, (2, 30), generator=torch.Generator().manual_seed(0))
+    loaded = load_hybrid_model(path).eval()
+    with torch.no_grad(), hybrid_state(loaded):
+        assert not torch.equal(loaded(ids).logits, plain(ids).logits)  # ROWS turns heads to SWA with W = 5 < 30
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, plain(ids).logits)
+    assert loaded.config._attn_implementation == plain.config._attn_implementation
+    with pytest.raises(RuntimeError, match="is not hybridized"):
+        hybrid_state(loaded)
+
+
 def test_plain_checkpoint_is_not_a_hybrid_one(tiny_model_dir):
     with pytest.raises(MaskError, match="no field 'bosch_mask'; this is not a checkpoint of a hybrid model"):
         load_hybrid_model(tiny_model_dir)

@@ -47,6 +47,10 @@ def set_saved_kv_quant(config: Any, kv_quant: KVQuantConfig | None) -> None:
 def load_hybrid_model(path: str | Path, attn_backend: str = "auto", **from_pretrained: Any) -> PreTrainedModel:
     """Load a checkpoint written by ``save_pretrained`` of a hybrid model, hybridized again.
 
+    The hybrid attention is what is asked for here, so it stays on the model returned; its
+    handle, ``hybrid_state(model)``, gives the checkpoint's plain model back when left as a
+    ``with`` block (or on ``restore()``), as every :func:`hybridize` does.
+
     Raises:
         MaskError: the checkpoint holds no ``bosch_mask`` (not a hybrid checkpoint).
     """
