@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bosch_eval.compare.entries import Entry, EntryError, check_keys, check_unique, default_seeds, make_entry, parse_entry, parse_model_args
-from bosch_eval.runtime.checks import is_number
+from bosch_eval.runtime.checks import check_int, is_number
 
 FIELDS = ("model", "model_args", "tasks", "metadata", "limit", "gen_kwargs", "seeds", "doc_seed", "reference", "kv_length", "entries",
           "include_path", "bootstrap_iters")  # fmt: skip
@@ -58,8 +58,8 @@ class CompareSpec:
         check_unique(self.entries, "entries")
         if self.limit is not None and (not is_number(self.limit) or self.limit <= 0):
             raise EntryError(f"limit: expected a positive number, got {self.limit!r}")
-        if self.doc_seed is not None and (isinstance(self.doc_seed, bool) or not isinstance(self.doc_seed, int) or self.doc_seed < 0):
-            raise EntryError(f"doc_seed: expected an integer >= 0 (the seed of the tasks' documents), got {self.doc_seed!r}")
+        if self.doc_seed is not None:
+            check_int(self.doc_seed, "doc_seed", minimum=0, expected="an integer >= 0 (the seed of the tasks' documents)", error=EntryError)
         if self.doc_seed is not None and "eval_seed" in self.metadata and self.metadata["eval_seed"] != self.doc_seed:
             raise EntryError(
                 f"doc_seed: {self.doc_seed} and metadata's eval_seed {self.metadata['eval_seed']!r} both seed bosch_niah's "
