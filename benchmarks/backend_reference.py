@@ -174,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
 
     device = torch.device(pick_device(args.device, "--device"))
     flex.unfused_policy = "error"  # a case flex ran unfused would not check the kernel that runs
+    # Each case is another model (family, dtype, sinks), so another flex graph (one per shape
+    # on a CPU); dynamo's default limit of 8 is for one function's recompiles within a model.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     backends, skipped = runnable_backends(device)
     floors = {family: bf16_floor(family, device) for family in args.families} if "bfloat16" in args.dtypes else {}
     if args.out:

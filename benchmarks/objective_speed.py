@@ -94,7 +94,7 @@ def mask_of(source: dict[str, str], shape: ModelShape, window: int) -> HeadMask:
     settings = AdapterSettings(**source)
     if settings.mask == "full":
         return HeadMask.uniform(shape, full=True, window=window, method="full")
-    return resolve_mask(shape, default_window=window, **settings.mask_sources())[0]
+    return resolve_mask(shape, settings.mask_request(), default_window=window)[0]
 
 
 def measure(args: argparse.Namespace, model: str) -> list[dict[str, Any]]:
