@@ -17,17 +17,22 @@ from dataclasses import replace
 from bosch_eval.masks.head_mask import ModelShape
 from bosch_eval.search.score_book import Bits, ScoreBook
 from bosch_eval.search.scoring import Anchors
+from bosch_eval.search.stage_progress import StageProgress
 from bosch_eval.search.stages import Choice, StageSettings, SubResult, solve
 
 
 def local_search(
-    book: ScoreBook, anchors: Anchors, shape: ModelShape, start: Bits, calls: int, settings: StageSettings, label: str
+    book: ScoreBook, anchors: Anchors, shape: ModelShape, start: Bits, calls: int, settings: StageSettings, label: str, progress: bool = True
 ) -> tuple[Bits, SubResult]:
     """The best mask the (1+1)-EA finds from ``start`` within ``calls`` new S() calls, swapping
     groups anywhere in the model; ``start`` itself when none scores better (the first of equal
-    scores is kept). ``label`` names the run (its seed derives from it)."""
+    scores is kept). ``label`` names the run (its seed derives from it); ``progress``: a tqdm
+    bar and a log line, as the stages show (minutes of S() calls otherwise pass silently)."""
     cells = [[(layer, group)] for layer in range(shape.num_layers) for group in range(shape.num_kv_heads)]
     swa = sum(row.count(0) for row in start)
     # The start, scored already, is the optimizer's first ask: the budget is one more than the calls.
     choice = Choice(cells, ((len(cells), swa),), swa / len(cells), calls + 1, "local", f"local/{label}")
-    return solve(book, anchors, start, choice, replace(settings, optimizer="oneplusone"), start=start)
+    with StageProgress(f"local search from {label}", [(calls + 1, 0)], book, progress, settings.higher_is_better, complete_swa=swa) as bar:
+        bits, result = solve(book, anchors, start, choice, replace(settings, optimizer="oneplusone"), start=start)
+        bar.report(result)
+    return bits, result

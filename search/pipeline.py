@@ -433,7 +433,7 @@ def _guarded(run: SearchRun) -> StageOutcome:
     lineages = []
     for number, (origin, start) in enumerate(starts):
         calls = settings.local_calls // len(starts) + (number < settings.local_calls % len(starts))
-        end, summary = local_search(book, anchors, shape, start, calls, run.stages, origin) if calls else (start, None)
+        end, summary = local_search(book, anchors, shape, start, calls, run.stages, origin, run.progress) if calls else (start, None)
         if summary is not None:
             outcome.subproblems.append(summary)
         lineages.append(Lineage(origin, mask_key(start), mask_key(end), book.score(end, "final"), calls))
