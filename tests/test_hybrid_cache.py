@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM
 
 from bosch_eval.attention.hybrid_attention import hybridize
@@ -149,3 +150,33 @@ def test_decode_steps_read_only_the_window_in_swa_groups(monkeypatch):
     assert {call[0] for call in steps} == {"plain"}
     assert max(call[2] for call in steps) == max(call[3] for call in steps) == sinks + WINDOW
     assert torch.equal(generated, greedy_by_recomputation(model, ids, attention, new_tokens))
+
+
+class _OpNames(TorchDispatchMode):
+    """The names of the aten ops a block runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+def test_per_row_sinks_are_searched_for_only_until_found():
+    """A left-padded batch: the prefill finds each row's sinks (its first real tokens, by
+    rank); once every slot holds its row's sink, a decode step keeps the slots as they are,
+    with no search (no cumsum, searchsorted or gather): per-row sinks cost a step nothing."""
+    model = hybrid_model(MASKS["mixed"], sinks=4)
+    ids, attention = left_padded_batch(model.config.vocab_size, [30, 17], seed=2)
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    cache = HybridCache.for_model(model)
+    with torch.no_grad(), _OpNames() as prefill:
+        logits = model(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=cache, use_cache=True).logits
+    assert "aten.searchsorted" in prefill.names
+    assert all(layer.slots_final for layer in cache.layers if isinstance(layer, HybridHeadLayer))
+    attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
+    with torch.no_grad(), _OpNames() as step:
+        model(input_ids=logits[:, -1:].argmax(-1), attention_mask=attention, position_ids=positions[:, -1:] + 1, past_key_values=cache, use_cache=True)
+    assert not {"aten.cumsum", "aten.searchsorted", "aten.gather"} & set(step.names)

@@ -63,6 +63,7 @@ class SwaPart(Protocol):
     """
 
     sink_real: torch.Tensor | None  # [B, S] once slots exist, else None
+    slots_final: bool  # every slot holds its row's sink: settle needs no key padding
 
     def settle(self, key_padding: torch.Tensor | None) -> None:
         """Keep only what later queries can see, after this step's attention; ``key_padding
@@ -312,8 +313,10 @@ def _attend_cached_split(
     (the cache checks that it was built for the current spec); then the cache's SWA part
     drops what no later query sees."""
     handle.layer_local(kwargs, query.shape[2], key.full.shape[2])  # refuses sinks past the model's own window
-    part_padding = _part_padding(key_padding(attention_mask) if handle.sinks else None, key.part, key.swa.shape[2])
-    swa_mask = _part_mask(attention_mask, key.part.sink_real, key.swa.shape[2], query.shape[2])
+    part_padding = None
+    if handle.sinks and not key.part.slots_final:
+        part_padding = _part_padding(key_padding(attention_mask), key.part, key.swa.shape[2])
+    swa_mask = _part_mask(attention_mask, key.part, key.swa.shape[2], query.shape[2])
     if query.shape[2] > 1 and handle.kernels.layer is not None and split.full:
         out = _prefill_in_one_call(handle, split, module, query, key, value, attention_mask, swa_mask, **kwargs)
         key.part.settle(part_padding)
@@ -422,11 +425,13 @@ def _part_padding(real: torch.Tensor | None, part: SwaPart, held: int) -> torch.
     return torch.cat([part.sink_real, recent], dim=1)
 
 
-def _part_mask(attention_mask: torch.Tensor | None, sink_real: torch.Tensor | None, held: int, q_len: int) -> torch.Tensor | None:
+def _part_mask(attention_mask: torch.Tensor | None, part: SwaPart, held: int, q_len: int) -> torch.Tensor | None:
     """The model's mask over a cache's SWA part: the columns of its last positions, after
     its sink slots' columns (each slot seen where it holds a real token: a sink precedes
-    every query). O(held), whatever the mask's length."""
-    if sink_real is None:
+    every query). O(held), whatever the mask's length. None where the model passed none and
+    every slot holds a sink (a decode step without padding: no mask to build per step)."""
+    sink_real = part.sink_real
+    if sink_real is None or (attention_mask is None and part.slots_final):
         return attention_mask if attention_mask is None or attention_mask.shape[-1] == held else attention_mask[..., -held:]
     slots = sink_real.shape[1]
     if attention_mask is None:

@@ -62,6 +62,9 @@ class HybridHeadLayer(DynamicLayer):
         self.full_keys = self.full_values = self.swa_keys = self.swa_values = None
         # [B, S] once the SWA part has sink slots: which hold a sink of their row.
         self.sink_real: torch.Tensor | None = None
+        # Every slot holds its row's sink: no later position can be one, and the slots stay as
+        # they are (a decode step then drops one position, with no search for sinks).
+        self.slots_final = False
         # The SWA part still holds a view of the model's states (the first step's): copy what is kept.
         self._swa_is_view = False
         # Full groups quantized outside the selector's full-precision set (none: no full group).
@@ -112,11 +115,15 @@ class HybridHeadLayer(DynamicLayer):
             kept_keys, kept_values = self.swa_keys[:, :, start:], self.swa_values[:, :, start:]
             copy = self._swa_is_view or start > recent
             self.swa_keys, self.swa_values = (kept_keys.clone(), kept_values.clone()) if copy else (kept_keys, kept_values)
+        elif self.slots_final:
+            self.swa_keys = torch.cat([self.swa_keys[:, :, :slots], self.swa_keys[:, :, start:]], dim=2)
+            self.swa_values = torch.cat([self.swa_values[:, :, :slots], self.swa_values[:, :, start:]], dim=2)
         else:
             # Each row's first S real keys, in the part's order, are its sinks; those in the
             # recent run stay there, so their slots hold nothing.
             index, found = (t.to(self.swa_keys.device) for t in sink_indices(key_padding, slots, held))
             self.sink_real = (found & (index < start)).expand(self.swa_keys.shape[0], -1).contiguous()
+            self.slots_final = bool(self.sink_real.all())  # one device sync, until the slots are final
             self.swa_keys = torch.cat([gather_keys(self.swa_keys, index), self.swa_keys[:, :, start:]], dim=2)
             self.swa_values = torch.cat([gather_keys(self.swa_values, index), self.swa_values[:, :, start:]], dim=2)
         self._swa_is_view = False
@@ -138,7 +145,7 @@ class HybridHeadLayer(DynamicLayer):
 
     def reset(self) -> None:
         self.full_keys = self.full_values = self.swa_keys = self.swa_values = None
-        self.sink_real = None
+        self.sink_real, self.slots_final = None, False
         if self.quantized is not None:
             self.quantized.reset()
         self.cumulative_length = 0
