@@ -119,12 +119,13 @@ def test_unfused_flex_is_an_error_or_a_warning(counted, monkeypatch, caplog):
     """Past dynamo's recompile limit flex would run unfused: an error where asked, else a warning."""
     counter, policy = counted
     policy["dynamic"] = CPU_POLICY
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
-    prefill(model_with_every_swa_count(), LENGTHS[0], "none")
-    with pytest.raises(flex.UnfusedFlexError, match="would run unfused"):
-        prefill(model_with_every_swa_count(), LENGTHS[1], "none")
-    monkeypatch.setattr(flex, "unfused_policy", "warn")
-    prefill(model_with_every_swa_count(), LENGTHS[2], "none")
+    # dynamo's own patch: pytest's monkeypatch would undo it with a delattr, which hides the setting
+    with torch._dynamo.config.patch(recompile_limit=1):
+        prefill(model_with_every_swa_count(), LENGTHS[0], "none")
+        with pytest.raises(flex.UnfusedFlexError, match="would run unfused"):
+            prefill(model_with_every_swa_count(), LENGTHS[1], "none")
+        monkeypatch.setattr(flex, "unfused_policy", "warn")
+        prefill(model_with_every_swa_count(), LENGTHS[2], "none")
     assert "runs unfused here" in caplog.text
 
 
