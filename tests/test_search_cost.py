@@ -16,7 +16,6 @@ from bosch_eval.search.pipeline import SearchSettings, run_search
 from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.scoring import SearchError
 from bosch_eval.search.search_cli import render_estimate
-from bosch_eval.search.stage2 import default_buckets
 from tests.helpers import SHAPE, ExampleObjective
 
 

@@ -27,16 +27,16 @@ Kernels come from the registry in :mod:`bosch_eval.attention.kernels` (``attn_ba
 
 from __future__ import annotations
 
-import functools
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask, sdpa_mask
 
-from bosch_eval.attention.hybrid_spec import GroupRun, HybridSpec, LayerSplit
+from bosch_eval.attention.cached_attention import HybridStates, attend_cached
+from bosch_eval.attention.hybrid_spec import HybridSpec, LayerSplit
 from bosch_eval.attention.kernels import Backend
-from bosch_eval.attention.kernels.row_sinks import key_padding
+from bosch_eval.attention.layer_call import LayerCall
 from bosch_eval.attention.local_window import LocalWindow
 from bosch_eval.attention.restore_point import RestorePoint
 from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
@@ -51,33 +51,6 @@ SDPA_IMPLEMENTATION, FLASH_IMPLEMENTATION = IMPLEMENTATIONS["sdpa"], IMPLEMENTAT
 HANDLE_ATTRIBUTE = "bosch_hybrid"
 # The config field save_pretrained writes the mask into (bosch_eval.models.checkpoint reads it).
 CONFIG_FIELD = "bosch_mask"
-
-
-class SwaPart(Protocol):
-    """The SWA part of a deploy-mode cache layer, as the attention function sees it.
-
-    Its keys are every position until it first drops some; after that, ``S`` sink slots
-    (each row's first real tokens outside the recent run, gathered per row; ``sink_real``
-    says which slots hold one) followed by the contiguous run of positions that ends at the
-    last query.
-    """
-
-    sink_real: torch.Tensor | None  # [B, S] once slots exist, else None
-    slots_final: bool  # every slot holds its row's sink: settle needs no key padding
-
-    def settle(self, key_padding: torch.Tensor | None) -> None:
-        """Keep only what later queries can see, after this step's attention; ``key_padding
-        [B, K_swa]``: the part's real keys in its own order (None: every key real)."""
-
-
-class HybridStates(NamedTuple):
-    """Keys (or values) handed over by a deploy-mode cache layer (``bosch_eval.caches.hybrid_cache``):
-    ``full [B, G_full, S, D]`` over every position and ``swa [B, G_swa, S_swa, D]``, what
-    ``part`` holds (:class:`SwaPart`)."""
-
-    full: torch.Tensor
-    swa: torch.Tensor
-    part: SwaPart
 
 
 class HybridAttention:
@@ -285,7 +258,7 @@ def hybrid_attention_forward(
         )
     split = handle.layer_split(module.layer_idx)
     if isinstance(key, HybridStates):
-        return _attend_cached_split(handle, split, module, query, key, value, attention_mask, **kwargs), None
+        return attend_cached(handle, split, LayerCall.start(module, query, value.full.shape[-1], kwargs), key, value, attention_mask), None
     if not split.swa:
         # Bit-identical to the unpatched model: the very same kernel on the very same tensors.
         return handle.full_attention(module, query, key, value, attention_mask, **kwargs), None
@@ -293,182 +266,10 @@ def hybrid_attention_forward(
         return handle.swa_attention(module, query, key, value, attention_mask, **kwargs), None
     if handle.kernels.layer is not None:  # the backend runs a mixed layer in one call
         return handle.mixed_layer(module, query, key, value, attention_mask, **kwargs), None
-    out = query.new_empty(query.shape[0], query.shape[2], query.shape[1], value.shape[-1])
+    call = LayerCall.start(module, query, value.shape[-1], kwargs)
     for attend, runs in ((handle.full_attention, split.full), (handle.swa_attention, split.swa)):
-        _attend_runs(attend, runs, split.group_size, module, query, key, value, attention_mask, out, kind_only=False, **kwargs)
-    return out, None
-
-
-def _attend_cached_split(
-    handle: HybridAttention,
-    split: LayerSplit,
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: HybridStates,
-    value: HybridStates,
-    attention_mask: torch.Tensor | None,
-    **kwargs: Any,
-) -> torch.Tensor:
-    """Attention over a hybrid cache layer, whose full and SWA groups hold different spans
-    (the cache checks that it was built for the current spec); then the cache's SWA part
-    drops what no later query sees."""
-    handle.layer_local(kwargs, query.shape[2], key.full.shape[2])  # refuses sinks past the model's own window
-    part_padding = None
-    if handle.sinks and not key.part.slots_final:
-        part_padding = _part_padding(key_padding(attention_mask), key.part, key.swa.shape[2])
-    swa_mask = _part_mask(attention_mask, key.part, key.swa.shape[2], query.shape[2])
-    if query.shape[2] > 1 and handle.kernels.layer is not None and split.full:
-        out = _prefill_in_one_call(handle, split, module, query, key, value, attention_mask, swa_mask, **kwargs)
-        key.part.settle(part_padding)
-        return out
-    # One query (a decode step): the SWA part holds exactly the positions it sees (each
-    # row's sinks and the last W, hybrid_cache keeps no more), so its attention is plain
-    # attention over the part, by the backend's full kernel — no band mask, nothing of
-    # length T, no new shape to compile per step.
-    # Longer chunks: the kernels find each row's sinks in the part's mask (its sink slots' columns first).
-    swa_attention = handle.full_attention if query.shape[2] == 1 else handle.swa_attention
-    if not split.full:
-        out = swa_attention(module, query, key.swa, value.swa, swa_mask, **kwargs)
-        key.part.settle(part_padding)
-        return out
-    out = query.new_empty(query.shape[0], query.shape[2], query.shape[1], value.full.shape[-1])
-    _attend_kind(handle.full_attention, split.full, split.group_size, module, query, key.full, value.full, attention_mask, out, **kwargs)
-    _attend_kind(swa_attention, split.swa, split.group_size, module, query, key.swa, value.swa, swa_mask, out, **kwargs)
-    key.part.settle(part_padding)
-    return out
-
-
-def _attend_kind(
-    attend: Any,
-    runs: tuple[GroupRun, ...],
-    group_size: int,
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    mask: torch.Tensor | None,
-    out: torch.Tensor,
-    **kwargs: Any,
-) -> None:
-    """``attend`` on the query heads of one kind's groups, whose keys a cache holds side by side."""
-    if len(runs) == 1:
-        _attend_runs(attend, runs, group_size, module, query, keys, values, mask, out, kind_only=True, **kwargs)
-    else:
-        # One call on the query heads gathered, not one per run (a decode step is launch-bound on a GPU).
-        heads = _head_index(runs, group_size, query.device)
-        out[:, :, heads] = attend(module, query[:, heads], keys, values, mask, **kwargs)
-
-
-def _prefill_in_one_call(
-    handle: HybridAttention,
-    split: LayerSplit,
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: HybridStates,
-    value: HybridStates,
-    attention_mask: torch.Tensor | None,
-    swa_mask: torch.Tensor | None,
-    **kwargs: Any,
-) -> torch.Tensor:
-    """A mixed layer's chunk on the cache by the backend's whole-layer kernel, with every query
-    head and every group in each call, so the call has the same shapes in every layer of any
-    mask (one compiled graph; a call on the SWA groups alone would have as many shapes as the
-    mask has SWA counts).
-
-    Until the SWA part drops positions both parts hold every position: the layer's keys,
-    put together again, go through one call. After it, the full heads attend every position by
-    the base kernel, and the SWA heads the part by one call over all groups, the full groups'
-    slots left empty and their heads' outputs unused (W + S keys each: little beside a full head).
-    """
-    if key.part.sink_real is None and key.swa.shape[2] == key.full.shape[2]:
-        return handle.mixed_layer(module, query, _all_groups(key, split), _all_groups(value, split), attention_mask, **kwargs)
-    out = query.new_empty(query.shape[0], query.shape[2], query.shape[1], value.full.shape[-1])
-    _attend_kind(handle.full_attention, split.full, split.group_size, module, query, key.full, value.full, attention_mask, out, **kwargs)
-    empty_full = HybridStates(key.swa.new_zeros(key.swa.shape[0], len(split.full_groups), *key.swa.shape[2:]), key.swa, key.part)
-    empty_values = HybridStates(value.swa.new_zeros(value.swa.shape[0], len(split.full_groups), *value.swa.shape[2:]), value.swa, value.part)
-    windowed = handle.swa_attention(module, query, _all_groups(empty_full, split), _all_groups(empty_values, split), swa_mask, **kwargs)
-    heads = _head_index(split.swa, split.group_size, query.device)
-    out[:, :, heads] = windowed[:, :, heads]
-    return out
-
-
-def _all_groups(states: HybridStates, split: LayerSplit) -> torch.Tensor:
-    """``[B, G, K, D]``: the full and SWA parts (of one length) in the layer's group order."""
-    full, swa = states.full, states.swa
-    merged = full.new_empty(full.shape[0], full.shape[1] + swa.shape[1], *full.shape[2:])
-    merged[:, _group_index(split.full, full.device)] = full
-    merged[:, _group_index(split.swa, full.device)] = swa
-    return merged
-
-
-@functools.lru_cache(maxsize=4096)
-def _group_index(runs: tuple[GroupRun, ...], device: torch.device) -> torch.Tensor:
-    """The groups of ``runs``, in order, as an index tensor on ``device`` (made once)."""
-    return torch.tensor([group for run in runs for group in range(run.start, run.stop)], device=device)
-
-
-@functools.lru_cache(maxsize=4096)
-def _head_index(runs: tuple[GroupRun, ...], group_size: int, device: torch.device) -> torch.Tensor:
-    """The query heads of ``runs``, in order, as an index tensor on ``device`` (made once)."""
-    heads = [head for run in runs for head in range(run.start * group_size, run.stop * group_size)]
-    return torch.tensor(heads, device=device)
-
-
-def _part_padding(real: torch.Tensor | None, part: SwaPart, held: int) -> torch.Tensor | None:
-    """The real keys of a cache's SWA part in its own order, from ``real [B, K]`` over every
-    position: its sink slots' (``part.sink_real``) and the last positions' (None: no
-    padding and no slot)."""
-    if part.sink_real is None:
-        return None if real is None else real[:, real.shape[1] - held :]
-    slots = part.sink_real.shape[1]
-    recent = real[:, real.shape[1] - (held - slots) :] if real is not None else part.sink_real.new_ones(part.sink_real.shape[0], held - slots)
-    return torch.cat([part.sink_real, recent], dim=1)
-
-
-def _part_mask(attention_mask: torch.Tensor | None, part: SwaPart, held: int, q_len: int) -> torch.Tensor | None:
-    """The model's mask over a cache's SWA part: the columns of its last positions, after
-    its sink slots' columns (each slot seen where it holds a real token: a sink precedes
-    every query). O(held), whatever the mask's length. None where the model passed none and
-    every slot holds a sink (a decode step without padding: no mask to build per step)."""
-    sink_real = part.sink_real
-    if sink_real is None or (attention_mask is None and part.slots_final):
-        return attention_mask if attention_mask is None or attention_mask.shape[-1] == held else attention_mask[..., -held:]
-    slots = sink_real.shape[1]
-    if attention_mask is None:
-        # transformers passes no mask only for one query without padding, which sees every key held.
-        recent = sink_real.new_ones(sink_real.shape[0], 1, q_len, held - slots)
-        return torch.cat([sink_real[:, None, None, :].expand(-1, 1, q_len, -1), recent], dim=-1)
-    if attention_mask.dim() == 2:
-        return torch.cat([sink_real.to(attention_mask.dtype), attention_mask[:, attention_mask.shape[1] - (held - slots) :]], dim=1)
-    columns = sink_real[:, None, None, :].expand(-1, 1, attention_mask.shape[2], -1).to(attention_mask.dtype)
-    if attention_mask.dtype != torch.bool:  # additive: 0 where allowed
-        columns = torch.zeros_like(columns).masked_fill(~sink_real[:, None, None, :], torch.finfo(attention_mask.dtype).min)
-    return torch.cat([columns, attention_mask[..., attention_mask.shape[-1] - (held - slots) :]], dim=-1)
-
-
-def _attend_runs(
-    attend: Any,
-    runs: tuple[GroupRun, ...],
-    group_size: int,
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    out: torch.Tensor,
-    kind_only: bool,
-    **kwargs: Any,
-) -> None:
-    """``attend`` on the query heads of each run, written into ``out [B, T, H, D]``.
-
-    ``kind_only``: ``key``/``value`` hold only this kind's groups (a cache layer), so a
-    run's groups sit at its ``offset``; otherwise at its own group indices.
-    """
-    for run in runs:
-        heads = slice(run.start * group_size, run.stop * group_size)
-        first = run.offset if kind_only else run.start
-        groups = slice(first, first + run.stop - run.start)
-        out[:, :, heads] = attend(module, query[:, heads], key[:, groups], value[:, groups], attention_mask, **kwargs)
+        call.attend_runs(attend, runs, split.group_size, key, value, attention_mask, kind_only=False)
+    return call.out, None
 
 
 def register() -> None:

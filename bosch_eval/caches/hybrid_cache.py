@@ -40,7 +40,8 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
-from bosch_eval.attention.hybrid_attention import HybridAttention, HybridStates, hybrid_state
+from bosch_eval.attention.cached_attention import HybridStates
+from bosch_eval.attention.hybrid_attention import HybridAttention, hybrid_state
 from bosch_eval.attention.hybrid_spec import GroupRun, HybridSpec, LayerSplit
 from bosch_eval.attention.kernels.row_sinks import gather_keys
 from bosch_eval.attention.local_window import LocalWindow, sink_indices
