@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from bosch_eval.search.api import RunOptions, search_model
-from bosch_eval.search.objective_loading import LoadSettings
+from bosch_eval.search.objective.objective_loading import LoadSettings
 from bosch_eval.search.pipeline import SearchSettings
 
 SETTINGS = {

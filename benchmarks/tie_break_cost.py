@@ -30,8 +30,8 @@ import torch
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.runtime.threads import apply_thread_policy
 from bosch_eval.runtime.versions import versions
-from bosch_eval.search.journal import read_records
-from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
+from bosch_eval.search.journal.journal import read_records
+from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.search.saturation import search_ties
 from bosch_eval.search.tie_break import layer_computations, shared_rows_layer, tie_key_bits
 

@@ -1,5 +1,5 @@
 """BOSCH on a real model, from Python: :func:`search_model` (``bosch-eval search`` and
-``python -m bosch_eval.search`` are its command line, :mod:`bosch_eval.search.search_cli`).
+``python -m bosch_eval.search`` are its command line, :mod:`bosch_eval.search.cli.search_cli`).
 
 Writes ``mask.json`` (bosch-mask/1 with the search's provenance), ``journal.jsonl`` (every
 evaluation, flushed as it finishes; ``resume`` continues a killed run with no
@@ -33,17 +33,17 @@ from bosch_eval.runtime.outdir_lock import OutputLock
 from bosch_eval.runtime.previous_results import keep_aside
 from bosch_eval.runtime.versions import versions
 from bosch_eval.search.defaults import DEFAULT_CALIB_EXAMPLES, DEFAULT_CALIB_LEN, DEFAULT_CALIB_TASK, DEFAULT_PREFIX_CACHE_MB
-from bosch_eval.search.incumbent_rankings import RankingLoad, computed_incumbents, file_incumbents, ranking_sources
-from bosch_eval.search.journal import Journal, JournalError, mask_key
-from bosch_eval.search.journal_header import refuse_other_settings
-from bosch_eval.search.objective import CalibrationObjective
-from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
+from bosch_eval.search.guarded.incumbent_rankings import RankingLoad, computed_incumbents, file_incumbents, ranking_sources
+from bosch_eval.search.journal.journal import Journal, JournalError, mask_key
+from bosch_eval.search.journal.journal_header import refuse_other_settings
+from bosch_eval.search.objective.objective import CalibrationObjective
+from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
+from bosch_eval.search.objective.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound
+from bosch_eval.search.objective.score_book import ScoreBook
+from bosch_eval.search.objective.scoring import Anchors, SearchError
 from bosch_eval.search.pipeline import VARIANTS, Resumed, SearchResult, SearchSettings, run_search, validate_for_shape
 from bosch_eval.search.rankers.driver import RankingInputs
-from bosch_eval.search.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound
 from bosch_eval.search.report import render_report
-from bosch_eval.search.score_book import ScoreBook
-from bosch_eval.search.scoring import Anchors, SearchError
 from bosch_eval.search.tie_break import TieBreak, TieBreakFile, best_key, break_ties, shared_rows_layer, tie_key_bits
 
 log = logging.getLogger("bosch_eval.search")

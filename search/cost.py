@@ -44,8 +44,8 @@ import numpy as np
 from bosch_eval.masks.head_mask import ModelShape, ceil_count
 from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS
 from bosch_eval.search.pipeline import VARIANTS, SearchSettings
-from bosch_eval.search.stage2 import _bucket_counts, default_buckets
-from bosch_eval.search.stages import _chunks, expected_evaluations, expected_method, quota_blocks
+from bosch_eval.search.stages.stage2 import _bucket_counts, default_buckets
+from bosch_eval.search.stages.stages import _chunks, expected_evaluations, expected_method, quota_blocks
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,9 @@ from bosch_eval.models.model_check import resolve_model
 from bosch_eval.models.model_defaults import model_defaults, resolve_window
 from bosch_eval.runtime.errors import exit_status
 from bosch_eval.runtime.outdir_lock import OutputLock
-from bosch_eval.search.journal import Journal, JournalError, mask_key
-from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
-from bosch_eval.search.scoring import SearchError
+from bosch_eval.search.journal.journal import Journal, JournalError, mask_key
+from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
+from bosch_eval.search.objective.scoring import SearchError
 
 # A user who points this at a real model gets an error, not a run of years.
 DEFAULT_MAX_MASKS = 5000

@@ -31,17 +31,17 @@ from typing import Any
 
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count, check_ratio
 from bosch_eval.runtime.registry import Registry
-from bosch_eval.search.guard import STAGES, Guard, Lineage, choose, source_of
-from bosch_eval.search.incumbents import best_incumbent, incumbent_masks, score_incumbents
-from bosch_eval.search.journal import Journal, mask_key
-from bosch_eval.search.local_search import local_search
-from bosch_eval.search.optimizers import NOMAD_MAX_VARIABLES, optimizer_methods
-from bosch_eval.search.racing import RaceBound
+from bosch_eval.search.guarded.guard import STAGES, Guard, Lineage, choose, source_of
+from bosch_eval.search.guarded.incumbents import best_incumbent, incumbent_masks, score_incumbents
+from bosch_eval.search.guarded.local_search import local_search
+from bosch_eval.search.journal.journal import Journal, mask_key
+from bosch_eval.search.objective.racing import RaceBound
+from bosch_eval.search.objective.score_book import Bits, ScoreBook
+from bosch_eval.search.objective.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, SearchError
 from bosch_eval.search.saturation import TopTies, stage1_saturation, top_ties
-from bosch_eval.search.score_book import Bits, ScoreBook
-from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, SearchError
-from bosch_eval.search.stage2 import Stage2Result, assign_layer_ratios, cumulative_from_probes, default_buckets
-from bosch_eval.search.stages import (
+from bosch_eval.search.stages.optimizers import NOMAD_MAX_VARIABLES, optimizer_methods
+from bosch_eval.search.stages.stage2 import Stage2Result, assign_layer_ratios, cumulative_from_probes, default_buckets
+from bosch_eval.search.stages.stages import (
     QUOTAS,
     LayerQuotas,
     StageOutcome,
@@ -415,7 +415,7 @@ def _bosch(run: SearchRun) -> StageOutcome:
 def _guarded(run: SearchRun) -> StageOutcome:
     """Incumbents, then ``bosch`` (with Stage-1 probes where ⌈ρG⌉ = G), then the local search
     from the stages' mask and from the best incumbent; the best mask those runs end with
-    (:mod:`bosch_eval.search.guard`)."""
+    (:mod:`bosch_eval.search.guarded.guard`)."""
     book, anchors, shape, settings = run.book, run.anchors, run.shape, run.settings
     higher = anchors.higher_is_better
     masks = incumbent_masks(shape, settings.ratio, settings.incumbents, settings.seed)
@@ -501,7 +501,7 @@ def validate_for_shape(settings: SearchSettings, shape: ModelShape) -> None:
     groups = shape.num_kv_heads
     variant = VARIANTS[settings.variant]
     if variant.stage2:
-        from bosch_eval.search.stage2 import _bucket_counts
+        from bosch_eval.search.stages.stage2 import _bucket_counts
 
         buckets = settings.buckets_for(shape)
         try:
@@ -523,7 +523,7 @@ def validate_for_shape(settings: SearchSettings, shape: ModelShape) -> None:
     if searches_chunks and settings.quota == "layer" and chunk > 1:
         raise SearchError(
             f"optimizer: nomad cannot keep a quota in each of the {chunk} layers of a sub-problem "
-            "(see bosch_eval.search.optimizers); pass --chunk-layers 1 (one layer per sub-problem), --quota chunk, "
+            "(see bosch_eval.search.stages.optimizers); pass --chunk-layers 1 (one layer per sub-problem), --quota chunk, "
             "or --optimizer auto (the (1+1)-EA takes those sub-problems)"
         )
     if searches_chunks and chunk * groups > NOMAD_MAX_VARIABLES:

@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from bosch_eval.search.cost import estimate_calls, render_cost
-from bosch_eval.search.guard import Guard
+from bosch_eval.search.guarded.guard import Guard
+from bosch_eval.search.objective.racing import RaceBound
 from bosch_eval.search.pipeline import SearchResult
-from bosch_eval.search.racing import RaceBound
 from bosch_eval.search.saturation import TopTies, stage1_saturation
 from bosch_eval.search.tie_break import TIE_BREAK_FILE
 

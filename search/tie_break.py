@@ -27,8 +27,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from bosch_eval.masks.head_mask import HeadMask
-from bosch_eval.search.racing import RaceBound
-from bosch_eval.search.scoring import SearchError
+from bosch_eval.search.objective.racing import RaceBound
+from bosch_eval.search.objective.scoring import SearchError
 
 TIE_BREAK_FILE = "tiebreak.jsonl"
 FORMAT = "bosch-tiebreak/1"
@@ -124,7 +124,7 @@ def break_ties(
     """Score every candidate key not in ``known`` with ``score_fn``, calling ``on_score`` after
     each, and return every candidate's value in candidate order (:func:`best_key` picks).
 
-    ``race``: ``score_fn.race`` (:class:`~bosch_eval.search.score_book.RacingScoreFunction`)
+    ``race``: ``score_fn.race`` (:class:`~bosch_eval.search.objective.score_book.RacingScoreFunction`)
     stops a candidate with a :class:`RaceBound` once it cannot beat the best so far, since a
     tie keeps the earlier mask; one raced to the end gets exactly its plain score, so the
     choice is the unraced one. A candidate known by a bound (a resumed run) was stopped under

@@ -15,7 +15,7 @@ from scipy.stats import spearmanr
 from bosch_eval.cli import main
 from bosch_eval.masks.head_mask import HeadMask, HeadRanking, ModelShape
 from bosch_eval.search.calib_check import bootstrap_ci, build_panel, layer_drops, spearman, summarize
-from bosch_eval.search.calib_check_cli import CalibCheckError, make_report, render, score_panel
+from bosch_eval.search.cli.calib_check_cli import CalibCheckError, make_report, render, score_panel
 
 SHAPE = ModelShape(num_layers=4, num_heads=8, num_kv_heads=4)
 
@@ -222,7 +222,7 @@ def test_calib_check_end_to_end_on_the_toy_model(tmp_path: Path, capsys: pytest.
     other = [item if item != "2" else "3" for item in argv]  # --random 3
     from unittest import mock
 
-    with mock.patch("bosch_eval.search.objective_loading.build_objective", side_effect=AssertionError("loaded the model")):
+    with mock.patch("bosch_eval.search.objective.objective_loading.build_objective", side_effect=AssertionError("loaded the model")):
         assert main(other) == 2  # refused before the model loads
     assert "made with other settings (random)" in capsys.readouterr().err
     check = (out / "check.json").read_text()
@@ -246,7 +246,7 @@ def test_a_failed_check_pins_no_settings(tmp_path: Path, capsys: pytest.CaptureF
 
 def _objective_settings(monkeypatch: pytest.MonkeyPatch, out: Path, *flags: str) -> tuple:
     """The (calibration, load) settings that ``calib-check --model toy FLAGS`` builds its objective with."""
-    from bosch_eval.search import objective_loading
+    from bosch_eval.search.objective import objective_loading
 
     seen = []
 
@@ -276,7 +276,7 @@ def test_the_calibration_metric_reaches_the_calibration_objective(tmp_path: Path
 def test_a_negative_sink_count_is_refused_before_the_model_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     from unittest import mock
 
-    with mock.patch("bosch_eval.search.objective_loading.build_objective", side_effect=AssertionError("loaded the model")):
+    with mock.patch("bosch_eval.search.objective.objective_loading.build_objective", side_effect=AssertionError("loaded the model")):
         assert main(["calib-check", "--model", "toy", "--sink", "-1", "--out", str(tmp_path / "check")]) == 2
     assert "--sink: expected an integer >= 0" in capsys.readouterr().err
 
@@ -300,7 +300,7 @@ class TestPinnedSettings:
     )  # fmt: skip
     def test_a_setting_is_pinned_only_when_given(self, tmp_path: Path, attribute: str, value: Any, key: str) -> None:
         """A check made before the flag existed (its default) resumes; another value is refused, named."""
-        from bosch_eval.search.calib_check_cli import _pin_settings, check_settings
+        from bosch_eval.search.cli.calib_check_cli import _pin_settings, check_settings
 
         ranking = tmp_path / "apl.json"
         ranking.write_text('{"scores": 1}')
@@ -314,7 +314,7 @@ class TestPinnedSettings:
             _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
 
     def test_a_moved_file_with_the_same_content_matches(self, tmp_path: Path) -> None:
-        from bosch_eval.search.calib_check_cli import _pin_settings, check_settings
+        from bosch_eval.search.cli.calib_check_cli import _pin_settings, check_settings
 
         first, second = tmp_path / "a" / "apl.json", tmp_path / "b" / "apl.json"
         for path in (first, second):
@@ -329,7 +329,7 @@ class TestPinnedSettings:
             _pin_settings(out, check_settings(*self.args(tmp_path, second)), new_settings=False)
 
     def test_settings_pinned_by_path_still_match(self, tmp_path: Path) -> None:
-        from bosch_eval.search.calib_check_cli import _pin_settings, check_settings
+        from bosch_eval.search.cli.calib_check_cli import _pin_settings, check_settings
 
         ranking = tmp_path / "apl.json"
         ranking.write_text('{"scores": 1}')
@@ -360,7 +360,7 @@ class TestDevScoresFrom:
         return source
 
     def test_a_check_of_another_calibration_or_metric_may_take_the_dev_scores(self, tmp_path: Path) -> None:
-        from bosch_eval.search.calib_check_cli import check_dev_source
+        from bosch_eval.search.cli.calib_check_cli import check_dev_source
 
         source = self.source(tmp_path, calib="bosch_retrieval_calib", ratios=[0.75, 0.5], random=21, probes=False)
         check_dev_source(source, self.settings(calib_metric="acc_tiebreak"))  # no error
@@ -371,7 +371,7 @@ class TestDevScoresFrom:
          ({"ranking": {"apl": {"sha256": "b" * 64}}}, "ranking apl")],
     )  # fmt: skip
     def test_a_check_whose_dev_side_differs_is_refused_naming_the_setting(self, tmp_path: Path, changes: dict, named: str) -> None:
-        from bosch_eval.search.calib_check_cli import check_dev_source
+        from bosch_eval.search.cli.calib_check_cli import check_dev_source
 
         source = self.source(tmp_path, **changes)
         with pytest.raises(CalibCheckError, match=rf"{source}/settings.json was made with other dev settings \({named}\)"):
@@ -379,7 +379,7 @@ class TestDevScoresFrom:
 
     def test_only_masks_the_source_scored_alike_take_its_dev_scores(self, tmp_path: Path) -> None:
         from bosch_eval.search.calib_check import PanelMask
-        from bosch_eval.search.calib_check_cli import _scored_alike, check_dev_source
+        from bosch_eval.search.cli.calib_check_cli import _scored_alike, check_dev_source
 
         source = self.source(tmp_path, mask={"mine": {"sha256": "c" * 64}})
         ours = self.settings(ranking={"apl": {"sha256": "a" * 64}, "new": {"sha256": "d" * 64}},
@@ -393,7 +393,7 @@ class TestDevScoresFrom:
         assert alike == {"full", "random0-r0.5", "apl-r0.5", "mine"}
 
     def test_a_directory_that_is_no_check_is_refused(self, tmp_path: Path) -> None:
-        from bosch_eval.search.calib_check_cli import check_dev_source
+        from bosch_eval.search.cli.calib_check_cli import check_dev_source
 
         with pytest.raises(CalibCheckError, match=r"settings.json does not exist; expected the output directory of a calib-check"):
             check_dev_source(tmp_path, self.settings())
@@ -405,13 +405,13 @@ class TestDevScoresFrom:
         from unittest import mock
 
         argv = ["calib-check", "--model", "toy", "--dev-scores-from", str(tmp_path / "nothing"), "--out", str(tmp_path / "check")]
-        with mock.patch("bosch_eval.search.objective_loading.build_objective", side_effect=AssertionError("loaded the model")):
+        with mock.patch("bosch_eval.search.objective.objective_loading.build_objective", side_effect=AssertionError("loaded the model")):
             assert main(argv) == 2
         assert "--dev-scores-from: " in capsys.readouterr().err
         assert not (tmp_path / "check" / "settings.json").exists()
 
     def test_only_the_panels_missing_dev_scores_are_copied_once(self, tmp_path: Path) -> None:
-        from bosch_eval.search.calib_check_cli import copy_dev_scores, score_panel
+        from bosch_eval.search.cli.calib_check_cli import copy_dev_scores, score_panel
 
         source = tmp_path / "scores.jsonl"
         records = [{"side": "calib", "name": "full", "score": 0.9}, {"side": "dev", "name": "full", "score": 0.8},

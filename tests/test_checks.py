@@ -21,12 +21,12 @@ IN_FLIGHT = {
     "bosch_eval/caches/kv_quant/config.py": "owned by another change in flight",
     "search/api.py": "owned by another change in flight",
     "search/importers.py": "owned by another change in flight",
-    "search/journal.py": "owned by another change in flight",
-    "search/optimizers.py": "owned by another change in flight",
+    "search/journal/journal.py": "owned by another change in flight",
+    "search/stages/optimizers.py": "owned by another change in flight",
     "search/pipeline.py": "owned by another change in flight",
-    "search/racing.py": "owned by another change in flight",
+    "search/objective/racing.py": "owned by another change in flight",
     "search/rankers/driver.py": "owned by another change in flight",
-    "search/stage2.py": "owned by another change in flight",
+    "search/stages/stage2.py": "owned by another change in flight",
 }
 
 

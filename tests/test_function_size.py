@@ -28,8 +28,8 @@ IN_FLIGHT = {
     "bosch_eval/caches/kv_quant/fused.py gather_dequantize": "owned by another change in flight",
     "search/api.py search_model": "owned by another change in flight",
     "search/report.py render_report": "owned by another change in flight",
-    "search/search_cli.py add_search_arguments": "owned by another change in flight",
-    "search/stage2.py assign_layer_ratios": "owned by another change in flight",
+    "search/cli/search_cli.py add_search_arguments": "owned by another change in flight",
+    "search/stages/stage2.py assign_layer_ratios": "owned by another change in flight",
 }
 
 

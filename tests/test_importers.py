@@ -12,7 +12,7 @@ import pytest
 from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError, ModelShape, ceil_count
 from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
 from bosch_eval.models.model_check import ModelError
-from bosch_eval.search.import_cli import add_import_parser, import_main
+from bosch_eval.search.cli.import_cli import add_import_parser, import_main
 from bosch_eval.search.importers import (
     import_duo,
     import_pattern,

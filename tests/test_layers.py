@@ -113,7 +113,7 @@ def test_the_folders_place_modules_in_their_layers():
         "bosch_eval/cli.py": CLI,
         "bosch_eval/mask_cli.py": CLI,
         "bosch_eval/compare/cli.py": CLI,
-        "search/rank_cli.py": CLI,
+        "search/cli/rank_cli.py": CLI,
         "bosch_eval/train/__main__.py": CLI,
     }
     assert {name: place(REPO / name)[0].number for name in expected} == expected

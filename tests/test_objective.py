@@ -1,4 +1,4 @@
-"""S(z) (``bosch_eval.search.objective``): lm-eval's own scores, a fresh score per mask,
+"""S(z) (``bosch_eval.search.objective.objective``): lm-eval's own scores, a fresh score per mask,
 tasks and tokens built once, the caller's random state left alone, group aggregation."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.runtime import launch
 from bosch_eval.runtime.launch import launch_state
-from bosch_eval.search.objective import EVALUATE_PATH, CalibrationObjective, ObjectiveError
-from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
-from bosch_eval.search.racing import RaceBound
-from bosch_eval.search.scoring import SearchError
+from bosch_eval.search.objective.objective import EVALUATE_PATH, CalibrationObjective, ObjectiveError
+from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
+from bosch_eval.search.objective.racing import RaceBound
+from bosch_eval.search.objective.scoring import SearchError
 from bosch_eval.tasks import TASKS_DIR
 from tests.helpers import CALIB_METADATA, DOT_TASK, PLAIN_GROUP, PPL_TASK, WINDOW, masks, write_tasks
 

@@ -123,7 +123,7 @@ class TestCommandLineStaysCheap:
     def test_rank_help_and_parsing_list_no_ranker(self, monkeypatch: pytest.MonkeyPatch) -> None:
         import argparse
 
-        from bosch_eval.search.rank_cli import add_rank_parser
+        from bosch_eval.search.cli.rank_cli import add_rank_parser
 
         def refuse(self: Registry) -> None:
             raise AssertionError(f"{self.family}: members listed while parsing arguments")
@@ -141,11 +141,11 @@ class TestCommandLineStaysCheap:
 
         code = textwrap.dedent("""
             import argparse, contextlib, io, sys
-            from bosch_eval.search.rank_cli import add_rank_parser
+            from bosch_eval.search.cli.rank_cli import add_rank_parser
             from bosch_eval.search.rankers import RANKERS
             from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS
-            from bosch_eval.search.optimizers import OPTIMIZERS
             from bosch_eval.search.pipeline import VARIANTS
+            from bosch_eval.search.stages.optimizers import OPTIMIZERS
             assert LAYER_HEURISTICS.names() == ("intr", "bme", "rand")
             assert OPTIMIZERS.names() == ("exhaustive", "nomad", "oneplusone")
             assert VARIANTS.names() == ("bosch", "nested", "guarded", "single", "multi", "layer")

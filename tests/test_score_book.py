@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bosch_eval.masks.head_mask import ModelShape
-from bosch_eval.search.score_book import RacingScoreFunction, ScoreBook
+from bosch_eval.search.objective.score_book import RacingScoreFunction, ScoreBook
 
 SHAPE = ModelShape(num_layers=2, num_heads=4, num_kv_heads=2)
 
@@ -31,6 +31,6 @@ def test_a_racing_book_names_the_methods_a_score_function_lacks():
 
 
 def test_the_search_objective_is_a_racing_score_function():
-    from bosch_eval.search.objective import CalibrationObjective
+    from bosch_eval.search.objective.objective import CalibrationObjective
 
     assert all(callable(getattr(CalibrationObjective, name)) for name in ("race", "race_many", "recall", "use_memo"))

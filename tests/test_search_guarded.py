@@ -10,12 +10,12 @@ import pytest
 
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count
 from bosch_eval.masks.layer_heuristics import layer_heuristic_mask
-from bosch_eval.search.journal import Journal, mask_key
+from bosch_eval.search.journal.journal import Journal, mask_key
+from bosch_eval.search.objective.racing import RaceBound
+from bosch_eval.search.objective.scoring import SearchError
 from bosch_eval.search.pipeline import Resumed, SearchSettings, run_search, validate_for_shape
-from bosch_eval.search.racing import RaceBound
 from bosch_eval.search.report import render_report
-from bosch_eval.search.scoring import SearchError
-from bosch_eval.search.stage2 import assign_layer_ratios, cumulative_from_probes
+from bosch_eval.search.stages.stage2 import assign_layer_ratios, cumulative_from_probes
 from tests.helpers import SHAPE, ExampleObjective, Killed, planted, score_of
 
 

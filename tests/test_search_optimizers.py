@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import pytest
 
-from bosch_eval.search import optimizers
-from bosch_eval.search.optimizers import (
+from bosch_eval.search.stages import optimizers
+from bosch_eval.search.stages.optimizers import (
     NOMAD_MAX_VARIABLES,
     OPTIMIZERS,
     Optimizer,

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count
-from bosch_eval.search.journal import Journal, mask_key
+from bosch_eval.search.journal.journal import Journal, mask_key
+from bosch_eval.search.objective.score_book import Bits, ScoreBook
+from bosch_eval.search.objective.scoring import Anchors, SearchError, subproblem_loss
 from bosch_eval.search.pipeline import VARIANTS, Resumed, SearchSettings, Variant, default_chunk_layers, run_search
-from bosch_eval.search.score_book import Bits, ScoreBook
-from bosch_eval.search.scoring import Anchors, SearchError, subproblem_loss
-from bosch_eval.search.stages import LayerQuotas, StageOutcome, StageSettings, refine, stage3
+from bosch_eval.search.stages.stages import LayerQuotas, StageOutcome, StageSettings, refine, stage3
 from tests.helpers import SHAPE, ExampleObjective, RetrievalObjective, planted, score_of
 
 
@@ -165,7 +165,7 @@ SEARCH_SCRIPT = """
 import sys, time
 sys.path.insert(0, {tests!r})
 from helpers import SHAPE, planted
-from bosch_eval.search.journal import Journal
+from bosch_eval.search.journal.journal import Journal
 from bosch_eval.search.pipeline import Resumed, SearchSettings, run_search
 settings = SearchSettings(ratio=0.5)
 journal = Journal({path!r}, {{"test": "sigkill"}}, resume=True)

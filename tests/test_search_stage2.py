@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bosch_eval.masks.head_mask import ceil_count
-from bosch_eval.search.stage2 import DEFAULT_BUCKETS, Stage2Result, assign_layer_ratios, default_buckets
+from bosch_eval.search.stages.stage2 import DEFAULT_BUCKETS, Stage2Result, assign_layer_ratios, default_buckets
 
 QUARTERS = DEFAULT_BUCKETS
 

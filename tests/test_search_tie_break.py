@@ -12,11 +12,11 @@ import pytest
 
 from bosch_eval.cli import main
 from bosch_eval.masks.head_mask import HeadMask, ModelShape
-from bosch_eval.search.journal import mask_key, read_records
+from bosch_eval.search.journal.journal import mask_key, read_records
+from bosch_eval.search.objective.racing import RaceBound
+from bosch_eval.search.objective.scoring import SearchError
 from bosch_eval.search.pipeline import SearchSettings, run_search
-from bosch_eval.search.racing import RaceBound
 from bosch_eval.search.saturation import search_ties
-from bosch_eval.search.scoring import SearchError
 from bosch_eval.search.tie_break import TIE_BREAK_FILE, TieBreak, TieBreakFile, best_key, break_ties, layer_computations, shared_rows_layer, tie_key_bits
 from tests.helpers import DOT_TASK, search_args, write_tasks
 

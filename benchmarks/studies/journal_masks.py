@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 
 from bosch_eval.masks.head_mask import HeadMask
-from bosch_eval.search.journal import read_records
+from bosch_eval.search.journal.journal import read_records
 from bosch_eval.search.saturation import search_ties
 
 

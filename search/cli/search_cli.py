@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING, Any
 # run_from_args, so that `--help` prints at once.
 from bosch_eval.models.model_check import IGNORE_FLAG
 from bosch_eval.search.defaults import DEFAULT_CALIB_TASK, DEFAULT_PREFIX_CACHE_MB
-from bosch_eval.search.optimizers import optimizer_methods
+from bosch_eval.search.objective.racing import DEFAULT_RACE_CHUNK
+from bosch_eval.search.objective.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, SearchError
 from bosch_eval.search.pipeline import VARIANTS, SearchSettings
-from bosch_eval.search.racing import DEFAULT_RACE_CHUNK
-from bosch_eval.search.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, SearchError
-from bosch_eval.search.stage2 import DEFAULT_BUCKETS
-from bosch_eval.search.stages import QUOTAS
+from bosch_eval.search.stages.optimizers import optimizer_methods
+from bosch_eval.search.stages.stage2 import DEFAULT_BUCKETS
+from bosch_eval.search.stages.stages import QUOTAS
 
 if TYPE_CHECKING:
     from bosch_eval.search.api import RunOptions
-    from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings
+    from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings
 
 # `--estimate` given without its number: the calls, without a time.
 CALLS_ONLY = float("nan")
@@ -205,7 +205,7 @@ def search_settings(args: argparse.Namespace) -> SearchSettings:
 def run_settings(args: argparse.Namespace, model_args: dict[str, Any]) -> tuple[CalibrationSettings, LoadSettings, RunOptions]:
     """The calibration, the model's load settings and how the search runs, from its flags."""
     from bosch_eval.search.api import RunOptions
-    from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings
+    from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings
 
     calibration = CalibrationSettings(
         tasks=tuple(args.calib_tasks),
@@ -241,7 +241,7 @@ def render_estimate(
     from bosch_eval.masks.head_mask import ModelShape, ceil_count
     from bosch_eval.models.model_check import model_config, resolve_model
     from bosch_eval.search.cost import estimate_calls
-    from bosch_eval.search.incumbent_rankings import ranking_sources
+    from bosch_eval.search.guarded.incumbent_rankings import ranking_sources
     from bosch_eval.search.pipeline import validate_for_shape
 
     if seconds_per_call is not None and not seconds_per_call > 0:

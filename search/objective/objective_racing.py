@@ -1,6 +1,6 @@
-"""Racing S(z): the evaluation of :class:`~bosch_eval.search.objective.CalibrationObjective`
+"""Racing S(z): the evaluation of :class:`~bosch_eval.search.objective.objective.CalibrationObjective`
 in chunks of examples (``evaluate``'s per-task ``samples`` indices), stopped once the mask
-provably cannot win (:mod:`bosch_eval.search.racing` keeps the bounds and the order).
+provably cannot win (:mod:`bosch_eval.search.objective.racing` keeps the bounds and the order).
 
 Exact for zero-shot tasks whose metric is lm-eval's ``mean`` of per-example values in
 [0, 1]: a mask scored to the end gets lm-eval's own aggregation of the same values in the
@@ -19,11 +19,11 @@ from collections.abc import Callable, Sequence
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.runtime.launch import alone
 from bosch_eval.runtime.lm_eval_session import LmEvalError as ObjectiveError
-from bosch_eval.search.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound, Racer, Tally
+from bosch_eval.search.objective.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound, Racer, Tally
 
 
 class ObjectiveRacing:
-    """The racing half of :class:`~bosch_eval.search.objective.CalibrationObjective`, which
+    """The racing half of :class:`~bosch_eval.search.objective.objective.CalibrationObjective`, which
     provides the adapter (``lm``), the tasks, metric and direction, the call count, and the
     evaluation of one mask (``_evaluate``, ``_sizes``, ``_example_values``, ``_aggregate``, ``_score``).
 

@@ -4,9 +4,9 @@ Stage 3 keeps every layer's Stage-2 quota, and ``refine`` moves groups only with
 no stage can move a full group from one layer to another: on SmolLM2 at ρ = 0.75 Stage 2's
 quotas put Razor's mask outside Stage 3's space (issue 53). This search can: it is one
 sub-problem over every KV group of the model, solved by the (1+1)-EA of
-:mod:`bosch_eval.search.optimizers`, whose mutations swap SWA and full groups (1 + Poisson(1)
+:mod:`bosch_eval.search.stages.optimizers`, whose mutations swap SWA and full groups (1 + Poisson(1)
 swaps, mostly one) anywhere in the model, so every mask it asks keeps its start's number of SWA
-groups. It goes through :func:`bosch_eval.search.stages.solve`, so it is journaled, resumed and
+groups. It goes through :func:`bosch_eval.search.stages.stages.solve`, so it is journaled, resumed and
 raced as every stage is (an offspring stops once it cannot reach its parent's S).
 """
 
@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from bosch_eval.masks.head_mask import ModelShape
-from bosch_eval.search.score_book import Bits, ScoreBook
-from bosch_eval.search.scoring import Anchors
-from bosch_eval.search.stage_progress import StageProgress
-from bosch_eval.search.stages import Choice, StageSettings, SubResult, solve
+from bosch_eval.search.objective.score_book import Bits, ScoreBook
+from bosch_eval.search.objective.scoring import Anchors
+from bosch_eval.search.stages.stage_progress import StageProgress
+from bosch_eval.search.stages.stages import Choice, StageSettings, SubResult, solve
 
 
 def local_search(

@@ -27,7 +27,7 @@ from bosch_eval.search.defaults import DEFAULT_CALIB_TASK
 
 if TYPE_CHECKING:
     from bosch_eval.search.calib_check import PanelMask, RatioSummary
-    from bosch_eval.search.objective import CalibrationObjective
+    from bosch_eval.search.objective.objective import CalibrationObjective
 
 DEFAULT_DEV = "bosch_niah_dev"
 CHECK_FILES = ("scores.jsonl", "check.json", "report.md", "settings.json")  # what --new-settings keeps aside
@@ -111,8 +111,8 @@ def run_from_args(args: argparse.Namespace) -> None:
     from bosch_eval.masks.head_mask import HeadMask, HeadRanking, check_ratio, check_sinks
     from bosch_eval.runtime.outdir_lock import OutputLock
     from bosch_eval.search.calib_check import build_panel
-    from bosch_eval.search.objective import CalibrationObjective
-    from bosch_eval.search.objective_loading import CalibrationSettings, LoadSettings, build_objective
+    from bosch_eval.search.objective.objective import CalibrationObjective
+    from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
 
     ratios = [check_ratio(ratio, "--ratios") for ratio in args.ratios]
     if args.random < 2:

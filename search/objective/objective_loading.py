@@ -14,8 +14,8 @@ from bosch_eval.models.model_check import IGNORE_METADATA, resolve_model
 from bosch_eval.models.model_defaults import model_defaults, resolve_window
 from bosch_eval.runtime.launch import launch_state
 from bosch_eval.search.defaults import DEFAULT_CALIB_EXAMPLES, DEFAULT_CALIB_LEN
-from bosch_eval.search.objective import DEFAULT_TASKS, CalibrationObjective
-from bosch_eval.search.scoring import SearchError
+from bosch_eval.search.objective.objective import DEFAULT_TASKS, CalibrationObjective
+from bosch_eval.search.objective.scoring import SearchError
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """What the ``guarded`` variant returns, and why: never less than the best incumbent.
 
-After Stages 1–3 the local search (:mod:`bosch_eval.search.local_search`) runs from the stages'
-mask and from the best incumbent (:mod:`bosch_eval.search.incumbents`), half the budget each (one
+After Stages 1–3 the local search (:mod:`bosch_eval.search.guarded.local_search`) runs from the stages'
+mask and from the best incumbent (:mod:`bosch_eval.search.guarded.incumbents`), half the budget each (one
 run with all of it when they are the same mask). The search returns the best of the masks those
 runs end with; each ends with its start or a mask that scores strictly better, so the result
 scores at least the best incumbent and at least the stages' mask. On equal S the stages' side
@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bosch_eval.search.racing import RaceBound
+from bosch_eval.search.objective.racing import RaceBound
 
 STAGES = "the stages"
 

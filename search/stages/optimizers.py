@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from bosch_eval.runtime.registry import Registry
-from bosch_eval.search.nomad_process import run_nomad_isolated
+from bosch_eval.search.stages.nomad_process import run_nomad_isolated
 
 Point = tuple[int, ...]
 

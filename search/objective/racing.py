@@ -4,7 +4,7 @@ S(z) is a mean over calibration examples of a per-example value in [0, 1] (``acc
 ``m`` of a task's ``n`` examples with sum ``s``, its final mean is at most
 ``(s + (n − m)) / n`` (at least ``s / n`` when lower is better): the *optimistic* score.
 Scored in chunks, a candidate stops as soon as its optimistic score cannot reach the
-optimizer's cutoff (:class:`bosch_eval.search.optimizers.Cutoff`), and is journaled with
+optimizer's cutoff (:class:`bosch_eval.search.stages.optimizers.Cutoff`), and is journaled with
 that bound, never a score. A candidate that is scored to the end gets exactly the value a
 single evaluation gives: the same per-example values, aggregated in document order.
 
@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bosch_eval.masks.head_mask import HeadMask
-from bosch_eval.search.journal import mask_key
+from bosch_eval.search.journal.journal import mask_key
 
 DEFAULT_RACE_CHUNK = 8  # examples per chunk; smaller stops sooner but pays lm-eval's per-call overhead more often
 

@@ -54,7 +54,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.search.journal_header import JournalError, differences, normalized_header, other_settings_error
+from bosch_eval.search.journal.journal_header import JournalError, differences, normalized_header, other_settings_error
 
 JOURNAL_FORMAT = "bosch-journal/1"
 # How every journal file begins (what json.dumps writes for the header line).

@@ -1,4 +1,4 @@
-"""The static rankings a ``guarded`` search turns into incumbents (:mod:`bosch_eval.search.incumbents`).
+"""The static rankings a ``guarded`` search turns into incumbents (:mod:`bosch_eval.search.guarded.incumbents`).
 
 ``SearchSettings.rankings`` names them: a ranker's name (computed here, on the search's own
 calibration set, exactly as ``bosch-eval rank --method M --calib-task T --calib-examples N
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bosch_eval.masks.head_mask import HeadRanking, ModelShape
-from bosch_eval.search.journal import mask_key
+from bosch_eval.search.journal.journal import mask_key
+from bosch_eval.search.objective.scoring import SearchError
 from bosch_eval.search.rankers import RANKERS
-from bosch_eval.search.scoring import SearchError
 from bosch_eval.tasks.niah.calibration_sets import CALIBRATION_SETS
 
 if TYPE_CHECKING:

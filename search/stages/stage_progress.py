@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from bosch_eval.search.score_book import Bits, ScoreBook
+from bosch_eval.search.objective.score_book import Bits, ScoreBook
 
 if TYPE_CHECKING:  # stages imports this module
-    from bosch_eval.search.stages import SubResult
+    from bosch_eval.search.stages.stages import SubResult
 
 log = logging.getLogger("bosch_eval.search")
 

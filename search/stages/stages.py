@@ -2,7 +2,7 @@
 
 Each stage is a sequence of sub-problems. A sub-problem fixes the mask outside a set of
 *variables* (one KV group each, or a whole layer for the layer-level ablation), asks an
-optimizer (:mod:`bosch_eval.search.optimizers`) to convert exactly ``k`` of them to SWA
+optimizer (:mod:`bosch_eval.search.stages.optimizers`) to convert exactly ``k`` of them to SWA
 while minimizing the loss of Eq. 5 on the whole model, and commits the best assignment
 before the next sub-problem starts.
 
@@ -23,7 +23,7 @@ races, bounds and ties) instead of looking scores up, and scores only what was n
 
 Doing less work without changing the answer (issue 18): with ``racing`` the book scores a
 candidate of an exhaustive or (1+1)-EA sub-problem only until it provably cannot beat the
-optimizer's cutoff (:mod:`bosch_eval.search.racing`); and before each sub-problem it tells
+optimizer's cutoff (:mod:`bosch_eval.search.objective.racing`); and before each sub-problem it tells
 the score function the lowest layer the sub-problem varies, so an adapter with a
 prefix-activation cache can reuse the hidden states entering that layer.
 """
@@ -39,12 +39,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count
-from bosch_eval.search.journal import mask_key
-from bosch_eval.search.optimizers import Bound, Cutoff, SubProblem, choose_method, minimize
-from bosch_eval.search.racing import RaceBound
-from bosch_eval.search.score_book import Bits, ScoreBook
-from bosch_eval.search.scoring import Anchors, subproblem_loss, swa_share
-from bosch_eval.search.stage_progress import StageProgress
+from bosch_eval.search.journal.journal import mask_key
+from bosch_eval.search.objective.racing import RaceBound
+from bosch_eval.search.objective.score_book import Bits, ScoreBook
+from bosch_eval.search.objective.scoring import Anchors, subproblem_loss, swa_share
+from bosch_eval.search.stages.optimizers import Bound, Cutoff, SubProblem, choose_method, minimize
+from bosch_eval.search.stages.stage_progress import StageProgress
 
 log = logging.getLogger("bosch_eval.search")
 

@@ -1,0 +1,1 @@
+"""The search's command-line modules: ``bosch-eval search`` (and ``python -m bosch_eval.search``), ``rank``, ``import`` and ``calib-check``; each parser imports nothing heavy, so ``--help`` loads no torch."""

@@ -1,0 +1,1 @@
+"""S(z) and what the search makes of it: the lm-eval objective (``objective``), loading the model it scores (``objective_loading``), racing it in chunks (``objective_racing``, bounds in ``racing``), the normalized score and loss (``scoring``), and the book that asks for every score once (``score_book``)."""
