@@ -114,6 +114,8 @@ def test_the_folders_place_modules_in_their_layers():
         "bosch_eval/mask_cli.py": CLI,
         "bosch_eval/compare/cli.py": CLI,
         "search/cli/rank_cli.py": CLI,
+        "search/cli/__init__.py": CLI,
+        "search/stages/stages.py": FEATURES,
         "bosch_eval/train/__main__.py": CLI,
     }
     assert {name: place(REPO / name)[0].number for name in expected} == expected
@@ -158,3 +160,35 @@ def test_imports_point_down(path):
         ):
             wrong.append(f"line {line}: {name} (a private name of another feature, {target_unit})")
     assert not wrong, f"{relative(path)} ({layer.name}) imports against the layers: {wrong}"
+
+
+# The search's rooms (docs/architecture.md, "The search"): each imports only the rooms before
+# it here, and of the modules at the top of search/ only the leaves named for it.
+SEARCH_ROOMS = ("rankers", "journal", "objective", "stages", "guarded")
+SEARCH_ROOM_ALSO = {"objective": {"search/defaults.py"}, "guarded": {"search/tie_break.py"}}
+
+
+def search_room(path: Path) -> str | None:
+    parts = Path(relative(path)).parts
+    return parts[1] if parts[0] == "search" and len(parts) > 2 else None
+
+
+def test_search_rooms_import_only_the_rooms_before_them():
+    rooms = {search_room(path) for path in MODULES} - {None}
+    assert rooms == set(SEARCH_ROOMS) | {"cli"}, "a new room of search/: add it to SEARCH_ROOMS and docs/architecture.md"
+    wrong = []
+    for path in MODULES:
+        room = search_room(path)
+        if room not in SEARCH_ROOMS:
+            continue
+        allowed = set(SEARCH_ROOMS[: SEARCH_ROOMS.index(room) + 1]) - ({"rankers"} if room in ("journal", "objective", "stages") else set())
+        for line, name in imported_names(path):
+            located = locate(name)
+            if located is None or not relative(located[0]).startswith("search/"):
+                continue
+            target = located[0]
+            target_room = search_room(target)
+            if target_room in allowed or relative(target) in SEARCH_ROOM_ALSO.get(room, set()):
+                continue
+            wrong.append(f"{relative(path)}:{line}: {name} ({target_room or relative(target)})")
+    assert not wrong, f"search rooms import against their order (docs/architecture.md): {wrong}"
