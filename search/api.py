@@ -27,6 +27,7 @@ from bosch_eval.masks.head_mask import HeadMask, ModelShape, uniform_bit
 from bosch_eval.models.model_check import IGNORE_FLAG, check_length, model_config, resolve_model
 from bosch_eval.models.model_defaults import model_defaults, resolve_window
 from bosch_eval.models.model_identity import model_identity, portable_name
+from bosch_eval.runtime.checks import is_int
 from bosch_eval.runtime.device import pick_device
 from bosch_eval.runtime.launch import launch_state, on_main_then_everywhere
 from bosch_eval.runtime.outdir_lock import OutputLock
@@ -68,7 +69,7 @@ class RunOptions:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        if isinstance(self.race_chunk, bool) or not isinstance(self.race_chunk, int) or self.race_chunk < 1:
+        if not is_int(self.race_chunk) or self.race_chunk < 1:
             raise SearchError(f"--race-chunk: expected a number of examples >= 1, got {self.race_chunk!r}")
 
 
@@ -102,7 +103,7 @@ def search_model(
     """
     device = pick_device(load.device, "--device")  # None: cuda when torch sees a GPU, else cpu (said once)
     state = launch_state(device)  # before any other accelerate state: joins CPU processes over gloo
-    if isinstance(load.prefix_cache_mb, bool) or not isinstance(load.prefix_cache_mb, int) or load.prefix_cache_mb < 0:
+    if not is_int(load.prefix_cache_mb) or load.prefix_cache_mb < 0:
         raise SearchError(f"--prefix-cache-mb: expected megabytes >= 0 (0 = no cache), got {load.prefix_cache_mb!r}")
     path = resolve_model(model)
     config = model_config(path)

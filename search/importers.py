@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import Any
 
 from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError, ModelShape, check_window
+from bosch_eval.runtime.checks import is_int, is_number
 
 Grid = list[list[float]]
 
@@ -192,7 +193,7 @@ def _local_sizes(provenance: dict[str, Any], window_key: str, window: int | None
     sidecar = provenance.get("sidecar_config", {})
     where = sidecar.get("file", "config.json")
     sinks = sidecar.get("sink_size", 0)
-    if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
+    if not is_int(sinks) or sinks < 0:
         raise MaskError(f"{where}: field 'sink_size' is {sinks!r}, expected an integer >= 0")
     if window is None and sidecar.get(window_key) is not None:
         window = check_window(sidecar[window_key], f"{where}: field '{window_key}'")
@@ -263,7 +264,7 @@ def _head_score(value: Any, where: str) -> float:
     if not values:
         raise MaskError(f"{where} is an empty list, expected at least one retrieval score")
     for item in values:
-        if isinstance(item, bool) or not isinstance(item, (int, float)):
+        if not is_number(item):
             raise MaskError(f"{where} holds {item!r}, expected a number or a list of numbers")
         if not math.isfinite(item):
             raise MaskError(f"{where} holds {item}, expected finite scores")

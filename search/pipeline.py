@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count, check_ratio
+from bosch_eval.runtime.checks import is_int
 from bosch_eval.runtime.registry import Registry
 from bosch_eval.search.guarded.guard import STAGES, Guard, Lineage, choose, source_of
 from bosch_eval.search.guarded.incumbents import best_incumbent, incumbent_masks, score_incumbents
@@ -137,16 +138,16 @@ class SearchSettings:
         if self.max_variables < 1:
             raise SearchError(f"max_variables: expected an integer >= 1, got {self.max_variables}")
         chunk = self.chunk_layers
-        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+        if chunk is not None and (not is_int(chunk) or chunk < 1):
             raise SearchError(f"chunk_layers: expected an integer >= 1 (layers per Stage-3 sub-problem), got {chunk!r}")
         if self.quota not in QUOTAS:
             raise SearchError(f"quota: expected one of {list(QUOTAS)}, got {self.quota!r}")
-        if isinstance(self.refine, bool) or not isinstance(self.refine, int) or self.refine < 0:
+        if not is_int(self.refine) or self.refine < 0:
             raise SearchError(f"refine: expected an integer >= 0 (coordinate-descent passes), got {self.refine!r}")
         if self.refine and not variant.stage2:
             stage3_variants = [name for name, other in VARIANTS.items() if other.stage2]
             raise SearchError(f"refine: runs after Stage 3, so only with variant {' or '.join(map(repr, stage3_variants))}, got variant {self.variant!r}")
-        if isinstance(self.local_calls, bool) or not isinstance(self.local_calls, int) or self.local_calls < 0:
+        if not is_int(self.local_calls) or self.local_calls < 0:
             raise SearchError(f"local_calls: expected an integer >= 0 (S() calls of the local search), got {self.local_calls!r}")
         names = [pair[0] for pair in self.incumbents if isinstance(pair, tuple) and len(pair) == 2]
         if len(names) != len(self.incumbents) or not all(isinstance(name, str) and isinstance(key, str) for name, key in self.incumbents):

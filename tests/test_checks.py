@@ -4,7 +4,6 @@ module writes them again (issue 55, item 2): a second copy is where the messages
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
 
@@ -14,20 +13,6 @@ from bosch_eval.runtime.errors import SettingsError
 from tests.source_tree import REPO, source_modules
 
 CHECKS_MODULE = "bosch_eval/runtime/checks.py"
-# Modules that still write the check themselves: each is owned by another change in flight
-# (attention/, caches/ and search/ are edited elsewhere); they move to bosch_eval.runtime.checks there.
-IN_FLIGHT = {
-    "bosch_eval/attention/local_window.py": "owned by another change in flight",
-    "bosch_eval/caches/kv_quant/config.py": "owned by another change in flight",
-    "search/api.py": "owned by another change in flight",
-    "search/importers.py": "owned by another change in flight",
-    "search/journal/journal.py": "owned by another change in flight",
-    "search/stages/optimizers.py": "owned by another change in flight",
-    "search/pipeline.py": "owned by another change in flight",
-    "search/objective/racing.py": "owned by another change in flight",
-    "search/rankers/driver.py": "owned by another change in flight",
-    "search/stages/stage2.py": "owned by another change in flight",
-}
 
 
 def _isinstance_targets(node: ast.AST, type_name: str) -> set[str]:
@@ -92,14 +77,10 @@ class TestOneHome:
         repeats = {}
         for path in source_modules():
             name = path.relative_to(REPO).as_posix()
-            if name != CHECKS_MODULE and name not in IN_FLIGHT and (lines := bool_excluding_checks(path.read_text(encoding="utf-8"))):
+            if name != CHECKS_MODULE and (lines := bool_excluding_checks(path.read_text(encoding="utf-8"))):
                 repeats[name] = lines
         assert repeats == {}, f"use bosch_eval.runtime.checks (is_int, is_number, check_int) instead: {repeats}"
 
     def test_the_checks_module_is_found_by_the_detector(self):
         assert bool_excluding_checks((REPO / CHECKS_MODULE).read_text(encoding="utf-8")) != []
 
-    @pytest.mark.parametrize("name", sorted(IN_FLIGHT))
-    def test_each_module_allowed_to_repeat_it_still_does(self, name):
-        # Once its owner moves it to the checks module, its entry here goes too.
-        assert bool_excluding_checks(Path(REPO / name).read_text(encoding="utf-8")), f"{name}: drop it from IN_FLIGHT"

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from bosch_eval.runtime.checks import is_int
 from bosch_eval.runtime.errors import BoschError
 
 # How a serving engine counts a window of W (bosch_eval.models.export): "inclusive", W keys
@@ -136,9 +137,9 @@ class LocalWindow:
     sinks: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
+        if not is_int(self.window) or self.window < 1:
             raise LocalWindowError(f"window: expected a positive integer (keys seen per SWA query), got {self.window!r}")
-        if isinstance(self.sinks, bool) or not isinstance(self.sinks, int) or self.sinks < 0:
+        if not is_int(self.sinks) or self.sinks < 0:
             raise LocalWindowError(f"sink: expected an integer >= 0 (attention-sink positions), got {self.sinks!r}")
 
     def mask_function(self, sink_keys: Any = None) -> MaskFunction:

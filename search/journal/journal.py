@@ -54,6 +54,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bosch_eval.runtime.checks import is_int, is_number
 from bosch_eval.search.journal.journal_header import JournalError, differences, normalized_header, other_settings_error
 
 JOURNAL_FORMAT = "bosch-journal/1"
@@ -196,7 +197,7 @@ class Journal:
     def prior_wall_s(self) -> float:
         """Search time spent on this journal by earlier runs (the largest ``wall_s`` read back)."""
         times = [r.get("wall_s") for r in self._records[: self._loaded]]
-        return max((float(t) for t in times if isinstance(t, (int, float)) and not isinstance(t, bool)), default=0.0)
+        return max((float(t) for t in times if is_number(t)), default=0.0)
 
     def lookup(self, key: str) -> float | None:
         """The journaled score of ``key``, or None if that mask was never evaluated."""
@@ -245,7 +246,7 @@ class Journal:
             raise JournalError(f"{self.path}: a record key must be a non-empty string, got {key!r}")
         if check and key in self._scores:
             raise JournalError(f"{self.path}: mask {key} is already journaled (score {self._scores[key]!r})")
-        if check and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        if check and (not is_number(value)):
             raise JournalError(f"{self.path}: the {kind} of mask {key} must be a number, got {value!r}")
         record = {"key": key, kind: value if kind == "values" else float(value), **fields}
         if self.wall_time:
@@ -427,13 +428,13 @@ def _line_problem(line: bytes, number: int) -> str | None:
         return _values_problem(value["values"])
     if "bound" in value and "score" not in value:
         bound, examples = value["bound"], value.get("examples")
-        if isinstance(bound, bool) or not isinstance(bound, (int, float)):
+        if not is_number(bound):
             return f"field 'bound' is {bound!r}, expected a number"
-        if isinstance(examples, bool) or not isinstance(examples, int) or examples < 0:
+        if not is_int(examples) or examples < 0:
             return f"field 'examples' is {examples!r}, expected the number of examples scored"
         return None
     score = value.get("score")
-    if isinstance(score, bool) or not isinstance(score, (int, float)):
+    if not is_number(score):
         return f"field 'score' is {score!r}, expected a number"
     return None
 
@@ -443,6 +444,6 @@ def _values_problem(values: Mapping[Any, Any]) -> str | None:
     if not values:
         return "no values"
     for doc, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if not is_number(value):
             return f"document {doc}: value {value!r}, expected a number"
     return None

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bosch_eval.masks.head_mask import HeadMask
+from bosch_eval.runtime.checks import is_number
 from bosch_eval.search.journal.journal import mask_key
 
 DEFAULT_RACE_CHUNK = 8  # examples per chunk; smaller stops sooner but pays lm-eval's per-call overhead more often
@@ -56,7 +57,7 @@ class Tally:
             ValueError: a value outside [0, 1], where the bound would not hold.
         """
         for value in values.values():
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+            if not is_number(value) or not 0.0 <= value <= 1.0:
                 raise ValueError(
                     f"racing: {task} reported {metric} = {value!r} for one example; racing needs per-example "
                     "values in [0, 1] (acc, exact_match); pass --no-racing for this metric"

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from bosch_eval.masks.head_mask import HeadRanking, ModelShape, check_window
 from bosch_eval.models.model_check import ModelError
+from bosch_eval.runtime.checks import is_int
 from bosch_eval.runtime.errors import SettingsError
 from bosch_eval.runtime.versions import versions
 from bosch_eval.search.rankers import RANKERS
@@ -159,7 +160,7 @@ class RankingCompute:
 
 
 def _check_positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value) or value < 1:
         raise SettingsError(f"{name}: expected a positive integer, got {value!r}")
 
 

@@ -47,6 +47,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from bosch_eval.runtime.checks import is_int, is_number
 from bosch_eval.runtime.registry import Registry
 from bosch_eval.search.stages.nomad_process import run_nomad_isolated
 
@@ -134,7 +135,7 @@ class SubProblem:
     def __post_init__(self) -> None:
         for name in ("n", "k", "budget", "seed"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
+            if not is_int(value):
                 raise ValueError(f"SubProblem.{name}: expected an integer, got {value!r}")
         if self.n < 1:
             raise ValueError(f"SubProblem.n: expected at least 1 variable, got {self.n}")
@@ -332,7 +333,7 @@ class Memo:
         if isinstance(value, Bound):
             self.bounds[point] = value
             return value
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if not is_number(value) or not math.isfinite(value):
             raise ValueError(f"loss{point}: expected a finite number, got {value!r}")
         self.values[point] = float(value)
         return float(value)

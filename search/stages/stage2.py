@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 
 from bosch_eval.masks.head_mask import ceil_count, check_ratio
+from bosch_eval.runtime.checks import is_int, is_number
 
 DEFAULT_BUCKETS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 DEFAULT_PERCENTILES: tuple[float, float] = (2.5, 97.5)
@@ -139,7 +140,7 @@ def assign_layer_ratios(
         ValueError: naming the argument that cannot be used as given.
     """
     scores = _check_scores(stage1_scores)
-    if isinstance(original_score, bool) or not isinstance(original_score, (int, float)):
+    if not is_number(original_score):
         raise ValueError(f"original_score: expected a number, got {original_score!r}")
     if not (math.isfinite(original_score) and original_score > 0):
         raise ValueError(
@@ -149,7 +150,7 @@ def assign_layer_ratios(
     import numpy as np  # here, not at import: `bosch-eval search --help` must not load numpy
 
     ratio = check_ratio(target_ratio, "target_ratio")
-    if isinstance(groups_per_layer, bool) or not isinstance(groups_per_layer, int) or groups_per_layer < 1:
+    if not is_int(groups_per_layer) or groups_per_layer < 1:
         raise ValueError(f"groups_per_layer: expected a positive integer (KV groups per layer), got {groups_per_layer!r}")
     if buckets is None:
         buckets = default_buckets(groups_per_layer)
@@ -245,7 +246,7 @@ def _check_scores(stage1_scores: Sequence[float]) -> list[float]:
     if not stage1_scores:
         raise ValueError("stage1_scores: expected one Stage-1 score per layer, got an empty sequence")
     for layer, score in enumerate(stage1_scores):
-        if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+        if not is_number(score) or not math.isfinite(score):
             raise ValueError(f"stage1_scores: entry {layer} is {score!r}, expected a finite number")
     return [float(score) for score in stage1_scores]
 
@@ -256,7 +257,7 @@ def _bucket_counts(buckets: Sequence[float], groups_per_layer: int) -> list[int]
         raise ValueError(f"buckets: expected a non-empty sequence of ratios in [0, 1], got {buckets!r}")
     counts = []
     for index, bucket in enumerate(buckets):
-        if isinstance(bucket, bool) or not isinstance(bucket, (int, float)) or not 0.0 <= bucket <= 1.0:
+        if not is_number(bucket) or not 0.0 <= bucket <= 1.0:
             raise ValueError(f"buckets: entry {index} is {bucket!r}, expected a ratio in [0, 1]")
         if index and bucket <= buckets[index - 1]:
             raise ValueError(f"buckets: expected strictly increasing ratios, got {list(buckets)}")

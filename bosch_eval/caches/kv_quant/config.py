@@ -7,6 +7,7 @@ from typing import Any
 
 from bosch_eval.caches.kv_quant.packing import BITS
 from bosch_eval.caches.kv_quant.selection import KV_QUANT_METHODS
+from bosch_eval.runtime.checks import is_int
 from bosch_eval.runtime.errors import SettingsError
 
 DEFAULT_GROUP_SIZE = 64  # the seed's and KIVI's choice, used where it divides the head dim
@@ -36,9 +37,9 @@ class KVQuantConfig:
             raise SettingsError(f"kv_quant: expected one of {[*KV_QUANT_METHODS.names(), 'none']}, got {self.method!r}")
         if self.bits not in BITS:
             raise SettingsError(f"kv_bits: expected one of {list(BITS)}, got {self.bits!r}")
-        if not isinstance(self.window, int) or isinstance(self.window, bool) or self.window <= 0:
+        if not is_int(self.window) or self.window <= 0:
             raise SettingsError(f"kv_window: expected a positive integer (W_lq, tokens), got {self.window!r}")
-        if not isinstance(self.group_size, int) or isinstance(self.group_size, bool) or self.group_size <= 0:
+        if not is_int(self.group_size) or self.group_size <= 0:
             raise SettingsError(f"kv_group_size: expected a positive integer dividing the head dim, got {self.group_size!r}")
 
     def check_head_dim(self, head_dim: int) -> None:
