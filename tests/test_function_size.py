@@ -15,21 +15,21 @@ from tests.test_search_signatures import parameters
 
 MOST_PARAMETERS = 8
 MOST_LINES = 80
-# The functions over a limit today, each in a folder another change is rewriting: they are
-# split there. Keyed by path and name, which survive edits above them better than a line.
-IN_FLIGHT = {
-    "bosch_eval/attention/hybrid_spec.py build": "owned by another change in flight",
-    "bosch_eval/attention/kernels/blocked.py _all_blocks_in_one_call": "owned by another change in flight",
-    "bosch_eval/attention/kernels/blocked.py _block_by_block": "owned by another change in flight",
-    "bosch_eval/attention/kernels/flex.py flex_hybrid_layer": "owned by another change in flight",
-    "bosch_eval/bench/runner.py run_bench": "owned by another change in flight",
-    "bosch_eval/bench/runner.py _row": "owned by another change in flight",
-    "bosch_eval/caches/kv_quant/formula.py kv_cache_bytes_formula": "owned by another change in flight",
-    "bosch_eval/caches/kv_quant/fused.py gather_dequantize": "owned by another change in flight",
-    "search/api.py search_model": "owned by another change in flight",
-    "search/report.py render_report": "owned by another change in flight",
-    "search/cli/search_cli.py add_search_arguments": "owned by another change in flight",
-    "search/stages/stage2.py assign_layer_ratios": "owned by another change in flight",
+# The functions over a limit today, not yet split (issue 55, item 7); an entry fails once its
+# function fits. Keyed by path and name, which survive edits above them better than a line.
+NOT_YET_SPLIT = {
+    "bosch_eval/attention/hybrid_spec.py build": "not yet split",
+    "bosch_eval/attention/kernels/blocked.py _all_blocks_in_one_call": "not yet split",
+    "bosch_eval/attention/kernels/blocked.py _block_by_block": "not yet split",
+    "bosch_eval/attention/kernels/flex.py flex_hybrid_layer": "not yet split",
+    "bosch_eval/bench/runner.py run_bench": "not yet split",
+    "bosch_eval/bench/runner.py _row": "not yet split",
+    "bosch_eval/caches/kv_quant/formula.py kv_cache_bytes_formula": "not yet split",
+    "bosch_eval/caches/kv_quant/fused.py gather_dequantize": "not yet split",
+    "search/api.py search_model": "not yet split",
+    "search/report.py render_report": "not yet split",
+    "search/cli/search_cli.py add_search_arguments": "not yet split",
+    "search/stages/stage2.py assign_layer_ratios": "not yet split",
 }
 
 
@@ -63,11 +63,11 @@ def test_the_limits_are_counted_as_stated():
 
 
 def test_no_function_over_eight_parameters_or_eighty_lines():
-    over = {name: why for name, why in package_oversized().items() if name not in IN_FLIGHT}
+    over = {name: why for name, why in package_oversized().items() if name not in NOT_YET_SPLIT}
     assert over == {}, "split it into helpers with one job, or group its parameters in a frozen dataclass"
 
 
-@pytest.mark.parametrize("name", sorted(IN_FLIGHT))
+@pytest.mark.parametrize("name", sorted(NOT_YET_SPLIT))
 def test_each_function_allowed_over_a_limit_still_is(name):
     # Once its owner splits it, its entry here goes too.
-    assert name in package_oversized(), f"{name}: within the limits now; drop it from IN_FLIGHT"
+    assert name in package_oversized(), f"{name}: within the limits now; drop it from NOT_YET_SPLIT"
