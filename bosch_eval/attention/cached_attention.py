@@ -9,6 +9,7 @@ query sees (:meth:`SwaPart.settle`), given its key padding, which only the model
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import torch
@@ -71,7 +72,7 @@ def attend_cached(
     return out
 
 
-def _swa_attention(handle: HybridAttention, query: torch.Tensor):  # noqa: ANN202 - the backend's kernel
+def _swa_attention(handle: HybridAttention, query: torch.Tensor) -> Callable[..., torch.Tensor]:
     """The kernel for the SWA part. One query (a decode step): the part holds exactly the
     positions it sees (each row's sinks and the last W, the cache keeps no more), so plain
     attention over it by the backend's full kernel — no band mask, nothing of length T, no
