@@ -177,6 +177,38 @@ def test_scores_are_journaled_and_a_resumed_run_scores_nothing_twice(tmp_path: P
     assert scores["calib"]["all-swa"] == 1.0 and scores["dev"]["full"] == 0.0
 
 
+def test_several_calibration_metrics_share_one_evaluation_and_each_gets_its_verdict(tmp_path: Path):
+    from bosch_eval.search.cli.calib_check_cli import SharedEvaluation, calib_side
+
+    panel = build_panel(SHAPE, 32, [0.5], {"syn": ranking()}, random_count=3)
+    evaluations: list[HeadMask] = []
+
+    def kept(mask: HeadMask) -> float:  # fewer SWA groups, then full groups in lower layers, score higher
+        return 1.0 - mask.swa_ratio + 0.001 * sum(bit / (layer + 1) for layer, row in enumerate(mask.bits) for bit in row)
+
+    class Objective:  # "acc" agrees with dev, "anti" orders masks the other way round
+        def scores(self, mask: HeadMask, metrics: list[str]) -> dict[str, float]:
+            evaluations.append(mask)
+            anchor = mask.swa_ratio in (0.0, 1.0)  # the anchors as acc scores them, the other masks reversed
+            return {"acc": kept(mask), "anti": kept(mask) if anchor else 1.0 - kept(mask)}
+
+    metrics = ["acc", "anti"]
+    shared = SharedEvaluation(Objective(), metrics)
+    sides = {calib_side(metric, metrics): shared.side(metric) for metric in metrics}
+    assert list(sides) == ["calib", "calib:anti"]  # the headline keeps the journal's old side
+    scores = score_panel(panel, {**sides, "dev": kept}, tmp_path / "scores.jsonl")
+    assert len(evaluations) == len(panel)  # one evaluation per mask, both metrics read from it
+    settings = {"calib": "c", "calib_metadata": {}, "dev": "d", "dev_metadata": {}, "calib_metric": metrics, "dev_metric": "score"}
+    report = make_report(panel, scores, settings, "cmd")
+    assert report["status"] == "complete"
+    (headline,), (other,) = report["ratios"], report["by_metric"]["anti"]["ratios"]
+    assert headline["spearman"] > 0.9 and other["spearman"] < -0.9
+    assert headline["verdict"] == "predictive" and other["verdict"] == "not predictive"
+    text = render(report)
+    assert "scored by `acc`" in text and "Scored by `anti` instead of `acc`" in text and "scored by `score`" in text
+    assert "| mask | ratio | calib | calib anti | dev |" in text
+
+
 def test_a_partial_check_reports_the_probes_and_only_the_ratios_whose_masks_are_all_scored(tmp_path: Path):
     panel = build_panel(SHAPE, 32, [0.5, 0.75], {"syn": ranking()}, random_count=3)
     reports: list[dict | None] = []
@@ -290,13 +322,13 @@ class TestPinnedSettings:
 
         args = Namespace(model="toy", calib="bosch_niah_calib", calib_metadata={}, dev="bosch_niah_dev", dev_metadata={},
                          ratios=[0.5], random=2, window=None, calib_len=None, calib_examples=None, dtype=None, no_probes=False, sink=None,
-                         calib_metric="acc")  # fmt: skip
+                         calib_metric=["acc"], dev_metric="acc", dev_gen_kwargs={})  # fmt: skip
         return args, [("apl", str(ranking))], []
 
     @pytest.mark.parametrize(
         ("attribute", "value", "key"),
-        [("dtype", "bfloat16", "dtype"), ("sink", 4, "sink"), ("calib_metric", "acc_tiebreak", "calib_metric"),
-         ("no_probes", True, "probes")],
+        [("dtype", "bfloat16", "dtype"), ("sink", 4, "sink"), ("calib_metric", ["acc_tiebreak"], "calib_metric"),
+         ("calib_metric", ["acc", "prob"], "calib_metric"), ("dev_metric", "score", "dev_metric"), ("dev_gen_kwargs", {"max_gen_toks": 64}, "dev_gen_kwargs"), ("no_probes", True, "probes")],
     )  # fmt: skip
     def test_a_setting_is_pinned_only_when_given(self, tmp_path: Path, attribute: str, value: Any, key: str) -> None:
         """A check made before the flag existed (its default) resumes; another value is refused, named."""

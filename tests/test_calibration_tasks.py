@@ -4,6 +4,8 @@ built here (nothing is downloaded)."""
 
 from __future__ import annotations
 
+import math
+
 import re
 
 import pytest
@@ -11,7 +13,7 @@ import yaml
 from lm_eval.tasks import TaskManager
 
 from bosch_eval.models.random_model import train_tokenizer
-from bosch_eval.search.objective.objective import CalibrationObjective
+from bosch_eval.search.objective.objective import CalibrationObjective, ObjectiveError
 from bosch_eval.tasks import TASKS_DIR
 from bosch_eval.tasks.niah import calibration, dev_split, eval_suite, retrieval_calib, tiebreak, words
 from bosch_eval.tasks.niah.haystack import count_tokens
@@ -219,7 +221,12 @@ class TestTiebreak:
         doc = {"num_examples": 64}
         low, high = (tiebreak.process_results(doc, [(ll, False)]) for ll in (-3.0, -0.5))
         assert low["acc"] == high["acc"] == 0.0 and 0.0 <= low["acc_tiebreak"] < high["acc_tiebreak"] <= 1.0
-        assert tiebreak.process_results(doc, [(0.0, True)]) == {"acc": 1.0, "acc_tiebreak": 1.0}
+        assert tiebreak.process_results(doc, [(0.0, True)]) == {"acc": 1.0, "acc_tiebreak": 1.0, "prob": 1.0}
+
+    def test_prob_is_the_answers_probability_whatever_the_accuracy(self):
+        doc = {"num_examples": 64}
+        for loglikelihood, greedy in [(-0.5, True), (-0.5, False), (-40.0, False)]:
+            assert tiebreak.process_results(doc, [(loglikelihood, greedy)])["prob"] == pytest.approx(math.exp(loglikelihood))
 
     @pytest.mark.slow
     def test_the_search_objective_races_on_it_and_keeps_acc(self):
@@ -233,6 +240,13 @@ class TestTiebreak:
         acc, score = plain(full), tie(full)
         weight = tiebreak.tiebreak_weight(4)
         assert (1 - weight) * acc <= score <= (1 - weight) * acc + weight
+        calls = plain.calls
+        scores = plain.scores(full, ["acc", "acc_tiebreak", "prob"])
+        assert scores["acc"] == acc and scores["acc_tiebreak"] == pytest.approx(score)
+        assert scores["prob"] == pytest.approx((score - (1 - weight) * acc) / weight)
+        assert plain.calls == calls + 1  # the three metrics of one evaluation
+        with pytest.raises(ObjectiveError, match="nope"):
+            plain.scores(full, ["acc", "nope"])
 
 
 def test_the_calibration_set_registry_names_each_modules_task():

@@ -26,6 +26,7 @@ from bosch_eval.runtime.versions import versions
 from bosch_eval.search.defaults import DEFAULT_CALIB_TASK
 
 if TYPE_CHECKING:
+    from bosch_eval.masks.head_mask import HeadMask
     from bosch_eval.search.calib_check import PanelMask, RatioSummary
     from bosch_eval.search.objective.objective import CalibrationObjective
 
@@ -64,10 +65,18 @@ def add_calib_check_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--calib", default=DEFAULT_CALIB_TASK, help=f"calibration task (default {DEFAULT_CALIB_TASK})")
     parser.add_argument("--calib-metadata", type=json.loads, default={}, help="JSON metadata for the calibration task")
     parser.add_argument(
-        "--calib-metric", default="acc", help="metric of the calibration task, as the search's --calib-metric (default acc)"
+        "--calib-metric",
+        nargs="+",
+        default=["acc"],
+        help="metric of the calibration task, as the search's --calib-metric (default acc); several (e.g. acc acc_tiebreak "
+        "prob) are read from the same evaluation of each mask and each gets its Spearman and verdict, the first the headline",
     )
     parser.add_argument("--dev", default=DEFAULT_DEV, help=f"development task, never the test set (default {DEFAULT_DEV})")
     parser.add_argument("--dev-metadata", type=json.loads, default={}, help="JSON metadata for the dev task")
+    parser.add_argument("--dev-metric", default="acc", help="metric of the dev task (default acc; score for bosch_niah_dev_gen)")
+    parser.add_argument(
+        "--dev-gen-kwargs", type=json.loads, default={}, help='JSON generation settings of a generation-scored dev task, e.g. \'{"max_gen_toks": 64}\''
+    )
     parser.add_argument("--ratios", type=float, nargs="+", default=[0.5, 0.75, 0.875], help="SWA ratios to check")
     parser.add_argument("--random", type=int, default=20, help="random masks per ratio")
     parser.add_argument("--ranking", action="append", default=[], metavar="NAME=FILE", help="a bosch-ranking/1 file (repeatable)")
@@ -119,6 +128,8 @@ def run_from_args(args: argparse.Namespace) -> None:
         raise CalibCheckError(f"--random: expected at least 2 random masks per ratio (their spread is reported), got {args.random}")
     if args.sink is not None:
         check_sinks(args.sink, "--sink")
+    if len(set(args.calib_metric)) != len(args.calib_metric):
+        raise CalibCheckError(f"--calib-metric: expected distinct metric names, got {args.calib_metric}")
     ranking_files, mask_files = _named_files(args.ranking, "--ranking"), _named_files(args.mask, "--mask")
     rankings = {name: HeadRanking.load(path) for name, path in ranking_files}
     given = {name: HeadMask.load(path) for name, path in mask_files}
@@ -130,7 +141,7 @@ def run_from_args(args: argparse.Namespace) -> None:
         calib = build_objective(
             args.model,
             CalibrationSettings(
-                tasks=(args.calib,), metric=args.calib_metric, length=args.calib_len, examples=args.calib_examples,
+                tasks=(args.calib,), metric=args.calib_metric[0], length=args.calib_len, examples=args.calib_examples,
                 metadata=args.calib_metadata,
             ),  # fmt: skip
             LoadSettings(
@@ -138,7 +149,10 @@ def run_from_args(args: argparse.Namespace) -> None:
                 model_args={"sink": args.sink} if args.sink is not None else None,
             ),  # fmt: skip
         )
-        dev = CalibrationObjective(calib.lm, [args.dev], metadata={**_model_metadata(calib), **args.dev_metadata})
+        dev = CalibrationObjective(
+            calib.lm, [args.dev], metadata={**_model_metadata(calib), **args.dev_metadata}, metric=args.dev_metric,
+            gen_kwargs=args.dev_gen_kwargs,
+        )  # fmt: skip
         panel = build_panel(calib.shape, calib.lm.head_mask.window, ratios, rankings, args.random, given, probes=not args.no_probes)
         # Only once the tasks and masks are known to be good.
         _pin_settings(args.out, settings, args.new_settings)
@@ -153,8 +167,36 @@ def run_from_args(args: argparse.Namespace) -> None:
                 (args.out / "check.json").write_text(json.dumps(report, indent=1) + "\n")
                 (args.out / "report.md").write_text(render(report))
 
-        scores = score_panel(panel, {"calib": calib, "dev": dev}, args.out / "scores.jsonl", on_scores=write_report)
+        calib_sides = SharedEvaluation(calib, args.calib_metric)
+        objectives = {calib_side(metric, args.calib_metric): calib_sides.side(metric) for metric in args.calib_metric}
+        scores = score_panel(panel, {**objectives, "dev": dev}, args.out / "scores.jsonl", on_scores=write_report)
     print(render(make_report(panel, scores, settings, command)))
+
+
+def calib_side(metric: str, metrics: list[str]) -> str:
+    """A calibration metric's side in ``scores.jsonl``: ``calib`` for the first (the headline,
+    as every check before several metrics wrote it), ``calib:METRIC`` for the others."""
+    return "calib" if metric == metrics[0] else f"calib:{metric}"
+
+
+class SharedEvaluation:
+    """The calibration side's metrics from one evaluation per mask: ``score_panel`` asks for a
+    mask's sides one after another, and the model runs on the first of them only."""
+
+    def __init__(self, objective: CalibrationObjective, metrics: list[str]) -> None:
+        self.objective, self.metrics = objective, list(metrics)
+        self._mask: object = None
+        self._scores: dict[str, float] = {}
+
+    def side(self, metric: str) -> Callable[[Any], float]:
+        def score(mask: Any) -> float:
+            if len(self.metrics) == 1:
+                return self.objective(mask)
+            if mask is not self._mask:
+                self._scores, self._mask = self.objective.scores(mask, self.metrics), mask
+            return self._scores[metric]
+
+        return score
 
 
 def check_settings(args: argparse.Namespace, rankings: list[tuple[str, str]], masks: list[tuple[str, str]]) -> dict[str, Any]:
@@ -171,8 +213,12 @@ def check_settings(args: argparse.Namespace, rankings: list[tuple[str, str]], ma
         settings["probes"] = False
     if args.sink is not None:  # likewise (before --sink, every check ran without sinks)
         settings["sink"] = args.sink
-    if args.calib_metric != "acc":  # likewise (before --calib-metric, every check scored acc)
-        settings["calib_metric"] = args.calib_metric
+    if args.calib_metric != ["acc"]:  # likewise (before --calib-metric, every check scored acc)
+        settings["calib_metric"] = args.calib_metric[0] if len(args.calib_metric) == 1 else args.calib_metric
+    if args.dev_metric != "acc":  # likewise (before --dev-metric, every dev task was scored by acc)
+        settings["dev_metric"] = args.dev_metric
+    if args.dev_gen_kwargs:  # likewise
+        settings["dev_gen_kwargs"] = args.dev_gen_kwargs
     settings["model"] = portable_name(args.model)
     settings["ranking"] = {name: {"sha256": file_digest(path)} for name, path in rankings}
     settings["mask"] = {name: {"sha256": file_digest(path)} for name, path in masks}
@@ -181,7 +227,7 @@ def check_settings(args: argparse.Namespace, rankings: list[tuple[str, str]], ma
 
 # The settings a dev score depends on, besides the mask: two checks that agree on them score
 # a mask of the same name and file alike on the dev side.
-DEV_SETTINGS = ("model", "dev", "dev_metadata", "window", "dtype", "sink")
+DEV_SETTINGS = ("model", "dev", "dev_metadata", "dev_metric", "dev_gen_kwargs", "window", "dtype", "sink")
 
 
 def check_dev_source(source: Path, settings: dict[str, Any]) -> dict[str, set[str]]:
@@ -225,7 +271,7 @@ def copy_dev_scores(source: Path, journal: Path, names: set[str]) -> None:
 
 def score_panel(
     panel: list[PanelMask],
-    objectives: dict[str, CalibrationObjective],
+    objectives: dict[str, Callable[[HeadMask], float]],
     journal: Path,
     on_scores: Callable[[dict[str, dict[str, float]]], None] | None = None,
 ) -> dict[str, dict[str, float]]:
@@ -237,7 +283,7 @@ def score_panel(
     if journal.is_file():
         for line in journal.read_text().splitlines():
             record = json.loads(line)
-            scores[record["side"]][record["name"]] = record["score"]
+            scores.setdefault(record["side"], {})[record["name"]] = record["score"]
     todo = [(item, side) for item in panel for side in objectives if item.name not in scores[side]]
     if on_scores is not None:
         on_scores(scores)
@@ -261,34 +307,45 @@ def make_report(
     another test). None until both anchors are scored on both sides."""
     from bosch_eval.search.calib_check import layer_drops, summarize
 
-    calib, dev = scores["calib"], scores["dev"]
-    scored = [item for item in panel if item.name in calib and item.name in dev]
+    metrics = settings.get("calib_metric", "acc")
+    metrics = [metrics] if isinstance(metrics, str) else list(metrics)
+    sides = [scores.get(calib_side(metric, metrics), {}) for metric in metrics] + [scores["dev"]]
+    calib, dev = sides[0], sides[-1]
+    scored = [item for item in panel if all(item.name in side for side in sides)]
     names = {item.name for item in scored}
     if not {"full", "all-swa"} <= names:
         return None
     unfinished = {item.ratio for item in panel if item.name not in names}
     reported = [item for item in scored if item.ratio is None or item.ratio not in unfinished]
-    done = sum(item.name in side for item in panel for side in (calib, dev))
+    done = sum(item.name in side for item in panel for side in sides)
+    by_metric = {
+        metric: {"ratios": [_summary_json(summary) for summary in summarize(reported, side, dev)],
+                 "masks": {item.name: side[item.name] for item in scored}}
+        for metric, side in zip(metrics[1:], sides[1:-1], strict=True)
+    }  # fmt: skip
     return {
         "command": command,
         "versions": versions("bosch-eval", "lm_eval", "torch", "transformers"),
         "settings": settings,
-        "status": "complete" if done == 2 * len(panel) else f"partial: {done} of {2 * len(panel)} scores",
+        "status": "complete" if done == len(sides) * len(panel) else f"partial: {done} of {len(sides) * len(panel)} scores",
         "full": {"calib": calib["full"], "dev": dev["full"]},
         "all_swa": {"calib": calib["all-swa"], "dev": dev["all-swa"]},
         "layer_drops": {"calib": layer_drops(reported, calib), "dev": layer_drops(reported, dev)},
         "ratios": [_summary_json(summary) for summary in summarize(reported, calib, dev)],
         "masks": [{"name": item.name, "kind": item.kind, "ratio": item.ratio, "calib": calib[item.name], "dev": dev[item.name]} for item in scored],
+        **({"by_metric": by_metric} if by_metric else {}),
     }  # fmt: skip
 
 
 def render(report: dict[str, Any]) -> str:
     settings = report["settings"]
+    metrics = settings.get("calib_metric", "acc")
+    headline = metrics if isinstance(metrics, str) else metrics[0]
     lines = [
         f"$ {report['command']}", "", f"versions: {json.dumps(report['versions'])}", "",
         *_partial_note(report.get("status", "complete")),
         f"calibration `{settings['calib']}` {json.dumps(settings['calib_metadata'])} scored by "
-        f"`{settings.get('calib_metric', 'acc')}`; development `{settings['dev']}` "
+        f"`{headline}`; development `{settings['dev']}` scored by `{settings.get('dev_metric', 'acc')}` "
         f"{json.dumps(settings['dev_metadata'])}; SWA groups see {settings.get('sink', 0)} sink positions besides their window",
         "", f"S(full) calib {report['full']['calib']:.3f} / dev {report['full']['dev']:.3f}; "
         f"S(all SWA) calib {report['all_swa']['calib']:.3f} / dev {report['all_swa']['dev']:.3f}", "",
@@ -296,20 +353,38 @@ def render(report: dict[str, Any]) -> str:
         "| ratio | masks | random spread (calib) | share ≥ S(full) | at the floor on both sides | Spearman calib~dev, off the floor [95% CI] | top regret (dev) | verdict |",
         "|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
-    for row in report["ratios"]:
-        low, high = row["ci"]
-        lines.append(
-            f"| {row['ratio']} | {row['masks']} | {row['random_spread']:.3f} | {row['saturated_share']:.2f} | "
-            f"{row['floor_tied']} | {_number(row['spearman'])} [{_number(low)}, {_number(high)}] | {row['top_regret']:.3f} | **{row['verdict']}** |"
-        )
+    lines += map(_ratio_row, report["ratios"])
+    lines += _other_metrics(report.get("by_metric", {}), headline)
     lines += ["", "At the floor: masks that score at or below S(all SWA) on both tasks; Spearman and the verdict leave "
               "them out (they agree by having nothing to order), and most of a ratio's masks there is "
               "\"saturated at the floor\".",
               "", "Top regret: the best dev score at the ratio minus the dev score of the calibration's favourite mask "
-              "(the mean over equal favourites): what a search that finds that favourite gives up on the dev task.",
-              "", "| mask | ratio | calib | dev |", "|---|---|---|---|"]
-    lines += [f"| {m['name']} | {m['ratio'] if m['ratio'] is not None else ''} | {m['calib']:.3f} | {m['dev']:.3f} |" for m in report["masks"]]
+              "(the mean over equal favourites): what a search that finds that favourite gives up on the dev task.", ""]
+    others = report.get("by_metric", {})
+    lines += ["| mask | ratio | calib | " + "".join(f"calib {metric} | " for metric in others) + "dev |",
+              "|---|---|---|" + "---|" * len(others) + "---|"]  # fmt: skip
+    for m in report["masks"]:
+        extra = "".join(f"{other['masks'][m['name']]:.4f} | " for other in others.values())
+        lines.append(f"| {m['name']} | {m['ratio'] if m['ratio'] is not None else ''} | {m['calib']:.3f} | {extra}{m['dev']:.3f} |")
     return "\n".join(lines) + "\n"
+
+
+def _ratio_row(row: dict[str, Any]) -> str:
+    low, high = row["ci"]
+    return (
+        f"| {row['ratio']} | {row['masks']} | {row['random_spread']:.3f} | {row['saturated_share']:.2f} | "
+        f"{row['floor_tied']} | {_number(row['spearman'])} [{_number(low)}, {_number(high)}] | {row['top_regret']:.3f} | **{row['verdict']}** |"
+    )
+
+
+def _other_metrics(by_metric: dict[str, Any], headline: str) -> list[str]:
+    """The same table for every calibration metric besides the headline, read from the same evaluations."""
+    lines = []
+    for metric, summary in by_metric.items():
+        lines += ["", f"Scored by `{metric}` instead of `{headline}` (the same evaluations, the same dev scores):", "",
+                  "| ratio | masks | random spread (calib) | share ≥ S(full) | at the floor on both sides | Spearman calib~dev, off the floor [95% CI] | top regret (dev) | verdict |",
+                  "|---|---|---|---|---|---|---|---|", *map(_ratio_row, summary["ratios"])]  # fmt: skip
+    return lines
 
 
 def _layer_drops(drops: dict[str, dict[int, float]]) -> list[str]:

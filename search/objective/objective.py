@@ -100,6 +100,8 @@ class CalibrationObjective(ObjectiveRacing):
             ``num_examples``, ``calib_seed`` and ``tokenizer``/``pretrained`` from it).
         metric: the metric name (``acc``), or ``name,filter`` when a task has several filters.
         limit: lm-eval's ``limit`` (first N documents of each task, or a fraction).
+        gen_kwargs: generation settings over the tasks' own, as ``lm_eval --gen_kwargs`` sets them
+            (a generation-scored dev task of ``calib-check``: ``max_gen_toks``).
 
     Attributes:
         calls: evaluations done so far that ran the model: plain calls, and raced masks that
@@ -118,6 +120,7 @@ class CalibrationObjective(ObjectiveRacing):
         metadata: Mapping[str, Any] | None = None,
         metric: str = "acc",
         limit: int | float | None = None,
+        gen_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         if isinstance(tasks, str):
             tasks = (tasks,)
@@ -142,6 +145,8 @@ class CalibrationObjective(ObjectiveRacing):
         for task in self.task_dict["tasks"].values():
             if task.get_config("num_fewshot") is None:
                 task.set_config(key="num_fewshot", value=0)  # as simple_evaluate does
+            if gen_kwargs and task.get_config("output_type") == "generate_until":
+                task.set_config(key="generation_kwargs", value=dict(gen_kwargs), update=True)  # as simple_evaluate does
         self.higher_is_better = metric_direction(self.task_dict["tasks"], metric)
         self._racing_problem = self._why_not_raceable()  # the tasks are fixed from here on
 
@@ -165,13 +170,26 @@ class CalibrationObjective(ObjectiveRacing):
 
         def from_results() -> tuple[float, dict[str, dict[int, float]]]:
             values = {name: self._example_values(results["samples"][name]) for name in self.tasks} if learn else {}
-            return self._score(results["results"]), values
+            return self._score(results["results"], self.metric), values
 
         main = from_results if results is not None else None  # lm-eval gathers the results on rank 0
         score, values = on_main_then_everywhere(main, ObjectiveError, self.lm.world_size)
         if values:
             self._racer().learn(mask, values)
         return score
+
+    def scores(self, mask: HeadMask, metrics: Sequence[str]) -> dict[str, float]:
+        """Score ``mask`` by several metrics of the same evaluation (one forward pass): what
+        ``calib-check`` compares when it asks which metric orders masks as a dev split does.
+        Not raced: racing stops a mask early by one metric's values."""
+        for metric in metrics:
+            metric_direction(self.task_dict["tasks"], metric)  # a metric no task reports fails here, named
+        self.lm.set_mask(mask)
+        results = self._evaluate(self.task_dict, limit=self.limit)
+        self.examples_scored += sum(self._sizes().values())
+        self.calls += 1
+        main = (lambda: {metric: self._score(results["results"], metric) for metric in metrics}) if results is not None else None
+        return on_main_then_everywhere(main, ObjectiveError, self.lm.world_size)
 
     def work(self) -> dict[str, float]:
         """What the calls so far cost: calls, examples forwarded per call (of the full count),
@@ -264,36 +282,36 @@ class CalibrationObjective(ObjectiveRacing):
         return float(self.task_dict["tasks"][task].aggregation()[self.metric.split(",")[0]](list(values)))
 
     # -- scores -----------------------------------------------------------------------
-    def _score(self, results: Mapping[str, Mapping[str, Any]]) -> float:
-        values = [self._name_score(name, results, self._loaded[name]) for name in self.tasks]
+    def _score(self, results: Mapping[str, Mapping[str, Any]], metric: str) -> float:
+        values = [self._name_score(name, results, self._loaded[name], metric) for name in self.tasks]
         return math.fsum(values) / len(values)
 
-    def _name_score(self, name: str, results: Mapping[str, Mapping[str, Any]], loaded: TaskDict) -> float:
-        value = metric_value(results.get(name, {}), self.metric)
+    def _name_score(self, name: str, results: Mapping[str, Mapping[str, Any]], loaded: TaskDict, metric: str) -> float:
+        value = metric_value(results.get(name, {}), metric)
         if value is not None:
             return value
         groups = loaded.get("groups", {})
         if name in groups:
-            return self._group_mean(groups[name], results, groups)
+            return self._group_mean(groups[name], results, groups, metric)
         if name not in loaded["tasks"] and loaded["tasks"]:  # a tag or a YAML path: its tasks
-            return _mean([self._leaf(task, results) for task in loaded["tasks"]])
-        return self._leaf(name, results)
+            return _mean([self._leaf(task, results, metric) for task in loaded["tasks"]])
+        return self._leaf(name, results, metric)
 
-    def _group_mean(self, group: Group, results: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Group]) -> float:
+    def _group_mean(self, group: Group, results: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Group], metric: str) -> float:
         values = []
         for child in group.child_names:
-            value = metric_value(results.get(child, {}), self.metric)
+            value = metric_value(results.get(child, {}), metric)
             if value is None and child in groups:
-                value = self._group_mean(groups[child], results, groups)
-            values.append(self._leaf(child, results) if value is None else value)
+                value = self._group_mean(groups[child], results, groups, metric)
+            values.append(self._leaf(child, results, metric) if value is None else value)
         return _mean(values)
 
-    def _leaf(self, name: str, results: Mapping[str, Mapping[str, Any]]) -> float:
-        value = metric_value(results.get(name, {}), self.metric)
+    def _leaf(self, name: str, results: Mapping[str, Mapping[str, Any]], metric: str) -> float:
+        value = metric_value(results.get(name, {}), metric)
         if value is None:
             reported = sorted(k for k in results.get(name, {}) if "," in k and "_stderr" not in k)
             raise ObjectiveError(
-                f"metric: lm-eval reported no {self.metric!r} for {name!r} (it reported {reported or 'nothing'}); "
+                f"metric: lm-eval reported no {metric!r} for {name!r} (it reported {reported or 'nothing'}); "
                 "pass --calib-metric with one of those (name,filter where a task has several filters)"
             )
         return value

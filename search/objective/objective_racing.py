@@ -176,5 +176,5 @@ class ObjectiveRacing:
 
     def _exact(self, tally: Tally) -> float:
         """S(z) from a complete tally: lm-eval's aggregation of each task's values in document order."""
-        return self._score({task: {self.metric: self._aggregate(task, tally.in_document_order(task))} for task in tally.sizes})
+        return self._score({task: {self.metric: self._aggregate(task, tally.in_document_order(task))} for task in tally.sizes}, self.metric)
 

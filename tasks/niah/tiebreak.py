@@ -10,6 +10,13 @@ for a set of N examples. Then one more correct example always outweighs any chan
 the probabilities (``(1 − ε)/N > ε``), so masks are ordered by accuracy first and, among
 equal accuracies, by how sure the model is of the answers. Each value stays in [0, 1]
 and the task aggregates with lm-eval's mean, so racing stays exact.
+
+``prob`` is ``p`` alone, the mean probability of the answers: a continuous S that the search's
+Eq. 2 normalizes between its anchors like any other (``--calib-metric prob``, a deviation
+from the paper's accuracy). It orders masks that accuracy ties, and it also moves with
+changes in confidence that accuracy would never see, so a mask may gain ``prob`` while it
+loses an answer; ``calib-check --calib-metric acc acc_tiebreak prob`` measures which of the
+three orders masks as a development split does.
 """
 
 from __future__ import annotations
@@ -25,8 +32,8 @@ def tiebreak_weight(num_examples: int) -> float:
 
 def process_results(doc: dict[str, Any], results: list[tuple[float, bool]]) -> dict[str, float]:
     """lm-eval ``process_results`` of a one-continuation loglikelihood task: ``acc`` as
-    lm-eval computes it, and ``acc_tiebreak``."""
+    lm-eval computes it, ``acc_tiebreak`` and ``prob``."""
     ((loglikelihood, is_greedy),) = results
-    acc = float(is_greedy)
+    acc, prob = float(is_greedy), math.exp(loglikelihood)
     weight = tiebreak_weight(doc["num_examples"])
-    return {"acc": acc, "acc_tiebreak": (1 - weight) * acc + weight * math.exp(loglikelihood)}
+    return {"acc": acc, "acc_tiebreak": (1 - weight) * acc + weight * prob, "prob": prob}
