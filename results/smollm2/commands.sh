@@ -16,6 +16,8 @@
 #   check-tiebreak  the same check of bosch_niah_calib scored by acc_tiebreak -> check_tiebreak/bosch_niah_calib/
 #   check-ties  tied masks of the rho = 0.75 search and Razor's, by acc_tiebreak and on dev -> check_ties_r0.75/
 #   check-ties-long  the same masks on a larger dev draw, 48 documents per format at 1024 and at 2048 -> check_ties_r0.75_long/
+#   objective-choice  issue 53 item 2: acc, acc_tiebreak and prob on the calibration set, each against a generation-scored
+#              dev draw of every value format, at rho = 0.75 (rule: objective_choice.md)  -> objective_choice_r0.75/
 #   dev-uuid   rho = 0.75's tied masks and Razor's on the UUID format, scored by generation (bosch_niah_dev_gen) -> dev_uuid_r0.75/
 #   uuid-calib-dev  the same masks on bosch_niah_calib_uuid's development draw (calib_seed 1), prefill-scored
 #              as a calibration set is                                     -> uuid_calib_dev/
@@ -120,6 +122,18 @@ case $step in
               --dev-metadata '{"dev_lengths": [1024, 2048], "dev_samples": 48, "dev_variants": ["single_1", "single_2"]}' \
               --ratios 0.75 --random 2 --ranking razor_niah=$R/rankings/razor.json "${masks[@]}" --dtype bfloat16 --batch-size 8 \
               --no-probes --out $R/check_ties_r0.75_long ;;
+  objective-choice) # the calibration metric of the searches on real models, by the rule in objective_choice.md (written
+            # before any of these scores): the six rankings of rankings/ (the search's own calibration set), INTR, BME, RAND,
+            # two random masks and four masks the rho = 0.75 search tied at 1.000; the three metrics read from one evaluation
+            # per mask; dev by generation (as the test tasks score), numbers, words and UUID values, 8 documents per format
+            # at 1024 and at 2048 (48 a mask), after the batch-size fix (any batch scores alike)
+            rankings=(); for method in apl dcam fisher proxy qada razor; do rankings+=(--ranking $method=$R/rankings/$method.json); done
+            masks=(); for i in 0 1 2 3; do masks+=(--mask tied$i=$R/tied_r0.75/tied$i.json); done
+            bosch-eval calib-check --model smollm2 --calib $CALIB --calib-metric acc acc_tiebreak prob --sink 4 \
+              --dev bosch_niah_dev_gen --dev-metric score --dev-metadata '{"dev_lengths": [1024, 2048], "dev_samples": 8,
+              "dev_variants": ["single_1", "single_2", "single_3"]}' --dev-gen-kwargs '{"max_gen_toks": 64}' \
+              --ratios 0.75 --random 2 "${rankings[@]}" "${masks[@]}" --dtype bfloat16 --batch-size 8 --no-probes \
+              --out $R/objective_choice_r0.75 ;;
   dev-uuid) # diagnosis, choosing nothing: does the development split see the held-out gap to Razor at rho = 0.75
             # (on UUID values) once it draws the UUID format and scores it as the test does, by generation? Full attention,
             # the search's mask (tied0), Razor's and two more tied masks, on 48 single_3 documents at 1024 and at 2048
