@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bosch_eval.attention.local_window import WINDOW_CONVENTIONS
 from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape, check_window
 from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS
+from bosch_eval.masks.window import WINDOW_CONVENTIONS
 from bosch_eval.models.model_check import model_config, resolve_model
 from bosch_eval.models.model_defaults import model_defaults
 

@@ -16,7 +16,7 @@ A ranking (``bosch-ranking/1``) scores every KV group; applying a ratio ρ conve
 ⌈ρ·L·G⌉ most local groups to SWA.
 
 Both may carry ``"sinks": S`` (attention-sink positions every SWA query also sees,
-:class:`~bosch_eval.attention.local_window.LocalWindow`); it is optional, absent means 0, and it is
+:class:`~bosch_eval.masks.window.LocalWindow`); it is optional, absent means 0, and it is
 written only when S > 0, so files without sinks read and write as before.
 """
 
@@ -29,19 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.attention.local_window import LocalWindow
-from bosch_eval.runtime.checks import check_int, is_number
-from bosch_eval.runtime.errors import BoschError
+from bosch_eval.masks.window import LocalWindow, check_sinks, check_window
+from bosch_eval.runtime.checks import is_number
+from bosch_eval.runtime.errors import MaskError
 
 MASK_FORMAT = "bosch-mask/1"
 RANKING_FORMAT = "bosch-ranking/1"
 
 # Ratios such as 0.1 * 30 are 3.0000000000000004 in floating point; ⌈·⌉ must still give 3.
 _CEIL_SLACK = 1e-9
-
-
-class MaskError(BoschError):
-    """A mask, ranking or ratio that cannot be used as given."""
 
 
 def ceil_count(ratio: float, total: int) -> int:
@@ -66,16 +62,6 @@ def uniform_bit(ratio: float) -> int | None:
     that special case is decided: the search scores just the anchors then, and Stage 3 skips
     such layers."""
     return {0.0: 1, 1.0: 0}.get(check_ratio(ratio))
-
-
-def check_window(window: Any, source: str = "window") -> int:
-    """Validate a sliding-window size: a positive integer number of keys."""
-    return check_int(window, source, minimum=1, expected="a positive integer window (keys seen per query)", error=MaskError)
-
-
-def check_sinks(sinks: Any, source: str = "sink") -> int:
-    """Validate an attention-sink count: an integer >= 0 (0 = no sinks)."""
-    return check_int(sinks, source, minimum=0, expected="an integer >= 0 (attention-sink positions, 0 = none)", error=MaskError)
 
 
 @dataclass(frozen=True)

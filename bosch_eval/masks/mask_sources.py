@@ -9,7 +9,7 @@ from typing import Any
 
 from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError, ModelShape, check_ratio, check_sinks
 from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS, layer_heuristic_mask
-from bosch_eval.models.model_defaults import resolve_window
+from bosch_eval.masks.window import resolve_window
 
 
 @dataclass(frozen=True)

@@ -29,11 +29,11 @@ from typing import Any
 import torch
 
 from bosch_eval.attention.hybrid_attention import hybridize
-from bosch_eval.attention.local_window import WINDOW_CONVENTIONS
 from bosch_eval.caches.kv_quant.config import CONFIG_FIELD as KV_QUANT_FIELD
 from bosch_eval.masks.head_mask import HeadMask
+from bosch_eval.masks.window import WINDOW_CONVENTIONS
 from bosch_eval.models.checkpoint import CONFIG_FIELD as MASK_FIELD
-from bosch_eval.runtime.errors import BoschError
+from bosch_eval.runtime.errors import ExportError
 
 SERVING_FORMAT = "bosch-serving/1"
 CONVENTIONS = WINDOW_CONVENTIONS
@@ -44,10 +44,6 @@ _CHECKED_POSITIONS = 16
 # The exported model must be at least 10x closer to the hybrid model than the unmasked
 # model is; a family that ignores layer_types gives exactly the unmasked model (ratio 1).
 _MAX_DISTANCE_RATIO = 0.1
-
-
-class ExportError(BoschError):
-    """A mask or model that the chosen export target cannot represent."""
 
 
 def whole_layer_types(mask: HeadMask, source: str = "mask") -> list[str]:

@@ -39,8 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.models.model_check import ModelError
+from bosch_eval.models.model_defaults import DEFAULTS_FILE
 from bosch_eval.runtime.digests import file_digest
+from bosch_eval.runtime.errors import ModelError
 
 log = logging.getLogger("bosch_eval")
 
@@ -300,8 +301,6 @@ def _versions() -> dict[str, str]:
 def _sync_defaults(directory: Path, defaults: Mapping[str, Any]) -> None:
     """Keep the converted checkpoint's ``bosch_defaults.json`` equal to :data:`PACKAGED_GGUF`'s
     (a cached directory outlives the release that converted it). Replaced atomically."""
-    from bosch_eval.models.model_defaults import DEFAULTS_FILE
-
     path = directory / DEFAULTS_FILE
     text = json.dumps(dict(defaults), sort_keys=True) + "\n"
     if path.is_file() and path.read_text() == text:

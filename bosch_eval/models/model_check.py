@@ -25,15 +25,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.runtime.errors import BoschError
+from bosch_eval.models.gguf_models import PACKAGED_GGUF, is_gguf_path, resolve_gguf
+from bosch_eval.runtime.errors import ModelError
 
 IGNORE_FLAG = "--ignore-max-positions"
 IGNORE_METADATA = "ignore_max_positions"
-
-
-class ModelError(BoschError):
-    """A model that does not exist or cannot be used, or a length it cannot hold."""
-
 
 TOY_DIR = Path(__file__).resolve().parents[1] / "toy"  # bosch_eval/toy/, beside this models/ folder
 
@@ -60,16 +56,12 @@ def model_path(name: str = "toy") -> Path:
 
 def model_aliases() -> list[str]:
     """Every short model name a command accepts: the bundled toys and the packaged GGUFs."""
-    from bosch_eval.models.gguf_models import PACKAGED_GGUF  # no torch: read at interpreter start by lm_eval's hook
-
     return sorted([*BUNDLED_MODELS, *PACKAGED_GGUF])
 
 
 def names_a_local_model(name: str) -> bool:
     """Whether :func:`resolve_model` turns ``name`` into another directory (an alias or a
     ``.gguf`` file), rather than passing it on."""
-    from bosch_eval.models.gguf_models import is_gguf_path
-
     return name in model_aliases() or is_gguf_path(name)
 
 
@@ -91,8 +83,6 @@ def resolve_model(name: str, check: bool = True) -> str:
         except FileNotFoundError as err:
             raise ModelError(f"model {name!r}: {err}") from None
     if names_a_local_model(name):
-        from bosch_eval.models.gguf_models import resolve_gguf
-
         return str(resolve_gguf(name))
     return check_model_exists(name) if check else name
 

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bosch_eval.models.model_check import ModelError
-from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.errors import ModelError, SettingsError
 
 ROPE_SCALINGS = ("yarn",)
 

@@ -13,15 +13,11 @@ from __future__ import annotations
 import functools
 import logging
 
-from bosch_eval.models.model_check import ModelError
+from bosch_eval.runtime.errors import DeviceError
 
 log = logging.getLogger("bosch_eval")
 
 AUTO = "auto"
-
-
-class DeviceError(ModelError):
-    """A device that this machine or this torch build cannot use."""
 
 
 def _cuda_problem() -> str | None:

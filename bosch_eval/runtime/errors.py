@@ -1,4 +1,11 @@
-"""The errors a user can fix: one base class, so every command reports any of them in one line."""
+"""The errors a user can fix, all in this one module: one base class, so every command reports
+any of them in one line, and one place to see them all (docs/conventions.md#errors).
+
+Every core folder raises these, and this module imports nothing of the package, so no folder
+has to import another one for its error class: the modules that raise them re-export the
+names they were first defined in (``from bosch_eval.masks.head_mask import MaskError`` keeps
+working).
+"""
 
 from __future__ import annotations
 
@@ -9,13 +16,48 @@ from collections.abc import Callable
 class BoschError(ValueError):
     """An input or setting that cannot be used as given; the message names it and what was expected.
 
-    Each part raises a specific subclass: ``MaskError`` (masks, rankings), ``ModelError``,
-    :class:`SettingsError`, ``ExportError``, ``SearchError``, ...
+    Each part raises a specific subclass: :class:`MaskError` (masks, rankings), :class:`ModelError`,
+    :class:`SettingsError`, :class:`ExportError`, ``SearchError``, ...
     """
 
 
 class SettingsError(BoschError):
     """An option that is not a mask: a cache, backend, quantization, scaling, loader or run setting."""
+
+
+class MaskError(BoschError):
+    """A mask, ranking or ratio that cannot be used as given."""
+
+
+class WindowError(MaskError, SettingsError):
+    """No SWA window can be chosen, or the one given is not a positive integer: a mask's
+    setting and a command's at once, so callers catching either see it."""
+
+
+class LocalWindowError(BoschError):
+    """A window or sink count that cannot be used."""
+
+
+class ModelError(BoschError):
+    """A model that does not exist or cannot be used, or a length it cannot hold."""
+
+
+class DeviceError(ModelError):
+    """A device that this machine or this torch build cannot use."""
+
+
+class ExportError(BoschError):
+    """A mask or model that the chosen export target cannot represent."""
+
+
+class LmEvalError(BoschError):
+    """A task, metric or result that lm-eval cannot give as asked (the search's
+    ``ObjectiveError`` is this class)."""
+
+
+class LaunchError(LmEvalError):
+    """Processes that cannot share an evaluation as launched. An :class:`LmEvalError` (the
+    search's ``ObjectiveError``): lm-eval could not give the scores as asked."""
 
 
 def exit_status(prog: str, run: Callable[[], object]) -> int:

@@ -24,17 +24,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from accelerate import Accelerator, PartialState
 from accelerate.utils import broadcast_object_list
 
-from bosch_eval.runtime.lm_eval_session import LmEvalError
+from bosch_eval.runtime.errors import LaunchError
 
 if TYPE_CHECKING:
     from lm_eval.models.huggingface import HFLM
 
 T = TypeVar("T")
-
-
-class LaunchError(LmEvalError):
-    """Processes that cannot share an evaluation as launched. An :class:`LmEvalError` (the
-    search's ``ObjectiveError``): lm-eval could not give the scores as asked."""
 
 
 def launched_processes() -> int:

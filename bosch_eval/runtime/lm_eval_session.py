@@ -23,18 +23,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from bosch_eval.runtime.errors import BoschError
+from bosch_eval.runtime.errors import LmEvalError
 from bosch_eval.runtime.nltk_offline import nltk_download_explained
 
 if TYPE_CHECKING:
     from lm_eval.tasks import TaskDict, TaskManager
 
 FEWSHOT_SEED = 1234  # simple_evaluate's default fewshot_random_seed (lm_eval.defaults)
-
-
-class LmEvalError(BoschError):
-    """A task, metric or result that lm-eval cannot give as asked (the search's
-    ``ObjectiveError`` is this class)."""
 
 
 def bundled_tasks_dir() -> str:
