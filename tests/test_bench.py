@@ -21,6 +21,7 @@ from bosch_eval.caches.hybrid_cache import HybridCache
 from bosch_eval.cli import main
 from bosch_eval.masks.head_mask import ModelShape
 from bosch_eval.models.random_model import random_model
+from bosch_eval.runtime.errors import SettingsError
 
 
 def test_a_ratio_is_timed_on_a_mask_whose_layers_hold_different_swa_counts():
@@ -46,6 +47,23 @@ def test_rows_and_kv_bytes_match_the_formula():
     assert hybrid.kv_cache_bytes == 4 * (1 * 64 + 3 * min(64, 2 - 1)) * per_token
     assert "| r | 0.75 | 2 | 64 |" in ratio_table(rows)
     assert 0 < hybrid.attention_share < 1 and 0 < original.attention_share < 1
+
+
+def test_bench_gives_the_model_back_as_it_was():
+    """Each configuration is hybridized for its runs only (a with-block), as lm-eval's
+    hf_steered applies its patch: afterwards the plain model, its attention and config."""
+    model = random_model("qwen3", num_layers=4)
+    ids = torch.randint(0, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+    run_bench(model, [("r", 0.75)], lengths=[32], decode_tokens=1, repeats=1, warmup=0, profile=False)
+    assert not hasattr(model, "bosch_hybrid") and "bosch_mask" not in vars(model.config)
+    assert model.config._attn_implementation == "sdpa"
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, before)
+    hybridize(model, balanced_mask(ModelShape.from_config(model.config), 0.5, window=4))
+    with pytest.raises(SettingsError, match="already hybridized"):
+        run_bench(model, [("r", 0.75)], lengths=[32], decode_tokens=1, repeats=1, warmup=0, profile=False)
 
 
 def test_attention_timer_restores_the_registry():
@@ -240,8 +258,10 @@ def test_decode_peak_holds_the_cache_and_sees_quantization_shrink_it():
 
     model = random_model("qwen3", num_layers=4)
     ids = torch.randint(0, model.config.vocab_size, (1, 512), generator=torch.Generator().manual_seed(0))
-    original = bench.decode_peak(model, ids, None, bench._set_up(model, None, 16))
-    quantized = bench.decode_peak(model, ids, None, bench._set_up(model, None, 16, KVQuantConfig("kivi", bits=2, window=16, group_size=model.config.head_dim)))
+    with bench.configured(model, None, 16) as cache:
+        original = bench.decode_peak(model, ids, None, cache)
+    with bench.configured(model, None, 16, KVQuantConfig("kivi", bits=2, window=16, group_size=model.config.head_dim)) as cache:
+        quantized = bench.decode_peak(model, ids, None, cache)
     held = 4 * model.config.num_key_value_heads * 2 * model.config.head_dim * 4  # bytes per token over all layers, fp32
     assert original >= 512 * held  # the cache itself
     assert quantized < original

@@ -7,9 +7,10 @@ at batch B (default 8), KV-cache bytes after the prefill, the prefill's peak mem
 allocator peak; on CPU the peak resident set size above the start, see
 :func:`~bosch_eval.bench.memory.peak_memory`), and the decode phase's own peak: the tensor bytes live at the worst
 moment of the decode steps, the KV cache included and the weights not
-(:func:`decode_peak`, from the profiler's allocation events). The original runs unpatched
-(``sdpa``, transformers' dynamic cache); hybrids run the bosch attention (``backend``,
-default ``auto``) on the deploy-mode :class:`~bosch_eval.caches.hybrid_cache.HybridCache`.
+(:func:`decode_peak`, from the profiler's allocation events). The original runs as loaded
+(the CLI loads ``sdpa``; transformers' dynamic cache); hybrids run the bosch attention (``backend``,
+default ``auto``) on the deploy-mode :class:`~bosch_eval.caches.hybrid_cache.HybridCache`,
+each for its block only (:func:`configured`): the model is given back as it was after every run.
 
 Timing is honest on a GPU: every configuration runs once untimed first (CUDA context,
 kernel selection and compilation, allocator growth: the first configuration would pay
@@ -28,7 +29,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -36,7 +37,7 @@ import torch
 from transformers import DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from bosch_eval.attention.hybrid_attention import hybrid_state, hybridize
+from bosch_eval.attention.hybrid_attention import HANDLE_ATTRIBUTE, hybrid_state, hybridize
 from bosch_eval.attention.kernels import flex
 from bosch_eval.attention.kernels.flex import unfused_is_an_error
 from bosch_eval.bench.memory import peak_memory, tensor_memory_peak
@@ -222,15 +223,24 @@ def attention_share(model: Any, ids: torch.Tensor, chunk: int | None, cache: Dyn
     return seconds() / prefill()
 
 
-def _set_up(model: Any, mask: HeadMask | None, window: int, kv_quant: KVQuantConfig | None = None, backend: str = "auto") -> DynamicCache:
-    """Put ``model`` in one configuration (``None``: the original) and return a fresh cache for it."""
+@contextmanager
+def configured(model: Any, mask: HeadMask | None, window: int, kv_quant: KVQuantConfig | None = None, backend: str = "auto") -> Iterator[DynamicCache]:
+    """``model`` in one configuration for the block (``None``: the original as loaded), with a
+    fresh cache for it; leaving the block gives the model back as it was (lm-eval's
+    ``hf_steered`` way: a patch applied for a block, never left behind).
+
+    Raises:
+        SettingsError: the model is already hybridized, so its original cannot be timed.
+    """
+    if getattr(model, HANDLE_ATTRIBUTE, None) is not None:
+        raise SettingsError("bench: the model is already hybridized; pass the plain model (bench applies each mask itself)")
     if mask is None and kv_quant is None:
-        model.set_attn_implementation("sdpa")
-        return DynamicCache()
+        yield DynamicCache()
+        return
     if mask is None:  # quantization alone: the original attention in every group
         mask = HeadMask.uniform(ModelShape.from_config(model.config), full=True, window=window, method="full")
-    hybridize(model, mask, window=mask.window or window, backend=backend)
-    return HybridCache.for_model(model, kv_quant)
+    with hybridize(model, mask, window=mask.window or window, backend=backend):
+        yield HybridCache.for_model(model, kv_quant)
 
 
 def kv_quant_label(kv_quant: KVQuantConfig) -> str:
@@ -285,30 +295,35 @@ def run_bench(
             ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length)).to(device)
             configurations: list[tuple[str, HeadMask | None]] = [("original", None), *masks]
 
-            def set_up(label: str, mask: HeadMask | None) -> DynamicCache:
-                return _set_up(model, mask, w, quant.get(label), backend)
+            def set_up(label: str, mask: HeadMask | None) -> AbstractContextManager[DynamicCache]:
+                return configured(model, mask, w, quant.get(label), backend)
 
             first_run: dict[str, float] = {}
             compiled: dict[str, int] = {}
             for _ in range(warmup):  # start-up costs land here, not in the first configuration's timings
                 for label, mask in configurations:
                     before = flex.compiles
-                    with stopwatch(device) as seconds:
-                        measure(model, ids, decode_tokens, chunk, set_up(label, mask), decode_batch)
+                    with set_up(label, mask) as cache, stopwatch(device) as seconds:
+                        measure(model, ids, decode_tokens, chunk, cache, decode_batch)
                     first_run.setdefault(label, seconds())
                     compiled[label] = compiled.get(label, 0) + flex.compiles - before
             timings: dict[str, list[Measurement]] = {}
             backends: dict[str, str | None] = {}
             for _ in range(repeats):  # interleaved, so drifting machine load hits every configuration alike
                 for label, mask in configurations:
-                    cache = set_up(label, mask)
-                    backends[label] = hybrid_state(model).backend if isinstance(cache, HybridCache) else None
-                    before = flex.compiles
-                    timings.setdefault(label, []).append(measure(model, ids, decode_tokens, chunk, cache, decode_batch))
-                    compiled[label] = compiled.get(label, 0) + flex.compiles - before
+                    with set_up(label, mask) as cache:
+                        backends[label] = hybrid_state(model).backend if isinstance(cache, HybridCache) else None
+                        before = flex.compiles
+                        timings.setdefault(label, []).append(measure(model, ids, decode_tokens, chunk, cache, decode_batch))
+                        compiled[label] = compiled.get(label, 0) + flex.compiles - before
             # Separate runs: timing every attention call, or profiling allocations, perturbs the timing.
-            shares = {label: attention_share(model, ids, chunk, set_up(label, mask)) for label, mask in configurations} if profile else {}
-            peaks = {label: decode_peak(model, ids, chunk, set_up(label, mask)) for label, mask in configurations} if profile else {}
+            shares: dict[str, float] = {}
+            peaks: dict[str, int] = {}
+            for label, mask in configurations if profile else ():
+                with set_up(label, mask) as cache:
+                    shares[label] = attention_share(model, ids, chunk, cache)
+                with set_up(label, mask) as cache:
+                    peaks[label] = decode_peak(model, ids, chunk, cache)
             for label, runs in timings.items():
                 mask = dict(masks).get(label)
                 rows.append(
