@@ -8,7 +8,7 @@ the packages under each folder are found here (every folder with an ``__init__.p
 a hand-kept list once left ``bosch_eval.attention.kernels`` out of the wheel.
 
 Start-up file: lm-eval 0.4.13 cannot discover plugins, so a ``.pth`` start-up line imports
-``bosch_eval.runtime.lm_eval_hook`` (see there). setuptools has no declarative way to install a
+``bosch_eval.model_adapters.lm_eval_hook`` (see there). setuptools has no declarative way to install a
 file at the top of site-packages, hence this ``build_py`` subclass:
 
 * ``pip install .`` (regular wheel): the file is written to the root of ``build_lib``,
@@ -30,7 +30,7 @@ from setuptools.command.build_py import build_py
 PTH_NAME = "bosch_eval_lm_eval_hook.pth"
 # A .pth line starting with "import" is executed at interpreter start. The try/except
 # keeps start-up silent when bosch_eval was uninstalled but this file lingers.
-PTH_LINE = 'import sys; exec("try:\\n import bosch_eval.runtime.lm_eval_hook\\nexcept ImportError:\\n pass")\n'
+PTH_LINE = 'import sys; exec("try:\\n import bosch_eval.model_adapters.lm_eval_hook\\nexcept ImportError:\\n pass")\n'
 
 
 # Installed package name -> source folder, relative to this file.

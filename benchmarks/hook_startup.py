@@ -4,7 +4,7 @@
 
 The hook (``bosch_eval_lm_eval_hook.pth`` in site-packages) runs in every interpreter of
 the environment, so it must stay light. Each repetition starts ``python -X importtime -c
-pass`` and reads the cumulative import time of ``bosch_eval.runtime.lm_eval_hook`` (the hook and
+pass`` and reads the cumulative import time of ``bosch_eval.model_adapters.lm_eval_hook`` (the hook and
 the light ``bosch_eval`` package it imports) and of everything imported at start; prints
 the medians and their ratio. Needs the package installed (``pip install -e .``).
 """
@@ -24,9 +24,9 @@ def start_once() -> tuple[int, int]:
     """Cumulative µs of the hook, and of every top-level import at interpreter start."""
     report = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"], capture_output=True, text=True, check=True).stderr
     rows = [(int(cumulative), len(indent), name) for cumulative, indent, name in LINE.findall(report)]
-    hook = [cumulative for cumulative, _, name in rows if name == "bosch_eval.runtime.lm_eval_hook"]
+    hook = [cumulative for cumulative, _, name in rows if name == "bosch_eval.model_adapters.lm_eval_hook"]
     if not hook:
-        sys.exit("bosch_eval.runtime.lm_eval_hook was not imported at start: install the package (pip install -e .)")
+        sys.exit("bosch_eval.model_adapters.lm_eval_hook was not imported at start: install the package (pip install -e .)")
     top_level = min(indent for _, indent, _ in rows)
     return hook[0], sum(cumulative for cumulative, indent, _ in rows if indent == top_level)
 

@@ -104,7 +104,7 @@ def test_the_folders_place_modules_in_their_layers():
     expected = {
         "bosch_eval/masks/head_mask.py": CORE,
         "bosch_eval/attention/kernels/flex.py": CORE,
-        "bosch_eval/runtime/lm_eval_hook.py": CORE,
+        "model_adapters/lm_eval_hook.py": ADAPTER,
         "model_adapters/bosch.py": ADAPTER,
         "tasks/niah/haystack.py": ADAPTER,
         "search/api.py": FEATURES,

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from bosch_eval.runtime import lm_eval_hook
+import bosch_eval
+from bosch_eval.model_adapters import lm_eval_hook
 from bosch_eval.runtime.lm_eval_session import bundled_tasks_dir
 
 PTH_NAME = "bosch_eval_lm_eval_hook.pth"
@@ -49,12 +50,13 @@ def pth_file() -> Path:
 @pytest.mark.slow
 def test_hook_is_active_at_start_and_imports_nothing_heavy(pth_file, tmp_path):
     state = python_json(
-        "import json, sys; print(json.dumps({'hook': 'bosch_eval.runtime.lm_eval_hook' in sys.modules,"
-        " 'heavy': sorted(m for m in sys.modules if m.split('.')[0] in %r or m.startswith(('bosch_eval.model_adapters', 'bosch_eval.models')))}))"
-        % (HEAVY,),
+        "import json, sys; print(json.dumps({'hook': 'bosch_eval.model_adapters.lm_eval_hook' in sys.modules,"
+        " 'heavy': sorted(m for m in sys.modules if m.split('.')[0] in %r"
+        " or m.startswith(('bosch_eval.model_adapters.', 'bosch_eval.models')) and m != %r)}))"
+        % (HEAVY, lm_eval_hook.__name__),
         cwd=tmp_path,
     )
-    assert state["hook"], f"{pth_file} did not import bosch_eval.runtime.lm_eval_hook at interpreter start"
+    assert state["hook"], f"{pth_file} did not import bosch_eval.model_adapters.lm_eval_hook at interpreter start"
     assert state["heavy"] == []
 
 
@@ -144,7 +146,7 @@ class TestLmEvalCommand:
     """Only in the ``lm_eval`` command: bundled aliases become paths before lm-eval reads them
     (its tasks look the tokenizer up by the pretrained= name), and our errors end in one line."""
 
-    TOY = str(Path(lm_eval_hook.__file__).parents[1] / "toy" / "model")  # bosch_eval/toy/model
+    TOY = str(Path(bosch_eval.__file__).parent / "toy" / "model")  # bosch_eval/toy/model
 
     @pytest.mark.parametrize(
         ("argv", "expected"),

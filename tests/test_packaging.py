@@ -94,4 +94,4 @@ def test_wheel_holds_every_source_file_under_its_installed_name(tmp_path):
         if name not in expected and name != PTH_NAME and not name.startswith("bosch_eval-")  # .dist-info/
     )
     assert not extra, f"{wheel.name} has files that are not in the source tree: {extra}"
-    assert "import bosch_eval.runtime.lm_eval_hook" in pth, f"{PTH_NAME} missing or wrong in {wheel.name}: {pth!r}"
+    assert "import bosch_eval.model_adapters.lm_eval_hook" in pth, f"{PTH_NAME} missing or wrong in {wheel.name}: {pth!r}"

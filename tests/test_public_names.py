@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from bosch_eval.runtime import lm_eval_hook
+from bosch_eval.model_adapters import lm_eval_hook
 from tests.source_tree import REPO
 
 DOCUMENTS = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md")])
@@ -83,7 +83,7 @@ def test_the_readers_find_what_the_docs_and_setup_name():
     assert {"bosch_eval.attention.hybrid_attention.hybridize", "bosch_eval.models.checkpoint.load_hybrid_model",
             "bosch_eval.model_adapters.bosch.BoschLM", "bosch_eval.search.api.search_model"} <= set(names)  # fmt: skip
     assert ("lm_eval.models:bosch", "bosch_eval.model_adapters.bosch:BoschLM") in pyproject_entry_points()
-    assert hook_line_targets() == ["bosch_eval.runtime.lm_eval_hook"]
+    assert hook_line_targets() == ["bosch_eval.model_adapters.lm_eval_hook"]
     assert {"bosch_eval.search", "bosch_eval.train", "bosch_eval.toy.train"} <= set(run_modules())
 
 

@@ -10,6 +10,10 @@ after that module has filled the registry with lm-eval's own lazy placeholders, 
 imported until someone asks for ``bosch``; then the adapter's ``@register_model("bosch")``
 upgrades the placeholder to the class (the registry allows exactly that upgrade).
 
+It lives beside the adapter, above the core: it names the adapter's class and resolves the
+bundled models' aliases (:mod:`bosch_eval.models.model_check`), and every import of ours in it
+sits inside the function that needs it, so that interpreter start imports nothing of ours.
+
 Why not register earlier: 0.4.13's ``get_model`` imports ``lm_eval.models`` only while the
 registry is empty, so an early ``bosch`` entry would hide every built-in model.
 
@@ -107,6 +111,7 @@ def resolve_bundled_aliases(argv: list[str]) -> list[str]:
 def _local_directory(name: str) -> str:
     """The directory of a bundled or packaged model (converting a GGUF on first use), or ``name``
     unchanged when it cannot be resolved: the adapter then fails on it with its one-line error."""
+    # Inside the function: the .pth line imports this module at every interpreter start.
     from bosch_eval.models.model_check import resolve_model
     from bosch_eval.runtime.errors import BoschError
 
@@ -179,7 +184,7 @@ def discover_tasks(manager_module: ModuleType) -> None:
         import functools
         import inspect
 
-        from bosch_eval.runtime.lm_eval_session import bundled_tasks_dir
+        from bosch_eval.runtime.lm_eval_session import bundled_tasks_dir  # torch, numpy: once lm-eval's TaskManager loads
 
         manager = manager_module.TaskManager
         init = manager.__init__
