@@ -20,6 +20,7 @@ function alike (a lazy import is still a dependency):
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import re
 from dataclasses import dataclass
@@ -192,3 +193,124 @@ def test_search_rooms_import_only_the_rooms_before_them():
                 continue
             wrong.append(f"{relative(path)}:{line}: {name} ({target_room or relative(target)})")
     assert not wrong, f"search rooms import against their order (docs/architecture.md): {wrong}"
+
+
+# The core's folders (docs/architecture.md, "The core's folders"): drawn top to bottom, each
+# imports only the folders drawn below it.
+def read_core_order() -> list[str]:
+    """The core's folders as docs/architecture.md draws them, top to bottom (``bosch_eval/models/``, ...)."""
+    section = TABLE.read_text(encoding="utf-8").split("\n### The core's folders\n", 1)[1].split("\n## ", 1)[0]
+    drawing = section.split("```\n", 2)[1]
+    return [f"bosch_eval/{match.group(1)}/" for line in drawing.splitlines() if (match := re.match(r"(\w+)/\s", line))]
+
+
+CORE_ORDER = read_core_order()
+
+
+def core_folder(path: Path) -> str | None:
+    return next((folder for folder in CORE_ORDER if relative(path).startswith(folder)), None)
+
+
+def test_the_drawing_orders_the_core_folders():
+    assert sorted(CORE_ORDER) == sorted(LAYERS[0].folders), f"{TABLE}: the core's folders drawn {CORE_ORDER}, the layers table's core {LAYERS[0].folders}"
+
+
+def test_core_folders_import_only_the_folders_below_them():
+    wrong = []
+    for path in MODULES:
+        if (folder := core_folder(path)) is None:
+            continue
+        for line, name in imported_names(path):
+            located = locate(name)
+            target = core_folder(located[0]) if located else None
+            if target is not None and CORE_ORDER.index(target) < CORE_ORDER.index(folder):
+                wrong.append(f"{relative(path)}:{line}: {name} ({target} is drawn above {folder})")
+    assert not wrong, f"core folders import against their order (docs/architecture.md#the-cores-folders): {wrong}"
+
+
+def type_only_lines(tree: ast.AST) -> set[int]:
+    """The lines under ``if TYPE_CHECKING:``: imports there never run."""
+    return {
+        line
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+        for statement in node.body
+        for line in range(statement.lineno, (statement.end_lineno or statement.lineno) + 1)
+    }
+
+
+def import_graph() -> dict[Path, set[Path]]:
+    """Module -> the modules of ours it imports when it runs (at module level or inside a function)."""
+    graph = {}
+    for path in MODULES:
+        skipped = type_only_lines(ast.parse(path.read_text(encoding="utf-8")))
+        located = (locate(name) for line, name in imported_names(path) if line not in skipped)
+        graph[path] = {found[0] for found in located if found is not None and found[0] != path}
+    return graph
+
+
+def import_cycles(graph: dict[Path, set[Path]]) -> list[list[Path]]:
+    """The groups of modules that reach each other through imports (Tarjan's strongly connected
+    components), each of more than one module."""
+    index: dict[Path, int] = {}
+    low: dict[Path, int] = {}
+    stack: list[Path] = []
+    cycles = []
+
+    def visit(module: Path) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in graph.get(module, ()):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = [stack.pop()]
+            while component[-1] != module:
+                component.append(stack.pop())
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_import_cycles_are_found():
+    a, b, c = (REPO / name for name in ("a.py", "b.py", "c.py"))
+    assert import_cycles({a: {b}, b: {c}, c: {a}}) == [[a, b, c]]
+    assert import_cycles({a: {b}, b: {c}, c: set()}) == []
+
+
+def test_no_two_modules_import_each_other():
+    cycles = [[relative(path) for path in cycle] for cycle in import_cycles(import_graph())]
+    assert not cycles, f"modules that import each other, through a chain of imports (docs/architecture.md#the-cores-folders): {cycles}"
+
+
+def imports_ours(node: ast.AST) -> bool:
+    """Whether ``node`` is an import of one of our modules (a relative one always is)."""
+    if isinstance(node, ast.ImportFrom):
+        return bool(node.level) or locate(node.module or "") is not None
+    return isinstance(node, ast.Import) and any(locate(alias.name) is not None for alias in node.names)
+
+
+def test_core_imports_of_our_modules_inside_functions_say_why():
+    """An import of ours inside a core function is there for start-up time or a heavy dependency
+    deferred on purpose, and a comment on its line (or the line above) says which."""
+    silent = set()
+    for path in MODULES:
+        if core_folder(path) is None:
+            continue
+        text = path.read_text(encoding="utf-8")
+        lines = ["", *text.splitlines()]  # lines[n] is line n
+        for function in ast.walk(ast.parse(text)):
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                silent |= {
+                    f"{relative(path)}:{node.lineno}"
+                    for node in ast.walk(function)
+                    if imports_ours(node) and "#" not in lines[node.lineno] and not lines[node.lineno - 1].strip().startswith("#")
+                }
+    assert not silent, f"imports of ours inside core functions with no comment saying why (docs/architecture.md#the-cores-folders): {sorted(silent)}"

@@ -11,8 +11,10 @@ import ast
 import importlib
 import importlib.util
 import re
+import site
 import tomllib
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -70,12 +72,17 @@ def pyproject_entry_points() -> list[tuple[str, str]]:
     return sorted((f"{group}:{name}", value) for group, members in groups.items() for name, value in members.items())
 
 
+def setup_constant(name: str) -> str:
+    """A string constant of setup.py (``PTH_NAME``, ``PTH_LINE``), read without running it."""
+    for node in ast.walk(ast.parse((REPO / "setup.py").read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return str(ast.literal_eval(node.value))
+    raise AssertionError(f"setup.py: no {name}")
+
+
 def hook_line_targets() -> list[str]:
     """The modules the ``.pth`` start-up line of setup.py imports."""
-    for node in ast.walk(ast.parse((REPO / "setup.py").read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "PTH_LINE" for t in node.targets):
-            return re.findall(r"import (bosch_eval[\w.]*)", ast.literal_eval(node.value))
-    raise AssertionError("setup.py: no PTH_LINE")
+    return re.findall(r"import (bosch_eval[\w.]*)", setup_constant("PTH_LINE"))
 
 
 def test_the_readers_find_what_the_docs_and_setup_name():
@@ -112,6 +119,17 @@ def test_the_installed_entry_points_are_pyprojects():
     groups = {entry.split(":")[0] for entry, _ in declared}
     installed = {(f"{ep.group}:{ep.name}", ep.value) for group in groups for ep in entry_points(group=group)}
     assert set(declared) <= installed
+
+
+def test_the_installed_start_up_line_is_setup_pys():
+    """An install made before the hook moved (from bosch_eval.runtime to bosch_eval.model_adapters)
+    imports a module that is gone, which its ``try`` turns into nothing: this says so."""
+    name = setup_constant("PTH_NAME")
+    installed = [path for directory in site.getsitepackages() if (path := Path(directory, name)).is_file()]
+    assert installed, f"{name} is not installed: pip install -e ."
+    assert all(path.read_text(encoding="utf-8") == setup_constant("PTH_LINE") for path in installed), (
+        f"{installed}: not setup.py's start-up line; reinstall the package (pip install -e .)"
+    )
 
 
 @pytest.mark.parametrize("module", run_modules())
