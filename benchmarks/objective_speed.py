@@ -105,7 +105,6 @@ def measure(args: argparse.Namespace, model: str) -> list[dict[str, Any]]:
     objectives = {}
     for dtype in dict.fromkeys(dtypes):
         objectives[dtype] = build_objective(model, calibration, LoadSettings(window=args.window, device=args.device, batch_size=args.batch_size, dtype=dtype))
-        objectives[dtype].racing = False  # every example forwarded: the cost of a whole call
     masks = [mask_of(source, objectives[dtype].shape, objectives[dtype].lm.head_mask.window) for source, dtype in zip(sources, dtypes, strict=True)]
 
     def s_call(dtype: str | None, mask: Any) -> tuple[float, float]:

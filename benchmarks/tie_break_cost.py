@@ -66,7 +66,6 @@ def main(argv: list[str] | None = None) -> int:
             model_args=header.get("model_args"), prefix_cache_mb=args.prefix_cache_mb,
         ),
     )  # fmt: skip
-    objective.racing = False
     num_heads = objective.shape.num_heads
     objective(HeadMask(tie_key_bits(chosen[0]), num_heads))  # warm-up: lm-eval's first call, allocator, kernels
 

@@ -39,7 +39,7 @@ from bosch_eval.search.journal.journal import Journal, JournalError, mask_key
 from bosch_eval.search.journal.journal_header import refuse_other_settings
 from bosch_eval.search.objective.objective import CalibrationObjective
 from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
-from bosch_eval.search.objective.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound
+from bosch_eval.search.objective.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound, Racing
 from bosch_eval.search.objective.score_book import ScoreBook
 from bosch_eval.search.objective.scoring import Anchors, SearchError
 from bosch_eval.search.pipeline import VARIANTS, Resumed, SearchResult, SearchSettings, run_search, validate_for_shape
@@ -151,13 +151,10 @@ def search_model(
             pinned = settings.pinned_json(shape)
         log.info("loading %s and building the calibration task(s) %s", model, ", ".join(calibration.tasks))
         started = time.perf_counter()
-        objective = build_objective(path, calibration, replace(load, window=window, device=device))
-        objective.race_chunk = run.race_chunk
-        racing = run.racing
-        if racing and (problem := objective.racing_problem()) is not None:
-            log.info("racing off: %s; every mask is scored on every example", problem)
-            racing = False
-        objective.racing = racing
+        objective = build_objective(path, calibration, replace(load, window=window, device=device), Racing(run.racing, run.race_chunk))
+        racing = objective.racing
+        if run.racing and not racing:
+            log.info("racing off: %s; every mask is scored on every example", objective.racing_problem())
         log.info("ready in %.1f s; evaluating the anchors S(all SWA) and S(all full)", time.perf_counter() - started)
         calibration_json = objective.describe()
         dtype = str(objective.lm.model.dtype).removeprefix("torch.")
@@ -181,10 +178,10 @@ def search_model(
                 racing=racing,
             )
             if tie_breaker is not None:
-                result.tie_break = _break_ties(result, *tie_breaker, progress)
-        result.work = objective.work()
+                result = _break_ties(result, *tie_breaker, progress)
+        prior_wall_s = journal.prior_wall_s if journal is not None else 0.0  # earlier runs of a resumed search
+        result = replace(result, work=objective.work(), wall_s=result.wall_s + prior_wall_s)
         if state.is_main_process:
-            result.wall_s += journal.prior_wall_s if journal is not None else 0.0  # earlier runs of a resumed search
             provenance = dict(
                 result.provenance(), calibration=calibration_json, seed=settings.seed, versions=versions(*VERSIONED_PACKAGES), processes=state.num_processes
             )
@@ -209,15 +206,15 @@ def _tie_break_objective(
     if not tasks:
         return None
     chooser = CalibrationObjective(
-        objective.lm, tasks, include_path=objective.include_path, metadata=objective.metadata, metric=objective.metric, limit=objective.limit
-    )
-    chooser.racing = objective.racing and chooser.racing_problem() is None  # it changes which mask wins in no case
-    chooser.race_chunk = objective.race_chunk
+        objective.lm, tasks, include_path=objective.include_path, metadata=objective.metadata, metric=objective.metric,
+        limit=objective.limit, racing=Racing(objective.racing, objective.race_chunk),  # racing changes which mask wins in no case
+    )  # fmt: skip
     return chooser, TieBreakFile(out, {"objective": chooser.describe(), "journal": header}, write=main_process)
 
 
-def _break_ties(result: SearchResult, chooser: CalibrationObjective, record: TieBreakFile, progress: bool) -> TieBreak:
-    """Score the found mask and the masks tied with it by ``chooser`` and put the best into ``result.mask``."""
+def _break_ties(result: SearchResult, chooser: CalibrationObjective, record: TieBreakFile, progress: bool) -> SearchResult:
+    """Score the found mask and the masks tied with it by ``chooser``: the result with the best
+    of them as its mask, and how the tie-break ordered them."""
     found = mask_key(result.mask.bits)
     candidates = (found, *(result.ties.keys if result.ties is not None else ()))
     prefix_layer = shared_rows_layer(candidates)
@@ -237,9 +234,10 @@ def _break_ties(result: SearchResult, chooser: CalibrationObjective, record: Tie
             chooser.fix_example_order(False)
     tie_break = TieBreak(chooser.tasks, scores, best_key(scores, chooser.higher_is_better))
     log.info("search: tie-break on %s: %s", ", ".join(chooser.tasks), tie_break.message())
+    mask = result.mask
     if tie_break.chosen != found:
-        result.mask = HeadMask(tie_key_bits(tie_break.chosen), chooser.shape.num_heads, method=result.mask.method)
-    return tie_break
+        mask = HeadMask(tie_key_bits(tie_break.chosen), chooser.shape.num_heads, method=result.mask.method)
+    return replace(result, mask=mask, tie_break=tie_break)
 
 
 def journal_header(

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count, check_ratio
@@ -64,8 +64,9 @@ class Variant:
     """One search variant (paper §3.4).
 
     Attributes:
-        run: the stages after the anchors; returns the last stage's outcome (run_search adds
-            its sub-problems to the result and scores its mask).
+        run: the stages after the anchors; returns what they found and measured
+            (:class:`VariantOutcome`, or a plain ``StageOutcome``; run_search scores its mask
+            and builds the result).
         stage2: runs Stages 2 and 3, so ``buckets`` and ``refine`` apply.
         chunks: its sub-problems may span ``chunk_layers`` layers.
         nested: Stages 2–3 stay within Stage 1's mask (see :meth:`SearchSettings.buckets_for`
@@ -76,7 +77,7 @@ class Variant:
             (``SearchSettings.incumbents`` and ``local_calls`` apply).
     """
 
-    run: Callable[[SearchRun], StageOutcome]
+    run: Callable[[SearchRun], VariantOutcome | StageOutcome]
     stage2: bool = False
     chunks: bool = False
     nested: bool = False
@@ -196,18 +197,37 @@ class SearchSettings:
         return dict(self.to_json(), buckets=list(self.buckets_for(shape)), rankings=rankings)
 
 
-@dataclass
+@dataclass(frozen=True)
+class VariantOutcome:
+    """What a variant's stages found and measured: the mask's bits and each stage's record."""
+
+    bits: Bits
+    subproblems: tuple[SubResult, ...] = ()
+    stage1_scores: tuple[float, ...] | None = None
+    stage1_probes: bool = False  # Stage 1 measured each layer alone (stages.stage1_probes), not cumulatively
+    stage2: Stage2Result | None = None
+    stage3_score: float | None = None  # S before refinement (None without --refine)
+    stage3_evaluations: int | None = None  # distinct masks scored up to the end of Stage 3
+    guard: Guard | None = None  # the guarded variant's incumbents and local search (None: another variant)
+
+    @classmethod
+    def of(cls, outcome: StageOutcome, **records: Any) -> VariantOutcome:
+        return cls(outcome.bits, tuple(outcome.subproblems), **records)
+
+
+@dataclass(frozen=True)
 class SearchResult:
-    """The mask a search found and how it got there."""
+    """The mask a search found and how it got there (built once, when the search ends; a
+    tie-break or a resumed journal's earlier time make a new one with ``dataclasses.replace``)."""
 
     mask: HeadMask
     score: float
     anchors: Anchors
     settings: SearchSettings
-    stage1_scores: list[float] | None = None
+    stage1_scores: tuple[float, ...] | None = None
     stage1_probes: bool = False  # Stage 1 measured each layer alone (stages.stage1_probes), not cumulatively
     stage2: Stage2Result | None = None
-    subproblems: list[SubResult] = field(default_factory=list)
+    subproblems: tuple[SubResult, ...] = ()
     stage3_score: float | None = None  # S before refinement (None without --refine)
     stage3_evaluations: int | None = None  # distinct masks scored up to the end of Stage 3
     evaluations: int = 0  # distinct masks scored by the whole search (journaled ones included)
@@ -216,7 +236,7 @@ class SearchResult:
     wall_s: float = 0.0
     work: dict[str, float] = field(default_factory=dict)  # the objective's own counts (CalibrationObjective.work)
     costs: dict[str, dict[str, float]] = field(default_factory=dict)  # per stage: calls, pruned, seconds (this run)
-    ties: TopTies | None = None  # masks of the found ratio at the found S (None until the search ends)
+    ties: TopTies | None = None  # masks of the found ratio at the found S (None: one mask allowed, nothing searched)
     tie_break: TieBreak | None = None  # how --tie-break-tasks ordered them (None: not asked)
     guard: Guard | None = None  # the guarded variant's incumbents and local search (None: another variant)
 
@@ -234,7 +254,7 @@ class SearchResult:
             },
             "score": self.score,
             "normalized_score": self.anchors.normalize(self.score),
-            "stage1_scores": self.stage1_scores,
+            "stage1_scores": None if self.stage1_scores is None else list(self.stage1_scores),
             "stage1_probes": self.stage1_probes,
             "stage2": None
             if stage2 is None
@@ -333,67 +353,64 @@ def run_search(
         quota=settings.quota,
         higher_is_better=higher_is_better,
     )
-    result = SearchResult(mask=HeadMask(full, shape.num_heads), score=anchors.all_full, anchors=anchors, settings=settings)
-    outcome = VARIANTS[settings.variant].run(SearchRun(book, anchors, shape, settings, stage_settings, result, progress))
-    result.subproblems.extend(outcome.subproblems)
-    result.mask = HeadMask(outcome.bits, shape.num_heads, method=_method_name(settings.variant))
-    result.score = book.score(outcome.bits, "final")
-    result.evaluations = book.evaluations
-    result.new_evaluations = book.new_evaluations
-    result.pruned = book.pruned
-    result.costs = book.costs
-    result.ties = top_ties(book.all_scores(), book.all_bounds(), mask_key(outcome.bits), result.score)
-    (log.warning if result.ties.scored else log.info)("search: %s", result.ties.message())
-    result.wall_s = time.perf_counter() - started
-    return result
+    outcome = VARIANTS[settings.variant].run(SearchRun(book, anchors, shape, settings, stage_settings, progress))
+    if isinstance(outcome, StageOutcome):  # a variant that records nothing but its stages' masks
+        outcome = VariantOutcome.of(outcome)
+    score = book.score(outcome.bits, "final")
+    ties = top_ties(book.all_scores(), book.all_bounds(), mask_key(outcome.bits), score)
+    (log.warning if ties.scored else log.info)("search: %s", ties.message())
+    records = {name: getattr(outcome, name) for name in VARIANT_RECORDS}
+    return SearchResult(
+        mask=HeadMask(outcome.bits, shape.num_heads, method=_method_name(settings.variant)), score=score, anchors=anchors,
+        settings=settings, **records, evaluations=book.evaluations, new_evaluations=book.new_evaluations, pruned=book.pruned,
+        costs=book.costs, ties=ties, wall_s=time.perf_counter() - started,
+    )  # fmt: skip
+
+
+# The fields a search result takes as its variant recorded them.
+VARIANT_RECORDS = ("subproblems", "stage1_scores", "stage1_probes", "stage2", "stage3_score", "stage3_evaluations", "guard")
 
 
 def _method_name(variant: str) -> str:
     return "bosch" if variant == "bosch" else f"bosch-{variant}"
 
 
-@dataclass
+@dataclass(frozen=True)
 class SearchRun:
-    """One search after its anchors, as a variant sees it: the score book, the anchors, the
-    settings, and the result it fills in (Stage-1 scores, Stage 2, earlier sub-problems)."""
+    """One search after its anchors, as a variant sees it: the score book, the anchors and the settings."""
 
     book: ScoreBook
     anchors: Anchors
     shape: ModelShape
     settings: SearchSettings
     stages: StageSettings
-    result: SearchResult
     progress: bool
 
 
-def _stage1(run: SearchRun, layers_per_problem: int) -> StageOutcome:
-    """Stage 1 (Algorithm 1), or one probe per layer where the variant asks for them and ⌈ρG⌉ = G;
-    its per-layer scores go into the result, its saturation into the log."""
+def _stage1(run: SearchRun, layers_per_problem: int) -> VariantOutcome:
+    """Stage 1 (Algorithm 1), or one probe per layer where the variant asks for them and ⌈ρG⌉ = G,
+    with its per-layer scores; its saturation goes into the log."""
     groups = run.shape.num_kv_heads
-    if VARIANTS[run.settings.variant].probes and layers_per_problem == 1 and ceil_count(run.settings.ratio, groups) == groups:
+    probes = VARIANTS[run.settings.variant].probes and layers_per_problem == 1 and ceil_count(run.settings.ratio, groups) == groups
+    if probes:
         log.info("stage 1: ⌈ρG⌉ = G = %d, so each layer is measured alone from the full model (one probe per layer)", groups)
-        outcome, run.result.stage1_scores = stage1_probes(run.book, run.anchors, run.shape, run.stages, run.progress)
-        run.result.stage1_probes = True
+        outcome, scores = stage1_probes(run.book, run.anchors, run.shape, run.stages, run.progress)
     else:
-        outcome, run.result.stage1_scores = stage1(
-            run.book, run.anchors, run.shape, run.settings.ratio, run.stages, layers_per_problem, run.progress
-        )
-    saturation = stage1_saturation(run.result.stage1_scores, run.anchors.all_full, run.stages.higher_is_better)
+        outcome, scores = stage1(run.book, run.anchors, run.shape, run.settings.ratio, run.stages, layers_per_problem, run.progress)
+    saturation = stage1_saturation(scores, run.anchors.all_full, run.stages.higher_is_better)
     (log.warning if saturation.saturated else log.info)("stage 1: %s", saturation.message())
-    return outcome
+    return VariantOutcome.of(outcome, stage1_scores=tuple(scores), stage1_probes=probes)
 
 
-def _bosch(run: SearchRun) -> StageOutcome:
+def _bosch(run: SearchRun) -> VariantOutcome:
     """Stages 1–3 (Algorithms 1–3), then ``refine`` passes of coordinate descent if asked;
     a ``nested`` variant keeps Stages 2–3 (and ``refine``) within Stage 1's mask."""
-    book, anchors, shape, settings, result = run.book, run.anchors, run.shape, run.settings, run.result
+    book, anchors, shape, settings = run.book, run.anchors, run.shape, run.settings
     nested = VARIANTS[settings.variant].nested
-    outcome = _stage1(run, 1)
-    stage1_bits = outcome.bits
-    result.subproblems.extend(outcome.subproblems)
+    first = _stage1(run, 1)
     # Probes' drops are each layer's own; Stage 2 reads cumulative scores, so they are given as such.
-    drops_from = cumulative_from_probes(result.stage1_scores, anchors.all_full) if result.stage1_probes else result.stage1_scores
-    result.stage2 = assign_layer_ratios(
+    drops_from = cumulative_from_probes(list(first.stage1_scores), anchors.all_full) if first.stage1_probes else list(first.stage1_scores)
+    stage2 = assign_layer_ratios(
         drops_from,
         anchors.all_full,
         settings.ratio,
@@ -401,19 +418,19 @@ def _bosch(run: SearchRun) -> StageOutcome:
         settings.buckets_for(shape) if nested else settings.buckets,  # None: the default, which Stage 2 logs
         higher_is_better=run.stages.higher_is_better,
     )
-    quotas = LayerQuotas(result.stage2.ratios, pool=stage1_bits if nested else None)
+    quotas = LayerQuotas(stage2.ratios, pool=first.bits if nested else None)
     outcome = stage3(book, anchors, shape, quotas, run.stages, run.progress)
+    subproblems, refined = first.subproblems, {}
     if settings.refine:
-        result.subproblems.extend(outcome.subproblems)
-        result.stage3_score = book.score(outcome.bits, "final")
-        result.stage3_evaluations = len(book.known) + len(book.bounds)
+        subproblems += tuple(outcome.subproblems)
+        refined = {"stage3_score": book.score(outcome.bits, "final"), "stage3_evaluations": len(book.known) + len(book.bounds)}
         outcome = refine(book, anchors, shape, outcome.bits, quotas, run.stages, settings.refine, run.progress)
-    if not result.stage1_probes:  # probes leave no Stage-1 mask but all-SWA, which cannot score better
-        _warn_if_stage1_scores_better(run, stage1_bits, outcome.bits)
-    return outcome
+    if not first.stage1_probes:  # probes leave no Stage-1 mask but all-SWA, which cannot score better
+        _warn_if_stage1_scores_better(run, first, outcome.bits)
+    return replace(first, bits=outcome.bits, subproblems=subproblems + tuple(outcome.subproblems), stage2=stage2, **refined)
 
 
-def _guarded(run: SearchRun) -> StageOutcome:
+def _guarded(run: SearchRun) -> VariantOutcome:
     """Incumbents, then ``bosch`` (with Stage-1 probes where ⌈ρG⌉ = G), then the local search
     from the stages' mask and from the best incumbent; the best mask those runs end with
     (:mod:`bosch_eval.search.guarded.guard`)."""
@@ -427,6 +444,7 @@ def _guarded(run: SearchRun) -> StageOutcome:
         shown = f"S <= {outcome.score:.4f} (stopped early by racing)" if isinstance(outcome, RaceBound) else f"S = {outcome:.4f}"
         log.info("incumbent %s: %s%s", name, shown, " (the best)" if name == best else "")
     outcome = _bosch(run)
+    subproblems = list(outcome.subproblems)
     stages_score = book.score(outcome.bits, "final")
     starts = [(STAGES, outcome.bits), (best, masks[best])]
     if mask_key(masks[best]) == mask_key(outcome.bits):
@@ -436,18 +454,18 @@ def _guarded(run: SearchRun) -> StageOutcome:
         calls = settings.local_calls // len(starts) + (number < settings.local_calls % len(starts))
         end, summary = local_search(book, anchors, shape, start, calls, run.stages, origin, run.progress) if calls else (start, None)
         if summary is not None:
-            outcome.subproblems.append(summary)
+            subproblems.append(summary)
         lineages.append(Lineage(origin, mask_key(start), mask_key(end), book.score(end, "final"), calls))
     chosen = choose(lineages, higher)
-    run.result.guard = Guard(
+    guard = Guard(
         {name: mask_key(mask) for name, mask in masks.items()},
         scores, best, mask_key(outcome.bits), stages_score, tuple(lineages), chosen.end, source_of(chosen), higher,
     )  # fmt: skip
-    log.info("search: %s", run.result.guard.message())
-    return StageOutcome(tie_key_bits(chosen.end), outcome.subproblems)
+    log.info("search: %s", guard.message())
+    return replace(outcome, bits=tie_key_bits(chosen.end), subproblems=tuple(subproblems), guard=guard)
 
 
-def _warn_if_stage1_scores_better(run: SearchRun, stage1_bits: Bits, final_bits: Bits) -> None:
+def _warn_if_stage1_scores_better(run: SearchRun, first: VariantOutcome, final_bits: Bits) -> None:
     """Warn when Stage 1's own mask scores better than the mask Stages 2–3 return.
 
     Stage 1 converts ⌈ρG⌉ groups in every layer, never fewer SWA groups in all than the
@@ -458,7 +476,7 @@ def _warn_if_stage1_scores_better(run: SearchRun, stage1_bits: Bits, final_bits:
     and the mask lost half the calibration score Stage 1's mask kept). The paper's mask is still returned; the
     warning names the layers and the variant that returns Stage 1's mask.
     """
-    stage1_score = run.result.stage1_scores[0]  # s_best of layer 0: every layer converted, Stage 1's mask
+    stage1_bits, stage1_score = first.bits, first.stage1_scores[0]  # s_best of layer 0: every layer converted, Stage 1's mask
     final_score = run.book.score(final_bits, "final")
     better = stage1_score > final_score if run.anchors.higher_is_better else stage1_score < final_score
     if not better:
@@ -485,7 +503,7 @@ VARIANTS.register("guarded", Variant(_guarded, stage2=True, chunks=True, probes=
 VARIANTS.register("single", Variant(lambda run: _stage1(run, 1)))  # B-single: the Stage-1 mask
 VARIANTS.register("multi", Variant(lambda run: _stage1(run, run.stages.chunk_layers), chunks=True))  # B-multi
 VARIANTS.register(  # B-layer: one search over whole layers, budget κ·L
-    "layer", Variant(lambda run: layer_level(run.book, run.anchors, run.shape, run.settings.ratio, run.stages, run.progress))
+    "layer", Variant(lambda run: VariantOutcome.of(layer_level(run.book, run.anchors, run.shape, run.settings.ratio, run.stages, run.progress)))
 )
 
 

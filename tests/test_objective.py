@@ -21,7 +21,7 @@ from bosch_eval.runtime import launch
 from bosch_eval.runtime.launch import launch_state
 from bosch_eval.search.objective.objective import EVALUATE_PATH, CalibrationObjective, ObjectiveError
 from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
-from bosch_eval.search.objective.racing import RaceBound
+from bosch_eval.search.objective.racing import RaceBound, Racing
 from bosch_eval.search.objective.scoring import SearchError
 from bosch_eval.tasks import TASKS_DIR
 from tests.helpers import CALIB_METADATA, DOT_TASK, PLAIN_GROUP, PPL_TASK, WINDOW, masks, write_tasks
@@ -179,8 +179,8 @@ class TestSeveralTasks:
             objective.lm, [PLAIN_GROUP], include_path=task_dir, metadata=objective.metadata, metric="perplexity"
         )
         children = {PPL_TASK: {"perplexity,none": 1.0}, DOT_TASK: {"perplexity,none": 2.0}}
-        assert group._score({PLAIN_GROUP: {"perplexity,none": 5.0}, **children}) == 5.0
-        assert group._score({PLAIN_GROUP: {"alias": PLAIN_GROUP}, **children}) == 1.5
+        assert group._score({PLAIN_GROUP: {"perplexity,none": 5.0}, **children}, "perplexity") == 5.0
+        assert group._score({PLAIN_GROUP: {"alias": PLAIN_GROUP}, **children}, "perplexity") == 1.5
 
     def test_a_metric_the_task_does_not_compute_is_named_with_the_ones_it_does(self, objective, task_dir):
         with pytest.raises(ObjectiveError, match=r"'bosch_objective_ppl' computes no 'f1' \(its metrics: \['acc', 'perplexity'\]\)"):
@@ -316,9 +316,7 @@ class TestSpeedupsOnTheToyModel:
     @pytest.fixture(scope="class")
     @classmethod
     def cached(cls) -> CalibrationObjective:
-        objective = build_objective("toy", CalibrationSettings(examples=16), LoadSettings(batch_size=4, prefix_cache_mb=256))
-        objective.race_chunk = 4
-        return objective
+        return build_objective("toy", CalibrationSettings(examples=16), LoadSettings(batch_size=4, prefix_cache_mb=256), Racing(chunk=4))
 
     @staticmethod
     def top_layer_masks(shape) -> list[HeadMask]:

@@ -128,7 +128,7 @@ def test_a_registered_variant_runs_by_name(monkeypatch: pytest.MonkeyPatch) -> N
     result = run_search(objective, SHAPE, SearchSettings(ratio=0.25, variant="first-layer"), progress=False)
     assert result.mask.method == "bosch-first-layer" and result.mask.num_swa_groups == SHAPE.num_kv_heads
     assert [row for row in result.mask.bits if not any(row)] == [result.mask.bits[0]]
-    assert result.evaluations == 3 and result.subproblems == []  # the two anchors and the mask
+    assert result.evaluations == 3 and result.subproblems == ()  # the two anchors and the mask
 
 
 class Interrupt(Exception):
@@ -519,3 +519,16 @@ def test_the_report_of_a_nested_search_counts_its_smaller_pool() -> None:
     # Stage 1: 4 layers × C(3, 2); Stage 3 over Stage 1's 2 groups per layer with buckets 0, ⅓, ⅔:
     # 6 = 2a + b over a layers at ⅔ and b at ⅓ (a + b <= 4): b = 0 → 0 calls; b = 2 → one chunk, 2² = 4 calls.
     assert "N = 14 to 18 S() calls (2 anchors + 12 Stage 1 + 0–4 Stage 3" in report
+
+
+def test_a_search_result_is_built_once_and_frozen():
+    """Every field is set when the search ends; later changes (a tie-break, a resumed journal's
+    earlier time) make a new result."""
+    import dataclasses
+
+    objective = planted()
+    result = run_search(objective, SHAPE, SearchSettings(ratio=0.5, variant="bosch", budget_per_layer=4), progress=False)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.mask = HeadMask.uniform(SHAPE, full=True)  # type: ignore[misc]
+    assert result.stage1_scores is not None and result.stage2 is not None and result.subproblems and result.ties is not None
+    assert isinstance(result.subproblems, tuple)

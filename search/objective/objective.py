@@ -73,6 +73,7 @@ from bosch_eval.runtime.lm_eval_session import (
 )
 from bosch_eval.search.defaults import DEFAULT_CALIB_TASK
 from bosch_eval.search.objective.objective_racing import ObjectiveRacing
+from bosch_eval.search.objective.racing import Racing
 
 if TYPE_CHECKING:
     from lm_eval.api.group import Group
@@ -102,6 +103,9 @@ class CalibrationObjective(ObjectiveRacing):
         limit: lm-eval's ``limit`` (first N documents of each task, or a fraction).
         gen_kwargs: generation settings over the tasks' own, as ``lm_eval --gen_kwargs`` sets them
             (a generation-scored dev task of ``calib-check``: ``max_gen_toks``).
+        racing: for a racing search (``racing.enabled``), racing applies where it can be
+            exact (the ``racing`` attribute is then True; :meth:`racing_problem` says why not
+            otherwise); ``racing.chunk`` examples per racing step.
 
     Attributes:
         calls: evaluations done so far that ran the model: plain calls, and raced masks that
@@ -121,6 +125,7 @@ class CalibrationObjective(ObjectiveRacing):
         metric: str = "acc",
         limit: int | float | None = None,
         gen_kwargs: Mapping[str, Any] | None = None,
+        racing: Racing = Racing(),
     ) -> None:
         if isinstance(tasks, str):
             tasks = (tasks,)
@@ -149,6 +154,7 @@ class CalibrationObjective(ObjectiveRacing):
                 task.set_config(key="generation_kwargs", value=dict(gen_kwargs), update=True)  # as simple_evaluate does
         self.higher_is_better = metric_direction(self.task_dict["tasks"], metric)
         self._racing_problem = self._why_not_raceable()  # the tasks are fixed from here on
+        self._racing, self._race_chunk = racing.enabled and self._racing_problem is None, racing.chunk
 
     @property
     def shape(self) -> ModelShape:

@@ -15,6 +15,7 @@ from bosch_eval.models.model_defaults import model_defaults, resolve_window
 from bosch_eval.runtime.launch import launch_state
 from bosch_eval.search.defaults import DEFAULT_CALIB_EXAMPLES, DEFAULT_CALIB_LEN
 from bosch_eval.search.objective.objective import DEFAULT_TASKS, CalibrationObjective
+from bosch_eval.search.objective.racing import Racing
 from bosch_eval.search.objective.scoring import SearchError
 
 
@@ -84,7 +85,10 @@ class LoadSettings:
 
 
 def build_objective(
-    model: str, calibration: CalibrationSettings = CalibrationSettings(), load: LoadSettings = LoadSettings()
+    model: str,
+    calibration: CalibrationSettings = CalibrationSettings(),
+    load: LoadSettings = LoadSettings(),
+    racing: Racing = Racing(),
 ) -> CalibrationObjective:
     """Load ``model`` once as a ``bosch`` adapter (all heads full) and build its S(z).
 
@@ -92,6 +96,7 @@ def build_objective(
         model: a Hugging Face id or local directory; ``toy`` is the bundled model.
         calibration: the task(s) and calibration set S(z) is measured on.
         load: how the model is loaded and run.
+        racing: whether to race where it can be exact, and in chunks of how many examples.
     """
     from bosch_eval.model_adapters.bosch import BoschLM
     from bosch_eval.runtime.device import pick_device
@@ -138,5 +143,6 @@ def build_objective(
         include_path=calibration.include_path,
         metadata=task_metadata,
         metric=calibration.metric,
+        racing=racing,
         limit=calibration.limit,
     )

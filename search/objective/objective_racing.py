@@ -27,14 +27,23 @@ class ObjectiveRacing:
     provides the adapter (``lm``), the tasks, metric and direction, the call count, and the
     evaluation of one mask (``_evaluate``, ``_sizes``, ``_example_values``, ``_aggregate``, ``_score``).
 
-    Attributes:
+    Set at construction (``racing``, ``race_chunk`` of the objective), read here:
         race_chunk: examples per racing step.
-        racing: set by a racing search: plain calls then log per-example values for the racer.
+        racing: a racing search's objective, where racing can apply: plain calls then log
+            per-example values for the racer.
     """
 
-    race_chunk: int = DEFAULT_RACE_CHUNK
-    racing: bool = False
+    _race_chunk: int = DEFAULT_RACE_CHUNK
+    _racing: bool = False
     _racer_memo: Racer | None = None
+
+    @property
+    def race_chunk(self) -> int:
+        return self._race_chunk
+
+    @property
+    def racing(self) -> bool:
+        return self._racing
 
     def recall(self, mask: HeadMask) -> float | None:
         """What ``self(mask)`` answers, from per-example values scored before (in a race, or

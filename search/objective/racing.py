@@ -34,6 +34,14 @@ DEFAULT_RACE_CHUNK = 8  # examples per chunk; smaller stops sooner but pays lm-e
 
 
 @dataclass(frozen=True)
+class Racing:
+    """Whether an objective races its calls (where racing can be exact), and in chunks of how many examples."""
+
+    enabled: bool = False
+    chunk: int = DEFAULT_RACE_CHUNK
+
+
+@dataclass(frozen=True)
 class RaceBound:
     """A mask stopped after ``examples`` calibration examples: its S(z) cannot be better than ``score``."""
 
