@@ -40,8 +40,7 @@ from bosch_eval.attention.layer_call import LayerCall
 from bosch_eval.attention.local_window import LocalWindow
 from bosch_eval.attention.restore_point import RestorePoint
 from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
-from bosch_eval.models.model_check import ModelError
-from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.errors import ModelError, SettingsError
 
 # The attention implementation registered with transformers, per mask format.
 IMPLEMENTATIONS = {"sdpa": "bosch_sdpa", "flash": "bosch_flash_attention_2"}
