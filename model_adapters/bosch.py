@@ -74,10 +74,10 @@ from bosch_eval.caches.prefix_cache import PrefixActivations
 from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
 from bosch_eval.masks.mask_sources import resolve_mask
 from bosch_eval.model_adapters.compressed_scoring import CompressedScoring
-from bosch_eval.model_adapters.loader_args import adapter_settings, hflm_parameters
+from bosch_eval.model_adapters.loader_args import adapter_settings
 from bosch_eval.model_adapters.scoring import ContinuationScorer, ForwardLogits, PrefixCachedLogits
 from bosch_eval.model_adapters.settings import AdapterSettings
-from bosch_eval.model_adapters.truncation import TruncationPolicy, over_long_contexts, over_long_pairs
+from bosch_eval.model_adapters.truncation import TruncationPolicy, over_long_contexts, over_long_requests
 from bosch_eval.models.checkpoint import saved_kv_quant, saved_mask, set_saved_kv_quant
 from bosch_eval.models.model_check import ModelError, check_causal_decoder, model_config, resolve_model
 from bosch_eval.models.model_defaults import model_defaults, resolve_window
@@ -93,7 +93,6 @@ from bosch_eval.runtime.threads import apply_thread_policy
 LM_EVAL_CLI_DEFAULT_DEVICE = "cuda:0"
 
 log = logging.getLogger("bosch_eval")
-hflm_parameters()  # the keys HFLM takes, read from the class imported above (cached for the parser)
 
 
 def _head_mask(config: Any, model_name: str | None, settings: AdapterSettings) -> tuple[HeadMask, str]:
@@ -170,12 +169,14 @@ class BoschLM(HFLM):
         apply_thread_policy()  # lm_eval --model bosch: torch is loaded, its thread count set here (bosch_eval.runtime.threads)
         if isinstance(pretrained, str):
             pretrained = resolve_model(pretrained)  # "toy": the bundled model; a missing model fails here
-            # Mask, ranking, window and kv_quant errors from the config alone, before minutes of weight loading.
-            config = model_config(pretrained, trust_remote_code=loader_args.get("trust_remote_code") is True)
+            config, name = model_config(pretrained, trust_remote_code=loader_args.get("trust_remote_code") is True), pretrained
             check_causal_decoder(config, pretrained)
             loader_args["device"] = _load_device(loader_args.get("device"))
-            head_mask, source = _head_mask(config, pretrained, settings)
-            self.kv_quant: KVQuantConfig | None = _kv_quant_config(config, pretrained, settings)
+        else:  # a preloaded model: its own config
+            config, name = pretrained.config, getattr(pretrained.config, "_name_or_path", None)
+        # Mask, ranking, window and kv_quant errors from the config alone, before minutes of weight loading.
+        head_mask, source = _head_mask(config, name, settings)
+        self.kv_quant: KVQuantConfig | None = _kv_quant_config(config, name, settings)
         rope_config = _rope_config(pretrained, settings, loader_args)
         if rope_config is not None:
             loader_args["config"] = rope_config
@@ -185,10 +186,6 @@ class BoschLM(HFLM):
         warn_slow_cpu_bfloat16(self.model.dtype, str(self.device))
         if self.backend != "causal":
             raise ModelError(f"bosch: hybrid attention needs a decoder-only (causal) model, got backend={self.backend!r}")
-        if not isinstance(pretrained, str):  # a preloaded model: its own config
-            config, name = self.model.config, getattr(self.model.config, "_name_or_path", None)
-            head_mask, source = _head_mask(config, name, settings)
-            self.kv_quant = _kv_quant_config(config, name, settings)
         self.hybrid: HybridAttention = hybridize(self.model, head_mask, backend=settings.attn_backend, source=source)
         set_saved_kv_quant(self.model.config, self.kv_quant)  # save_pretrained keeps the settings
         # Switches the search flips on a loaded adapter (tokens remembered, its own progress bar).
@@ -246,16 +243,11 @@ class BoschLM(HFLM):
             ids = self._token_memo[key] = array("q", super().tok_encode(string, add_special_tokens, left_truncate_len))
         return ids.tolist()
 
-    # progress_bars, and the instances kept so the truncation policy can name their tasks.
+    # progress_bars, and inputs HFLM would cut from the left go through the truncation policy
+    # here, where the requests still name their tasks.
     def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        # _loglikelihood_tokens sees token ids and the (context, continuation) strings only.
-        self._requests_by_args: dict[tuple[str, str], list[Instance]] = {}
-        for request in requests:
-            self._requests_by_args.setdefault(request.args, []).append(request)
-        try:
-            return super().loglikelihood(requests, disable_tqdm=disable_tqdm or not self.progress_bars)
-        finally:
-            del self._requests_by_args
+        self.truncation_policy.check(over_long_requests(self, requests), "context + continuation", self.max_length)
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm or not self.progress_bars)
 
     # progress_bars, and perplexity refused under kv_quant (it would not measure the quantization).
     def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
@@ -302,6 +294,4 @@ class BoschLM(HFLM):
         disable_tqdm: bool = False,
         override_bs: int | None = None,
     ) -> list[tuple[float, bool]]:
-        over_long = over_long_pairs(requests, getattr(self, "_requests_by_args", {}), self.max_length)
-        self.truncation_policy.check(over_long, "context + continuation", self.max_length)
         return self.scorer.loglikelihood_tokens(self, requests, disable_tqdm, override_bs)

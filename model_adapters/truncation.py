@@ -21,8 +21,8 @@ from bosch_eval.models.model_check import ModelError
 
 log = logging.getLogger("bosch_eval")
 
-# (request, input tokens, tokens the model can take); the request is None where the task is unknown.
-TooLong = tuple[Instance | None, int, int]
+# (request, input tokens, tokens the model can take)
+TooLong = tuple[Instance, int, int]
 
 
 @dataclass
@@ -52,10 +52,9 @@ class TruncationPolicy:
         Raises:
             ModelError: naming the task, the longest input and the limit, unless ``allow``.
         """
-        by_task: dict[str, list[tuple[int | None, int, int]]] = {}
+        by_task: dict[str, list[tuple[int, int, int]]] = {}
         for request, length, room in too_long:
-            task = str(request.task_name) if request is not None else "(unknown task)"
-            by_task.setdefault(task, []).append((request.doc_id if request is not None else None, length, room))
+            by_task.setdefault(str(request.task_name), []).append((request.doc_id, length, room))
         if not by_task:
             return
         if not self.allow:
@@ -78,7 +77,7 @@ class TruncationPolicy:
                     "bosch: task %r: inputs longer than max_length %d are scored after left truncation "
                     "(allow_truncation=true); its results carry bosch_truncated", task, max_length
                 )
-            docs.update(doc for doc, _, _ in rows if doc is not None)
+            docs.update(doc for doc, _, _ in rows)
             self.truncated[task] = (docs, max(longest, *(length for _, length, _ in rows)))
 
     def report(self, max_length: int) -> dict[str, dict[str, Any]]:
@@ -91,18 +90,22 @@ class TruncationPolicy:
         }
 
 
-def over_long_pairs(requests: Iterable[tuple[tuple[str, str], list[int], list[int]]], instances: dict[tuple[str, str], list[Instance]], max_length: int) -> list[TooLong]:
-    """The loglikelihood requests HFLM would cut: the model sees (context + continuation)[:-1].
-
-    ``instances`` maps each request's (context, continuation) strings to lm-eval's instances,
-    so the message can name the task (None where unknown).
-    """
-    return [
-        (instance, len(context) + len(continuation) - 1, max_length)
-        for args, context, continuation in requests
-        if len(context) + len(continuation) - 1 > max_length
-        for instance in instances.get(args, [None])
-    ]
+def over_long_requests(lm: Any, requests: Iterable[Instance]) -> list[TooLong]:
+    """The loglikelihood requests HFLM would cut: the model sees (context + continuation)[:-1],
+    tokenized as lm-eval's ``loglikelihood`` does (an empty context is the prefix token,
+    unless the continuation starts with it)."""
+    too_long = []
+    for request in requests:
+        context, continuation = request.args
+        if context:
+            context_ids, continuation_ids = lm._encode_pair(context, continuation)
+            tokens = len(context_ids) + len(continuation_ids)
+        else:
+            continuation_ids = lm.tok_encode(continuation, add_special_tokens=False)
+            tokens = len(continuation_ids) + (not continuation_ids or continuation_ids[0] != lm.prefix_token_id)
+        if tokens - 1 > lm.max_length:
+            too_long.append((request, tokens - 1, lm.max_length))
+    return too_long
 
 
 def over_long_contexts(lm: Any, requests: Iterable[Instance]) -> list[TooLong]:

@@ -82,6 +82,18 @@ class TestSettings:
         assert not ours & hflm, "a key both ours and HFLM's would never reach HFLM"
         assert list(inspect.signature(BoschLM.__init__).parameters) == ["self", "pretrained", "model_args"]
 
+    def test_importing_the_adapter_registers_it_and_does_nothing_else(self):
+        """Importing the adapter's module registers ``bosch`` with lm-eval; the keys HFLM takes are read when
+        the first model_args are checked, not at import."""
+        code = (
+            "import bosch_eval.model_adapters.bosch\n"
+            "from lm_eval.api.registry import get_model\n"
+            "from bosch_eval.model_adapters.loader_args import hflm_parameters\n"
+            "assert get_model('bosch') is bosch_eval.model_adapters.bosch.BoschLM\n"
+            "print(hflm_parameters.cache_info().currsize)"
+        )
+        assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "0"
+
     def test_strings_are_converted_explicitly(self):
         settings = AdapterSettings(window="16", sink="2", ratio="0.5", memoize_tokens="True", progress_bars="false", prefix_cache_mb="8")
         assert (settings.window, settings.sink, settings.ratio) == (16, 2, 0.5)

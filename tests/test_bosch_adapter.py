@@ -315,6 +315,22 @@ class TestInputsLongerThanTheModel:
         assert json.dumps(info["bosch_truncated"])  # lands in the results JSON
         assert sum("left truncation" in r.getMessage() for r in caplog.records) == 1  # warned once
 
+    def test_an_empty_context_counts_the_prefix_token_as_lm_eval_does(self, tiny_model_dir):
+        lm = self.lm(tiny_model_dir)
+        fits, too_long = "word " * 3, "word " * 40
+        assert len(lm.tok_encode(fits, add_special_tokens=False)) < 16 < len(lm.tok_encode(too_long, add_special_tokens=False)) - 1
+        assert len(lm.loglikelihood(_instances("loglikelihood", [("", fits)]))) == 1
+        with pytest.raises(ModelError, match="task 'long_task': 1 request"):
+            lm.loglikelihood(_instances("loglikelihood", [("", too_long)]))
+
+    def test_the_overrides_leave_no_state_behind(self, tiny_model_dir):
+        """Each HFLM override works from its own arguments: nothing set in one is read in another."""
+        lm = self.lm(tiny_model_dir)
+        before = set(vars(lm))
+        lm.loglikelihood(_instances("loglikelihood", [("short", " one")]))
+        lm.generate_until(_instances("generate_until", [("short", {"until": ["\n"], "max_gen_toks": 2, "do_sample": False})]))
+        assert set(vars(lm)) == before
+
     def test_rolling_windows_always_fit(self, tiny_model_dir):
         lm = self.lm(tiny_model_dir)
         assert len(lm.loglikelihood_rolling(_instances("loglikelihood_rolling", [("word " * 40,)]))) == 1
