@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM
 
 from bosch_eval.attention.hybrid_attention import hybridize
-from bosch_eval.caches.hybrid_cache import HybridCache, HybridHeadLayer, kv_cache_bytes
+from bosch_eval.caches.hybrid_cache import HybridCache, HybridHeadLayer, allocated_bytes, kv_cache_bytes
 from bosch_eval.caches.kv_quant.formula import kv_cache_bytes_formula
 from bosch_eval.masks.head_mask import HeadMask, ModelShape
 from bosch_eval.models.model_check import model_path
@@ -55,7 +55,7 @@ def test_greedy_generation_with_hybrid_cache_equals_recomputation(mask, source, 
     assert torch.equal(generated, greedy_by_recomputation(model, ids, attention, 64))
     swa_layers = [layer for layer in cache.layers if isinstance(layer, HybridHeadLayer)]
     assert len(swa_layers) == sum(not all(row) for row in MASKS[mask])
-    assert all(layer.swa_keys.shape[2] == sinks + WINDOW - 1 for layer in swa_layers)
+    assert all(layer.ring.keys.shape[2] == sinks + WINDOW for layer in swa_layers)  # S sink slots and a ring of W
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "blocked", "flex"])
@@ -88,10 +88,15 @@ def test_cache_bytes_equal_the_formula_and_the_memory_held(length, sinks):
     assert kv_cache_bytes(cache) == expected
     formula = kv_cache_bytes_formula(MASKS["mixed"], 4, 4, head_dim, length, window=WINDOW, dtype_bytes=dtype_size, batch=batch, sinks=sinks)
     assert formula == expected
-    # ... and that is the memory held: no stored tensor is a view that pins the model's states.
+    # ... and the buffers allocated: the full groups at exactly the prefill's length (no capacity
+    # asked for), the SWA groups' S + W slots; none is a view that pins the model's states.
+    allocated = sum(
+        (row.count(1) * length + row.count(0) * (sinks + WINDOW)) * 2 * head_dim * dtype_size * batch for row in MASKS["mixed"]
+    )
+    assert allocated_bytes(cache) == allocated
     for layer in cache.layers:
         if isinstance(layer, HybridHeadLayer):
-            for stored in (layer.full_keys, layer.full_values, layer.swa_keys, layer.swa_values):
+            for stored in (layer.full.keys, layer.full.values, layer.ring.keys, layer.ring.values):
                 assert stored.untyped_storage().nbytes() == stored.numel() * stored.element_size()
 
 
@@ -121,7 +126,8 @@ def test_cache_from_another_mask_is_an_error():
 def test_decode_steps_read_only_the_window_in_swa_groups(monkeypatch):
     """At one query per step the SWA part holds exactly what the query sees: it runs the
     backend's plain (full) kernel over at most S + W keys and mask columns, never the
-    windowed kernel, and nothing in it grows with the sequence."""
+    windowed kernel, and nothing in it grows with the sequence; no mask at all once the
+    padding and the sinks have left the ring."""
     from bosch_eval.attention.kernels import BACKENDS, Backend
     from bosch_eval.attention.kernels.blocked import blocked_swa_attention
     from bosch_eval.attention.kernels.reference import sdpa_full_attention
@@ -148,7 +154,8 @@ def test_decode_steps_read_only_the_window_in_swa_groups(monkeypatch):
     steps = [call for call in calls if call[1] == 1]
     assert len(steps) == (new_tokens - 1) * 4  # every decode step, every layer
     assert {call[0] for call in steps} == {"plain"}
-    assert max(call[2] for call in steps) == max(call[3] for call in steps) == sinks + WINDOW
+    assert max(call[2] for call in steps) == max(call[3] or 0 for call in steps) == sinks + WINDOW
+    assert steps[-1][3] is None  # once every slot holds what the query sees, a step passes no mask
     assert torch.equal(generated, greedy_by_recomputation(model, ids, attention, new_tokens))
 
 

@@ -3,8 +3,9 @@
 A :class:`~bosch_eval.caches.hybrid_cache.HybridHeadLayer` hands the attention function
 :class:`HybridStates` (full part, SWA part) instead of one ``[B, G, K, D]`` tensor. The full
 groups attend every position; the SWA groups attend their part (:class:`SwaPart`): each row's
-sink slots and the recent run. Once the step's attention is done, the part drops what no later
-query sees (:meth:`SwaPart.settle`), given its key padding, which only the model's mask shows.
+sink slots and the recent positions, under the mask the part makes of the model's. Once the
+step's attention is done, the part finds the sinks the step brought (:meth:`SwaPart.settle`)
+from that mask: only the model's mask shows which keys are real.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 import torch
 
 from bosch_eval.attention.hybrid_spec import LayerSplit
-from bosch_eval.attention.kernels.row_sinks import key_padding
 from bosch_eval.attention.layer_call import LayerCall, group_index, head_index
 
 if TYPE_CHECKING:  # hybrid_attention calls this module
@@ -23,20 +23,20 @@ if TYPE_CHECKING:  # hybrid_attention calls this module
 
 
 class SwaPart(Protocol):
-    """The SWA part of a deploy-mode cache layer, as the attention function sees it.
+    """The SWA part of a deploy-mode cache layer, as the attention function sees it
+    (``bosch_eval.caches.swa_ring.SwaRing``, which states what its keys are for one query
+    and for a chunk)."""
 
-    Its keys are every position until it first drops some; after that, ``S`` sink slots
-    (each row's first real tokens outside the recent run, gathered per row; ``sink_real``
-    says which slots hold one) followed by the contiguous run of positions that ends at the
-    last query.
-    """
+    @property
+    def start(self) -> int:
+        """The step's first position (0: the cache held nothing before it)."""
 
-    sink_real: torch.Tensor | None  # [B, S] once slots exist, else None
-    slots_final: bool  # every slot holds its row's sink: settle needs no key padding
+    def part_mask(self, attention_mask: torch.Tensor | None, q_len: int) -> torch.Tensor | None:
+        """The model's mask over every position, made into the mask of the part's keys."""
 
-    def settle(self, key_padding: torch.Tensor | None) -> None:
-        """Keep only what later queries can see, after this step's attention; ``key_padding
-        [B, K_swa]``: the part's real keys in its own order (None: every key real)."""
+    def settle(self, part_mask: torch.Tensor | None) -> None:
+        """After this step's attention: find the sinks it brought, from ``part_mask``
+        (:meth:`part_mask`'s: it shows which keys are real)."""
 
 
 class HybridStates(NamedTuple):
@@ -56,20 +56,34 @@ def attend_cached(
     spec), written into ``call.out``; then the cache's SWA part drops what no later query sees."""
     query, kwargs = call.query, call.kwargs
     handle.layer_local(kwargs, query.shape[2], key.full.shape[2])  # refuses sinks past the model's own window
-    part_padding = None
-    if handle.sinks and not key.part.slots_final:
-        part_padding = _part_padding(key_padding(attention_mask), key.part, key.swa.shape[2])
-    swa_mask = _part_mask(attention_mask, key.part, key.swa.shape[2], query.shape[2])
+    swa_mask = key.part.part_mask(attention_mask, query.shape[2])
     if query.shape[2] > 1 and handle.kernels.layer is not None and split.full:
         out = _prefill_in_one_call(handle, split, call, key, value, attention_mask, swa_mask)
     elif not split.full:
         out = _swa_attention(handle, query)(call.module, query, key.swa, value.swa, swa_mask, **kwargs)
+    elif len(split.full) == len(split.swa) == 1:
+        out = _two_runs(handle, split, call, key, value, (attention_mask, swa_mask))
     else:
         call.attend_kind(handle.full_attention, split.full, split.group_size, key.full, value.full, attention_mask)
         call.attend_kind(_swa_attention(handle, query), split.swa, split.group_size, key.swa, value.swa, swa_mask)
         out = call.out
-    key.part.settle(part_padding)
+    key.part.settle(swa_mask)
     return out
+
+
+def _two_runs(
+    handle: HybridAttention, split: LayerSplit, call: LayerCall, key: HybridStates, value: HybridStates, masks: tuple[torch.Tensor | None, ...]
+) -> torch.Tensor:
+    """A layer whose full groups and SWA groups are one run each (every mixed layer where the
+    heads are permuted by kind, ``bosch_eval.attention.head_order``): each kind's queries are
+    a view, and the two outputs, put side by side in head order, are the layer's output, one
+    op (no output buffer to fill)."""
+    size = split.group_size
+    full, swa = split.full[0], split.swa[0]
+    full_out = handle.full_attention(call.module, call.query[:, full.start * size : full.stop * size], key.full, value.full, masks[0], **call.kwargs)
+    swa_kernel = _swa_attention(handle, call.query)
+    swa_out = swa_kernel(call.module, call.query[:, swa.start * size : swa.stop * size], key.swa, value.swa, masks[1], **call.kwargs)
+    return torch.cat([full_out, swa_out] if full.start == 0 else [swa_out, full_out], dim=2)
 
 
 def _swa_attention(handle: HybridAttention, query: torch.Tensor) -> Callable[..., torch.Tensor]:
@@ -101,7 +115,7 @@ def _prefill_in_one_call(
     slots left empty and their heads' outputs unused (W + S keys each: little beside a full head).
     """
     module, query, kwargs = call.module, call.query, call.kwargs
-    if key.part.sink_real is None and key.swa.shape[2] == key.full.shape[2]:
+    if key.part.start == 0:  # the part is the chunk itself, as the full part is
         return handle.mixed_layer(module, query, _all_groups(key, split), _all_groups(value, split), attention_mask, **kwargs)
     call.attend_kind(handle.full_attention, split.full, split.group_size, key.full, value.full, attention_mask)
     empty_keys = HybridStates(key.swa.new_zeros(key.swa.shape[0], len(split.full_groups), *key.swa.shape[2:]), key.swa, key.part)
@@ -119,35 +133,3 @@ def _all_groups(states: HybridStates, split: LayerSplit) -> torch.Tensor:
     merged[:, group_index(split.full, full.device)] = full
     merged[:, group_index(split.swa, full.device)] = swa
     return merged
-
-
-def _part_padding(real: torch.Tensor | None, part: SwaPart, held: int) -> torch.Tensor | None:
-    """The real keys of a cache's SWA part in its own order, from ``real [B, K]`` over every
-    position: its sink slots' (``part.sink_real``) and the last positions' (None: no
-    padding and no slot)."""
-    if part.sink_real is None:
-        return None if real is None else real[:, real.shape[1] - held :]
-    slots = part.sink_real.shape[1]
-    recent = real[:, real.shape[1] - (held - slots) :] if real is not None else part.sink_real.new_ones(part.sink_real.shape[0], held - slots)
-    return torch.cat([part.sink_real, recent], dim=1)
-
-
-def _part_mask(attention_mask: torch.Tensor | None, part: SwaPart, held: int, q_len: int) -> torch.Tensor | None:
-    """The model's mask over a cache's SWA part: the columns of its last positions, after
-    its sink slots' columns (each slot seen where it holds a real token: a sink precedes
-    every query). O(held), whatever the mask's length. None where the model passed none and
-    every slot holds a sink (a decode step without padding: no mask to build per step)."""
-    sink_real = part.sink_real
-    if sink_real is None or (attention_mask is None and part.slots_final):
-        return attention_mask if attention_mask is None or attention_mask.shape[-1] == held else attention_mask[..., -held:]
-    slots = sink_real.shape[1]
-    if attention_mask is None:
-        # transformers passes no mask only for one query without padding, which sees every key held.
-        recent = sink_real.new_ones(sink_real.shape[0], 1, q_len, held - slots)
-        return torch.cat([sink_real[:, None, None, :].expand(-1, 1, q_len, -1), recent], dim=-1)
-    if attention_mask.dim() == 2:
-        return torch.cat([sink_real.to(attention_mask.dtype), attention_mask[:, attention_mask.shape[1] - (held - slots) :]], dim=1)
-    columns = sink_real[:, None, None, :].expand(-1, 1, attention_mask.shape[2], -1).to(attention_mask.dtype)
-    if attention_mask.dtype != torch.bool:  # additive: 0 where allowed
-        columns = torch.zeros_like(columns).masked_fill(~sink_real[:, None, None, :], torch.finfo(attention_mask.dtype).min)
-    return torch.cat([columns, attention_mask[..., attention_mask.shape[-1] - (held - slots) :]], dim=-1)

@@ -23,16 +23,23 @@ Attend = Any
 @dataclass(frozen=True)
 class LayerCall:
     """The attention call of one layer: its module, ``query [B, H, T, D]``, transformers'
-    ``kwargs`` and the ``out [B, T, H, Dv]`` its parts write."""
+    ``kwargs``, the values' head size and the ``out [B, T, H, Dv]`` its parts write."""
 
     module: torch.nn.Module
     query: torch.Tensor
     kwargs: dict[str, Any]
-    out: torch.Tensor
+    value_dim: int
 
     @classmethod
     def start(cls, module: torch.nn.Module, query: torch.Tensor, value_dim: int, kwargs: dict[str, Any]) -> LayerCall:
-        return cls(module, query, kwargs, query.new_empty(query.shape[0], query.shape[2], query.shape[1], value_dim))
+        return cls(module, query, kwargs, value_dim)
+
+    @functools.cached_property
+    def out(self) -> torch.Tensor:
+        """Allocated on first use: a call whose parts return the whole output needs none.
+        (cached_property writes the instance __dict__ directly, so it works on a frozen value.)"""
+        query = self.query
+        return query.new_empty(query.shape[0], query.shape[2], query.shape[1], self.value_dim)
 
     def attend_runs(
         self, attend: Attend, runs: tuple[GroupRun, ...], group_size: int, key: torch.Tensor, value: torch.Tensor, mask: Any, kind_only: bool

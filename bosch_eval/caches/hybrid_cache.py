@@ -1,27 +1,23 @@
-"""Deploy-mode KV cache: SWA groups keep only what their window needs.
+"""Deploy-mode KV cache: SWA groups keep only what their window needs, in preallocated buffers.
 
 Per layer of a hybridized model (transformers' ``Cache`` API, one layer object each):
 
-* no SWA group: a plain ``DynamicLayer`` (every position, as the unpatched model);
-* otherwise a :class:`HybridHeadLayer`: the full-attention KV groups keep every position,
-  the SWA groups the positions the next query can still see
-  (:meth:`~bosch_eval.attention.local_window.LocalWindow.retained`): each row's sinks (its
-  first ``S`` real tokens) and the last ``W − 1`` positions (with ``S = 0`` the same as
-  transformers' ``DynamicSlidingWindowLayer``).
+* no SWA group: a :class:`StaticFullLayer` (every position, written in place);
+* otherwise a :class:`HybridHeadLayer`: the full-attention KV groups keep every position
+  (:class:`~bosch_eval.caches.full_buffer.FullBuffer`), the SWA groups ``S`` sink slots (each
+  row's first ``S`` real tokens) and a ring of ``W`` slots
+  (:class:`~bosch_eval.caches.swa_ring.SwaRing`, which states the kernels' index convention on it).
 
-Bytes held = Σ_layers (G_full·T + G_swa·(min(T, S) + min(max(T − S, 0), W − 1))) × 2 (K and V)
-× head_dim × dtype size.
+Nothing is concatenated per decode step: a step writes its keys and values into the buffers
+of every part of the layer with one ``torch._foreach_copy_`` (the groups of each kind are
+contiguous slices where the model's heads are permuted by kind,
+:mod:`bosch_eval.attention.head_order`; otherwise one slice per run of groups), and the
+attention reads views. Full groups grow by doubling when no capacity is given
+(``HybridCache.for_model(model, max_cache_len=...)`` allocates it up front).
 
-Once the SWA part has dropped positions it is no longer contiguous: it hands the kernels
-``S`` sink slots followed by the recent run ending at the last query. Under left padding a
-row's sinks sit at its own positions, so the slots are gathered per row, and a slot that
-holds no sink of its row (the row has fewer real tokens, or the sink is in the recent run)
-is masked (``sink_real``). The kernels find each row's sinks as its first ``S`` real keys in
-this order, which are exactly its sinks; the dropped middle lies outside every later query's
-window, and no slot is within ``W`` of a query, so the band predicate on these indices is
-exact. Which keys are real comes from the model's mask, which the attention function reads:
-it hands it back (:meth:`HybridHeadLayer.settle`) once the step's attention is done, and only
-then are positions dropped.
+Bytes held (what a later query can see) = Σ_layers (G_full·T + G_swa·(min(T, S) + min(max(T − S, 0),
+W − 1))) × 2 (K and V) × head_dim × dtype size (:func:`kv_cache_bytes`); the buffers allocated
+add the full groups' spare capacity and one ring slot per SWA group (:func:`allocated_bytes`).
 
 A hybrid layer hands :class:`HybridStates` (full part, SWA part) to the attention
 function instead of one ``[B, G, S, D]`` tensor, because the two parts have different
@@ -29,8 +25,8 @@ lengths; only the bosch attention function consumes them.
 
 With a :class:`~bosch_eval.caches.kv_quant.config.KVQuantConfig` (LogQuant or KiVi), the
 full-attention groups of every layer are stored quantized outside their full-precision
-set (:mod:`bosch_eval.caches.kv_quant`); SWA groups keep their full-precision window as above.
-One selector per cache decides the full-precision positions for all layers.
+set (:mod:`bosch_eval.caches.kv_quant`; appended, not preallocated); SWA groups keep their
+full-precision ring as above. One selector per cache decides the full-precision positions for all layers.
 """
 
 from __future__ import annotations
@@ -43,110 +39,163 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 from bosch_eval.attention.cached_attention import HybridStates
 from bosch_eval.attention.hybrid_attention import HybridAttention, hybrid_state
 from bosch_eval.attention.hybrid_spec import GroupRun, HybridSpec, LayerSplit
-from bosch_eval.attention.kernels.row_sinks import gather_keys
-from bosch_eval.attention.local_window import LocalWindow, sink_indices
+from bosch_eval.attention.local_window import LocalWindow
+from bosch_eval.caches.full_buffer import FullBuffer
 from bosch_eval.caches.kv_quant.config import KVQuantConfig
 from bosch_eval.caches.kv_quant.layer import QuantizedFullLayer
 from bosch_eval.caches.kv_quant.selection import Selector
 from bosch_eval.caches.kv_quant.store import QuantizedKVStore
+from bosch_eval.caches.swa_ring import SwaRing
+
+
+class StaticFullLayer(DynamicLayer):
+    """A layer with every group full: every position, preallocated and written in place
+    (transformers' ``StaticLayer`` idea, with int positions and growth for eager decoding)."""
+
+    is_croppable = False
+
+    def __init__(self, capacity: int | None = None) -> None:
+        super().__init__()
+        self.buffer = FullBuffer(capacity)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        torch._foreach_copy_(list(self.buffer.slots(key_states, value_states, key_states.shape[1])), [key_states, value_states])
+        self.buffer.advance(key_states.shape[2])
+        # transformers' layer attributes, read as a DynamicLayer's: the positions held (views).
+        self.keys, self.values = self.buffer.held()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.buffer.length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.buffer.length + query_length, 0
+
+    def stored_bytes(self) -> int:
+        if self.keys is None:
+            return 0
+        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+
+    def allocated_bytes(self) -> int:
+        return self.buffer.allocated_bytes()
+
+    def reset(self) -> None:
+        self.buffer.reset()
+        self.keys = self.values = None
+        self.is_initialized = False
+
+    def _map(self, fn: Any) -> None:
+        if self.buffer.keys is not None:
+            self.buffer.map_batch(fn)
+            self.keys, self.values = self.buffer.held()
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._map(lambda t: t[indices])
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise RuntimeError("a hybrid KV cache cannot be cropped")
 
 
 class HybridHeadLayer(DynamicLayer):
-    """Cache layer holding every position for full groups and ``S + W − 1`` for SWA groups."""
+    """Cache layer holding every position for full groups and ``S + W`` slots for SWA groups."""
 
     is_croppable = False  # dropped SWA positions cannot be restored
 
-    def __init__(self, split: LayerSplit, local: LocalWindow, kv_quant: KVQuantConfig | None = None, selector: Selector | None = None) -> None:
+    def __init__(
+        self, split: LayerSplit, local: LocalWindow, kv_quant: KVQuantConfig | None = None, selector: Selector | None = None, capacity: int | None = None
+    ) -> None:
         super().__init__()
         self.split, self.local = split, local
         self.cumulative_length = 0
-        self.full_keys = self.full_values = self.swa_keys = self.swa_values = None
-        # [B, S] once the SWA part has sink slots: which hold a sink of their row.
-        self.sink_real: torch.Tensor | None = None
-        # Every slot holds its row's sink: no later position can be one, and the slots stay as
-        # they are (a decode step then drops one position, with no search for sinks).
-        self.slots_final = False
-        # The SWA part still holds a view of the model's states (the first step's): copy what is kept.
-        self._swa_is_view = False
+        self.full = FullBuffer(capacity)
+        self.ring = SwaRing(local)
         # Full groups quantized outside the selector's full-precision set (none: no full group).
         self.quantized = QuantizedKVStore(kv_quant, selector) if kv_quant is not None and split.full and selector is not None else None
+
+    @property
+    def sink_real(self) -> torch.Tensor | None:
+        return self.ring.sink_real
+
+    @property
+    def slots_final(self) -> bool:
+        return self.ring.slots_final
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[HybridStates, HybridStates]:
-        """Append ``[B, G, q, D]`` states; return what this step's queries attend to. The SWA
-        part keeps every position until :meth:`settle`."""
+        """Write ``[B, G, q, D]`` states; return what this step's queries attend to (the SWA
+        part as :meth:`SwaRing.stage` presents it)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        self.cumulative_length += key_states.shape[-2]
+        self.cumulative_length += key_states.shape[2]
+        # One query: the ring is written before it is read, so the new states are not needed
+        # apart (no copy of several runs); a chunk is put together with the ring's run first.
+        new_keys, new_values = (key_states, value_states) if key_states.shape[2] == 1 else (_select(key_states, self.split.swa), _select(value_states, self.split.swa))
+        swa_keys, swa_values = self.ring.stage(new_keys, new_values, len(self.split.swa_groups))
+        targets, sources = self._ring_writes(key_states, value_states)
         if self.quantized is not None:
             full_keys, full_values = self.quantized.update(_select(key_states, self.split.full), _select(value_states, self.split.full))
         else:
-            full_keys = self.full_keys = _append(self.full_keys, _select(key_states, self.split.full))
-            full_values = self.full_values = _append(self.full_values, _select(value_states, self.split.full))
-        new_keys, new_values = _select(key_states, self.split.swa), _select(value_states, self.split.swa)
-        self._swa_is_view = self.swa_keys is None
-        self.swa_keys = new_keys if self.swa_keys is None else torch.cat([self.swa_keys, new_keys], dim=-2)
-        self.swa_values = new_values if self.swa_values is None else torch.cat([self.swa_values, new_values], dim=-2)
-        return HybridStates(full_keys, self.swa_keys, self), HybridStates(full_values, self.swa_values, self)
+            slot_keys, slot_values = self.full.slots(key_states, value_states, len(self.split.full_groups))
+            for run in self.split.full:
+                groups = slice(run.offset, run.offset + run.stop - run.start)
+                targets += [slot_keys[:, groups], slot_values[:, groups]]
+                sources += [key_states[:, run.start : run.stop], value_states[:, run.start : run.stop]]
+        torch._foreach_copy_(targets, sources)  # every part's keys and values in one op
+        if self.quantized is None:
+            self.full.advance(key_states.shape[2])
+            full_keys, full_values = self.full.held()
+        return HybridStates(full_keys, swa_keys, self.ring), HybridStates(full_values, swa_values, self.ring)
 
-    def settle(self, key_padding: torch.Tensor | None) -> None:
-        """Keep what the next query can see (:meth:`LocalWindow.retained`): the last ``W − 1``
-        positions and, with sinks, each row's sinks outside them in ``S`` slots.
-
-        Args:
-            key_padding: ``[B, held]`` the SWA part's real keys in its own order (sink slots,
-                then positions), from the attention function; None: every key real.
-
-        Without sinks the kept part is a view, copied when it would pin much more than it
-        holds: the model's own states on the first step, every position after a long chunk.
-        (A decode step drops one position; its view is kept, the next step's cat copies anyway.)
-        """
-        held, recent = self.swa_keys.shape[2], self.local.window - 1
-        slots = self.local.sinks
-        if held <= slots + recent:  # nothing to drop yet
-            if self._swa_is_view:
-                self.swa_keys, self.swa_values = self.swa_keys.clone(), self.swa_values.clone()
-            self._swa_is_view = False
-            return
-        start = held - recent
-        if not slots:
-            kept_keys, kept_values = self.swa_keys[:, :, start:], self.swa_values[:, :, start:]
-            copy = self._swa_is_view or start > recent
-            self.swa_keys, self.swa_values = (kept_keys.clone(), kept_values.clone()) if copy else (kept_keys, kept_values)
-        elif self.slots_final:
-            self.swa_keys = torch.cat([self.swa_keys[:, :, :slots], self.swa_keys[:, :, start:]], dim=2)
-            self.swa_values = torch.cat([self.swa_values[:, :, :slots], self.swa_values[:, :, start:]], dim=2)
-        else:
-            # Each row's first S real keys, in the part's order, are its sinks; those in the
-            # recent run stay there, so their slots hold nothing.
-            index, found = (t.to(self.swa_keys.device) for t in sink_indices(key_padding, slots, held))
-            self.sink_real = (found & (index < start)).expand(self.swa_keys.shape[0], -1).contiguous()
-            self.slots_final = bool(self.sink_real.all())  # one device sync, until the slots are final
-            self.swa_keys = torch.cat([gather_keys(self.swa_keys, index), self.swa_keys[:, :, start:]], dim=2)
-            self.swa_values = torch.cat([gather_keys(self.swa_values, index), self.swa_values[:, :, start:]], dim=2)
-        self._swa_is_view = False
+    def _ring_writes(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The ring's slots for the step's last positions, and the states that go there."""
+        targets, sources = [], []
+        for slots, steps in self.ring.targets():
+            for run in self.split.swa:
+                groups = slice(run.offset, run.offset + run.stop - run.start)
+                targets += [self.ring.keys[:, groups, slots], self.ring.values[:, groups, slots]]
+                sources += [key_states[:, run.start : run.stop, steps], value_states[:, run.start : run.stop, steps]]
+        return targets, sources
 
     def get_seq_length(self) -> int:
         return self.cumulative_length
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        # The mask spans every position (full groups); SWA groups use its last columns.
+        # The mask spans every position (full groups); the SWA part picks its columns.
         return self.cumulative_length + query_length, 0
 
     def stored_bytes(self) -> int:
+        """Bytes of the positions a later query can see (the formula's count)."""
         if not self.is_initialized:
             return 0
-        tensors = [t for t in (self.full_keys, self.full_values, self.swa_keys, self.swa_values) if t is not None]
         if self.quantized is not None:
-            tensors += self.quantized.tensors()
-        return sum(t.numel() * t.element_size() for t in tensors)
+            full = sum(t.numel() * t.element_size() for t in self.quantized.tensors())
+        else:
+            keys, values = self.full.held()
+            full = keys.numel() * keys.element_size() + values.numel() * values.element_size()
+        return full + self.ring.held_bytes()
+
+    def allocated_bytes(self) -> int:
+        quantized = sum(t.numel() * t.element_size() for t in self.quantized.tensors()) if self.quantized is not None else 0
+        return self.full.allocated_bytes() + self.ring.allocated_bytes() + quantized
 
     def reset(self) -> None:
-        self.full_keys = self.full_values = self.swa_keys = self.swa_values = None
-        self.sink_real, self.slots_final = None, False
+        self.full.reset()
+        self.ring.reset()
         if self.quantized is not None:
             self.quantized.reset()
         self.cumulative_length = 0
@@ -156,11 +205,8 @@ class HybridHeadLayer(DynamicLayer):
         if self.is_initialized:
             if self.quantized is not None:
                 self.quantized.map_batch(fn)
-            else:
-                self.full_keys, self.full_values = fn(self.full_keys), fn(self.full_values)
-            self.swa_keys, self.swa_values = fn(self.swa_keys), fn(self.swa_values)
-            if self.sink_real is not None:
-                self.sink_real = fn(self.sink_real)
+            self.full.map_batch(fn)
+            self.ring.map_batch(fn)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
@@ -191,12 +237,14 @@ class HybridCache(DynamicCache):
         self.spec, self._handle = spec, handle
 
     @classmethod
-    def for_model(cls, model: Any, kv_quant: KVQuantConfig | None = None) -> HybridCache:
+    def for_model(cls, model: Any, kv_quant: KVQuantConfig | None = None, max_cache_len: int | None = None) -> HybridCache:
         """The cache of a hybridized ``model`` for its current spec (deploy mode keeps it fixed).
 
         Args:
             kv_quant: quantize the full-attention groups (LogQuant or KiVi); ``None``: keep
                 them at full precision.
+            max_cache_len: positions to allocate for the full groups up front (prompt and
+                new tokens); None: the first chunk's length, doubled when outgrown.
         """
         handle = hybrid_state(model)
         spec = handle.spec
@@ -204,11 +252,11 @@ class HybridCache(DynamicCache):
         layers: list[DynamicLayer] = []
         for layer, bits in enumerate(spec.mask.bits):
             if not all(bits):
-                layers.append(HybridHeadLayer(spec.layer_split(layer), spec.local, kv_quant, selector))
+                layers.append(HybridHeadLayer(handle.layer_split(layer), spec.local, kv_quant, selector, max_cache_len))
             elif kv_quant is not None:
                 layers.append(QuantizedFullLayer(kv_quant, selector))
             else:
-                layers.append(DynamicLayer())
+                layers.append(StaticFullLayer(max_cache_len))
         return cls(layers, spec, handle)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
@@ -239,17 +287,26 @@ def _select(states: torch.Tensor, runs: tuple[GroupRun, ...]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
-def _append(stored: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
-    """``stored`` followed by ``new`` along positions, in memory of its own (``new`` may be a
-    view of the model's states, which also hold the SWA groups)."""
-    return new.clone() if stored is None else torch.cat([stored, new], dim=-2)
-
-
 def kv_cache_bytes(cache: Cache) -> int:
-    """Bytes of keys and values the cache holds right now."""
+    """Bytes of the keys and values the cache holds for later queries (what the closed-form
+    ``kv_cache_bytes_formula`` counts)."""
     total = 0
     for layer in cache.layers:
-        if isinstance(layer, (HybridHeadLayer, QuantizedFullLayer)):
+        if isinstance(layer, (HybridHeadLayer, QuantizedFullLayer, StaticFullLayer)):
+            total += layer.stored_bytes()
+        elif layer.is_initialized:
+            total += layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+    return total
+
+
+def allocated_bytes(cache: Cache) -> int:
+    """Bytes of the buffers the cache has allocated: :func:`kv_cache_bytes` plus the full
+    groups' spare capacity and the rings' spare slot."""
+    total = 0
+    for layer in cache.layers:
+        if isinstance(layer, (HybridHeadLayer, StaticFullLayer)):
+            total += layer.allocated_bytes()
+        elif isinstance(layer, QuantizedFullLayer):
             total += layer.stored_bytes()
         elif layer.is_initialized:
             total += layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
