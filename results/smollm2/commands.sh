@@ -30,10 +30,15 @@
 #              within Stage 1's mask), chosen on the dev split               -> search/bosch-rR[-sS]/
 #   search-paper R [S]  the paper's Stages 2-3 at ratio R (0.5: where the study chose nested) -> search/bosch-paper-rR[-sS]/
 #   compare R  the held-out leaderboard at ratio R                          -> leaderboard_rR/
+#   study-search R [S]  issue 53's search at ratio R, seed S: the guarded variant (the default; incumbents, Stage-1
+#              probes where ceil(rho * 3) = 3, the local search), the calibration metric objective_choice.md chose
+#                                                                          -> search/guarded-rR[-sS]/
+#   study-compare R  issue 53's held-out comparison on the fresh draw (doc_seed 5, 64 documents per task and length)
+#                                                                          -> study_rR/ (config study_rR.yaml)
 #   leaderboard R  its table from the runs finished so far (nothing evaluated) -> leaderboard_rR/leaderboard.md
 # On a lent GPU, gpu_session.sh runs the search and compare steps side by side.
 set -euo pipefail
-step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|card-uuid|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|dev-uuid|uuid-calib-dev|stage1-dev|tie-break RATIO|dev-tiebreak RATIO|search RATIO [SEED]|search-paper RATIO [SEED]|compare RATIO|leaderboard RATIO}
+step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|card-uuid|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|dev-uuid|uuid-calib-dev|stage1-dev|tie-break RATIO|dev-tiebreak RATIO|search RATIO [SEED]|search-paper RATIO [SEED]|compare RATIO|leaderboard RATIO|study-search RATIO [SEED]|study-compare RATIO}
 R=results/smollm2
 CALIB=bosch_niah_calib  # the search's and the rankings' calibration task (README, "The calibration check with four sinks")
 RC=$R/rankings_retrieval_calib  # the six rankings on bosch_retrieval_calib, the checks' panels (before the choice)
@@ -214,6 +219,29 @@ case $step in
             # attn_backend=blocked: auto's kernel on the CPU, named so that a GPU scores the same attention
             bosch-eval search --model smollm2 --ratio $ratio --seed $seed --variant $variant --calib-tasks $CALIB --dtype bfloat16 \
               --batch-size 8 --model-args sink=4,attn_backend=blocked --prefix-cache-mb 2560 --out $out "${resume[@]}" ;;
+  study-search)
+            # Every choice before the scores: the variant (guarded, the default), the metric (objective_choice.md: METRIC
+            # below, acc unless its rule adopted another), sinks, window, dtype and kernel as the study's other searches.
+            # With acc the objective is the paper's search's (search/bosch-rR, the same calibration set, sinks, dtype):
+            # a first run starts from a copy of its journal, so every mask it scored is reused (--new-settings: the
+            # header takes this variant); with another metric every S() is new. --no-racing: the journals written
+            # before the racing fix (issue 53) hold per-example values under other documents' numbers, which a
+            # race resumed from them would read.
+            ratio=${2:?ratio}; seed=${3:-0}; suffix=""; [ "$seed" = 0 ] || suffix="-s$seed"
+            out=$R/search/guarded-r$ratio$suffix; metric=${METRIC:-acc}
+            resume=(); { [ -f $out/journal.jsonl ] || [ -f $out/journal.jsonl.gz ]; } && resume=(--resume)
+            from=$R/search/bosch-r$ratio; [ "$ratio" = 0.5 ] && from=$R/search/bosch-paper-r0.5
+            if [ ${#resume[@]} = 0 ] && [ "$metric" = acc ] && [ -f $from/journal.jsonl.gz ]; then
+              mkdir -p $out && cp $from/journal.jsonl.gz $out/ && resume=(--resume --new-settings)
+            fi
+            bosch-eval search --model smollm2 --ratio $ratio --seed $seed --calib-tasks $CALIB --calib-metric $metric \
+              --rankings $(for method in apl dcam fisher proxy qada razor; do printf '%s=%s ' $method $R/rankings/$method.json; done) \
+              --dtype bfloat16 --batch-size 8 --model-args sink=4,attn_backend=blocked --prefix-cache-mb 2560 --no-racing \
+              --out $out "${resume[@]}" ;;
+  study-compare) # the entries whose mask exists run now, a later call adds the search's (available_entries.py)
+            ratio=${2:?ratio}; out=$R/study_r$ratio; mkdir -p $out
+            python benchmarks/studies/available_entries.py $R/study_r$ratio.yaml $out/available.yaml
+            bosch-eval compare --config $out/available.yaml --out $out --resume ;;
   compare)  # the entries whose mask exists (the narrowed config is kept beside the runs it made);
             # a later call adds the searches that finished since
             ratio=${2:?ratio}; out=$R/leaderboard_r$ratio; mkdir -p $out
