@@ -84,7 +84,7 @@ from bosch_eval.models.model_defaults import model_defaults, resolve_window
 from bosch_eval.models.transformers_compat import cache_argument
 from bosch_eval.runtime.device import pick_device, warn_slow_cpu_bfloat16
 from bosch_eval.runtime.errors import SettingsError
-from bosch_eval.runtime.launch import join_cpu_processes, shard_over_processes
+from bosch_eval.runtime.launch import ProcessShard, join_cpu_processes, shard_over_processes
 from bosch_eval.runtime.lm_eval_logs import quiet_per_length_warnings
 from bosch_eval.runtime.threads import apply_thread_policy
 
@@ -182,7 +182,8 @@ class BoschLM(HFLM):
             loader_args["config"] = rope_config
         join_cpu_processes(str(loader_args.get("device", "")))  # before HFLM's Accelerator()
         super().__init__(pretrained=pretrained, **loader_args)
-        shard_over_processes(self)
+        # Read by lm-eval through rank and world_size (below): HFLM's share, or accelerate's processes.
+        self.shard = shard_over_processes(self, ProcessShard(self._rank, self._world_size))
         warn_slow_cpu_bfloat16(self.model.dtype, str(self.device))
         if self.backend != "causal":
             raise ModelError(f"bosch: hybrid attention needs a decoder-only (causal) model, got backend={self.backend!r}")
@@ -201,6 +202,14 @@ class BoschLM(HFLM):
             self.scorer = ContinuationScorer(PrefixCachedLogits(self.model, self.prefix_cache, lambda: self.hybrid.spec))
         else:
             self.scorer = ContinuationScorer(ForwardLogits(self.model))
+
+    @property
+    def rank(self) -> int:
+        return self.shard.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.shard.world_size
 
     @property
     def kv_cache(self) -> str:

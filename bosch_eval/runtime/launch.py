@@ -19,6 +19,7 @@ import functools
 import os
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from accelerate import Accelerator, PartialState
@@ -79,9 +80,30 @@ def destroy_process_group_at_exit() -> None:
     atexit.register(PartialState().destroy_process_group)
 
 
-def shard_over_processes(lm: HFLM) -> None:
+@dataclass
+class ProcessShard:
+    """Which share of the documents lm-eval gives this process: ``rank`` of ``world_size``
+    (the ``bosch`` adapter's ``rank`` and ``world_size``, which lm-eval reads to shard)."""
+
+    rank: int = 0
+    world_size: int = 1
+
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        """Meanwhile lm-eval sees one process: this process scores every request it is given,
+        with no sharding and no collectives (the search's mask-parallel evaluation)."""
+        rank, world = self.rank, self.world_size
+        self.rank, self.world_size = 0, 1
+        try:
+            yield
+        finally:
+            self.rank, self.world_size = rank, world
+
+
+def shard_over_processes(lm: HFLM, hflm: ProcessShard) -> ProcessShard:
     """Under ``accelerate launch`` with N > 1 processes, make lm-eval give each process
-    its own 1/N of the documents (``rank`` = global process index, ``world_size`` = N).
+    its own 1/N of the documents (``rank`` = global process index, ``world_size`` = N);
+    else HFLM's own share, ``hflm``.
 
     HFLM (lm-eval 0.4.13) turns data parallelism on only when more than one GPU is
     visible, so CPU processes (gloo) and one-GPU nodes each scored every document;
@@ -103,24 +125,11 @@ def shard_over_processes(lm: HFLM) -> None:
                 RuntimeWarning,
                 stacklevel=3,
             )
-        return
+        return hflm
     destroy_process_group_at_exit()
     if getattr(lm, "accelerator", None) is None:
         lm.accelerator = Accelerator()  # shares the launch's process group
-    lm._rank = state.process_index
-    lm._world_size = state.num_processes
-
-
-@contextlib.contextmanager
-def alone(lm: HFLM) -> Iterator[None]:
-    """Meanwhile lm-eval sees one process: this process scores every request it is given,
-    with no sharding and no collectives (the search's mask-parallel evaluation)."""
-    rank, world = lm._rank, lm._world_size
-    lm._rank, lm._world_size = 0, 1
-    try:
-        yield
-    finally:
-        lm._rank, lm._world_size = rank, world
+    return ProcessShard(state.process_index, state.num_processes)
 
 
 def on_main_then_everywhere(action: Callable[[], T] | None, error: type[Exception], processes: int) -> T:

@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from bosch_eval.masks.head_mask import HeadMask
-from bosch_eval.runtime.launch import alone
 from bosch_eval.runtime.lm_eval_session import LmEvalError as ObjectiveError
 from bosch_eval.search.objective.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound, Racer, Tally
 
@@ -153,7 +152,7 @@ class ObjectiveRacing:
 
         mine: dict[int, dict[int, float] | str] = {}
         rank = self.lm.rank
-        with alone(self.lm):
+        with self.lm.shard.alone():
             for number in range(rank, len(items), world):
                 mine[number] = self._local_values(*items[number])
         merged: dict[int, dict[int, float] | str] = {}
