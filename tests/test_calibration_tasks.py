@@ -114,11 +114,11 @@ class TestDevSplit:
     def test_documents_are_the_eval_formats_at_another_seed(self, tokenizer, tmp_path):
         tokenizer.save_pretrained(tmp_path)
         split = dev_split.dataset(tokenizer=str(tmp_path), dev_lengths=[1024], dev_samples=2)["test"]
-        assert len(split) == 2 * len(dev_split.VARIANTS)
-        first = eval_suite.example(dev_split.VARIANTS[0], tokenizer, 1024, 0, dev_split.DEFAULT_SEED)
+        assert len(split) == 2 * len(dev_split.DEFAULT_FORMATS)
+        first = eval_suite.example(dev_split.DEFAULT_FORMATS[0], tokenizer, 1024, 0, dev_split.DEFAULT_SEED)
         assert split[0]["input"] == f"{first['input']} {first['gen_prefix']}"
         assert split[0]["target"] == first["outputs"][0]
-        test_doc = eval_suite.example(dev_split.VARIANTS[0], tokenizer, 1024, 0, eval_suite.DEFAULT_SEED)
+        test_doc = eval_suite.example(dev_split.DEFAULT_FORMATS[0], tokenizer, 1024, 0, eval_suite.DEFAULT_SEED)
         assert split[0]["target"] != test_doc["outputs"][0]
 
     def test_the_test_seed_is_refused(self, tokenizer, tmp_path):

@@ -23,7 +23,7 @@ from bosch_eval.tasks import TASKS_DIR
 from bosch_eval.tasks.niah import calibration, eval_suite, words
 from bosch_eval.tasks.niah.haystack import TemplateTooLong, count_tokens
 
-EVAL_TASKS = tuple(eval_suite.VARIANTS)
+EVAL_TASKS = tuple(eval_suite.NIAH_FORMATS)
 GROUPS = ("bosch_niah", "bosch_niah_single", "bosch_niah_multikey")
 # Words the calibration and eval texts may share: nothing but these.
 FUNCTION_WORDS = {"a", "and", "at", "for", "in", "is", "it", "of", "the", "to"}
@@ -119,14 +119,14 @@ class TestEvalSuite:
         for index in range(3):
             doc = eval_suite.example(task, tokenizer, 1024, index, seed=0)
             (answer,) = doc["outputs"]
-            question = f"What is the special magic {eval_suite.VARIANTS[task].value_kind[:-1]} for {doc['query']}"
+            question = f"What is the special magic {eval_suite.NIAH_FORMATS[task].value_kind[:-1]} for {doc['query']}"
             assert doc["input"].endswith(question + " mentioned in the provided text?")
             assert answer not in question and answer not in doc["gen_prefix"]
             needles = NEEDLE_RE.findall(doc["input"])
             assert [value for key, value in needles if key == doc["query"]] == [answer]
 
     def test_needles_and_haystack_follow_the_ruler_variant(self, tokenizer, task):
-        variant = eval_suite.VARIANTS[task]
+        variant = eval_suite.NIAH_FORMATS[task]
         doc = eval_suite.example(task, tokenizer, 2048, 0, seed=0)
         needles = NEEDLE_RE.findall(doc["input"])
         keys = [key for key, _ in needles]

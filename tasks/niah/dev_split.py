@@ -38,8 +38,8 @@ from bosch_eval.tasks.niah.metadata import check_lengths, default_lengths, int_l
 
 TASK = "bosch_niah_dev"
 GENERATION_TASK = "bosch_niah_dev_gen"
-VARIANTS = ("bosch_niah_single_1", "bosch_niah_single_2", "bosch_niah_multikey_1", "bosch_niah_multikey_2")  # the default
-CHOOSABLE = tuple(eval_suite.VARIANTS)  # every bosch_niah format, the UUID ones (single_3, multikey_3) included
+DEFAULT_FORMATS = ("bosch_niah_single_1", "bosch_niah_single_2", "bosch_niah_multikey_1", "bosch_niah_multikey_2")  # the default
+CHOOSABLE = tuple(eval_suite.NIAH_FORMATS)  # every bosch_niah format, the UUID ones (single_3, multikey_3) included
 TEST_SEED = eval_suite.DEFAULT_SEED
 DEFAULT_SEED = 1
 DEFAULT_SAMPLES = 16
@@ -85,9 +85,9 @@ def documents(metadata: dict[str, Any], task: str) -> list[tuple[str, int, dict[
 
 def chosen_variants(value: Any, task: str = TASK) -> tuple[str, ...]:
     """``dev_variants`` (a list, or a comma-separated string, of short names) as full variant
-    names in the order of :data:`CHOOSABLE`; None: :data:`VARIANTS`."""
+    names in the order of :data:`CHOOSABLE`; None: :data:`DEFAULT_FORMATS`."""
     if value is None:
-        return VARIANTS
+        return DEFAULT_FORMATS
     short = {variant.removeprefix("bosch_niah_"): variant for variant in CHOOSABLE}
     names = value.split(",") if isinstance(value, str) else value
     if not isinstance(names, (list, tuple)) or not names or not all(isinstance(name, str) and name.strip() in short for name in names):

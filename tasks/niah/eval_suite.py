@@ -1,7 +1,7 @@
 """``bosch_niah``: RULER's six NIAH tasks of the paper (§3.5, B.6), generated offline.
 
 Each task mirrors lm-eval's ``ruler/niah_utils.py`` + ``prepare_niah.py`` (see
-:data:`VARIANTS`): the same prompt template, needle sentence, ``gen_prefix``, 128-token
+:data:`NIAH_FORMATS`): the same prompt template, needle sentence, ``gen_prefix``, 128-token
 generation budget and scoring (an answer counts when it appears in the output, RULER's
 ``string_match_all``, imported from lm-eval). What differs, and why:
 
@@ -67,7 +67,7 @@ _ESSAY = (
 
 
 @dataclass(frozen=True)
-class Variant:
+class NiahFormat:
     """One RULER NIAH task: haystack type, key and value types, needles in the text."""
 
     haystack: str  # "repeat" (RULER's noise lines), "essay" (prose words), "needle" (distractor needles)
@@ -76,13 +76,13 @@ class Variant:
     num_keys: int = 1  # needles with distinct keys; one of them is asked for
 
 
-VARIANTS: dict[str, Variant] = {
-    "bosch_niah_single_1": Variant("repeat", "words", "numbers"),
-    "bosch_niah_single_2": Variant("essay", "words", "numbers"),
-    "bosch_niah_single_3": Variant("essay", "words", "uuids"),
-    "bosch_niah_multikey_1": Variant("essay", "words", "numbers", num_keys=4),
-    "bosch_niah_multikey_2": Variant("needle", "words", "numbers"),
-    "bosch_niah_multikey_3": Variant("needle", "uuids", "uuids"),
+NIAH_FORMATS: dict[str, NiahFormat] = {
+    "bosch_niah_single_1": NiahFormat("repeat", "words", "numbers"),
+    "bosch_niah_single_2": NiahFormat("essay", "words", "numbers"),
+    "bosch_niah_single_3": NiahFormat("essay", "words", "uuids"),
+    "bosch_niah_multikey_1": NiahFormat("essay", "words", "numbers", num_keys=4),
+    "bosch_niah_multikey_2": NiahFormat("needle", "words", "numbers"),
+    "bosch_niah_multikey_3": NiahFormat("needle", "uuids", "uuids"),
 }
 
 
@@ -125,7 +125,7 @@ def dataset(task: str, metadata: dict[str, Any]) -> dict[str, datasets.Dataset]:
 
 def example(task: str, tokenizer: PreTrainedTokenizerBase, max_length: int, index: int, seed: int) -> dict[str, Any]:
     """Example ``index`` of ``task`` at ``max_length`` tokens (prompt + ``GEN_TOKENS``)."""
-    variant = VARIANTS[task]
+    variant = NIAH_FORMATS[task]
     rng = random.Random(f"{task}/{seed}/{max_length}/{index}")
     keys = _distinct(lambda: _draw(rng, variant.key_kind), variant.num_keys)
     values = [_draw(rng, variant.value_kind) for _ in keys]
@@ -169,7 +169,7 @@ def _distinct(draw: Callable[[], str], count: int, exclude: frozenset[str] = fro
     return out
 
 
-def _sentences(rng: random.Random, variant: Variant, keys: frozenset[str]) -> Callable[[], str]:
+def _sentences(rng: random.Random, variant: NiahFormat, keys: frozenset[str]) -> Callable[[], str]:
     """The haystack's sentence source: noise lines, essay sentences, or distractor needles."""
     if variant.haystack == "repeat":
         return lambda: NOISE
