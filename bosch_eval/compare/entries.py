@@ -23,15 +23,11 @@ from typing import Any
 from bosch_eval.model_adapters import loader_args
 from bosch_eval.model_adapters.settings import AdapterSettings
 from bosch_eval.runtime.checks import is_int
-from bosch_eval.runtime.errors import BoschError, SettingsError
+from bosch_eval.runtime.errors import EntryError, SettingsError
 
 SOURCE_KEYS = AdapterSettings.mask_source_names()
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")  # used as a directory name
 SEED_SEPARATOR = "/"  # seeds=0/1/2: a comma would end the model_arg
-
-
-class EntryError(BoschError):
-    """An entry or leaderboard file that cannot be run as written."""
 
 
 @dataclass(frozen=True)

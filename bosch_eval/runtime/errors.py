@@ -1,10 +1,11 @@
 """The errors a user can fix, all in this one module: one base class, so every command reports
 any of them in one line, and one place to see them all (docs/conventions.md#errors).
 
-Every core folder raises these, and this module imports nothing of the package, so no folder
-has to import another one for its error class: the modules that raise them re-export the
-names they were first defined in (``from bosch_eval.masks.head_mask import MaskError`` keeps
-working).
+Every part of the package raises these (the core, the tasks, the features and the CLI), and
+this module imports nothing of the package, so no module has to import another one for its
+error class: the modules that raise them re-export the names they were first defined in
+(``from bosch_eval.masks.head_mask import MaskError``, ``from bosch_eval.search.objective.scoring
+import SearchError`` keep working).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ class BoschError(ValueError):
     """An input or setting that cannot be used as given; the message names it and what was expected.
 
     Each part raises a specific subclass: :class:`MaskError` (masks, rankings), :class:`ModelError`,
-    :class:`SettingsError`, :class:`ExportError`, ``SearchError``, ...
+    :class:`SettingsError`, :class:`ExportError`, :class:`SearchError`, ...
     """
 
 
@@ -58,6 +59,26 @@ class LmEvalError(BoschError):
 class LaunchError(LmEvalError):
     """Processes that cannot share an evaluation as launched. An :class:`LmEvalError` (the
     search's ``ObjectiveError``): lm-eval could not give the scores as asked."""
+
+
+class TemplateTooLong(BoschError):
+    """The fixed parts of a NIAH example do not fit its token budget (``tasks/niah/haystack.py``)."""
+
+
+class EntryError(BoschError):
+    """A ``compare`` entry or leaderboard file that cannot be run as written."""
+
+
+class SearchError(BoschError, RuntimeError):
+    """A search that cannot produce a meaningful result (bad anchors, bad settings)."""
+
+
+class JournalError(BoschError, RuntimeError):
+    """A search journal that cannot be opened, resumed or appended to as asked."""
+
+
+class CalibCheckError(BoschError):
+    """A ``calib-check`` setting or output directory that cannot be used."""
 
 
 def exit_status(prog: str, run: Callable[[], object]) -> int:

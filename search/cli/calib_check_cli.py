@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bosch_eval.runtime.errors import BoschError
+from bosch_eval.runtime.errors import CalibCheckError
 from bosch_eval.runtime.versions import versions
 from bosch_eval.search.defaults import DEFAULT_CALIB_TASK
 
@@ -48,10 +48,6 @@ same settings, resumes where it stopped. Other settings on the same --out are re
 OUT/report.md are rewritten as scores arrive, marked partial until every mask is scored; a
 ratio's verdict appears once all its masks are scored.
 """
-
-
-class CalibCheckError(BoschError):
-    """A calib-check setting or output directory that cannot be used."""
 
 
 def add_calib_check_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -11,11 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.runtime.errors import BoschError
-
-
-class JournalError(BoschError, RuntimeError):
-    """A journal that cannot be opened, resumed or appended to as asked."""
+from bosch_eval.runtime.errors import JournalError
 
 
 def refuse_other_settings(

@@ -24,14 +24,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bosch_eval.runtime.errors import BoschError
+from bosch_eval.runtime.errors import SearchError
 
 DEFAULT_ALPHA = 100.0
 DEFAULT_GAMMA = 0.2
-
-
-class SearchError(BoschError, RuntimeError):
-    """A search that cannot produce a meaningful result (bad anchors, bad settings)."""
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,9 @@ from itertools import accumulate
 
 from transformers import PreTrainedTokenizerBase
 
-from bosch_eval.runtime.errors import BoschError
+from bosch_eval.runtime.errors import TemplateTooLong
 
 _CHUNK = 256  # sentences drawn between two cost measurements
-
-
-class TemplateTooLong(BoschError):
-    """The fixed parts of an example do not fit its token budget."""
 
 
 def count_tokens(tokenizer: PreTrainedTokenizerBase, text: str) -> int:
