@@ -169,7 +169,7 @@ def test_measure_decodes_at_batch_1_then_batch_8_on_the_prefilled_cache(monkeypa
     assert shapes == [(1, 20)] + [(1, 1)] * 3 + [(8, 1)] * 3
     assert timed == [0, 1, 4]  # prefill, batch-1 decode and batch-8 decode each timed on their own
     layer = cache.layers[0]  # a hybrid one: groups 0 and 1 of layer 0 are SWA
-    assert cache.get_seq_length() == 26 and (layer.swa_keys if hybrid else layer.keys).shape[0] == 8
+    assert cache.get_seq_length() == 26 and (layer.ring.keys if hybrid else layer.keys).shape[0] == 8
     assert result.prefill_s > 0 and result.decode_s > 0 and result.decode_batch_s > 0
 
 

@@ -27,6 +27,7 @@ Kernels come from the registry in :mod:`bosch_eval.attention.kernels` (``attn_ba
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask, sdpa_mask
 
 from bosch_eval.attention.cached_attention import HybridStates, attend_cached
+from bosch_eval.attention.head_order import HeadOrder
 from bosch_eval.attention.hybrid_spec import HybridSpec, LayerSplit
 from bosch_eval.attention.kernels import Backend
 from bosch_eval.attention.layer_call import LayerCall
@@ -71,6 +73,7 @@ class HybridAttention:
         self.model = model
         self._modules = list(modules.values())
         self._saved = RestorePoint.take(model, CONFIG_FIELD)
+        self._order = HeadOrder(modules)  # the weights' head order (spec.by_kind)
         self._spec: HybridSpec | None = None
         self.kernel_cache: Any = None
         self.restored = False
@@ -81,6 +84,7 @@ class HybridAttention:
         try:
             self.swap(spec)
         except Exception:
+            self._order.arrange(None)
             self._saved.put_back()  # a model that cannot take the spec is left as it was
             raise
         for module in self._modules:
@@ -114,6 +118,7 @@ class HybridAttention:
         implementation = IMPLEMENTATIONS[spec.kernels.mask_format]
         if self.model.config._attn_implementation != implementation:  # new, or switched away since
             _set_implementation(self.model, implementation)
+        self._order.arrange(spec.group_orders if spec.by_kind else None)
         self._spec = spec
         setattr(self.model.config, CONFIG_FIELD, spec.saved_mask())
 
@@ -149,8 +154,9 @@ class HybridAttention:
         return self.spec.kernels
 
     def layer_split(self, layer: int) -> LayerSplit:
-        """The head partition of ``layer`` under the current spec."""
-        return self.spec.layer_split(layer)
+        """The head partition of ``layer`` under the current spec, in the weights' head order
+        (:attr:`HybridSpec.by_kind`)."""
+        return self.spec.layout_split(layer)
 
     # -- the undo ---------------------------------------------------------------------------
     def restore(self) -> None:
@@ -162,6 +168,7 @@ class HybridAttention:
         for module in (*self._modules, self.model):
             if getattr(module, HANDLE_ATTRIBUTE, None) is self:
                 delattr(module, HANDLE_ATTRIBUTE)
+        self._order.arrange(None)  # the weights back in the model's head order
         self._saved.put_back()
         self.kernel_cache = None
         self.restored = True
@@ -218,7 +225,7 @@ class HybridAttention:
         self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Any
     ) -> torch.Tensor:
         """A layer of full and SWA groups in one call of the backend's whole-layer kernel."""
-        swa_groups = [not bit for bit in self.spec.mask.bits[module.layer_idx]]
+        swa_groups = [not bit for bit in self.spec.layout_bits(module.layer_idx)]
         local = self.layer_local(kwargs, query.shape[2], key.shape[2])
         layer = self.spec.kernels.layer
         return layer(module, query, key, value, attention_mask, local, swa_groups=swa_groups, **self._with_cache(kwargs))
@@ -338,7 +345,13 @@ def apply_spec(model: Any, spec: HybridSpec, source: str = "mask") -> HybridAtte
 
 
 def hybridize(
-    model: Any, mask: HeadMask, window: int | None = None, backend: str = "auto", source: str = "mask", sinks: int | None = None
+    model: Any,
+    mask: HeadMask,
+    window: int | None = None,
+    backend: str = "auto",
+    source: str = "mask",
+    sinks: int | None = None,
+    by_kind: bool = False,
 ) -> HybridAttention:
     """Build a :class:`HybridSpec` for ``model`` and apply it (:func:`apply_spec`).
 
@@ -351,6 +364,10 @@ def hybridize(
             (:func:`~bosch_eval.attention.hybrid_spec.backend_names`).
         source: how to name the mask in error messages (e.g. its file).
         sinks: S; defaults to the mask's own ``sinks``.
+        by_kind: permute each layer's heads in the weights so that its full and SWA groups
+            are one run each (:mod:`bosch_eval.attention.head_order`): deploy mode's decode
+            steps read views only. Off by default: code that reads a head's weights by index
+            sees the model's order.
 
     Returns:
         The handle: swap masks on it (search mode), or leave it (``with``) to restore the model.
@@ -364,7 +381,7 @@ def hybridize(
         mask, window, sinks, backend, device=model.device, dtype=model.dtype,
         shape=ModelShape.from_config(model.config), model_name=_model_name(model), source=source,
     )  # fmt: skip
-    return apply_spec(model, spec, source)
+    return apply_spec(model, dataclasses.replace(spec, by_kind=by_kind) if by_kind else spec, source)
 
 
 def hybrid_state(model: Any) -> HybridAttention:

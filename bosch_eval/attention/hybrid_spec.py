@@ -16,6 +16,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from bosch_eval.attention import head_order
 from bosch_eval.attention.kernels import BACKENDS as KERNELS
 from bosch_eval.attention.kernels import Backend
 from bosch_eval.attention.kernels.choice import BackendChoice, choose_backend
@@ -100,6 +101,10 @@ def _runs(bits: tuple[int, ...], kind: int) -> tuple[GroupRun, ...]:
     return tuple(runs)
 
 
+def _split(bits: tuple[int, ...], group_size: int) -> LayerSplit:
+    return LayerSplit(full=_runs(bits, 1), swa=_runs(bits, 0), group_size=group_size)
+
+
 @dataclass(frozen=True)
 class HybridSpec:
     """What a hybrid model runs: mask, window and sinks, backend.
@@ -112,12 +117,16 @@ class HybridSpec:
             ``flash_attention_2``, ...), never ``auto``.
         backend_reason: why this backend (``auto``'s choice, or "asked for"); not part of
             the value's identity.
+        by_kind: each layer's heads permuted in the weights so that its full and its SWA
+            groups are one run each (:mod:`bosch_eval.attention.head_order`); the mask stays
+            in the model's order, the layout (:meth:`layout_split`) is the weights'.
     """
 
     mask: HeadMask
     local: LocalWindow
     backend: str
     backend_reason: str = field(default="asked for", compare=False)
+    by_kind: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.mask, HeadMask):
@@ -185,19 +194,40 @@ class HybridSpec:
         return KERNELS[self.backend]
 
     def layer_split(self, layer: int) -> LayerSplit:
-        """The head partition of ``layer`` (built once per spec)."""
+        """The head partition of ``layer`` in the model's head order (built once per spec)."""
         return self._splits[layer]
+
+    def layout_split(self, layer: int) -> LayerSplit:
+        """The head partition of ``layer`` in the weights' order: what the attention function
+        and the cache read (:attr:`by_kind`: one run per kind)."""
+        return self._layout_splits[layer]
+
+    @functools.cached_property
+    def group_orders(self) -> tuple[tuple[int, ...], ...]:
+        """Per layer, the model's group at each position of the weights (identity unless
+        :attr:`by_kind`)."""
+        return tuple(head_order.by_kind(bits) if self.by_kind else tuple(range(len(bits))) for bits in self.mask.bits)
+
+    def layout_bits(self, layer: int) -> tuple[int, ...]:
+        """The mask's bits of ``layer`` in the weights' order."""
+        bits = self.mask.bits[layer]
+        return tuple(bits[group] for group in self.group_orders[layer])
 
     @functools.cached_property
     def _splits(self) -> tuple[LayerSplit, ...]:
         # cached_property writes the instance __dict__ directly, so it works on a frozen value.
-        group_size = self.mask.shape.group_size
-        return tuple(LayerSplit(full=_runs(bits, 1), swa=_runs(bits, 0), group_size=group_size) for bits in self.mask.bits)
+        return tuple(_split(bits, self.mask.shape.group_size) for bits in self.mask.bits)
+
+    @functools.cached_property
+    def _layout_splits(self) -> tuple[LayerSplit, ...]:
+        if not self.by_kind:
+            return self._splits
+        return tuple(_split(self.layout_bits(layer), self.mask.shape.group_size) for layer in range(len(self.mask.bits)))
 
     def same_layout(self, other: HybridSpec) -> bool:
         """True when a KV cache built for ``other`` holds what this spec reads: the same
-        group split in every layer and the same window and sinks."""
-        return self is other or (self.mask.bits == other.mask.bits and self.local == other.local)
+        group split in every layer, the same head order and the same window and sinks."""
+        return self is other or (self.mask.bits == other.mask.bits and self.local == other.local and self.by_kind == other.by_kind)
 
     def saved_mask(self) -> dict[str, Any]:
         """The mask as ``save_pretrained`` writes it into the config (``bosch_mask``), with

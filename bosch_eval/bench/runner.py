@@ -10,7 +10,8 @@ moment of the decode steps, the KV cache included and the weights not
 (:func:`decode_peak`, from the profiler's allocation events). The original runs as loaded
 (the CLI loads ``sdpa``; transformers' dynamic cache); hybrids run the bosch attention (``backend``,
 default ``auto``) on the deploy-mode :class:`~bosch_eval.caches.hybrid_cache.HybridCache`,
-each for its block only (:func:`configured`): the model is given back as it was after every run.
+each for its block only (:func:`configured`): the model is given back as it was after every run;
+where the family allows, with each layer's heads permuted by kind (``bosch_eval.attention.head_order``).
 
 Timing is honest on a GPU: every configuration runs once untimed first (CUDA context,
 kernel selection and compilation, allocator growth: the first configuration would pay
@@ -37,7 +38,8 @@ import torch
 from transformers import DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from bosch_eval.attention.hybrid_attention import HANDLE_ATTRIBUTE, hybrid_state, hybridize
+from bosch_eval.attention.head_order import can_permute
+from bosch_eval.attention.hybrid_attention import HANDLE_ATTRIBUTE, attention_modules, hybrid_state, hybridize
 from bosch_eval.attention.kernels import flex
 from bosch_eval.attention.kernels.flex import unfused_is_an_error
 from bosch_eval.bench.memory import peak_memory, tensor_memory_peak
@@ -239,7 +241,9 @@ def configured(model: Any, mask: HeadMask | None, window: int, kv_quant: KVQuant
         return
     if mask is None:  # quantization alone: the original attention in every group
         mask = HeadMask.uniform(ModelShape.from_config(model.config), full=True, window=window, method="full")
-    with hybridize(model, mask, window=mask.window or window, backend=backend):
+    # Heads permuted by kind where the family allows (deploy mode: decode steps read views only).
+    by_kind = can_permute(attention_modules(model).values())
+    with hybridize(model, mask, window=mask.window or window, backend=backend, by_kind=by_kind):
         yield HybridCache.for_model(model, kv_quant)
 
 
