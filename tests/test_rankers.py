@@ -481,8 +481,8 @@ class TestRankCommand:
         self, real, model_with_defaults: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """The "Add a ranker" example (docs/rankings.md), dropped as a new module into the rankers package
-        (here: a second folder of the package's ``__path__``), runs through ``bosch-eval rank``
-        and scores what it says: each head's mean attention lag."""
+        (here: a second folder of the package's ``__path__``), runs through ``bosch-eval rank`` with
+        the flag it declares and scores what it says: each head's mean attention lag, capped."""
         filename, source = readme_example("Add a ranker")
         plugins = tmp_path / "plugins"
         plugins.mkdir()
@@ -494,16 +494,17 @@ class TestRankCommand:
         out = tmp_path / "ranking.json"
         try:
             rank(["--method", "mean-lag", "--model", str(model_with_defaults), "--calib-examples", "2",
-                  "--compute-dtype", "float64", "--out", str(out)])  # fmt: skip
+                  "--compute-dtype", "float64", "--mean-lag-cap", "3", "--out", str(out)])  # fmt: skip
         finally:
             sys.modules.pop(module, None)
         ranking = HeadRanking.load(out)
         assert (ranking.method, ranking.more_local, ranking.window) == ("mean-lag", "lower", WINDOW)
+        assert ranking.provenance["settings"] == {"cap": 3}
         model, tokenizer = real
         lag_sums, rows = np.zeros((3, 8)), 0
         for ids in calibration_ids(tokenizer, CALIB_LEN, 2, 0):
             maps, _ = eager_maps(model, ids)
-            lags = np.tril(np.arange(len(ids))[:, None] - np.arange(len(ids))[None, :])
+            lags = np.minimum(np.tril(np.arange(len(ids))[:, None] - np.arange(len(ids))[None, :]), 3)
             lag_sums += np.stack([(m * lags).sum(axis=(1, 2)) for m in maps])
             rows += len(ids)
         np.testing.assert_allclose(np.array(ranking.provenance["head_scores"]), lag_sums / rows, rtol=1e-4)

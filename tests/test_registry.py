@@ -135,6 +135,27 @@ class TestCommandLineStaysCheap:
         args = parser.parse_args(["rank", "--method", "not-yet-known", "--model", "m", "--out", "o"])
         assert args.method == "not-yet-known"
 
+    def test_a_methods_flags_are_its_own_and_its_help_lists_them(self, capsys: pytest.CaptureFixture[str]) -> None:
+        import argparse
+
+        from bosch_eval.search.cli.rank_cli import add_rank_parser, method_options
+
+        parser = argparse.ArgumentParser(prog="bosch-eval")
+        add_rank_parser(parser.add_subparsers(dest="command"))
+        assert "--qada-buffer" not in parser.format_help()
+        with pytest.raises(SystemExit):
+            parser.parse_args(["rank", "--method", "qada", "--help"])
+        text = capsys.readouterr().out
+        assert "--method qada's flags" in text and "--qada-buffer BUFFER" in text and "--proxy-gamma" not in text
+        args = parser.parse_args(["rank", "--method", "qada", "--model", "m", "--qada-buffer", "8", "--out", "o"])
+        assert args.method_flags == ["--qada-buffer", "8"] and method_options(args) == {"buffer": 8}
+        args.method = "proxy"
+        with pytest.raises(SettingsError, match="--qada-buffer applies to --method qada, not proxy"):
+            method_options(args)
+        args.method_flags = ["--calib-exampels", "3"]  # a typo of a flag every method takes
+        with pytest.raises(SettingsError, match="not a flag of bosch-eval rank, nor of --method proxy"):
+            method_options(args)
+
     @pytest.mark.slow
     def test_the_registries_import_no_heavy_package(self) -> None:
         import subprocess

@@ -1,10 +1,11 @@
 """One registry helper for every family of interchangeable parts (rankers, layer heuristics,
-SWA kernels, optimizers, KV-quantization methods, search variants).
+SWA kernels, optimizers, KV-quantization methods, search variants, pattern importers).
 
 Each member declares its own name once, where it is defined (``@RANKERS.register("mine")``
-on a class in a new file ``search/rankers/mine.py``). A registry with a ``package`` imports
-every module of that package the first time a name is missing or the names are listed, so
-a new file in the package is all a new member takes. Known names import nothing.
+on a class in a new file ``search/rankers/mine.py``), and its command-line flags, if it has
+any, as :class:`Flag` values beside it. A registry with a ``package`` imports every module of
+that package the first time a name is missing or the names are listed, so a new file in the
+package is all a new member takes (docs/extending.md). Known names import nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import importlib
 import pkgutil
 import re
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar, overload
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, overload
 
 from bosch_eval.runtime.errors import SettingsError
 
@@ -98,3 +100,28 @@ class Registry(Generic[T]):
         package = importlib.import_module(self.package)
         for module in pkgutil.iter_modules(package.__path__, f"{self.package}."):
             importlib.import_module(module.name)
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A command-line flag a member declares for one of its options, beside the member itself
+    (``Ranker.flags``), so the command needs no list of every member's flags.
+
+    Attributes:
+        flag: the flag as typed, prefixed with the member's name (``--proxy-block``).
+        option: the keyword the member takes its value as (``block``).
+        type: turns the flag's text into the value (``int``, ``float``).
+        help: what the option sets, and its default.
+        nargs: ``"+"`` for a list of values; None for one.
+    """
+
+    flag: str
+    option: str
+    type: Callable[[str], Any] = str
+    help: str = ""
+    nargs: str | None = None
+
+    def add_to(self, parser: Any) -> None:
+        """Declare the flag on ``parser`` (an ``argparse`` parser or argument group); its value
+        lands on ``option``, None when the flag is not given."""
+        parser.add_argument(self.flag, dest=self.option, type=self.type, nargs=self.nargs, help=self.help)

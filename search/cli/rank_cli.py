@@ -14,6 +14,7 @@ method, its settings, the calibration settings, the wall time and the versions.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,13 +23,38 @@ from bosch_eval.runtime.errors import SettingsError
 from bosch_eval.search.rankers import RANKERS
 from bosch_eval.tasks.niah.calibration_sets import CALIBRATION_SETS, DEFAULT_CALIBRATION
 
-# Method settings on the command line: flag destination -> (method, option name).
-_METHOD_OPTIONS = {
-    "proxy_block": ("proxy", "block"),
-    "proxy_gamma": ("proxy", "gamma"),
-    "proxy_heads": ("proxy", "proxy_heads"),
-    "qada_buffer": ("qada", "buffer"),
-}
+_HELP = {"-h", "--help"}
+
+
+class _RankParser(argparse.ArgumentParser):
+    """``rank``'s parser: the flags every method takes; what it does not know it keeps, as
+    ``method_flags``, for the ranker ``--method`` names, whose own flags (``Ranker.flags``)
+    :func:`method_options` parses when the command runs. Knowing every ranker's flags here
+    would import every ranker, and torch, to parse any command; ``--help`` beside
+    ``--method NAME`` lists that ranker's flags."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        args = list(sys.argv[1:] if args is None else args)
+        if _HELP & set(args):
+            self._add_flags_of(_named_method(args))
+        parsed, rest = super().parse_known_args(args, namespace)
+        parsed.method_flags = rest
+        return parsed, []
+
+    def _add_flags_of(self, method: str | None) -> None:
+        if method is None or method not in RANKERS:  # an unknown name: rank_main says so when it runs
+            return
+        flags = RANKERS[method].flags
+        group = self.add_argument_group(f"--method {method}'s flags", None if flags else "none")
+        for flag in flags:
+            flag.add_to(group)
+
+
+def _named_method(args: list[str]) -> str | None:
+    """The ``--method`` in ``args``, read without the other flags (None: not given)."""
+    reader = argparse.ArgumentParser(add_help=False)
+    reader.add_argument("--method")
+    return reader.parse_known_args(args)[0].method
 
 
 def add_rank_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -39,7 +65,10 @@ def add_rank_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Run a model over the bosch_niah_calib examples (Razor: a repeated random block) and write a "
         "bosch-ranking/1 file of per-KV-group locality scores (paper Appendix B.3); a group's score is the mean "
         "of its query heads'. Use it with ranking=FILE,ratio=R or 'bosch-eval mask from-ranking'.",
+        epilog="A method's own flags are named after it (--proxy-block, --qada-buffer); "
+        "'bosch-eval rank --method NAME --help' lists them.",
     )
+    parser.__class__ = _RankParser  # argparse makes every sub-command's parser of one class
     # No `choices`: listing the rankers imports them (and torch); rank_main checks the name first.
     parser.add_argument(
         "--method", required=True, metavar="NAME",
@@ -82,28 +111,29 @@ def add_rank_parser(subparsers: Any) -> argparse.ArgumentParser:
         choices=["float32", "float64"],
         help="precision of the attention blocks (accumulators are always float64)",
     )
-    parser.add_argument("--proxy-block", type=int, help="proxy: keys per block B (default 64)")
-    parser.add_argument("--proxy-gamma", type=float, help="proxy: mass fraction γ a head must cover (default 0.9)")
-    parser.add_argument(
-        "--proxy-heads", type=int, nargs="+", help="proxy: the layer's proxy query heads P (default: head 0)"
-    )
-    parser.add_argument("--qada-buffer", type=int, help="qada: buffer keys B outside the window (default 128)")
     parser.set_defaults(run=rank_main)
     return parser
 
 
 def method_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The method settings given on the command line; a setting of another method is an error."""
-    options = {}
-    for dest, (method, option) in _METHOD_OPTIONS.items():
-        value = getattr(args, dest, None)
-        if value is None:
-            continue
-        if method != args.method:
-            flag = "--" + dest.replace("_", "-")
-            raise SettingsError(f"{flag} applies to --method {method}, not {args.method}")
-        options[option] = tuple(value) if isinstance(value, list) else value
-    return options
+    """The options ``args.method_flags`` sets, by the flags the ranker of ``--method`` declares;
+    a flag of another method, or of none, is an error."""
+    ranker = RANKERS.lookup(args.method, field="--method")
+    parser = argparse.ArgumentParser(prog=f"bosch-eval rank --method {args.method}", add_help=False)
+    for flag in ranker.flags:
+        flag.add_to(parser)
+    given, unknown = parser.parse_known_args(getattr(args, "method_flags", []))
+    if unknown:
+        raise SettingsError(_not_a_flag_of(args.method, unknown[0]))
+    return {option: tuple(value) if isinstance(value, list) else value for option, value in vars(given).items() if value is not None}
+
+
+def _not_a_flag_of(method: str, text: str) -> str:
+    flag = text.partition("=")[0]
+    owners = [name for name, ranker in RANKERS.items() if any(declared.flag == flag for declared in ranker.flags)]
+    if owners:
+        return f"{flag} applies to --method {' or '.join(owners)}, not {method}"
+    return f"unrecognized argument {text!r}: not a flag of bosch-eval rank, nor of --method {method}"
 
 
 def rank_main(args: argparse.Namespace) -> None:
@@ -118,8 +148,7 @@ def rank_main(args: argparse.Namespace) -> None:
 
     from bosch_eval.model_adapters.loader_args import parse_model_args
 
-    RANKERS.lookup(args.method, field="--method")  # before anything loads
-    options = method_options(args)
+    options = method_options(args)  # the method checked before anything loads
     model_args = parse_model_args(getattr(args, "model_args", None), adapter=False)
     path = resolve_model(args.model)
     defaults = model_defaults(path)

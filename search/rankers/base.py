@@ -15,6 +15,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from bosch_eval.masks.head_mask import CALIBRATION_INPUTS
+from bosch_eval.runtime.registry import Flag
 from bosch_eval.search.rankers.blocks import AttentionBlock
 from bosch_eval.tasks.niah.calibration_sets import DEFAULT_CALIBRATION, calibration_examples
 
@@ -39,18 +40,22 @@ class Ranker(ABC):
     """Streaming per-head locality statistics of one method (paper B.3).
 
     A subclass registers itself under its command-line name with
-    ``@RANKERS.register("name")`` (:data:`bosch_eval.search.rankers.RANKERS`).
+    ``@RANKERS.register("name")`` (:data:`bosch_eval.search.rankers.RANKERS`); its options
+    are keyword arguments of ``__init__``, and ``flags`` gives some of them to ``bosch-eval rank``.
 
     Attributes:
         more_local: ``"higher"`` or ``"lower"``: which end of the score marks a head
             that tolerates SWA best (``HeadRanking.more_local``).
         needs_grad: the method reads ``dL/dP`` (blocks carry ``dprobs``).
         inputs: what :meth:`sequences` returns, for the provenance.
+        flags: ``bosch-eval rank``'s flags for the method's options, each named after the
+            method (``--proxy-block``); parsed once ``--method`` has named the ranker.
     """
 
     more_local: ClassVar[str]
     needs_grad: ClassVar[bool] = False
     inputs: ClassVar[str] = CALIBRATION_INPUTS
+    flags: ClassVar[tuple[Flag, ...]] = ()
 
     def __init__(self, num_layers: int, num_heads: int, window: int) -> None:
         self.num_layers = num_layers

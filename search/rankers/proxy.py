@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.registry import Flag
 from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.rankers.base import Ranker
 from bosch_eval.search.rankers.blocks import AttentionBlock
@@ -41,6 +42,11 @@ class Proxy(Ranker):
     """Fraction of proxy-ranked key blocks a head needs to cover γ of its attention."""
 
     more_local = "lower"
+    flags = (
+        Flag("--proxy-block", "block", int, "proxy: keys per block B (default 64)"),
+        Flag("--proxy-gamma", "gamma", float, "proxy: mass fraction γ a head must cover (default 0.9)"),
+        Flag("--proxy-heads", "proxy_heads", int, "proxy: the layer's proxy query heads P (default: head 0)", nargs="+"),
+    )
 
     def __init__(
         self,

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.registry import Flag
 from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.rankers.base import Ranker
 from bosch_eval.search.rankers.blocks import AttentionBlock
@@ -39,6 +40,7 @@ class QAdA(Ranker):
     """Gaussian estimate of the share of softmax mass inside the window."""
 
     more_local = "higher"
+    flags = (Flag("--qada-buffer", "buffer", int, "qada: buffer keys B outside the window (default 128)"),)
 
     def __init__(self, num_layers: int, num_heads: int, window: int, buffer: int = 128) -> None:
         super().__init__(num_layers, num_heads, window)
