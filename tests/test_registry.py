@@ -147,6 +147,8 @@ class TestCommandLineStaysCheap:
             parser.parse_args(["rank", "--method", "qada", "--help"])
         text = capsys.readouterr().out
         assert "--method qada's flags" in text and "--qada-buffer BUFFER" in text and "--proxy-gamma" not in text
+        parser = argparse.ArgumentParser(prog="bosch-eval")  # one that has not listed qada's flags for --help
+        add_rank_parser(parser.add_subparsers(dest="command"))
         args = parser.parse_args(["rank", "--method", "qada", "--model", "m", "--qada-buffer", "8", "--out", "o"])
         assert args.method_flags == ["--qada-buffer", "8"] and method_options(args) == {"buffer": 8}
         args.method = "proxy"
