@@ -31,12 +31,13 @@ def eager_flex(monkeypatch):
     monkeypatch.setattr("bosch_eval.attention.kernels.flex.compile_policy", False)
 
 
-def hybrid(backend: str, sinks: int):
-    """A 4-layer random Qwen3 with every kind of layer: full, SWA, and mixed twice."""
+def hybrid(backend: str, sinks: int, by_kind: bool = False):
+    """A 4-layer random Qwen3 with every kind of layer: full, SWA, and mixed twice (by_kind:
+    its heads permuted so that each kind is one run, as deploy mode runs it)."""
     model = random_model("qwen3", num_layers=4, seed=11)
     shape = ModelShape.from_config(model.config)
     rows = [[1] * shape.num_kv_heads, [0] * shape.num_kv_heads, [g % 2 for g in range(shape.num_kv_heads)], [1, 0, 0, 1]]
-    hybridize(model, HeadMask.from_rows(rows, shape.num_heads, window=WINDOW, sinks=sinks), backend=backend)
+    hybridize(model, HeadMask.from_rows(rows, shape.num_heads, window=WINDOW, sinks=sinks), backend=backend, by_kind=by_kind)
     return model
 
 
@@ -109,11 +110,12 @@ def test_the_sinks_matter_here(backend):
     assert (right[real] - without[real]).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("by_kind", [False, True])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_chunked_prefill_on_the_hybrid_cache_keeps_each_rows_sinks(backend):
+def test_chunked_prefill_on_the_hybrid_cache_keeps_each_rows_sinks(backend, by_kind):
     """Deploy mode over several chunks of a left-padded batch: once the cache has dropped
     positions, its sink slots hold each row's own first real tokens."""
-    model = hybrid(backend, 4)
+    model = hybrid(backend, 4, by_kind)
     tokens = rows(model.config.vocab_size)
     ids, attention, positions = padded(tokens, "left")
     cache = HybridCache.for_model(model)
