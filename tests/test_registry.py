@@ -92,6 +92,16 @@ class TestPackageDiscovery:
         write_member(plugin_package, "third", "three")  # a file added later is found on a miss
         assert "three" in PARTS and PARTS.names() == ("one", "two", "three")
 
+    def test_the_first_modules_come_first_and_the_others_after_them(self, plugin_package: Path) -> None:
+        (plugin_package / "__init__.py").write_text(
+            "from bosch_eval.runtime.registry import Registry\nPARTS = Registry('part', package=__name__, first=('zulu', 'mike'))\n"
+        )
+        for module in ("alpha", "zulu", "mike"):
+            write_member(plugin_package, module, module)
+        from bosch_test_plugins import PARTS
+
+        assert PARTS.names() == ("zulu", "mike", "alpha")
+
     def test_a_registered_name_imports_nothing(self, plugin_package: Path) -> None:
         write_member(plugin_package, "first", "one")
         from bosch_test_plugins import PARTS

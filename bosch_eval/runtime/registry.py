@@ -30,7 +30,11 @@ class Registry(Generic[T]):
 
     Args:
         family: what a member is, for messages ("ranker", "layer heuristic").
-        package: a package whose modules define members; imported on demand.
+        package: a package whose modules define members; imported on demand, in name order.
+        first: modules of ``package`` imported before the others, in this order, where the
+            members' order decides something (``auto``'s preference among optimizers, the
+            order incumbents are scored in): the built-in members keep their order, and a new
+            module needs no entry here.
         field: the setting the name comes from, for messages (default: ``family``).
         error: what an unknown name raises (a ``BoschError`` subclass, so commands print it).
 
@@ -40,9 +44,15 @@ class Registry(Generic[T]):
     """
 
     def __init__(
-        self, family: str, *, package: str | None = None, field: str | None = None, error: type[Exception] = SettingsError
+        self,
+        family: str,
+        *,
+        package: str | None = None,
+        first: tuple[str, ...] = (),
+        field: str | None = None,
+        error: type[Exception] = SettingsError,
     ) -> None:
-        self.family, self.package, self.field, self.error = family, package, field or family, error
+        self.family, self.package, self.first, self.field, self.error = family, package, first, field or family, error
         self.members: dict[str, T] = {}
 
     @overload
@@ -98,6 +108,8 @@ class Registry(Generic[T]):
         if self.package is None:
             return
         package = importlib.import_module(self.package)
+        for name in self.first:
+            importlib.import_module(f"{self.package}.{name}")
         for module in pkgutil.iter_modules(package.__path__, f"{self.package}."):
             importlib.import_module(module.name)
 
