@@ -78,9 +78,10 @@ from bosch_eval.model_adapters.loader_args import adapter_settings
 from bosch_eval.model_adapters.scoring import ContinuationScorer, ForwardLogits, PrefixCachedLogits
 from bosch_eval.model_adapters.settings import AdapterSettings
 from bosch_eval.model_adapters.truncation import TruncationPolicy, over_long_contexts, over_long_requests
-from bosch_eval.models.checkpoint import saved_kv_quant, saved_mask, set_saved_kv_quant
-from bosch_eval.models.model_check import ModelError, check_causal_decoder, model_config, resolve_model
-from bosch_eval.models.model_defaults import model_defaults, resolve_window
+from bosch_eval.models.checkpoint import set_saved_kv_quant
+from bosch_eval.models.model_check import ModelError, check_causal_decoder
+from bosch_eval.models.model_defaults import resolve_window
+from bosch_eval.models.resolved_model import ResolvedModel
 from bosch_eval.models.transformers_compat import cache_argument
 from bosch_eval.runtime.device import pick_device, warn_slow_cpu_bfloat16
 from bosch_eval.runtime.errors import SettingsError
@@ -95,34 +96,34 @@ LM_EVAL_CLI_DEFAULT_DEVICE = "cuda:0"
 log = logging.getLogger("bosch_eval")
 
 
-def _head_mask(config: Any, model_name: str | None, settings: AdapterSettings) -> tuple[HeadMask, str]:
-    """The mask asked for, checked against ``config`` (a hybrid checkpoint restores its own)."""
+def _head_mask(model: ResolvedModel, settings: AdapterSettings) -> tuple[HeadMask, str]:
+    """The mask asked for, checked against the model (a hybrid checkpoint restores its own)."""
     request = settings.mask_request()
-    default_window = model_defaults(model_name).window if model_name else None
+    default_window = model.defaults.window
     if isinstance(request.mask, str) and request.mask == "full":  # no head mask: the original attention everywhere
         window = resolve_window(settings.window, default=default_window, all_full=True, source="mask=full")
-        request = replace(request, mask=HeadMask.uniform(ModelShape.from_config(config), full=True, window=window, method="full"))
-    checkpoint_mask = saved_mask(config, f"{model_name}/config.json")
+        request = replace(request, mask=HeadMask.uniform(model.shape, full=True, window=window, method="full"))
+    checkpoint_mask = model.saved_mask
     if checkpoint_mask is not None and (request.mask, request.ranking, request.layers) == (None, None, None):
         request = replace(request, mask=checkpoint_mask)
-    head_mask, source = resolve_mask(ModelShape.from_config(config), request, default_window=default_window, model_name=model_name)
+    head_mask, source = resolve_mask(model.shape, request, default_window=default_window, model_name=model.path)
     if checkpoint_mask is not None and (head_mask.bits, head_mask.window) != (checkpoint_mask.bits, checkpoint_mask.window):
         raise MaskError(
-            f"{source}: differs from the mask saved in {model_name}/config.json "
+            f"{source}: differs from the mask saved in {model.config_file} "
             f"(SWA ratio {head_mask.swa_ratio:.4g}, window {head_mask.window} vs saved "
             f"{checkpoint_mask.swa_ratio:.4g}, window {checkpoint_mask.window}); drop the explicit mask to use the saved one"
         )
     return head_mask, source
 
 
-def _kv_quant_config(config: Any, model_name: str | None, settings: AdapterSettings) -> KVQuantConfig | None:
-    """The KV quantization asked for, checked against ``config``; a hybrid checkpoint's saved
+def _kv_quant_config(model: ResolvedModel, settings: AdapterSettings) -> KVQuantConfig | None:
+    """The KV quantization asked for, checked against the model; a hybrid checkpoint's saved
     settings when none is given."""
     args = (settings.kv_quant, settings.kv_bits, settings.kv_window, settings.kv_group_size)
     if args == (None, None, None, None):
-        quant = saved_kv_quant(config, f"{model_name}/config.json")
+        quant = model.saved_kv_quant
     else:
-        quant = parse_kv_quant(*args, head_dim=ModelShape.head_dim_of(config))
+        quant = parse_kv_quant(*args, head_dim=ModelShape.head_dim_of(model.config))
     if quant is not None and settings.kv_cache != "hybrid":
         raise SettingsError(f"kv_cache: kv_quant={quant.method} stores its KV in the hybrid cache; got kv_cache={settings.kv_cache!r}")
     return quant
@@ -161,22 +162,24 @@ def _rope_config(pretrained: str | torch.nn.Module, settings: AdapterSettings, l
 class BoschLM(HFLM):
     """HFLM with a BOSCH head mask applied through the hybrid attention implementation."""
 
-    def __init__(self, pretrained: str | torch.nn.Module, **model_args: Any) -> None:
+    def __init__(self, pretrained: str | ResolvedModel | torch.nn.Module, **model_args: Any) -> None:
         # Every key known and every value converted before anything is read from disk.
         settings, loader_args = adapter_settings(model_args)
         self.settings = settings
         quiet_per_length_warnings()  # RULER-style tasks' per-length metrics, expected (see the module)
         apply_thread_policy()  # lm_eval --model bosch: torch is loaded, its thread count set here (bosch_eval.runtime.threads)
-        if isinstance(pretrained, str):
-            pretrained = resolve_model(pretrained)  # "toy": the bundled model; a missing model fails here
-            config, name = model_config(pretrained, trust_remote_code=loader_args.get("trust_remote_code") is True), pretrained
-            check_causal_decoder(config, pretrained)
+        if isinstance(pretrained, (str, ResolvedModel)):  # a name, or one the caller resolved already
+            trust = loader_args.get("trust_remote_code") is True
+            # "toy": the bundled model; a missing model fails here
+            self.resolved = pretrained if isinstance(pretrained, ResolvedModel) else ResolvedModel.named(pretrained, trust_remote_code=trust)
+            pretrained = self.resolved.path
+            check_causal_decoder(self.resolved.config, pretrained)
             loader_args["device"] = _load_device(loader_args.get("device"))
         else:  # a preloaded model: its own config
-            config, name = pretrained.config, getattr(pretrained.config, "_name_or_path", None)
+            self.resolved = ResolvedModel.loaded(pretrained)
         # Mask, ranking, window and kv_quant errors from the config alone, before minutes of weight loading.
-        head_mask, source = _head_mask(config, name, settings)
-        self.kv_quant: KVQuantConfig | None = _kv_quant_config(config, name, settings)
+        head_mask, source = _head_mask(self.resolved, settings)
+        self.kv_quant: KVQuantConfig | None = _kv_quant_config(self.resolved, settings)
         rope_config = _rope_config(pretrained, settings, loader_args)
         if rope_config is not None:
             loader_args["config"] = rope_config

@@ -92,3 +92,34 @@ def test_gradients_match_the_dense_band_reference(backend):
     assert expected.keys() == got.keys() and len(got) > 10
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+class TestResolvedModel:
+    """One object per model: path, config, defaults and what a hybrid checkpoint saved."""
+
+    def test_a_bundled_alias_resolves_to_its_directory_defaults_and_shape(self):
+        from bosch_eval.models.model_check import model_path
+        from bosch_eval.models.model_defaults import model_defaults
+        from bosch_eval.models.resolved_model import ResolvedModel
+
+        toy = ResolvedModel.named("toy")
+        assert toy.name == "toy" and toy.path == str(model_path("toy"))
+        assert toy.defaults == model_defaults(toy.path) and toy.defaults.window is not None
+        assert toy.shape.num_layers == toy.config.num_hidden_layers
+        assert (toy.saved_mask, toy.saved_kv_quant) == (None, None)
+
+    def test_a_hybrid_checkpoint_brings_its_saved_mask(self, hybrid_checkpoint):
+        from bosch_eval.models.resolved_model import ResolvedModel
+
+        model, path = hybrid_checkpoint
+        resolved = ResolvedModel.named(str(path))
+        assert [list(row) for row in resolved.saved_mask.bits] == ROWS and resolved.saved_mask.window == 5
+        assert ResolvedModel.loaded(model).saved_mask.bits == resolved.saved_mask.bits
+
+    def test_the_adapter_takes_a_resolved_model_as_it_takes_a_name(self, hybrid_checkpoint):
+        from bosch_eval.models.resolved_model import ResolvedModel
+
+        _, path = hybrid_checkpoint
+        resolved = ResolvedModel.named(str(path))
+        lm = BoschLM(pretrained=resolved, device="cpu")
+        assert lm.resolved is resolved and lm.head_mask.bits == resolved.saved_mask.bits

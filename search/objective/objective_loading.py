@@ -10,8 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bosch_eval.models.model_check import IGNORE_METADATA, resolve_model
-from bosch_eval.models.model_defaults import model_defaults, resolve_window
+from bosch_eval.models.model_check import IGNORE_METADATA, truthy
+from bosch_eval.models.model_defaults import resolve_window
+from bosch_eval.models.resolved_model import ResolvedModel
 from bosch_eval.runtime.launch import launch_state
 from bosch_eval.search.defaults import DEFAULT_CALIB_EXAMPLES, DEFAULT_CALIB_LEN
 from bosch_eval.search.objective.objective import DEFAULT_TASKS, CalibrationObjective
@@ -108,15 +109,15 @@ def build_objective(
         raise SearchError(f"attn_backend={load.attn_backend!r} and model_args attn_backend={named_backend!r}: name one kernel")
     device = pick_device(load.device, "device")
     launch_state(device)
-    path = resolve_model(model)
-    defaults = model_defaults(path)
+    resolved = ResolvedModel.named(model, trust_remote_code=truthy(extra.get("trust_remote_code", False), "trust_remote_code"))
+    path, defaults = resolved.path, resolved.defaults
     window = resolve_window(load.window, default=defaults.window, source=model, flag="window=W")
     length = calibration.length if calibration.length is not None else defaults.calib_len
     # A config that understates the context: HFLM would left-truncate inputs to it.
     longest = length if length is not None else (DEFAULT_CALIB_LEN if DEFAULT_TASKS[0] in calibration.tasks else None)
     max_length = {"max_length": longest} if calibration.ignore_max_positions and longest is not None else {}
     lm = BoschLM(
-        pretrained=path,
+        pretrained=resolved,
         layers="intr",
         ratio=0.0,  # all full until the first set_mask
         window=window,
