@@ -98,8 +98,10 @@ class TestPackageDiscovery:
         )
         for module in ("alpha", "zulu", "mike"):
             write_member(plugin_package, module, module)
+        import bosch_test_plugins.mike  # imported on its own: the first modules still come first
         from bosch_test_plugins import PARTS
 
+        assert list(PARTS.members) == ["zulu", "mike"]
         assert PARTS.names() == ("zulu", "mike", "alpha")
 
     def test_a_registered_name_imports_nothing(self, plugin_package: Path) -> None:

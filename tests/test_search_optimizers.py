@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 
 from bosch_eval.search.stages import optimizers
+from bosch_eval.search.stages.optimizers import oneplusone
 from bosch_eval.search.stages.optimizers import (
     NOMAD_MAX_VARIABLES,
     OPTIMIZERS,
@@ -374,7 +375,7 @@ class TestOnePlusOne:
     def test_stops_when_the_rest_is_out_of_reach(self, monkeypatch: pytest.MonkeyPatch) -> None:
         # With 2 ones among 40, every candidate is within 2 swaps; the last few need the
         # rare double swap, so a small cap on repeated offspring ends the run early.
-        monkeypatch.setattr(optimizers, "_MAX_REPEATED_OFFSPRING", 5)
+        monkeypatch.setattr(oneplusone, "_MAX_REPEATED_OFFSPRING", 5)
         loss = Recorder(lambda x: 1.0)
         result = minimize(loss, SubProblem(n=40, k=2, budget=780, seed=0), "oneplusone")
         assert result.evaluations < math.comb(40, 2)

@@ -34,7 +34,8 @@ class Registry(Generic[T]):
         first: modules of ``package`` imported before the others, in this order, where the
             members' order decides something (``auto``'s preference among optimizers, the
             order incumbents are scored in): the built-in members keep their order, and a new
-            module needs no entry here.
+            module needs no entry here. They are imported before any member registers, so a
+            module imported on its own (``from ...optimizers import oneplusone``) cannot go first.
         field: the setting the name comes from, for messages (default: ``family``).
         error: what an unknown name raises (a ``BoschError`` subclass, so commands print it).
 
@@ -54,6 +55,7 @@ class Registry(Generic[T]):
     ) -> None:
         self.family, self.package, self.first, self.field, self.error = family, package, first, field or family, error
         self.members: dict[str, T] = {}
+        self._first_imported = False
 
     @overload
     def register(self, name: str) -> Callable[[T], T]: ...
@@ -71,6 +73,7 @@ class Registry(Generic[T]):
             return lambda decorated: self.register(name, decorated)
         if name in self.members:
             raise ValueError(f"{self.family} {name!r} is registered twice: {self.members[name]!r} and {member!r}")
+        self._import_first()
         self.members[name] = member
         return member
 
@@ -107,11 +110,18 @@ class Registry(Generic[T]):
         """Import every module of ``package``: each registers its members as it is imported."""
         if self.package is None:
             return
+        self._import_first()
         package = importlib.import_module(self.package)
-        for name in self.first:
-            importlib.import_module(f"{self.package}.{name}")
         for module in pkgutil.iter_modules(package.__path__, f"{self.package}."):
             importlib.import_module(module.name)
+
+    def _import_first(self) -> None:
+        """Import the ``first`` modules, once; the one being imported, if any, continues after."""
+        if self._first_imported or self.package is None:
+            return
+        self._first_imported = True
+        for name in self.first:
+            importlib.import_module(f"{self.package}.{name}")
 
 
 @dataclass(frozen=True)

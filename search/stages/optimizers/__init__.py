@@ -4,19 +4,21 @@ A sub-problem has ``n`` binary variables (``1`` = convert that variable to SWA) 
 for the point with exactly ``k`` ones that minimizes an expensive loss (one LLM
 evaluation per point). The variables may be split into consecutive *blocks* with a quota
 each (one block per layer: Algorithm 3 converts ⌈r_ℓ·G⌉ groups *in each layer*); the
-point must then have exactly its quota of ones in every block. Three optimizers, each
-registered in :data:`OPTIMIZERS` under its name, chosen by ``auto`` as in Appendix B.2:
+point must then have exactly its quota of ones in every block. Three optimizers, one module
+each, registering itself in :data:`OPTIMIZERS` under its name, chosen by ``auto`` as in
+Appendix B.2 (a new optimizer is a new module here, docs/extending.md; ``auto`` takes it only
+where none of these fits, so never, since ``oneplusone`` fits every problem):
 
-- ``exhaustive``: every feasible point (the product of the blocks' combinations), when
+- ``exhaustive`` (:mod:`.exhaustive`): every feasible point (the product of the blocks' combinations), when
   there are at most ``budget``.
-- ``nomad``: MADS (NOMAD 4 through PyNomad) on binary variables, for ``n <= 50`` and
+- ``nomad`` (:mod:`.nomad`): MADS (NOMAD 4 through PyNomad) on binary variables, for ``n <= 50`` and
   one block. Not for several blocks: binary MADS with a per-block penalty almost never
   proposes a point that meets every quota (measured, 4 blocks of 8 variables with 2 ones
   each: 2 feasible points among 100 evaluated, each evaluation an LLM call), and an
   integer encoding of each block's choices crashes PyNomad 4.6.0 (``BB_INPUT_TYPE I``:
   "ArrayOfDouble: Array is not defined", then a segfault, even on a 2-variable quadratic).
   ``auto`` gives such problems to the (1+1)-EA.
-- ``oneplusone``: a (1+1)-EA whose mutations swap a one and a zero *within a block*, for
+- ``oneplusone`` (:mod:`.oneplusone`): a (1+1)-EA whose mutations swap a one and a zero *within a block*, for
   larger ``n``.
 
 The loss is defined on every 0/1 point of length ``n``, not only on feasible ones: the
@@ -41,15 +43,13 @@ iteration order of a set.
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from bosch_eval.runtime.checks import is_int, is_number
 from bosch_eval.runtime.registry import Registry
-from bosch_eval.search.stages.nomad_process import run_nomad_isolated
 
 Point = tuple[int, ...]
 
@@ -83,31 +83,6 @@ RacingLosses = Callable[[list[Point]], "list[float | Bound]"]
 AUTO = "auto"  # not an optimizer: picks one per sub-problem (choose_method)
 NOMAD_MAX_VARIABLES = 50  # beyond this, MADS needs too many evaluations per improvement (§2.2, B.2)
 
-# PyNomad parameters besides X0, bounds, MAX_BB_EVAL and SEED. NOMAD's defaults otherwise
-# (MADS with its quadratic-model search, as in the paper), quiet and single-threaded.
-# No *_FILE parameter is set, so NOMAD writes nothing to disk.
-_NOMAD_PARAMS = (
-    "BB_OUTPUT_TYPE OBJ",
-    "BB_INPUT_TYPE * B",
-    "DISPLAY_DEGREE 0",
-    "NB_THREADS_PARALLEL_EVAL 1",
-)
-# MAX_EVAL counts NOMAD's cache hits too. Once its mesh is at its finest, MADS keeps
-# proposing points it has already seen, more than 10 per new point near the end of a
-# run: 100 lets it spend the budget while bounding that circling (on the 2**n points
-# there are, when the budget exceeds them). Setting MAX_EVAL also
-# stops NOMAD from printing the bound it would otherwise pick itself.
-_NOMAD_EVALS_PER_BB_EVAL = 100
-# From this dimension on NOMAD turns its quadratic-model search off itself, and says so on
-# stdout; asking for it off keeps the run quiet and changes nothing else.
-_NOMAD_MODELS_MAX_DIMENSION = 50
-# NOMAD's SEED must lie in [0, INT_MAX], and NOMAD seeds its generator by drawing SEED
-# numbers from it (measured: ~0.25 µs each, so a seed near 2**31 stalls every run for
-# minutes before the first evaluation). 10**5 distinct seeds cost at most ~25 ms.
-_NOMAD_SEED_MODULUS = 100_000
-# The (1+1)-EA stops after this many consecutive offspring that were all evaluated before:
-# what is left unexplored is then practically out of its reach.
-_MAX_REPEATED_OFFSPRING = 1_000
 
 
 @dataclass(frozen=True)
@@ -212,7 +187,9 @@ class Optimizer:
 
 
 # Registration order is B.2's preference: ``auto`` takes the first optimizer fit for a problem.
-OPTIMIZERS: Registry[Optimizer] = Registry("optimizer", field="optimizer method", error=ValueError)
+OPTIMIZERS: Registry[Optimizer] = Registry(
+    "optimizer", package=__name__, first=("exhaustive", "nomad", "oneplusone"), field="optimizer method", error=ValueError
+)
 
 
 def optimizer_methods() -> tuple[str, ...]:
@@ -339,22 +316,6 @@ class Memo:
         return float(value)
 
 
-def _k_subsets(n: int, k: int) -> Iterator[Point]:
-    """Every point with exactly k ones, in lexicographic order of the positions of the ones."""
-    for ones in itertools.combinations(range(n), k):
-        point = [0] * n
-        for i in ones:
-            point[i] = 1
-        yield tuple(point)
-
-
-def _feasible_points(problem: SubProblem) -> Iterator[Point]:
-    """Every feasible point: the product of the blocks' k-subsets, each in lexicographic order."""
-    per_block = [list(_k_subsets(size, ones)) for size, ones in problem.parts]
-    for parts in itertools.product(*per_block):
-        yield tuple(itertools.chain.from_iterable(parts))
-
-
 def _random_point(problem: SubProblem, rng: random.Random) -> Point:
     point: list[int] = []
     for size, k in problem.parts:
@@ -369,108 +330,3 @@ def start_point(memo: Memo, problem: SubProblem) -> tuple[Point, random.Random]:
     x0 = problem.x0 if problem.x0 is not None else _random_point(problem, rng)
     memo(x0)  # the start point is always evaluated: a point with k ones exists
     return x0, rng
-
-
-def _run_exhaustive(memo: Memo, problem: SubProblem) -> str:
-    """Every feasible point, raced together when the memo has a racing loss of many points."""
-    if memo.race_all is not None:
-        points = list(_feasible_points(problem))
-        for point, value in zip(points, memo.race_all(points), strict=True):
-            memo.record(point, value)
-    else:
-        for point in _feasible_points(problem):
-            memo(point)
-    return ""
-
-
-def _exhaustive_unfit(problem: SubProblem) -> str | None:
-    if problem.size <= problem.budget:
-        return None
-    return (
-        f"exhaustive search needs C({problem.n}, {problem.k}) = {problem.size} evaluations, "
-        f"more than the budget of {problem.budget}: raise the budget or use 'nomad'/'oneplusone'"
-    )
-
-
-OPTIMIZERS.register("exhaustive", Optimizer(_run_exhaustive, _exhaustive_unfit))
-
-
-def _run_nomad(memo: Memo, problem: SubProblem) -> str:
-    """MADS from the start point with NOMAD's cache in front of ``memo``; returns why it stopped early, if it did."""
-    x0, _ = start_point(memo, problem)
-    n = problem.n
-    params = [
-        *_NOMAD_PARAMS,
-        f"MAX_BB_EVAL {problem.budget}",
-        f"MAX_EVAL {_NOMAD_EVALS_PER_BB_EVAL * min(problem.budget, 2**n)}",
-        f"SEED {problem.seed % _NOMAD_SEED_MODULUS}",
-    ]
-    if n >= _NOMAD_MODELS_MAX_DIMENSION:
-        params.append("QUAD_MODEL_SEARCH no")
-    return run_nomad_isolated(memo, x0, params)
-
-
-def _nomad_unfit(problem: SubProblem) -> str | None:
-    if len(problem.parts) > 1:
-        return (
-            f"nomad cannot keep a quota in each of {len(problem.parts)} blocks (layers) of one sub-problem: binary MADS "
-            "almost never proposes a point that meets them all, and PyNomad's integer variables crash; search one layer "
-            "per sub-problem (--chunk-layers 1), use --quota chunk, or 'oneplusone'/'auto'"
-        )
-    if problem.n > NOMAD_MAX_VARIABLES:
-        return (
-            f"nomad handles at most {NOMAD_MAX_VARIABLES} variables (B.2), this sub-problem has "
-            f"{problem.n}: use 'oneplusone' or split the sub-problem"
-        )
-    return None
-
-
-OPTIMIZERS.register("nomad", Optimizer(_run_nomad, _nomad_unfit))
-
-
-def _run_oneplusone(memo: Memo, problem: SubProblem) -> str:
-    """(1+1)-EA with quota-preserving mutations: swap ``s`` ones with ``s`` zeros of the same block.
-
-    ``s = 1 + Poisson(1)`` (capped at the swaps the blocks allow), the swap count of
-    Scharnow, Tinnefeld and Wegener (2004) for permutation problems: mostly single swaps,
-    sometimes a jump. Each swap picks a block uniformly among those with a one and a zero
-    not yet swapped, then one of each inside it, so every block keeps its quota. The
-    offspring replaces the parent when its loss is lower or equal. Offspring evaluated
-    before cost nothing and are skipped.
-    """
-    x0, rng = start_point(memo, problem)
-    starts = list(itertools.accumulate((size for size, _ in problem.parts), initial=0))
-    capacity = sum(min(ones, size - ones) for size, ones in problem.parts)
-    parent, parent_loss = x0, memo.values[x0]
-    repeats = 0
-    while not memo.spent and memo.evaluated < problem.size and repeats < _MAX_REPEATED_OFFSPRING:
-        swaps = min(1 + _poisson_one(rng), capacity)
-        ones = [[i for i in range(starts[b], starts[b + 1]) if parent[i]] for b in range(len(problem.parts))]
-        zeros = [[i for i in range(starts[b], starts[b + 1]) if not parent[i]] for b in range(len(problem.parts))]
-        child = list(parent)
-        for _ in range(swaps):
-            block = rng.choice([b for b in range(len(ones)) if ones[b] and zeros[b]])
-            one = ones[block].pop(rng.randrange(len(ones[block])))
-            zero = zeros[block].pop(rng.randrange(len(zeros[block])))
-            child[one], child[zero] = 0, 1
-        offspring = tuple(child)
-        if memo.seen(offspring):
-            repeats += 1
-            continue
-        repeats = 0
-        value = memo(offspring, Cutoff(parent_loss, ties_win=True))
-        if isinstance(value, float) and value <= parent_loss:
-            parent, parent_loss = offspring, value
-    return ""
-
-
-OPTIMIZERS.register("oneplusone", Optimizer(_run_oneplusone))
-
-
-def _poisson_one(rng: random.Random) -> int:
-    """A Poisson(1) draw (Knuth's product method) from ``rng`` alone."""
-    threshold, product, count = math.exp(-1.0), rng.random(), 0
-    while product > threshold:
-        product *= rng.random()
-        count += 1
-    return count
