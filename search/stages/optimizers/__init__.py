@@ -84,7 +84,6 @@ AUTO = "auto"  # not an optimizer: picks one per sub-problem (choose_method)
 NOMAD_MAX_VARIABLES = 50  # beyond this, MADS needs too many evaluations per improvement (§2.2, B.2)
 
 
-
 @dataclass(frozen=True)
 class SubProblem:
     """One black-box search: choose exactly ``k`` of ``n`` binary variables.
