@@ -28,6 +28,7 @@ refused with the reason.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from typing import Any
 
@@ -43,7 +44,7 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 def by_kind(bits: tuple[int, ...]) -> Order:
     """The order that makes each kind one run: the layer's own when it already is, else its
     full groups, then its SWA groups, each in the model's order."""
-    changes = sum(1 for a, b in zip(bits, bits[1:]) if a != b)
+    changes = sum(1 for a, b in itertools.pairwise(bits) if a != b)
     if changes <= 1:
         return tuple(range(len(bits)))
     return tuple(g for g, bit in enumerate(bits) if bit) + tuple(g for g, bit in enumerate(bits) if not bit)
