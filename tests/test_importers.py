@@ -13,13 +13,10 @@ from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError, ModelSh
 from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
 from bosch_eval.models.model_check import ModelError
 from bosch_eval.search.cli.import_cli import add_import_parser, import_main
-from bosch_eval.search.importers import (
-    import_duo,
-    import_pattern,
-    import_prulong,
-    import_retrieval_json,
-    model_shape,
-)
+from bosch_eval.search.importers import import_pattern, model_shape
+from bosch_eval.search.importers.duo import import_duo
+from bosch_eval.search.importers.prulong import import_prulong
+from bosch_eval.search.importers.retrieval_json import import_retrieval_json
 
 # L=3 layers, H=8 query heads, G=4 KV groups (group size 2).
 SHAPE = ModelShape(num_layers=3, num_heads=8, num_kv_heads=4)
@@ -254,7 +251,7 @@ class TestRoundTripAndUse:
         assert HeadMask.load(tmp_path / "mask.json") == mask
 
     def test_unknown_format(self, tmp_path):
-        with pytest.raises(MaskError, match=r"'csv' is not a known pattern format, expected one of"):
+        with pytest.raises(MaskError, match=r"format: unknown pattern format 'csv', expected one of \['duo', 'prulong', 'retrieval-json'\]"):
             import_pattern("csv", tmp_path / "x", SHAPE)
 
     @pytest.mark.parametrize("ratio", [0.25, 0.5, 0.75, 0.875])

@@ -5,9 +5,10 @@
     bosch-eval import --format duo full_attention_heads.tsv --model M --out ranking.json
     lm_eval --model bosch --model_args pretrained=M,ranking=ranking.json,ratio=0.75,window=1024 ...
 
-``duo`` and ``retrieval-json`` give a ``bosch-ranking/1`` file (use with ``ranking=``,
-``ratio=``); ``prulong`` gives a ``bosch-mask/1`` file (its ratio is fixed; use with
-``mask=``). The formats are described in :mod:`bosch_eval.search.importers`.
+A format that gives a ranking (``duo``, ``retrieval-json``) writes a ``bosch-ranking/1`` file
+(use with ``ranking=``, ``ratio=``); one that gives a mask (``prulong``) a ``bosch-mask/1``
+file (its ratio is fixed; use with ``mask=``). The formats are the modules of
+:mod:`bosch_eval.search.importers`; ``--format`` lists what it finds there.
 """
 
 from __future__ import annotations
@@ -16,29 +17,30 @@ import argparse
 from typing import Any
 
 from bosch_eval.masks.head_mask import HeadMask
-from bosch_eval.search.importers import IMPORTERS, UPSTREAM, import_pattern, model_shape
+from bosch_eval.search.importers import IMPORTERS, import_pattern, model_shape
 
 
 def add_import_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``import`` command to ``subparsers`` (from ``parser.add_subparsers()``)."""
-    formats = "; ".join(f"{name}: {source}" for name, source in UPSTREAM.items())
+    """Add the ``import`` command to ``subparsers`` (from ``parser.add_subparsers()``); the
+    formats are the importers registered in :data:`IMPORTERS` (listing them imports no heavy package)."""
+    importers = IMPORTERS.items()
+    formats = "; ".join(f"{name}: {importer.upstream}" for name, importer in importers)
     parser = subparsers.add_parser(
         "import",
-        help="turn a published head pattern (DuoAttention, PruLong, Retrieval-Head JSON) into a ranking or mask",
-        description="Turn a published head pattern into a bosch-ranking/1 file (duo, retrieval-json: use with "
-        f"ranking=FILE,ratio=R) or a bosch-mask/1 file (prulong: use with mask=FILE). Formats — {formats}.",
+        help=f"turn a published head pattern ({', '.join(name for name, _ in importers)}) into a ranking or mask",
+        description="Turn a published head pattern into a bosch-ranking/1 file (a format that gives a ranking: use "
+        f"with ranking=FILE,ratio=R) or a bosch-mask/1 file (one that gives a mask: use with mask=FILE). Formats — {formats}.",
     )
-    parser.add_argument("file", help="the pattern file (full_attention_heads.tsv, masks.tsv or a head-score JSON)")
+    parser.add_argument("file", help="the pattern file (full_attention_heads.tsv, masks.tsv, a head-score JSON, ...)")
     parser.add_argument(
         "--format",
         required=True,
-        choices=sorted(IMPORTERS),
-        help="duo: DuoAttention gates (ranking); prulong: PruLong 0/1 masks (mask); "
-        "retrieval-json: {'layer-head': [scores]} (ranking)",
+        choices=sorted(name for name, _ in importers),
+        help="; ".join(f"{name}: {importer.what} ({importer.gives})" for name, importer in importers),
     )
     parser.add_argument("--model", required=True, help="HF model id or local path; its config gives L, H and G")
     parser.add_argument(
-        "--out", required=True, help="where to write the bosch-ranking/1 (or, for prulong, bosch-mask/1) JSON"
+        "--out", required=True, help="where to write the bosch-ranking/1 (or, for a format that gives a mask, bosch-mask/1) JSON"
     )
     parser.add_argument(
         "--window", type=int, help="SWA window W to store in the output (default: none; pass window= at use)"
