@@ -11,7 +11,7 @@ from bosch_eval.bench.cli import add_bench_parser
 from bosch_eval.compare.cli import add_compare_parser
 from bosch_eval.export_cli import add_export_parser
 from bosch_eval.mask_cli import add_mask_parser
-from bosch_eval.models.model_check import model_aliases
+from bosch_eval.models.model_check import model_aliases, resolve_model
 from bosch_eval.runtime.errors import exit_status
 from bosch_eval.runtime.lm_eval_logs import quiet_per_length_warnings
 from bosch_eval.runtime.threads import apply_thread_policy
@@ -19,6 +19,7 @@ from bosch_eval.search.cli.calib_check_cli import add_calib_check_parser
 from bosch_eval.search.cli.import_cli import add_import_parser
 from bosch_eval.search.cli.rank_cli import add_rank_parser
 from bosch_eval.search.cli.search_cli import add_search_parser
+from bosch_eval.tasks import TASKS_DIR
 from bosch_eval.train.cli import add_train_parser
 
 # The bundled tasks and groups that no other bundled group contains, and what each is for
@@ -35,14 +36,10 @@ TASK_FAMILIES = {
 
 
 def _toy_model(args: argparse.Namespace) -> None:
-    from bosch_eval.models.model_check import resolve_model
-
     print(resolve_model(args.name))
 
 
 def _tasks_dir(args: argparse.Namespace) -> None:
-    from bosch_eval.tasks import TASKS_DIR
-
     print(TASKS_DIR)
 
 

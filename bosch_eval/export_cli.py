@@ -8,6 +8,7 @@ from typing import Any
 
 from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape, check_window
 from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS
+from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
 from bosch_eval.masks.window import WINDOW_CONVENTIONS
 from bosch_eval.models.model_check import model_config, resolve_model
 from bosch_eval.models.model_defaults import model_defaults
@@ -18,7 +19,6 @@ TARGETS = ("transformers", "serving")
 def _mask(args: argparse.Namespace) -> tuple[HeadMask, str]:
     """The mask asked for: --mask, --ranking/--layers with --ratio, or the one a hybrid
     checkpoint (--model) embeds."""
-    from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
     from bosch_eval.models.checkpoint import CONFIG_FIELD, saved_mask  # transformers: not for --help
 
     if args.model is None:

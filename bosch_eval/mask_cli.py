@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError, ModelShape
+from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
+from bosch_eval.models.model_check import model_config, resolve_model
+from bosch_eval.models.model_defaults import model_defaults
 
 FULL, SWA = "█", "·"
 
@@ -43,12 +46,6 @@ def _mask_from_ranking(args: argparse.Namespace) -> None:
 
 
 def _mask_from_layers(args: argparse.Namespace) -> None:
-    # deferred: resolving a model imports transformers, and `bosch-eval --help` stays free of it
-    from bosch_eval.masks.head_mask import ModelShape
-    from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
-    from bosch_eval.models.model_check import model_config, resolve_model
-    from bosch_eval.models.model_defaults import model_defaults
-
     path = resolve_model(args.model)
     request = MaskRequest(layers=args.heuristic, ratio=args.ratio, seed=args.seed, window=args.window)
     mask, _ = resolve_mask(ModelShape.from_config(model_config(path)), request, default_window=model_defaults(path).window)

@@ -12,6 +12,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from bosch_eval.analyze.mask_stats import jaccard, turnover
+from bosch_eval.analyze.plots import heatmap
+from bosch_eval.analyze.replace import replace_heads
 from bosch_eval.masks.head_mask import HeadMask, HeadRanking
 
 
@@ -51,9 +54,6 @@ def _labelled(items: list[str]) -> list[tuple[str, HeadMask]]:
 
 
 def _overlap(args: argparse.Namespace) -> None:
-    from bosch_eval.analyze.mask_stats import jaccard
-    from bosch_eval.analyze.plots import heatmap
-
     masks = _labelled(args.masks)
     matrix = [[jaccard(a, b) for _, b in masks] for _, a in masks]
     labels = [label for label, _ in masks]
@@ -68,8 +68,6 @@ def _overlap(args: argparse.Namespace) -> None:
 
 
 def _turnover(args: argparse.Namespace) -> None:
-    from bosch_eval.analyze.mask_stats import turnover
-
     masks = sorted(_labelled(args.masks), key=lambda item: item[1].swa_ratio)
     lines = [f"$ bosch-eval {' '.join(args.argv)}", "", "T = |S_s \\ S_l| / |S_s|; T̃ = T / T_max (paper §4.3, Table 3)", "",
              "| ρ_s → ρ_l | T | T_max | T̃ |", "|---|---|---|---|"]  # fmt: skip
@@ -81,8 +79,6 @@ def _turnover(args: argparse.Namespace) -> None:
 
 
 def _replace(args: argparse.Namespace) -> None:
-    from bosch_eval.analyze.replace import replace_heads
-
     mask, ranking = HeadMask.load(args.mask), HeadRanking.load(args.ranking)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from bosch_eval.compare.entries import EntryError, parse_entry
+from bosch_eval.compare.pack import pack
+from bosch_eval.compare.spec import build_spec, load_spec
+from bosch_eval.masks.head_mask import ModelShape
+from bosch_eval.models.model_check import model_config, resolve_model
+from bosch_eval.models.model_defaults import model_defaults
 from bosch_eval.runtime.versions import versions
 
 
@@ -61,9 +66,6 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _head_dim(model: str) -> int:
-    from bosch_eval.masks.head_mask import ModelShape
-    from bosch_eval.models.model_check import model_config, resolve_model
-
     return ModelShape.head_dim_of(model_config(resolve_model(model)))
 
 
@@ -71,9 +73,6 @@ def kv_length_of(spec: Any) -> int | None:
     """T of the KV-bytes column: ``kv_length``, else the longest length the metadata names,
     else, when every task is one of ours, the model's ``calib_len`` (``bosch_defaults.json``),
     which each of them defaults to (a bosch_niah_calib-only comparison said "T = None")."""
-    from bosch_eval.models.model_check import resolve_model
-    from bosch_eval.models.model_defaults import model_defaults
-
     length = spec.default_kv_length()
     if length is None and all(task.startswith("bosch_") for task in spec.tasks):
         length = model_defaults(resolve_model(spec.model)).calib_len
@@ -81,13 +80,11 @@ def kv_length_of(spec: Any) -> int | None:
 
 
 def compare_main(args: argparse.Namespace) -> None:
+    # The comparison itself: numpy, torch, lm-eval, transformers, not for --help.
     from bosch_eval.compare.leaderboard import build_rows, column_order, from_compare_dir, from_results_dir, write_leaderboard
     from bosch_eval.compare.runner import output_lock, run_compare
-    from bosch_eval.compare.spec import build_spec, load_spec
 
     if args.pack:
-        from bosch_eval.compare.pack import pack
-
         print(f"{args.out}: {pack(args.out, keep_prompts=args.keep_prompts)} files packed")
         return
     if args.new_settings and not args.resume:

@@ -31,10 +31,17 @@ from bosch_eval.compare.entries import Entry, EntryError
 from bosch_eval.compare.inputs import FILE_SOURCES, changed, run_inputs
 from bosch_eval.compare.spec import CompareSpec
 from bosch_eval.masks.head_mask import HeadMask, ModelShape
+from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
+from bosch_eval.model_adapters.bosch import BoschLM
+from bosch_eval.model_adapters.loader_args import adapter_settings, typed_model_args
+from bosch_eval.model_adapters.settings import AdapterSettings
+from bosch_eval.models.model_check import resolve_model
+from bosch_eval.models.model_defaults import model_defaults, resolve_window
 from bosch_eval.models.model_identity import model_identity, portable_name
 from bosch_eval.runtime.device import AUTO, pick_device
 from bosch_eval.runtime.doc_selection import samples_for_limit
-from bosch_eval.runtime.errors import BoschError
+from bosch_eval.runtime.errors import BoschError, LmEvalError
+from bosch_eval.runtime.lm_eval_session import load_task, task_manager
 from bosch_eval.runtime.outdir_lock import OutputLock
 from bosch_eval.runtime.previous_results import keep_aside
 
@@ -75,10 +82,6 @@ def plan_runs(spec: CompareSpec) -> list[PlannedRun]:
             a ratio outside [0, 1], ...).
     """
     from transformers import AutoConfig
-
-    from bosch_eval.model_adapters.loader_args import adapter_settings, typed_model_args
-    from bosch_eval.models.model_check import resolve_model
-    from bosch_eval.models.model_defaults import model_defaults
 
     path = resolve_model(spec.model)
     shape = ModelShape.from_config(AutoConfig.from_pretrained(path))
@@ -180,11 +183,6 @@ def _load_model(spec: CompareSpec, load_args: dict[str, str]) -> Any:
     """The ``bosch`` adapter with every group full; each run then swaps its mask in."""
     from transformers import AutoConfig
 
-    from bosch_eval.model_adapters.bosch import BoschLM
-    from bosch_eval.model_adapters.loader_args import typed_model_args
-    from bosch_eval.models.model_check import resolve_model
-    from bosch_eval.models.model_defaults import model_defaults, resolve_window
-
     path = resolve_model(spec.model)
     shape = ModelShape.from_config(AutoConfig.from_pretrained(path))
     window = resolve_window(default=model_defaults(path).window, all_full=True, source=spec.model)
@@ -196,10 +194,6 @@ def _load_model(spec: CompareSpec, load_args: dict[str, str]) -> Any:
 
 def resolve_entry_mask(args: dict[str, str], shape: ModelShape, default_window: int | None, model: str) -> HeadMask:
     """The mask a run's model_args ask for (all full for the original), validated against ``shape``."""
-    from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
-    from bosch_eval.model_adapters.settings import AdapterSettings
-    from bosch_eval.models.model_defaults import resolve_window
-
     # Converted as the adapter converts them (ratio='0.5' -> 0.5, window='abc' -> an error naming window).
     given = AdapterSettings(**{k: v for k, v in args.items() if k in AdapterSettings.mask_source_names()})
     source = {k: v for k, v in given.mask_sources().items() if v is not None}
@@ -213,8 +207,6 @@ def resolve_entry_mask(args: dict[str, str], shape: ModelShape, default_window: 
 
 def _build_tasks(spec: CompareSpec, path: str) -> tuple[Any, dict[str, list[Any]], dict[str, dict[str, Any]]]:
     """The TaskManager, each task name's objects and its leaf Tasks (built once)."""
-    from bosch_eval.runtime.lm_eval_session import LmEvalError, load_task, task_manager
-
     # Synthetic tasks (RULER, bosch_niah*) size their documents with the model's tokenizer.
     metadata = {"pretrained": path, "tokenizer": path} | spec.task_metadata()
     try:
@@ -247,8 +239,6 @@ def run_compare(
     from lm_eval.evaluator import simple_evaluate
     from lm_eval.loggers import EvaluationTracker
     from tqdm import tqdm
-
-    from bosch_eval.models.model_check import resolve_model
 
     out = Path(out)
     plan = plan_runs(spec)

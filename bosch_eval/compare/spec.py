@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bosch_eval.compare.entries import Entry, EntryError, check_keys, check_unique, default_seeds, make_entry, parse_entry, parse_model_args
+from bosch_eval.models.model_identity import portable_name
 from bosch_eval.runtime.checks import check_int, is_number
 
 FIELDS = ("model", "model_args", "tasks", "metadata", "limit", "gen_kwargs", "seeds", "doc_seed", "reference", "kv_length", "entries",
@@ -68,8 +69,6 @@ class CompareSpec:
 
     def settings(self) -> dict[str, Any]:
         """The task-side settings every run of one output directory shares."""
-        from bosch_eval.models.model_identity import portable_name
-
         keys = ("tasks", "model_args", "metadata", "limit", "gen_kwargs", "include_path", "bootstrap_iters")
         settings = {"model": portable_name(self.model)} | {k: asdict(self)[k] if k != "model_args" else self.model_args for k in keys}
         if self.doc_seed is not None:  # absent otherwise, as in the settings written before it existed

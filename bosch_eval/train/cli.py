@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS
-from bosch_eval.models.rope_scaling import ROPE_SCALINGS
+from bosch_eval.models.rope_scaling import ROPE_SCALINGS, check_rope_args
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,8 +48,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 def run_from_args(args: argparse.Namespace) -> None:
     import torch
 
-    from bosch_eval.models.rope_scaling import check_rope_args
-    from bosch_eval.train.trainer import TrainSettings, train
+    from bosch_eval.train.trainer import TrainSettings, train  # torch, transformers, accelerate: not for --help
 
     names = ("--rope-scaling", "--rope-factor", "--rope-original-max-positions")
     scaling, factor, original = check_rope_args(args.rope_scaling, args.rope_factor, args.rope_original_max_positions, names)

@@ -28,6 +28,7 @@ import torch
 
 from bosch_eval.models.model_check import ModelError
 from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.toy.corpus import TRAIN_SEED_BASE, DocumentMaker
 
 # The toy model's final training mix (bosch_eval.toy.train.curriculum at full progress).
 TOY_MIX = {"short_recall": 0.15, "recall": 0.2, "niah_single_1": 0.15, "ruler": 0.4, "calib": 0.25, "prose": 0.05}
@@ -48,8 +49,6 @@ class ToySource:
     """Toy corpus documents of ``seq_len / 4 … seq_len`` tokens, from one seeded RNG."""
 
     def __init__(self, seq_len: int, seed: int) -> None:
-        from bosch_eval.toy.corpus import TRAIN_SEED_BASE, DocumentMaker
-
         self.seq_len = seq_len
         self.maker = DocumentMaker(random.Random(TRAIN_SEED_BASE + TOY_SEED_OFFSET + seed))
 

@@ -20,16 +20,20 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 import torch
 
-from bosch_eval.masks.head_mask import MaskError
+from bosch_eval.attention.hybrid_attention import HybridAttention, hybridize
+from bosch_eval.masks.head_mask import MaskError, ModelShape
+from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
+from bosch_eval.models.checkpoint import saved_mask
+from bosch_eval.models.model_check import resolve_model
+from bosch_eval.models.model_defaults import DEFAULTS_FILE, model_defaults
+from bosch_eval.models.rope_scaling import scaled_config
 from bosch_eval.runtime.errors import SettingsError
 from bosch_eval.runtime.versions import versions
-
-if TYPE_CHECKING:  # the annotation only: the attention imports transformers, which load_model defers
-    from bosch_eval.attention.hybrid_attention import HybridAttention
+from bosch_eval.train.data import PackedSequences, open_source
 
 STATE_DIR = "state"  # resumable Accelerate states, state/step-00000010 ...
 
@@ -105,14 +109,6 @@ def load_model(settings: TrainSettings, device: torch.device) -> tuple[Any, Any,
     the hybrid handle: its ``mask``, and, left as a ``with`` block, the model given back as loaded."""
     from lm_eval.utils import simple_parse_args_string
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from bosch_eval.attention.hybrid_attention import hybridize
-    from bosch_eval.masks.head_mask import ModelShape
-    from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
-    from bosch_eval.models.checkpoint import saved_mask
-    from bosch_eval.models.model_check import resolve_model
-    from bosch_eval.models.model_defaults import model_defaults
-    from bosch_eval.models.rope_scaling import scaled_config
 
     path = resolve_model(settings.model)
     extra: dict[str, Any] = {}
@@ -206,8 +202,6 @@ class _Run:
 def _prepare(accelerator: Any, model: Any, tokenizer: Any, settings: TrainSettings, accumulation: int) -> _Run:
     """Optimizer, schedule and data stream, with what a resume restores registered for checkpointing."""
     from transformers import get_scheduler
-
-    from bosch_eval.train.data import PackedSequences, open_source
 
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay, betas=(0.9, 0.95))
@@ -330,9 +324,6 @@ def _save_state(accelerator: Any, out: Path, step: int, keep: int) -> None:
 
 def _export(accelerator: Any, model: Any, tokenizer: Any, path: Path, settings: TrainSettings, progress: Progress) -> None:
     """A hybrid checkpoint (mask in ``config.json``), tokenizer, model defaults and ``training.json``."""
-    from bosch_eval.models.model_check import resolve_model
-    from bosch_eval.models.model_defaults import DEFAULTS_FILE
-
     state_dict = accelerator.get_state_dict(model)  # gathers FSDP shards; every process must call it
     if accelerator.is_main_process:
         unwrapped = accelerator.unwrap_model(model)

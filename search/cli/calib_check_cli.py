@@ -21,12 +21,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking, check_ratio, check_sinks
+from bosch_eval.models.model_identity import portable_name
+from bosch_eval.runtime.digests import file_digest
 from bosch_eval.runtime.errors import CalibCheckError
+from bosch_eval.runtime.outdir_lock import OutputLock
+from bosch_eval.runtime.previous_results import keep_aside
 from bosch_eval.runtime.versions import versions
 from bosch_eval.search.defaults import DEFAULT_CALIB_TASK
 
 if TYPE_CHECKING:
-    from bosch_eval.masks.head_mask import HeadMask
     from bosch_eval.search.calib_check import PanelMask, RatioSummary
     from bosch_eval.search.objective.objective import CalibrationObjective
 
@@ -113,8 +117,7 @@ def add_calib_check_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run_from_args(args: argparse.Namespace) -> None:
-    from bosch_eval.masks.head_mask import HeadMask, HeadRanking, check_ratio, check_sinks
-    from bosch_eval.runtime.outdir_lock import OutputLock
+    # The check itself: numpy, torch, lm-eval, not for --help.
     from bosch_eval.search.calib_check import build_panel
     from bosch_eval.search.objective.objective import CalibrationObjective
     from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
@@ -198,9 +201,6 @@ class SharedEvaluation:
 def check_settings(args: argparse.Namespace, rankings: list[tuple[str, str]], masks: list[tuple[str, str]]) -> dict[str, Any]:
     """What decides the check's scores, pinned in ``settings.json``: the model by its name (a
     bundled model's alias, wherever the checkout lies), ranking and mask files by content."""
-    from bosch_eval.models.model_identity import portable_name
-    from bosch_eval.runtime.digests import file_digest
-
     settings = {key: getattr(args, key) for key in (
         "calib", "calib_metadata", "dev", "dev_metadata", "ratios", "random", "window", "calib_len", "calib_examples")}  # fmt: skip
     if args.dtype is not None:  # absent from checks made before --dtype existed, which resume unchanged
@@ -301,7 +301,7 @@ def make_report(
     """The check's report from the masks scored on both sides so far: the probes among them, and
     only the ratios whose masks are all scored (a verdict on part of a ratio's panel would be
     another test). None until both anchors are scored on both sides."""
-    from bosch_eval.search.calib_check import layer_drops, summarize
+    from bosch_eval.search.calib_check import layer_drops, summarize  # numpy: not for --help
 
     metrics = settings.get("calib_metric", "acc")
     metrics = [metrics] if isinstance(metrics, str) else list(metrics)
@@ -414,8 +414,6 @@ def _pin_settings(out: Path, settings: dict[str, Any], new_settings: bool, check
     them, unless ``new_settings``: then the old check's files move to ``out/previous/``.
     ``check_only``: refuse, but move and write nothing (before the model loads: settings are
     pinned only once the tasks and masks are known to be good)."""
-    from bosch_eval.runtime.previous_results import keep_aside
-
     path = out / "settings.json"
     pinned = _comparable(json.loads(path.read_text())) if path.is_file() else None
     if pinned is not None:
@@ -438,9 +436,6 @@ def _comparable(pinned: dict[str, Any]) -> dict[str, Any]:
     """Pinned settings as this version writes them: a bundled model's path becomes its alias,
     and files an older bosch-eval pinned as ``NAME=PATH`` are read where they were named
     (one that is gone cannot match)."""
-    from bosch_eval.models.model_identity import portable_name
-    from bosch_eval.runtime.digests import file_digest
-
     pinned = dict(pinned)
     if isinstance(pinned.get("model"), str):
         pinned["model"] = portable_name(pinned["model"])
