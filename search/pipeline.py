@@ -2,21 +2,9 @@
 
 ``run_search(score_fn, shape, settings)`` is model-agnostic — ``score_fn`` maps a
 :class:`HeadMask` to S(z) (the lm-eval objective in real runs, a synthetic function in
-tests). Variants (paper §3.4), each registered in :data:`VARIANTS` under its name:
-
-* ``bosch``: Stage 1 → Stage 2 → Stage 3 (Algorithms 1–3);
-* ``single``: the Stage-1 mask as is (B-single);
-* ``multi``: Stage 1 over chunks of ``chunk_layers`` layers (B-multi);
-* ``layer``: a single search over whole layers, budget κ·L (B-layer);
-* ``nested`` (beyond the paper): ``bosch`` with no layer given more SWA groups than the
-  ⌈ρG⌉ Stage 1 measured in it, chosen among the groups Stage 1 made SWA there (Stage 2's
-  top bucket is ⌈ρG⌉/G, and Stage 3 only gives back, as full attention, groups of Stage
-  1's mask);
-* ``guarded`` (beyond the paper, the default): ``bosch`` that first scores the incumbents
-  (static rankings' and layer heuristics' masks, :mod:`.incumbents`), measures Stage 1 by
-  one-layer probes when ⌈ρG⌉ = G (:func:`stages.stage1_probes`), runs a local search over the
-  whole model after Stage 3 (:mod:`.local_search`) and never returns less than the best
-  incumbent (:mod:`.guard`).
+tests). The variants (paper §3.4: ``bosch``, ``single``, ``multi``, ``layer``; beyond it,
+``nested`` and the default ``guarded``) are the modules of :mod:`bosch_eval.search.variants`,
+each registered in :data:`VARIANTS` (imported here, where the settings check their name).
 
 ``refine > 0`` adds coordinate descent after Stage 3 (beyond the paper; off by default).
 """
@@ -26,66 +14,23 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count, check_ratio
 from bosch_eval.runtime.checks import is_int
-from bosch_eval.runtime.registry import Registry
-from bosch_eval.search.guarded.guard import STAGES, Guard, Lineage, choose, source_of
-from bosch_eval.search.guarded.incumbents import best_incumbent, incumbent_masks, score_incumbents
-from bosch_eval.search.guarded.local_search import local_search
+from bosch_eval.search.guarded.guard import Guard
 from bosch_eval.search.journal.journal import Journal, mask_key
-from bosch_eval.search.objective.racing import RaceBound
-from bosch_eval.search.objective.score_book import Bits, ScoreBook
+from bosch_eval.search.objective.score_book import ScoreBook
 from bosch_eval.search.objective.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, SearchError
-from bosch_eval.search.saturation import TopTies, stage1_saturation, top_ties
+from bosch_eval.search.saturation import TopTies, top_ties
 from bosch_eval.search.stages.optimizers import NOMAD_MAX_VARIABLES, optimizer_methods
-from bosch_eval.search.stages.stage2 import Stage2Result, assign_layer_ratios, cumulative_from_probes, default_buckets
-from bosch_eval.search.stages.stages import (
-    QUOTAS,
-    LayerQuotas,
-    StageOutcome,
-    StageSettings,
-    SubResult,
-    layer_level,
-    refine,
-    stage1,
-    stage1_probes,
-    stage3,
-)
-from bosch_eval.search.tie_break import TieBreak, tie_key_bits
+from bosch_eval.search.stages.stage2 import Stage2Result, default_buckets
+from bosch_eval.search.stages.stages import QUOTAS, StageOutcome, StageSettings, SubResult
+from bosch_eval.search.tie_break import TieBreak
+from bosch_eval.search.variants import VARIANTS, SearchRun, VariantOutcome
 
 log = logging.getLogger("bosch_eval.search")
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One search variant (paper §3.4).
-
-    Attributes:
-        run: the stages after the anchors; returns what they found and measured
-            (:class:`VariantOutcome`, or a plain ``StageOutcome``; run_search scores its mask
-            and builds the result).
-        stage2: runs Stages 2 and 3, so ``buckets`` and ``refine`` apply.
-        chunks: its sub-problems may span ``chunk_layers`` layers.
-        nested: Stages 2–3 stay within Stage 1's mask (see :meth:`SearchSettings.buckets_for`
-            and :class:`stages.LayerQuotas`).
-        probes: when ⌈ρG⌉ = G, Stage 1 measures each layer alone from the full model
-            (:func:`stages.stage1_probes`) instead of Algorithm 1's cumulative pass.
-        incumbents: scores the incumbents first and runs the local search after the stages
-            (``SearchSettings.incumbents`` and ``local_calls`` apply).
-    """
-
-    run: Callable[[SearchRun], VariantOutcome | StageOutcome]
-    stage2: bool = False
-    chunks: bool = False
-    nested: bool = False
-    probes: bool = False
-    incumbents: bool = False
-
-
-VARIANTS: Registry[Variant] = Registry("search variant", field="variant", error=SearchError)
 
 
 def default_chunk_layers(groups_per_layer: int, max_variables: int = NOMAD_MAX_VARIABLES) -> int:
@@ -195,24 +140,6 @@ class SearchSettings:
         pinned in ``incumbents`` (a committed search resumes from any clone)."""
         rankings = None if self.rankings is None else [entry.partition("=")[0] for entry in self.rankings]
         return dict(self.to_json(), buckets=list(self.buckets_for(shape)), rankings=rankings)
-
-
-@dataclass(frozen=True)
-class VariantOutcome:
-    """What a variant's stages found and measured: the mask's bits and each stage's record."""
-
-    bits: Bits
-    subproblems: tuple[SubResult, ...] = ()
-    stage1_scores: tuple[float, ...] | None = None
-    stage1_probes: bool = False  # Stage 1 measured each layer alone (stages.stage1_probes), not cumulatively
-    stage2: Stage2Result | None = None
-    stage3_score: float | None = None  # S before refinement (None without --refine)
-    stage3_evaluations: int | None = None  # distinct masks scored up to the end of Stage 3
-    guard: Guard | None = None  # the guarded variant's incumbents and local search (None: another variant)
-
-    @classmethod
-    def of(cls, outcome: StageOutcome, **records: Any) -> VariantOutcome:
-        return cls(outcome.bits, tuple(outcome.subproblems), **records)
 
 
 @dataclass(frozen=True)
@@ -373,139 +300,6 @@ VARIANT_RECORDS = ("subproblems", "stage1_scores", "stage1_probes", "stage2", "s
 
 def _method_name(variant: str) -> str:
     return "bosch" if variant == "bosch" else f"bosch-{variant}"
-
-
-@dataclass(frozen=True)
-class SearchRun:
-    """One search after its anchors, as a variant sees it: the score book, the anchors and the settings."""
-
-    book: ScoreBook
-    anchors: Anchors
-    shape: ModelShape
-    settings: SearchSettings
-    stages: StageSettings
-    progress: bool
-
-
-def _stage1(run: SearchRun, layers_per_problem: int) -> VariantOutcome:
-    """Stage 1 (Algorithm 1), or one probe per layer where the variant asks for them and ⌈ρG⌉ = G,
-    with its per-layer scores; its saturation goes into the log."""
-    groups = run.shape.num_kv_heads
-    probes = VARIANTS[run.settings.variant].probes and layers_per_problem == 1 and ceil_count(run.settings.ratio, groups) == groups
-    if probes:
-        log.info("stage 1: ⌈ρG⌉ = G = %d, so each layer is measured alone from the full model (one probe per layer)", groups)
-        outcome, scores = stage1_probes(run.book, run.anchors, run.shape, run.stages, run.progress)
-    else:
-        outcome, scores = stage1(run.book, run.anchors, run.shape, run.settings.ratio, run.stages, layers_per_problem, run.progress)
-    saturation = stage1_saturation(scores, run.anchors.all_full, run.stages.higher_is_better)
-    (log.warning if saturation.saturated else log.info)("stage 1: %s", saturation.message())
-    return VariantOutcome.of(outcome, stage1_scores=tuple(scores), stage1_probes=probes)
-
-
-def _bosch(run: SearchRun) -> VariantOutcome:
-    """Stages 1–3 (Algorithms 1–3), then ``refine`` passes of coordinate descent if asked;
-    a ``nested`` variant keeps Stages 2–3 (and ``refine``) within Stage 1's mask."""
-    book, anchors, shape, settings = run.book, run.anchors, run.shape, run.settings
-    nested = VARIANTS[settings.variant].nested
-    first = _stage1(run, 1)
-    # Probes' drops are each layer's own; Stage 2 reads cumulative scores, so they are given as such.
-    drops_from = cumulative_from_probes(list(first.stage1_scores), anchors.all_full) if first.stage1_probes else list(first.stage1_scores)
-    stage2 = assign_layer_ratios(
-        drops_from,
-        anchors.all_full,
-        settings.ratio,
-        shape.num_kv_heads,
-        settings.buckets_for(shape) if nested else settings.buckets,  # None: the default, which Stage 2 logs
-        higher_is_better=run.stages.higher_is_better,
-    )
-    quotas = LayerQuotas(stage2.ratios, pool=first.bits if nested else None)
-    outcome = stage3(book, anchors, shape, quotas, run.stages, run.progress)
-    subproblems, refined = first.subproblems, {}
-    if settings.refine:
-        subproblems += tuple(outcome.subproblems)
-        refined = {"stage3_score": book.score(outcome.bits, "final"), "stage3_evaluations": len(book.known) + len(book.bounds)}
-        outcome = refine(book, anchors, shape, outcome.bits, quotas, run.stages, settings.refine, run.progress)
-    if not first.stage1_probes:  # probes leave no Stage-1 mask but all-SWA, which cannot score better
-        _warn_if_stage1_scores_better(run, first, outcome.bits)
-    return replace(first, bits=outcome.bits, subproblems=subproblems + tuple(outcome.subproblems), stage2=stage2, **refined)
-
-
-def _guarded(run: SearchRun) -> VariantOutcome:
-    """Incumbents, then ``bosch`` (with Stage-1 probes where ⌈ρG⌉ = G), then the local search
-    from the stages' mask and from the best incumbent; the best mask those runs end with
-    (:mod:`bosch_eval.search.guarded.guard`)."""
-    book, anchors, shape, settings = run.book, run.anchors, run.shape, run.settings
-    higher = anchors.higher_is_better
-    masks = incumbent_masks(shape, settings.ratio, settings.incumbents, settings.seed)
-    scores = score_incumbents(book, anchors, masks)
-    best = best_incumbent(masks, scores, higher)
-    for name, mask in masks.items():
-        outcome = scores[mask_key(mask)]
-        shown = f"S <= {outcome.score:.4f} (stopped early by racing)" if isinstance(outcome, RaceBound) else f"S = {outcome:.4f}"
-        log.info("incumbent %s: %s%s", name, shown, " (the best)" if name == best else "")
-    outcome = _bosch(run)
-    subproblems = list(outcome.subproblems)
-    stages_score = book.score(outcome.bits, "final")
-    starts = [(STAGES, outcome.bits), (best, masks[best])]
-    if mask_key(masks[best]) == mask_key(outcome.bits):
-        starts = starts[:1]
-    lineages = []
-    for number, (origin, start) in enumerate(starts):
-        calls = settings.local_calls // len(starts) + (number < settings.local_calls % len(starts))
-        end, summary = local_search(book, anchors, shape, start, calls, run.stages, origin, run.progress) if calls else (start, None)
-        if summary is not None:
-            subproblems.append(summary)
-        lineages.append(Lineage(origin, mask_key(start), mask_key(end), book.score(end, "final"), calls))
-    chosen = choose(lineages, higher)
-    guard = Guard(
-        {name: mask_key(mask) for name, mask in masks.items()},
-        scores, best, mask_key(outcome.bits), stages_score, tuple(lineages), chosen.end, source_of(chosen), higher,
-    )  # fmt: skip
-    log.info("search: %s", guard.message())
-    return replace(outcome, bits=tie_key_bits(chosen.end), subproblems=tuple(subproblems), guard=guard)
-
-
-def _warn_if_stage1_scores_better(run: SearchRun, first: VariantOutcome, final_bits: Bits) -> None:
-    """Warn when Stage 1's own mask scores better than the mask Stages 2–3 return.
-
-    Stage 1 converts ⌈ρG⌉ groups in every layer, never fewer SWA groups in all than the
-    target ⌈ρLG⌉, so its mask is at least as cheap. It scores better when Stage 2 gave
-    layers more SWA groups than the ⌈ρG⌉ Stage 1 measured in them, a ratio no stage scored
-    layer by layer: with a saturated calibration set Stage 2 orders the layers that lost
-    nothing by index (SmolLM2 at ρ = 0.5: its top eight layers got all three groups SWA
-    and the mask lost half the calibration score Stage 1's mask kept). The paper's mask is still returned; the
-    warning names the layers and the variant that returns Stage 1's mask.
-    """
-    stage1_bits, stage1_score = first.bits, first.stage1_scores[0]  # s_best of layer 0: every layer converted, Stage 1's mask
-    final_score = run.book.score(final_bits, "final")
-    better = stage1_score > final_score if run.anchors.higher_is_better else stage1_score < final_score
-    if not better:
-        return
-    measured = ceil_count(run.settings.ratio, run.shape.num_kv_heads)
-    above = [layer for layer, row in enumerate(final_bits) if row.count(0) > measured]
-    why = (
-        f"Stage 2 gave layers {above} more than the {measured} of {run.shape.num_kv_heads} SWA groups Stage 1 measured in each; "
-        "`--variant nested` keeps every layer within Stage 1's groups, "
-        if above
-        else ""
-    )
-    log.warning(
-        "stage 1's mask (%d SWA groups, S=%.4f) scores better than the mask returned (%d SWA groups, S=%.4f): "
-        "%s`--variant single` returns Stage 1's mask",
-        HeadMask(stage1_bits, run.shape.num_heads).num_swa_groups, stage1_score,
-        HeadMask(final_bits, run.shape.num_heads).num_swa_groups, final_score, why,
-    )  # fmt: skip
-
-
-VARIANTS.register("bosch", Variant(_bosch, stage2=True, chunks=True))
-VARIANTS.register("nested", Variant(_bosch, stage2=True, chunks=True, nested=True))  # beyond the paper
-VARIANTS.register("guarded", Variant(_guarded, stage2=True, chunks=True, probes=True, incumbents=True))  # beyond the paper
-VARIANTS.register("single", Variant(lambda run: _stage1(run, 1)))  # B-single: the Stage-1 mask
-VARIANTS.register("multi", Variant(lambda run: _stage1(run, run.stages.chunk_layers), chunks=True))  # B-multi
-VARIANTS.register(  # B-layer: one search over whole layers, budget κ·L
-    "layer", Variant(lambda run: VariantOutcome.of(layer_level(run.book, run.anchors, run.shape, run.settings.ratio, run.stages, run.progress)))
-)
-
 
 
 def validate_for_shape(settings: SearchSettings, shape: ModelShape) -> None:
