@@ -301,20 +301,100 @@ def imports_ours(node: ast.AST) -> bool:
     return isinstance(node, ast.Import) and any(locate(alias.name) is not None for alias in node.names)
 
 
-def test_core_imports_of_our_modules_inside_functions_say_why():
-    """An import of ours inside a core function is there for start-up time or a heavy dependency
-    deferred on purpose, and a comment on its line (or the line above) says which."""
-    silent = set()
-    for path in MODULES:
-        if core_folder(path) is None:
-            continue
-        text = path.read_text(encoding="utf-8")
-        lines = ["", *text.splitlines()]  # lines[n] is line n
-        for function in ast.walk(ast.parse(text)):
-            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                silent |= {
-                    f"{relative(path)}:{node.lineno}"
-                    for node in ast.walk(function)
-                    if imports_ours(node) and "#" not in lines[node.lineno] and not lines[node.lineno - 1].strip().startswith("#")
-                }
-    assert not silent, f"imports of ours inside core functions with no comment saying why (docs/architecture.md#the-cores-folders): {sorted(silent)}"
+# Imports of ours inside functions (docs/architecture.md#the-cores-folders): each says why in a
+# comment, and outside the CLI there are at most MOST_DEFERRED of them (issue 55 item 1).
+MOST_DEFERRED = 10
+# Functions whose imports of ours have yet to move to the top or say why, in modules their owners
+# are rewriting (issue 55 item 1), as "path function"; an entry fails once its function has none
+# left without a reason.
+NOT_YET_JUSTIFIED = {
+    "bosch_eval/bench/cli.py _bench",
+    "bosch_eval/bench/cli.py _kv_quant_configs",
+    "model_adapters/bosch.py _rope_config",
+    "search/cli/rank_cli.py rank_main",
+    "search/guarded/incumbent_rankings.py model",
+    "search/guarded/incumbent_rankings.py rank",
+    "search/objective/objective_loading.py build_objective",
+    "search/pipeline.py validate_for_shape",
+}
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """One import statement of ours inside a function."""
+
+    path: Path
+    line: int
+    function: str
+    reason: bool  # a comment says why
+
+    @property
+    def key(self) -> str:
+        return f"{relative(self.path)} {self.function}"
+
+    @property
+    def is_the_clis(self) -> bool:
+        """The CLI's deferred command modules: an import inside a function of a module the layers
+        table places in the CLI (layer 4), whose top level stays free of torch for ``--help``
+        (tests/test_cli_help.py); the commands' work is imported when a command runs."""
+        placed = place(self.path)
+        return placed is not None and placed[0].number == CLI
+
+
+def says_why(lines: list[str], line: int) -> bool:
+    """A comment on the import's line, or on the line above the run of import lines it is in."""
+    if "#" in lines[line]:
+        return True
+    above = line - 1
+    while above > 0 and lines[above].strip().startswith(("from ", "import ")):
+        above -= 1
+    return lines[above].strip().startswith("#")
+
+
+def deferred_imports(path: Path) -> list[Deferred]:
+    text = path.read_text(encoding="utf-8")
+    lines = ["", *text.splitlines()]  # lines[n] is line n
+    found = {}
+    for function in ast.walk(ast.parse(text)):
+        if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(function):
+                if imports_ours(node):  # an import in a nested function is the innermost's (walked last)
+                    found[node.lineno] = Deferred(path, node.lineno, function.name, says_why(lines, node.lineno))
+    return list(found.values())
+
+
+DEFERRED = [item for path in MODULES for item in deferred_imports(path)]
+
+
+def test_deferred_imports_are_found_with_their_reasons(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text(
+        "def f():\n"
+        "    # torch: not for --help\n"
+        "    from bosch_eval.masks import head_mask\n"
+        "    from bosch_eval.masks import window\n"
+        "\n"
+        "    from bosch_eval.masks import mask_sources\n"
+        "    import json\n"
+        "    from . import sibling  # ours: relative\n"
+    )
+    assert [(item.line, item.reason) for item in deferred_imports(module)] == [(3, True), (4, True), (6, False), (8, True)]
+
+
+def test_imports_of_ours_inside_functions_say_why():
+    """An import of ours inside a function is there for start-up time (``--help`` and interpreter
+    start free of torch) or a heavy dependency deferred on purpose, and a comment says which:
+    on its line, or heading its run of imports."""
+    silent = sorted(f"{relative(item.path)}:{item.line}" for item in DEFERRED if not item.reason and item.key not in NOT_YET_JUSTIFIED)
+    assert not silent, f"imports of ours inside functions with no comment saying why; move them to the top, or say why (docs/architecture.md#the-cores-folders): {silent}"
+
+
+def test_at_most_ten_deferred_imports_outside_the_cli():
+    others = sorted(f"{relative(item.path)}:{item.line}" for item in DEFERRED if item.reason and not item.is_the_clis)
+    assert len(others) <= MOST_DEFERRED, f"{len(others)} imports of ours inside functions outside the CLI (at most {MOST_DEFERRED}): {others}"
+
+
+@pytest.mark.parametrize("key", sorted(NOT_YET_JUSTIFIED))
+def test_each_function_allowed_a_silent_import_still_has_one(key):
+    # Once its owner moves the import to the top or says why, its entry here goes too.
+    assert any(item.key == key and not item.reason for item in DEFERRED), f"{key}: no import of ours without a reason left; drop it from NOT_YET_JUSTIFIED"
