@@ -25,7 +25,7 @@ from bosch_eval.search.objective.score_book import ScoreBook
 from bosch_eval.search.objective.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, SearchError
 from bosch_eval.search.saturation import TopTies, top_ties
 from bosch_eval.search.stages.optimizers import NOMAD_MAX_VARIABLES, optimizer_methods
-from bosch_eval.search.stages.stage2 import Stage2Result, default_buckets
+from bosch_eval.search.stages.stage2 import Stage2Result, _bucket_counts, default_buckets
 from bosch_eval.search.stages.stages import QUOTAS, StageOutcome, StageSettings, SubResult
 from bosch_eval.search.tie_break import TieBreak
 from bosch_eval.search.variants import VARIANTS, SearchRun, VariantOutcome
@@ -314,8 +314,6 @@ def validate_for_shape(settings: SearchSettings, shape: ModelShape) -> None:
     groups = shape.num_kv_heads
     variant = VARIANTS[settings.variant]
     if variant.stage2:
-        from bosch_eval.search.stages.stage2 import _bucket_counts
-
         buckets = settings.buckets_for(shape)
         try:
             counts = _bucket_counts(buckets, groups)
