@@ -9,6 +9,7 @@ transformers and the trainer are imported inside the functions that need them.
 from __future__ import annotations
 
 import random
+import re
 import socket
 import zlib
 from dataclasses import replace
@@ -358,3 +359,15 @@ class TaskYaml(yaml.SafeLoader):
 
 
 TaskYaml.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+
+# -- documentation ---------------------------------------------------------------------------------------
+def doc_example(heading: str) -> tuple[str, str]:
+    """The file name and source of the first Python block under ``heading`` in the README or
+    ``docs/`` (its first line is ``# <folder>/<file>.py``): an example a test runs as a new file."""
+    root = Path(__file__).resolve().parent.parent
+    for path in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
+        found = re.search(rf"^#+ {heading}\n.*?^```python\n# \S+/(\w+\.py)\n(.*?)^```", path.read_text(), re.M | re.S)
+        if found:
+            return found.group(1), found.group(2)
+    raise AssertionError(f"no '{heading}' section with a Python block in README.md or docs/")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from bosch_eval.search.rankers.mass import DCAM, Fisher
 from bosch_eval.search.rankers.proxy import Proxy
 from bosch_eval.search.rankers.qada import QAdA
 from bosch_eval.search.rankers.razor import Razor, repeated_probes
+from tests.helpers import doc_example
 
 TOL = 1e-6
 MORE_LOCAL = {
@@ -385,17 +385,6 @@ class TestRealModel:
         assert run("razor", 3) != run("razor", 4)
 
 
-def readme_example(heading: str) -> tuple[str, str]:
-    """The file name and source of the first Python block under ``heading`` in the README or
-    ``docs/`` (its first line is ``# <folder>/<file>.py``)."""
-    root = Path(__file__).resolve().parent.parent
-    for path in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
-        found = re.search(rf"^#+ {heading}\n.*?^```python\n# \S+/(\w+\.py)\n(.*?)^```", path.read_text(), re.M | re.S)
-        if found:
-            return found.group(1), found.group(2)
-    raise AssertionError(f"no '{heading}' section with a Python block in README.md or docs/")
-
-
 # --- bosch-eval rank ----------------------------------------------------------------------------------
 def rank(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bosch-eval")
@@ -483,7 +472,7 @@ class TestRankCommand:
         """The "Add a ranker" example (docs/rankings.md), dropped as a new module into the rankers package
         (here: a second folder of the package's ``__path__``), runs through ``bosch-eval rank`` with
         the flag it declares and scores what it says: each head's mean attention lag, capped."""
-        filename, source = readme_example("Add a ranker")
+        filename, source = doc_example("Add a ranker")
         plugins = tmp_path / "plugins"
         plugins.mkdir()
         (plugins / filename).write_text(source)

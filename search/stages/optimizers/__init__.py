@@ -315,7 +315,8 @@ class Memo:
         return float(value)
 
 
-def _random_point(problem: SubProblem, rng: random.Random) -> Point:
+def random_point(problem: SubProblem, rng: random.Random) -> Point:
+    """A feasible point drawn from ``rng``: in each block, its quota of ones at random places."""
     point: list[int] = []
     for size, k in problem.parts:
         ones = set(rng.sample(range(size), k))
@@ -326,6 +327,6 @@ def _random_point(problem: SubProblem, rng: random.Random) -> Point:
 def start_point(memo: Memo, problem: SubProblem) -> tuple[Point, random.Random]:
     """The start point (``x0``, else drawn from the seed), evaluated, and the generator that drew it."""
     rng = random.Random(problem.seed)
-    x0 = problem.x0 if problem.x0 is not None else _random_point(problem, rng)
+    x0 = problem.x0 if problem.x0 is not None else random_point(problem, rng)
     memo(x0)  # the start point is always evaluated: a point with k ones exists
     return x0, rng

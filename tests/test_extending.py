@@ -1,0 +1,106 @@
+"""docs/extending.md: each family's example, dropped as a new file into its package, is found by
+its registry and runs where users name it; the file goes again afterwards. (The ranker's
+example is tests/test_rankers.py's ``test_a_new_ranker_is_one_new_file``.)"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from bosch_eval.masks import layer_heuristics
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError, ModelShape
+from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS, layer_heuristic_mask
+from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
+from bosch_eval.runtime.registry import Registry
+from bosch_eval.search import importers, variants
+from bosch_eval.search.cli.import_cli import add_import_parser
+from bosch_eval.search.guarded.incumbents import incumbent_masks
+from bosch_eval.search.importers import IMPORTERS, import_pattern
+from bosch_eval.search.pipeline import VARIANTS, SearchSettings, run_search
+from bosch_eval.search.stages import optimizers
+from bosch_eval.search.stages.optimizers import OPTIMIZERS, SubProblem, choose_method, minimize, optimizer_methods
+from tests.helpers import doc_example
+
+SHAPE = ModelShape(num_layers=4, num_heads=4, num_kv_heads=2)
+
+
+@pytest.fixture
+def drop_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator:
+    """``drop_in(heading, package, registry)``: the example under ``heading`` written as a new module
+    of ``package`` (in a second folder of its ``__path__``), its registrations kept apart; it and
+    its registrations are gone after the test."""
+    added: list[str] = []
+
+    def write(heading: str, package: ModuleType, registry: Registry) -> str:
+        filename, source = doc_example(heading)
+        folder = tmp_path / package.__name__
+        folder.mkdir()
+        (folder / filename).write_text(source)
+        module = f"{package.__name__}.{Path(filename).stem}"
+        assert module not in sys.modules
+        registry.names()  # the built-in members registered first, where they stay after the test
+        monkeypatch.setattr(package, "__path__", [*package.__path__, str(folder)])
+        monkeypatch.setattr(registry, "members", dict(registry.members))
+        added.append(module)
+        return module
+
+    yield write
+    for module in added:
+        sys.modules.pop(module, None)
+
+
+def test_a_new_layer_heuristic_is_one_new_file(drop_in) -> None:
+    drop_in("Add a layer heuristic", layer_heuristics, LAYER_HEURISTICS)
+    assert LAYER_HEURISTICS.names() == ("intr", "bme", "rand", "last")  # the paper's first, in their order
+    mask, _ = resolve_mask(SHAPE, MaskRequest(layers="last", ratio=0.5), default_window=8)
+    assert [all(row) for row in mask.bits] == [False, False, True, True]
+    assert mask == layer_heuristic_mask("last", SHAPE, 0.5).with_meta(window=8)
+    assert list(incumbent_masks(SHAPE, 0.5, (), seed=0)) == ["intr", "bme", "rand:0", "last"]
+
+
+def test_a_new_optimizer_is_one_new_file(drop_in) -> None:
+    drop_in("Add an optimizer", optimizers, OPTIMIZERS)
+    assert optimizer_methods() == ("auto", "exhaustive", "nomad", "oneplusone", "random")
+    problem = SubProblem(n=8, k=3, budget=20, seed=0)
+    result = minimize(lambda point: float(point.index(1)), problem, "random")  # best: the first one as late as can be
+    assert (result.method, result.evaluations) == ("random", 20) and sum(result.best) == 3
+    assert choose_method(SubProblem(n=80, k=40, budget=20, seed=0)) == "oneplusone"  # auto never picks it
+    assert SearchSettings(ratio=0.5, optimizer="random").optimizer == "random"
+
+
+def test_a_new_search_variant_is_one_new_file(drop_in) -> None:
+    drop_in("Add a search variant", variants, VARIANTS)
+    assert VARIANTS.names()[-1] == "best-heuristic"
+
+    def score(mask: HeadMask) -> float:  # full attention is worth more in later layers
+        return sum(layer * sum(row) for layer, row in enumerate(mask.bits)) / 100
+
+    result = run_search(score, SHAPE, SearchSettings(ratio=0.5, variant="best-heuristic"), progress=False)
+    heuristics = [layer_heuristic_mask(name, SHAPE, 0.5).bits for name in LAYER_HEURISTICS]
+    assert result.mask.method == "bosch-best-heuristic"
+    assert result.mask.bits == max(heuristics, key=lambda bits: score(HeadMask(bits, SHAPE.num_heads)))
+    assert result.evaluations == 2 + len(set(heuristics))  # the anchors and each distinct heuristic mask, once
+
+
+def test_a_new_importer_is_one_new_file(drop_in, tiny_model_dir: Path, tmp_path: Path) -> None:
+    drop_in("Add an importer", importers, IMPORTERS)
+    path = tmp_path / "scores.tsv"
+    path.write_text("0.1\t0.9\n0.5\t0.2\n0.3\t0.3\n0.8\t0.4\n")
+    ranking = import_pattern("scores-tsv", path, SHAPE, window=16)
+    assert (ranking.method, ranking.more_local, ranking.window) == ("scores-tsv", "higher", 16)
+    assert ranking.scores == ((0.1, 0.9), (0.5, 0.2), (0.3, 0.3), (0.8, 0.4))
+    parser = argparse.ArgumentParser(prog="bosch-eval")
+    command = add_import_parser(parser.add_subparsers(dest="command"))
+    assert "scores-tsv: per-head scores, higher = more local (ranking)" in " ".join(command.format_help().split())
+    out = tmp_path / "ranking.json"
+    args = parser.parse_args(["import", "--format", "scores-tsv", str(path), "--model", str(tiny_model_dir), "--out", str(out)])
+    with pytest.raises(MaskError, match="4 lines, one per layer, but the model"):  # the tiny model: L=3, G=4
+        args.run(args)
+    path.write_text("1\t2\t3\t4\n5\t6\t7\t8\n9\t10\t11\t12\n")
+    args.run(args)
+    assert HeadRanking.load(out).method == "scores-tsv"
