@@ -35,10 +35,12 @@ RULER_LENGTHS = (512, 1024)
 RULER_DOCS_PER_LENGTH = 500  # lm-eval's niah_utils generates this many per length
 
 
-def calibration_scores(model: str, calib_len: int, window: int, ratios: list[float], random_count: int) -> dict[str, Any]:
+def calibration_scores(
+    model: str, calibration: CalibrationSettings, window: int, ratios: list[float], random_count: int
+) -> dict[str, Any]:
     """``acc`` of bosch_niah_calib for full, all-SWA and random masks, scored by the search's
     own objective (same settings as ``bosch-eval search``, so the numbers compare)."""
-    objective = build_objective(model, CalibrationSettings(length=calib_len), LoadSettings(window=window))
+    objective = build_objective(model, calibration, LoadSettings(window=window))
     shape = objective.shape
     randoms = {str(ratio): [objective(mask) for mask in random_masks(shape, ratio, range(random_count), window)] for ratio in ratios}
     return {
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="directory for toy_model_checks.json/.md")
     parser.add_argument("--window", type=int, help="SWA window (default: the model's bosch_defaults.json)")
     parser.add_argument("--calib-len", type=int, help="calibration length in tokens (default: bosch_defaults.json)")
+    parser.add_argument("--calib-examples", type=int, help="bosch_niah_calib examples (default: the search's, 64)")
     parser.add_argument("--random-masks", type=int, default=20, help="random masks per ratio scored on the calibration set")
     parser.add_argument("--random-ratios", type=float, nargs="+", default=[0.5, 0.75], help="SWA ratios of the random masks")
     parser.add_argument("--ruler-samples", type=int, default=100, help="upstream niah_single_1 documents per length")
@@ -98,7 +101,9 @@ def main(argv: list[str] | None = None) -> None:
         "versions": versions("bosch-eval", "lm_eval", "torch", "transformers"),
         "window": window,
         "calib_len": calib_len,
-        "bosch_niah_calib": calibration_scores(args.model, calib_len, window, args.random_ratios, args.random_masks),
+        "bosch_niah_calib": calibration_scores(
+            args.model, CalibrationSettings(length=calib_len, examples=args.calib_examples), window, args.random_ratios, args.random_masks
+        ),
         "niah_single_1": ruler_scores(args.model, window, args.ruler_samples),
     }
     report["wall_time_s"] = round(time.time() - started, 1)

@@ -15,9 +15,6 @@ TESTS = REPO / "tests"
 MAX_README_LINES = 200
 # The package imported from a shell script (inline `python -c` or a heredoc): code no test runs.
 INLINE_PYTHON = re.compile(r"\b(import|from) +bosch_eval\b")
-# Benchmarks the recorded commands run that have no test yet (issue 55, item 6: left to do).
-# The list only shrinks: a script that gains a test must leave it.
-UNTESTED_BENCHMARKS = {"benchmarks/objective_speed.py", "benchmarks/toy_model_checks.py"}
 SCRIPT_CALL = re.compile(r"python3? +([\w./-]+\.py)\b")
 
 
@@ -54,19 +51,14 @@ def test_recorded_commands_run_no_untested_code(script: Path):
     assert not inline, f"{inline}: Python inline in a recorded command; move it into benchmarks/ with a test, or into the CLI"
     for called in SCRIPT_CALL.findall(text):
         assert called.startswith("benchmarks/") and (REPO / called).is_file(), f"{script}: runs {called}; expected a script of benchmarks/"
-        assert called in UNTESTED_BENCHMARKS or Path(called).stem in other_tests_text(), (
+        assert Path(called).stem in other_tests_text(), (
             f"{script}: runs {called}, which no test in tests/ imports or names"
         )
 
 
 def other_tests_text() -> str:
-    """Every other test module's source (this one names the untested scripts)."""
+    """Every other test module's source."""
     return "\n".join(path.read_text(encoding="utf-8") for path in TESTS.glob("test_*.py") if path.name != Path(__file__).name)
-
-
-def test_the_untested_list_only_shrinks():
-    tested = [name for name in sorted(UNTESTED_BENCHMARKS) if Path(name).stem in other_tests_text()]
-    assert not tested, f"{tested}: now named by a test; remove from UNTESTED_BENCHMARKS"
 
 
 @pytest.mark.parametrize("readme", study_readmes(), ids=lambda path: path.parent.name)
