@@ -181,6 +181,8 @@ class TestCommandLineStaysCheap:
             from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS
             from bosch_eval.search.pipeline import VARIANTS
             from bosch_eval.search.stages.optimizers import OPTIMIZERS
+            from bosch_eval.search.importers import IMPORTERS
+            assert IMPORTERS.names() == ("duo", "prulong", "retrieval-json")
             assert LAYER_HEURISTICS.names() == ("intr", "bme", "rand")
             assert OPTIMIZERS.names() == ("exhaustive", "nomad", "oneplusone")
             assert VARIANTS.names() == ("bosch", "nested", "guarded", "single", "multi", "layer")
