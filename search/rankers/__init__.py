@@ -7,8 +7,8 @@ one module per mechanism (:mod:`.mass`: DCAM and Fisher; :mod:`.apl`; :mod:`.pro
 :mod:`.reference` (the direct NumPy formulas the tests and the memory benchmark use).
 
 Importing this package is cheap (no torch). Each ranker registers itself in :data:`RANKERS`
-under its command-line name; a new ranker is one new module here (docs/rankings.md#add-a-ranker),
-found when a name is looked up.
+under its command-line name and declares its own ``bosch-eval rank`` flags (``Ranker.flags``);
+a new ranker is one new module here (docs/rankings.md#add-a-ranker), found when a name is looked up.
 """
 
 from __future__ import annotations
