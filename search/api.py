@@ -105,96 +105,163 @@ def search_model(
     state = launch_state(device)  # before any other accelerate state: joins CPU processes over gloo
     if not is_int(load.prefix_cache_mb) or load.prefix_cache_mb < 0:
         raise SearchError(f"--prefix-cache-mb: expected megabytes >= 0 (0 = no cache), got {load.prefix_cache_mb!r}")
+    target = _target(model, settings, calibration, load.window)
+    pinned = settings.pinned_json(target.shape)
+    out = Path(out)
+    ranked = ranking_sources(settings.rankings, calibration.tasks) if VARIANTS[settings.variant].incumbents else None
+    if resume and not new_settings:  # before the model loads; the journal checks again, under the lock
+        _refuse_other_settings(out, pinned, ranked is not None)
+    lock = OutputLock(out, "search", JournalError) if state.is_main_process else None  # only the main process writes
+    on_main_then_everywhere(lock.acquire if lock is not None else None, JournalError, state.num_processes)
+    try:
+        if ranked is not None:  # before the search's model loads: the rankers load their own copy
+            settings = _with_incumbents(settings, ranked, target, calibration, load, device, out, state)
+            pinned = settings.pinned_json(target.shape)
+        objective = _load_objective(target, calibration, replace(load, window=target.window, device=device), run)
+        calibration_json = objective.describe()
+        dtype = str(objective.lm.model.dtype).removeprefix("torch.")
+        header = journal_header(model, target.path, target.window, calibration_json, pinned, load.model_args, dtype)
+        journal, resumed = _open_journal(out, header, resume, new_settings, state)
+        # Built before the search, so that a bad task or a tiebreak.jsonl of other settings fails first.
+        tie_breaker = _tie_break_objective(objective, calibration.tie_break_tasks, out, header, state.is_main_process)
+        result = _search(objective, settings, journal, resumed, tie_breaker, run.progress and state.is_main_process)
+        if state.is_main_process:
+            # --model-args sink=S ran every score with S sinks: the mask file says so.
+            sinks = int((load.model_args or {}).get("sink") or 0)
+            _write_result(out, result, target, calibration_json, sinks, state.num_processes)
+        state.wait_for_everyone()
+    finally:
+        if lock is not None:
+            lock.release()
+    return result
+
+
+@dataclass(frozen=True)
+class _Target:
+    """The model a search runs on, as checked from its name and config before any weight loads."""
+
+    model: str  # as given
+    path: str  # resolved
+    shape: ModelShape
+    window: int
+    length: int | None  # of the calibration examples; None: the tasks' own
+
+
+def _target(model: str, settings: SearchSettings, calibration: CalibrationSettings, window: int | None) -> _Target:
+    """The model resolved and every setting that needs its config checked: the search's settings
+    against its shape, the window, and a calibration length it can hold.
+
+    Raises:
+        ModelError: the model does not exist, or the length does not fit it.
+        SearchError: a setting does not fit the model.
+    """
     path = resolve_model(model)
     config = model_config(path)
     shape = ModelShape.from_config(config)
     validate_for_shape(settings, shape)
     if calibration.tie_break_tasks and uniform_bit(settings.ratio) is not None:
         raise SearchError(f"--tie-break-tasks: ratio {settings.ratio:g} allows one mask, so there are no ties to break")
-    pinned = settings.pinned_json(shape)
     defaults = model_defaults(path)
-    window = resolve_window(load.window, default=defaults.window, source=model, flag="--window W")
+    window = resolve_window(window, default=defaults.window, source=model, flag="--window W")
     length = calibration.length if calibration.length is not None else defaults.calib_len
     if length is None and DEFAULT_CALIB_TASK in calibration.tasks:
         length = DEFAULT_CALIB_LEN
     if length is not None and not calibration.ignore_max_positions:
         check_length(length, model, config, "--calib-len", IGNORE_FLAG)
-    out = Path(out)
-    ranked = ranking_sources(settings.rankings, calibration.tasks) if VARIANTS[settings.variant].incumbents else None
-    if resume and not new_settings:  # before the model loads; the journal checks again, under the lock
+    return _Target(model, path, shape, window, length)
 
-        def as_now(stored: dict[str, Any]) -> dict[str, Any]:
-            header = migrate_header(stored, {"settings": pinned})
-            if ranked is None or not isinstance(header.get("settings"), dict):
-                return header
-            # The rankings' incumbents are known once computed; the journal compares them then.
-            return dict(header, settings=dict(header["settings"], incumbents=pinned["incumbents"]))
 
-        refuse_other_settings(out / "journal.jsonl", "settings", pinned, migrate=as_now)
-    lock = OutputLock(out, "search", JournalError) if state.is_main_process else None  # only the main process writes
-    on_main_then_everywhere(lock.acquire if lock is not None else None, JournalError, state.num_processes)
-    try:
-        if ranked is not None:  # before the search's model loads: the rankers load their own copy
-            methods, files = ranked
-            inputs = RankingInputs(
-                window=window, examples=calibration.examples or DEFAULT_CALIB_EXAMPLES, length=length or DEFAULT_CALIB_LEN,
-                seed=calibration.seed, task=calibration.tasks[0],
-            )  # fmt: skip
-            ranking_load = RankingLoad(model, path, inputs, device, load.model_args)
+def _refuse_other_settings(out: Path, pinned: dict[str, Any], incumbents: bool) -> None:
+    """A resume under other settings refused before the model loads (the journal checks again, under the lock)."""
 
-            def incumbents() -> list[tuple[str, str]]:
-                return [*file_incumbents(files, shape, settings.ratio), *computed_incumbents(methods, ranking_load, settings.ratio, out)]
+    def as_now(stored: dict[str, Any]) -> dict[str, Any]:
+        header = migrate_header(stored, {"settings": pinned})
+        if not incumbents or not isinstance(header.get("settings"), dict):
+            return header
+        # The rankings' incumbents are known once computed; the journal compares them then.
+        return dict(header, settings=dict(header["settings"], incumbents=pinned["incumbents"]))
 
-            given = on_main_then_everywhere(incumbents if state.is_main_process else None, SearchError, state.num_processes)
-            settings = replace(settings, incumbents=(*settings.incumbents, *map(tuple, given)))
-            validate_for_shape(settings, shape)
-            pinned = settings.pinned_json(shape)
-        log.info("loading %s and building the calibration task(s) %s", model, ", ".join(calibration.tasks))
-        started = time.perf_counter()
-        objective = build_objective(path, calibration, replace(load, window=window, device=device), Racing(run.racing, run.race_chunk))
-        racing = objective.racing
-        if run.racing and not racing:
-            log.info("racing off: %s; every mask is scored on every example", objective.racing_problem())
-        log.info("ready in %.1f s; evaluating the anchors S(all SWA) and S(all full)", time.perf_counter() - started)
-        calibration_json = objective.describe()
-        dtype = str(objective.lm.model.dtype).removeprefix("torch.")
-        header = journal_header(model, path, window, calibration_json, pinned, load.model_args, dtype)
-        journal, resumed = _open_journal(out, header, resume, new_settings, state)
-        # Built before the search, so that a bad task or a tiebreak.jsonl of other settings fails first.
-        tie_breaker = _tie_break_objective(objective, calibration.tie_break_tasks, out, header, state.is_main_process)
-        progress = run.progress and state.is_main_process
-        score_fn = _AnchorLog(objective) if progress else objective
-        if uniform_bit(settings.ratio) is not None:
-            result = _only_mask(score_fn, objective.shape, settings, resumed.scores, journal)
-        else:
-            result = run_search(
-                score_fn,
-                objective.shape,
-                settings,
-                resumed=resumed,
-                journal=journal,
-                progress=progress,
-                higher_is_better=objective.higher_is_better,
-                racing=racing,
-            )
-            if tie_breaker is not None:
-                result = _break_ties(result, *tie_breaker, progress)
-        prior_wall_s = journal.prior_wall_s if journal is not None else 0.0  # earlier runs of a resumed search
-        result = replace(result, work=objective.work(), wall_s=result.wall_s + prior_wall_s)
-        if state.is_main_process:
-            provenance = dict(
-                result.provenance(), calibration=calibration_json, seed=settings.seed, versions=versions(*VERSIONED_PACKAGES), processes=state.num_processes
-            )
-            # --model-args sink=S ran every score with S sinks: the mask file says so.
-            sinks = int((load.model_args or {}).get("sink") or 0)
-            mask = result.mask.with_meta(window=window, sinks=sinks, model=model, provenance=provenance)
-            mask.save(out / "mask.json")
-            (out / "report.md").write_text(render_report(result, model, window, calibration_json))
-        state.wait_for_everyone()
-    finally:
-        if lock is not None:
-            lock.release()
-    return result
+    refuse_other_settings(out / "journal.jsonl", "settings", pinned, migrate=as_now)
+
+
+def _with_incumbents(
+    settings: SearchSettings,
+    ranked: tuple[list[str], list[str]],
+    target: _Target,
+    calibration: CalibrationSettings,
+    load: LoadSettings,
+    device: Any,
+    out: Path,
+    state: PartialState,
+) -> SearchSettings:
+    """``settings`` with the guarded variant's incumbents: the masks of the ranking files and of
+    the rankers (computed on the main process, then shared, on ``device`` with ``load.model_args``),
+    checked against the model's shape."""
+    methods, files = ranked
+    inputs = RankingInputs(
+        window=target.window, examples=calibration.examples or DEFAULT_CALIB_EXAMPLES, length=target.length or DEFAULT_CALIB_LEN,
+        seed=calibration.seed, task=calibration.tasks[0],
+    )  # fmt: skip
+    ranking_load = RankingLoad(target.model, target.path, inputs, device, load.model_args)
+
+    def incumbents() -> list[tuple[str, str]]:
+        return [*file_incumbents(files, target.shape, settings.ratio), *computed_incumbents(methods, ranking_load, settings.ratio, out)]
+
+    given = on_main_then_everywhere(incumbents if state.is_main_process else None, SearchError, state.num_processes)
+    settings = replace(settings, incumbents=(*settings.incumbents, *map(tuple, given)))
+    validate_for_shape(settings, target.shape)
+    return settings
+
+
+def _load_objective(target: _Target, calibration: CalibrationSettings, load: LoadSettings, run: RunOptions) -> CalibrationObjective:
+    """The model loaded once and the calibration task(s) built once: S(z)."""
+    log.info("loading %s and building the calibration task(s) %s", target.model, ", ".join(calibration.tasks))
+    started = time.perf_counter()
+    objective = build_objective(target.path, calibration, load, Racing(run.racing, run.race_chunk))
+    if run.racing and not objective.racing:
+        log.info("racing off: %s; every mask is scored on every example", objective.racing_problem())
+    log.info("ready in %.1f s; evaluating the anchors S(all SWA) and S(all full)", time.perf_counter() - started)
+    return objective
+
+
+def _search(
+    objective: CalibrationObjective,
+    settings: SearchSettings,
+    journal: Journal | None,
+    resumed: Resumed,
+    tie_breaker: tuple[CalibrationObjective, TieBreakFile] | None,
+    progress: bool,
+) -> SearchResult:
+    """The stages (or the one mask a ratio of 0 or 1 allows), the tie-break, and the work and
+    time of every run of the journal."""
+    score_fn = _AnchorLog(objective) if progress else objective
+    if uniform_bit(settings.ratio) is not None:
+        result = _only_mask(score_fn, objective.shape, settings, resumed.scores, journal)
+    else:
+        result = run_search(
+            score_fn,
+            objective.shape,
+            settings,
+            resumed=resumed,
+            journal=journal,
+            progress=progress,
+            higher_is_better=objective.higher_is_better,
+            racing=objective.racing,
+        )
+        if tie_breaker is not None:
+            result = _break_ties(result, *tie_breaker, progress)
+    prior_wall_s = journal.prior_wall_s if journal is not None else 0.0  # earlier runs of a resumed search
+    return replace(result, work=objective.work(), wall_s=result.wall_s + prior_wall_s)
+
+
+def _write_result(out: Path, result: SearchResult, target: _Target, calibration_json: dict[str, Any], sinks: int, processes: int) -> None:
+    """mask.json, with the search's provenance, and report.md (the main process's)."""
+    provenance = dict(
+        result.provenance(), calibration=calibration_json, seed=result.settings.seed, versions=versions(*VERSIONED_PACKAGES), processes=processes
+    )
+    mask = result.mask.with_meta(window=target.window, sinks=sinks, model=target.model, provenance=provenance)
+    mask.save(out / "mask.json")
+    (out / "report.md").write_text(render_report(result, target.model, target.window, calibration_json))
 
 
 def _tie_break_objective(

@@ -26,10 +26,6 @@ NOT_YET_SPLIT = {
     "bosch_eval/bench/runner.py _row": "not yet split",
     "bosch_eval/caches/kv_quant/formula.py kv_cache_bytes_formula": "not yet split",
     "bosch_eval/caches/kv_quant/fused.py gather_dequantize": "not yet split",
-    "search/api.py search_model": "not yet split",
-    "search/report.py render_report": "not yet split",
-    "search/cli/search_cli.py add_search_arguments": "not yet split",
-    "search/stages/stage2.py assign_layer_ratios": "not yet split",
 }
 
 

@@ -18,13 +18,16 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-# Only what the flags show: the search itself (torch, lm-eval, accelerate) is imported by
-# run_from_args, so that `--help` prints at once.
-from bosch_eval.models.model_check import IGNORE_FLAG
+# Nothing that imports torch, lm-eval or numpy, so that `--help` prints at once: the search
+# itself and its cost model are imported where they run.
+from bosch_eval.masks.head_mask import ModelShape, ceil_count
+from bosch_eval.model_adapters.loader_args import parse_model_args
+from bosch_eval.models.model_check import IGNORE_FLAG, model_config, resolve_model
 from bosch_eval.search.defaults import DEFAULT_CALIB_TASK, DEFAULT_PREFIX_CACHE_MB
+from bosch_eval.search.guarded.incumbent_rankings import ranking_sources
 from bosch_eval.search.objective.racing import DEFAULT_RACE_CHUNK
 from bosch_eval.search.objective.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, SearchError
-from bosch_eval.search.pipeline import VARIANTS, SearchSettings
+from bosch_eval.search.pipeline import VARIANTS, SearchSettings, validate_for_shape
 from bosch_eval.search.stages.optimizers import optimizer_methods
 from bosch_eval.search.stages.stage2 import DEFAULT_BUCKETS
 from bosch_eval.search.stages.stages import QUOTAS
@@ -38,7 +41,17 @@ CALLS_ONLY = float("nan")
 
 
 def add_search_arguments(parser: argparse.ArgumentParser) -> None:
-    """The search's flags (shared by ``bosch-eval search`` and ``python -m bosch_eval.search``)."""
+    """The search's flags (shared by ``bosch-eval search`` and ``python -m bosch_eval.search``), in
+    the order ``--help`` lists them."""
+    _add_run_flags(parser)
+    _add_algorithm_flags(parser)
+    _add_calibration_flags(parser)
+    _add_loading_flags(parser)
+    _add_execution_flags(parser)
+
+
+def _add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """The model, the target, where the result goes, and resuming."""
     parser.add_argument("--model", required=True, help="HF model id or local dir; 'toy' or 'toy-l' is a bundled model, 'smollm2' a packaged one; or a .gguf file")
     parser.add_argument("--ratio", type=float, required=True, help="target share ρ of KV groups turned to SWA, in [0, 1]")
     parser.add_argument("--window", type=int, help="SWA window W (default: the model's bosch_defaults.json)")
@@ -51,6 +64,10 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
         "resume is refused, since it would replace the result. The old mask.json and report.md move to --out/previous/",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of every optimizer (default 0)")
+
+
+def _add_algorithm_flags(parser: argparse.ArgumentParser) -> None:
+    """How the search runs its stages: the variant, the optimizer, the loss and Stage 2 and 3's settings."""
     parser.add_argument("--budget-per-layer", type=int, default=100, help="κ: evaluations per layer (default 100, paper B.2)")
     parser.add_argument(
         "--variant", choices=VARIANTS, default="guarded",
@@ -98,6 +115,10 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
         help="coordinate-descent passes after Stage 3, each re-solving every layer with the others fixed (beyond the "
         "paper; default 0 = plain BOSCH)",
     )
+
+
+def _add_calibration_flags(parser: argparse.ArgumentParser) -> None:
+    """What S(z) is measured on."""
     parser.add_argument("--calib-tasks", nargs="+", default=[DEFAULT_CALIB_TASK], help="lm-eval task(s) or group(s) scored as S(z)")
     parser.add_argument("--include-path", help="extra lm-eval task directory for --calib-tasks")
     parser.add_argument("--calib-metric", default="acc", help="metric of the calibration tasks (default acc)")
@@ -117,6 +138,10 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
         "the context, e.g. with rope scaling); inputs are then not truncated to it",
     )
     parser.add_argument("--calib-seed", type=int, default=0, help="seed of the calibration examples")
+
+
+def _add_loading_flags(parser: argparse.ArgumentParser) -> None:
+    """How the model is loaded."""
     parser.add_argument(
         "--device", help="cpu or cuda (default: cuda when torch sees a GPU, else cpu; under accelerate: each process's own GPU)"
     )
@@ -126,6 +151,10 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
         "--model-args",
         help="more model loader arguments, as lm_eval --model_args: revision=..,trust_remote_code=True,parallelize=True,peft=..",
     )
+
+
+def _add_execution_flags(parser: argparse.ArgumentParser) -> None:
+    """The cost estimate instead of a run, and how S(z) calls are made cheaper (same mask and scores)."""
     parser.add_argument(
         "--estimate",
         type=float,
@@ -159,8 +188,7 @@ def run_from_args(args: argparse.Namespace) -> None:
     """Build the settings from parsed flags and run the search."""
     from accelerate import PartialState
 
-    from bosch_eval.model_adapters.loader_args import parse_model_args
-    from bosch_eval.search.api import search_model
+    from bosch_eval.search.api import search_model  # the search: torch, lm-eval, accelerate; not for --help
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.new_settings and not args.resume:
@@ -204,6 +232,7 @@ def search_settings(args: argparse.Namespace) -> SearchSettings:
 
 def run_settings(args: argparse.Namespace, model_args: dict[str, Any]) -> tuple[CalibrationSettings, LoadSettings, RunOptions]:
     """The calibration, the model's load settings and how the search runs, from its flags."""
+    # Their modules load the model (torch, transformers, accelerate): not for --help.
     from bosch_eval.search.api import RunOptions
     from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings
 
@@ -238,11 +267,7 @@ def render_estimate(
     Raises:
         SearchError: a time that is not positive, or settings that do not fit the model.
     """
-    from bosch_eval.masks.head_mask import ModelShape, ceil_count
-    from bosch_eval.models.model_check import model_config, resolve_model
-    from bosch_eval.search.cost import estimate_calls
-    from bosch_eval.search.guarded.incumbent_rankings import ranking_sources
-    from bosch_eval.search.pipeline import validate_for_shape
+    from bosch_eval.search.cost import estimate_calls  # numpy: not for --help
 
     if seconds_per_call is not None and not seconds_per_call > 0:
         raise SearchError(f"--estimate: expected the seconds one S() call takes (> 0), got {seconds_per_call}")

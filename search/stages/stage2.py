@@ -140,38 +140,18 @@ def assign_layer_ratios(
         ValueError: naming the argument that cannot be used as given.
     """
     scores = _check_scores(stage1_scores)
-    if not is_number(original_score):
-        raise ValueError(f"original_score: expected a number, got {original_score!r}")
-    if not (math.isfinite(original_score) and original_score > 0):
-        raise ValueError(
-            f"original_score: the relative drop (s_best − s_orig) / s_orig is undefined unless the "
-            f"full-attention score is a positive finite number, got {original_score!r}"
-        )
-    import numpy as np  # here, not at import: `bosch-eval search --help` must not load numpy
-
+    original = _check_original(original_score)
     ratio = check_ratio(target_ratio, "target_ratio")
-    if not is_int(groups_per_layer) or groups_per_layer < 1:
-        raise ValueError(f"groups_per_layer: expected a positive integer (KV groups per layer), got {groups_per_layer!r}")
-    if buckets is None:
-        buckets = default_buckets(groups_per_layer)
-        if buckets != DEFAULT_BUCKETS:
-            log.info(
-                "stage 2: the paper's buckets %s are not whole numbers of %d KV groups per layer; using every ratio "
-                "%d groups can realize, %s",
-                list(DEFAULT_BUCKETS), groups_per_layer, groups_per_layer, [round(b, 4) for b in buckets],
-            )  # fmt: skip
+    buckets = _resolve_buckets(buckets, groups_per_layer)
     counts = _bucket_counts(buckets, groups_per_layer)
     low, high = _check_percentiles(percentiles)
 
-    drops = _layer_drops(scores, float(original_score))
+    drops = _layer_drops(scores, original)
     if not higher_is_better:
         drops = [-drop for drop in drops]
     weights = _weights(drops, low, high)
     hardest_first = sorted(range(len(scores)), key=lambda layer: (-weights[layer], layer))
-    rank = [0] * len(scores)
-    for bucket, members in enumerate(np.array_split(np.asarray(hardest_first, dtype=int), len(counts))):
-        for layer in members:
-            rank[int(layer)] = bucket
+    rank = _bucket_ranks(hardest_first, len(counts))
     target = ceil_count(ratio, len(scores) * groups_per_layer)
     assigned = _reconcile(rank, hardest_first, counts, target)
     return Stage2Result(
@@ -182,6 +162,46 @@ def assign_layer_ratios(
         assigned_groups=assigned,
         buckets=tuple(float(bucket) for bucket in buckets),
     )
+
+
+def _check_original(original_score: float) -> float:
+    """s_orig as a float: the relative drops divide by it, so it must be positive and finite."""
+    if not is_number(original_score):
+        raise ValueError(f"original_score: expected a number, got {original_score!r}")
+    if not (math.isfinite(original_score) and original_score > 0):
+        raise ValueError(
+            f"original_score: the relative drop (s_best − s_orig) / s_orig is undefined unless the "
+            f"full-attention score is a positive finite number, got {original_score!r}"
+        )
+    return float(original_score)
+
+
+def _resolve_buckets(buckets: Sequence[float] | None, groups_per_layer: int) -> Sequence[float]:
+    """The buckets given, or :func:`default_buckets` for G (saying so when they are not the paper's)."""
+    if not is_int(groups_per_layer) or groups_per_layer < 1:
+        raise ValueError(f"groups_per_layer: expected a positive integer (KV groups per layer), got {groups_per_layer!r}")
+    if buckets is not None:
+        return buckets
+    buckets = default_buckets(groups_per_layer)
+    if buckets != DEFAULT_BUCKETS:
+        log.info(
+            "stage 2: the paper's buckets %s are not whole numbers of %d KV groups per layer; using every ratio "
+            "%d groups can realize, %s",
+            list(DEFAULT_BUCKETS), groups_per_layer, groups_per_layer, [round(b, 4) for b in buckets],
+        )  # fmt: skip
+    return buckets
+
+
+def _bucket_ranks(hardest_first: list[int], bucket_count: int) -> list[int]:
+    """Each layer's bucket: the layers, hardest first, split into ``bucket_count`` groups as
+    ``numpy.array_split`` does (the first L mod B groups one layer longer)."""
+    import numpy as np  # here, not at import: `bosch-eval search --help` must not load numpy
+
+    rank = [0] * len(hardest_first)
+    for bucket, members in enumerate(np.array_split(np.asarray(hardest_first, dtype=int), bucket_count)):
+        for layer in members:
+            rank[int(layer)] = bucket
+    return rank
 
 
 def cumulative_from_probes(probe_scores: Sequence[float], original_score: float) -> list[float]:
