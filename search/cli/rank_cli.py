@@ -68,7 +68,9 @@ def add_rank_parser(subparsers: Any) -> argparse.ArgumentParser:
         epilog="A method's own flags are named after it (--proxy-block, --qada-buffer); "
         "'bosch-eval rank --method NAME --help' lists them.",
     )
-    parser.__class__ = _RankParser  # argparse makes every sub-command's parser of one class
+    # argparse builds every sub-command's parser of the one class add_subparsers() got; rank's keeps
+    # the flags it does not know for the method (_RankParser.parse_known_args).
+    parser.__class__ = _RankParser
     # No `choices`: listing the rankers imports them (and torch); rank_main checks the name first.
     parser.add_argument(
         "--method", required=True, metavar="NAME",
