@@ -37,27 +37,15 @@ print(json.dumps(sorted(name for name in sys.modules if name.split(".")[0] in {h
 """
 
 
-# Light modules a CLI module still imports inside a function, in a module its owner is reworking
-# (issue 55 item 1): "path module". The list only shrinks.
-LIGHT_NOT_YET_AT_THE_TOP = {
-    "search/cli/rank_cli.py bosch_eval.model_adapters.loader_args",
-    "search/cli/rank_cli.py bosch_eval.models.model_check",
-    "search/cli/rank_cli.py bosch_eval.models.model_defaults",
-    "search/cli/rank_cli.py bosch_eval.runtime.device",
-}
-
-
 def cli_deferred_modules() -> dict[str, set[str]]:
     """Each module of ours that a CLI module imports inside a function (tests/test_layers.py,
-    ``Deferred.is_the_clis``), with where; those not yet justified or moved left out."""
+    ``Deferred.is_the_clis``), with where; those not yet justified left out."""
     modules: dict[str, set[str]] = {}
     for item in DEFERRED:
         if item.is_the_clis and item.key not in NOT_YET_JUSTIFIED:
             for line, name in imported_names(item.path):
                 if line == item.line and (located := locate(name)) is not None:
-                    module = dotted_module(located[0])
-                    if f"{relative(item.path)} {module}" not in LIGHT_NOT_YET_AT_THE_TOP:
-                        modules.setdefault(module, set()).add(f"{relative(item.path)}:{line}")
+                    modules.setdefault(dotted_module(located[0]), set()).add(f"{relative(item.path)}:{line}")
     return modules
 
 

@@ -19,6 +19,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from bosch_eval.model_adapters.loader_args import parse_model_args
+from bosch_eval.models.model_check import check_length, model_config, resolve_model
+from bosch_eval.models.model_defaults import model_defaults, resolve_window
+from bosch_eval.runtime.device import pick_device
 from bosch_eval.runtime.errors import SettingsError
 from bosch_eval.search.rankers import RANKERS
 from bosch_eval.tasks.niah.calibration_sets import CALIBRATION_SETS, DEFAULT_CALIBRATION
@@ -142,12 +146,8 @@ def rank_main(args: argparse.Namespace) -> None:
     """Run ``bosch-eval rank``; raises a :class:`~bosch_eval.runtime.errors.BoschError` on any bad input."""
     import torch
 
-    # The command's work (the rankers, the model's loading: torch, transformers), imported when
+    # The command's work (the rankers, the calibration texts: torch, transformers), imported when
     # it runs: parsing and --help stay free of them (tests/test_cli_help.py).
-    from bosch_eval.model_adapters.loader_args import parse_model_args
-    from bosch_eval.models.model_check import check_length, model_config, resolve_model
-    from bosch_eval.models.model_defaults import model_defaults, resolve_window
-    from bosch_eval.runtime.device import pick_device
     from bosch_eval.search.rankers.driver import RankingCompute, RankingInputs, compute_ranking, load_for_ranking
     from bosch_eval.tasks.niah.haystack import TemplateTooLong
 
