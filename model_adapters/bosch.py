@@ -82,6 +82,7 @@ from bosch_eval.models.checkpoint import set_saved_kv_quant
 from bosch_eval.models.model_check import ModelError, check_causal_decoder
 from bosch_eval.models.model_defaults import resolve_window
 from bosch_eval.models.resolved_model import ResolvedModel
+from bosch_eval.models.rope_scaling import scaled_config
 from bosch_eval.models.transformers_compat import cache_argument
 from bosch_eval.runtime.device import pick_device, warn_slow_cpu_bfloat16
 from bosch_eval.runtime.errors import SettingsError
@@ -141,8 +142,6 @@ def _load_device(requested: str | None) -> str:
 def _rope_config(pretrained: str | torch.nn.Module, settings: AdapterSettings, loader_args: dict[str, Any]) -> Any:
     """A YaRN-scaled config for HFLM's ``from_pretrained`` (the rotary embedding is built from
     the config when the model is constructed), or None without ``rope_scaling``."""
-    from bosch_eval.models.rope_scaling import scaled_config
-
     if settings.rope_scaling is None:
         return None
     if not isinstance(pretrained, str):

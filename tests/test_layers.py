@@ -310,10 +310,6 @@ MOST_DEFERRED = 10
 NOT_YET_JUSTIFIED = {
     "bosch_eval/bench/cli.py _bench",
     "bosch_eval/bench/cli.py _kv_quant_configs",
-    "model_adapters/bosch.py _rope_config",
-    "search/guarded/incumbent_rankings.py model",
-    "search/guarded/incumbent_rankings.py rank",
-    "search/objective/objective_loading.py build_objective",
 }
 
 

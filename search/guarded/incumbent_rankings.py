@@ -132,11 +132,13 @@ class RankingLoad:
         return all(provenance.get(key) == value for key, value in expected.items())
 
     def model(self) -> tuple[Any, Any]:
+        # Here, not at the top: the driver loads torch, and search --help lists the variants, guarded among them.
         from bosch_eval.search.rankers.driver import load_for_ranking
 
         return load_for_ranking(self.path, "float32", self.device, self.model_args or {})
 
     def rank(self, method: str, model: Any, tokenizer: Any) -> HeadRanking:
+        # Here, not at the top: as in model().
         from bosch_eval.search.rankers.driver import RankingCompute, compute_ranking
 
         return compute_ranking(method, model, tokenizer, self.inputs, compute=RankingCompute(device=self.device), model_name=self.name)

@@ -10,9 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.models.model_check import IGNORE_METADATA, truthy
 from bosch_eval.models.model_defaults import resolve_window
 from bosch_eval.models.resolved_model import ResolvedModel
+from bosch_eval.runtime.device import pick_device
 from bosch_eval.runtime.launch import launch_state
 from bosch_eval.search.defaults import DEFAULT_CALIB_EXAMPLES, DEFAULT_CALIB_LEN
 from bosch_eval.search.objective.objective import DEFAULT_TASKS, CalibrationObjective
@@ -99,9 +101,6 @@ def build_objective(
         load: how the model is loaded and run.
         racing: whether to race where it can be exact, and in chunks of how many examples.
     """
-    from bosch_eval.model_adapters.bosch import BoschLM
-    from bosch_eval.runtime.device import pick_device
-
     extra = dict(load.model_args or {})
     # The CLI has no flag of its own for the kernel: --model-args attn_backend=... names it.
     named_backend = extra.pop("attn_backend", None)
