@@ -16,8 +16,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.masks.head_mask import MaskError, ModelShape, check_window
-from bosch_eval.runtime.checks import is_int
+from bosch_eval.masks.head_mask import MaskError, ModelShape
+from bosch_eval.masks.window import check_sinks, check_window
 
 Grid = list[list[float]]
 
@@ -134,9 +134,7 @@ def local_sizes(record: dict[str, Any], window_key: str, window: int | None) -> 
     ``record``; an explicit ``window`` wins."""
     sidecar = record.get("sidecar_config", {})
     where = sidecar.get("file", "config.json")
-    sinks = sidecar.get("sink_size", 0)
-    if not is_int(sinks) or sinks < 0:
-        raise MaskError(f"{where}: field 'sink_size' is {sinks!r}, expected an integer >= 0")
+    sinks = check_sinks(sidecar.get("sink_size", 0), f"{where}: field 'sink_size'")
     if window is None and sidecar.get(window_key) is not None:
         window = check_window(sidecar[window_key], f"{where}: field '{window_key}'")
     return {"window": None if window is None else check_window(window), "sinks": sinks}
