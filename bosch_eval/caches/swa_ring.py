@@ -62,6 +62,9 @@ class SwaRing:
         self.keys = self.values = self.sink_real = self.sink_pos = None
         self.seen = self.start = self.count = 0  # start, count: the current step's positions
         self.slots_final = self.steady = False
+        # No step so far had padding: each row's sinks are positions 0 … S − 1 (known without a sync).
+        self._sinks_leading = True
+        self._unpadded = True  # the model passed no mask for the current step
         self._chunk: tuple[torch.Tensor, torch.Tensor] | None = None  # what a chunk attended
         self._chunk_slots = 0  # slot columns at the front of it
 
@@ -121,6 +124,8 @@ class SwaRing:
     def part_mask(self, attention_mask: torch.Tensor | None, q_len: int) -> torch.Tensor | None:
         """The model's mask (over every position) made into the mask of the part that
         :meth:`stage` returned."""
+        # transformers passes no mask only where no key is padding (else the sinks must be searched).
+        self._unpadded = attention_mask is None
         if q_len == 1:
             return self._decode_mask(attention_mask)
         run = min(self.start, self.local.window)
@@ -142,9 +147,12 @@ class SwaRing:
         # The position each ring slot holds: slot r the latest j ≤ t with j ≡ r (mod W).
         held = [r if position < window else position - (position - r) % window for r in range(filled)]
         real = key_padding(attention_mask)
-        if real is None and not sinks:  # no padding, no slots: every key held is seen
-            self.steady = filled == window
-            return None
+        if real is None and self._sinks_leading:
+            # No padding: the ring is real and slot s holds position s, seen once the ring has
+            # moved past it. Decided from ints: no sync, so a compiled step has no graph break.
+            self.steady = self.slots_final and filled == window and position - window + 1 >= sinks
+            if self.steady or not sinks:
+                return None
         batch = self.keys.shape[0]
         ring = real[:, held] if real is not None else self.keys.new_ones(batch, filled, dtype=torch.bool)
         seen = torch.cat([self._slot_seen(position - window + 1).expand(batch, -1), ring.expand(batch, -1)], dim=1)
@@ -163,7 +171,11 @@ class SwaRing:
                 self._gather_sinks(padding)
             else:
                 self._take_new_sink(padding)
-            self.slots_final = bool(self.sink_real.all())  # one sync per step until every row has its sinks
+            self._sinks_leading = self._sinks_leading and self._unpadded
+            if self._sinks_leading:  # every row's sinks are positions 0 … S − 1
+                self.slots_final = self.seen >= self.local.sinks
+            else:
+                self.slots_final = bool(self.sink_real.all())  # one sync per step until every row has its sinks
         self._chunk = None
 
     def _gather_sinks(self, padding: torch.Tensor | None) -> None:
