@@ -115,7 +115,7 @@ def _scripted_measure(script: dict[str, list[float]]):
     seconds of its script for prefill and for both decodes; it records each call's kind."""
     calls: list[str] = []
 
-    def fake(model, ids, decode_tokens, chunk, cache, decode_batch=8):
+    def fake(model, ids, decode_tokens, chunk, cache, decode_batch=8, forward=None):
         kind = "hybrid" if isinstance(cache, HybridCache) else "original"
         calls.append(kind)
         seconds = script[kind].pop(0)
@@ -265,3 +265,31 @@ def test_decode_peak_holds_the_cache_and_sees_quantization_shrink_it():
     held = 4 * model.config.num_key_value_heads * 2 * model.config.head_dim * 4  # bytes per token over all layers, fp32
     assert original >= 512 * held  # the cache itself
     assert quantized < original
+
+
+def test_compiled_decoding_runs_the_original_on_a_static_cache_and_refuses_kv_quant(monkeypatch):
+    """--compile: every configuration decodes through the compiled model (here a stand-in that
+    records its calls), the original on transformers' StaticCache, a hybrid on its cache
+    preallocated for the prefill and both decodes; KV quantization is refused."""
+    from transformers import StaticCache
+
+    from bosch_eval.caches.kv_quant.config import KVQuantConfig
+
+    model = random_model("qwen3", num_layers=4)
+    calls, caches = [], []
+    monkeypatch.setattr(torch, "compile", lambda module, **kwargs: lambda **inputs: calls.append(kwargs) or module(**inputs))
+    real_measure = bench.measure
+
+    def recording(model, ids, decode_tokens, chunk, cache, decode_batch=8, forward=None):
+        caches.append(cache)
+        return real_measure(model, ids, decode_tokens, chunk, cache, decode_batch, forward)
+
+    monkeypatch.setattr(bench, "measure", recording)
+    rows = run_bench(model, [("r", 0.75)], lengths=[32], decode_tokens=2, repeats=1, warmup=0, profile=False, decode_batch=2, compile_decode=True)
+    assert [row.compiled_decode for row in rows] == [True, True]
+    assert isinstance(caches[0], StaticCache) and isinstance(caches[1], HybridCache)
+    assert caches[1].layers[1].full.keys.shape[2] == 32 + 2 * 2 + 1  # allocated once for the whole run
+    assert len(calls) == 2 * 2 * 2 and all(kwargs == {"dynamic": True} for kwargs in calls)  # 2 configs × 2 decodes × 2 steps
+    kv = KVQuantConfig("kivi", bits=2, window=16, group_size=model.config.head_dim)
+    with pytest.raises(SettingsError, match="KV quantization is not compiled"):
+        run_bench(model, [("q", None, kv)], lengths=[32], decode_tokens=1, repeats=1, warmup=0, profile=False, compile_decode=True)

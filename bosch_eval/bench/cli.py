@@ -66,6 +66,8 @@ def _bench(args: argparse.Namespace) -> None:
 
     if args.backend not in backend_names():
         raise SettingsError(f"--backend: expected one of {backend_names()}, got {args.backend!r}")
+    if args.compile and args.kv_quant:
+        raise SettingsError("--compile: KV quantization is not compiled (its store grows and quantizes in steps of W); drop --kv-quant or --compile")
     device = pick_device(args.device, "--device")  # before minutes of loading
     resolve_backend(args.backend, torch.device(device))  # a backend this device cannot run fails before the weights load
     if args.mask:
@@ -83,7 +85,7 @@ def _bench(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sinks = check_sinks(args.sink or 0, "--sink")
-    timing = dict(decode_batch=args.decode_batch, warmup=args.warmup, backend=args.backend, profile=args.profile)
+    timing = dict(decode_batch=args.decode_batch, warmup=args.warmup, backend=args.backend, profile=args.profile, compile_decode=args.compile)
     report = {"command": " ".join(["bosch-eval", *args.argv]), "environment": environment(next(model.parameters()).device)}
     budget = int(args.memory_budget_gb * 2**30) if args.memory_budget_gb else None
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -165,6 +167,11 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     bench.add_argument(
         "--no-profile", dest="profile", action="store_false",
         help="skip the attention-share and decode-peak runs (two more runs per configuration; their columns read -)",
+    )  # fmt: skip
+    bench.add_argument(
+        "--compile", action="store_true",
+        help="decode steps under torch.compile (dynamic shapes), every configuration alike: the original on transformers' StaticCache, "
+        "the hybrids on their preallocated cache; the warm-up runs compile (refused with --kv-quant)",
     )  # fmt: skip
     bench.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when torch sees a GPU, else cpu)")
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype")

@@ -35,7 +35,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
+from transformers.cache_utils import Cache, StaticLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from bosch_eval.attention.head_order import can_permute
@@ -70,6 +71,7 @@ class BenchRow:
     backend: str | None = None  # the hybrid attention backend that ran (None: the original, unpatched)
     warmup_s: float | None = None  # the first, untimed run: compiles, kernel selection, allocator growth (None: no warm-up)
     compiles: int = 0  # flex graphs compiled during this configuration's runs (apart from the steady state timed)
+    compiled_decode: bool = False  # decode steps under torch.compile (the original on StaticCache)
 
 
 @dataclass(frozen=True)
@@ -157,20 +159,23 @@ def _prefill(model: Any, ids: torch.Tensor, chunk: int | None, cache: DynamicCac
     return logits
 
 
-def _decode(model: Any, token: torch.Tensor, cache: DynamicCache, steps: int) -> torch.Tensor:
-    """``steps`` greedy steps from ``token [B, 1]``; the last token."""
+def _decode(model: Any, token: torch.Tensor, cache: DynamicCache, steps: int, forward: Callable[..., Any] | None = None) -> torch.Tensor:
+    """``steps`` greedy steps from ``token [B, 1]`` (by ``forward``, e.g. the model compiled;
+    None: the model); the last token."""
+    step = model if forward is None else forward
     for _ in range(steps):
-        token = model(input_ids=token, **{cache_argument(model): cache}, use_cache=True).logits[:, -1:].argmax(-1)
+        token = step(input_ids=token, **{cache_argument(model): cache}, use_cache=True).logits[:, -1:].argmax(-1)
     return token
 
 
 @torch.no_grad()
-def measure(model: Any, ids: torch.Tensor, decode_tokens: int, chunk: int | None, cache: DynamicCache, decode_batch: int = 8) -> Measurement:
+def measure(
+    model: Any, ids: torch.Tensor, decode_tokens: int, chunk: int | None, cache: DynamicCache, decode_batch: int = 8, forward: Callable[..., Any] | None = None
+) -> Measurement:
     """Time one prefill of ``ids [1, T]``, then ``decode_tokens`` greedy steps at batch 1, then as
-    many at batch ``decode_batch``.
+    many at batch ``decode_batch`` (by ``forward``: the model compiled; None: eager).
 
-    The batched decode runs on the cache repeated ``decode_batch`` times (the cache's
-    ``batch_repeat_interleave``): a step costs the same whatever the rows hold, and
+    The batched decode runs on the cache repeated ``decode_batch`` times (:func:`_repeat_rows`): a step costs the same whatever the rows hold, and
     prefilling B different sequences would only add B − 1 untimed prefills.
     """
     device = ids.device
@@ -180,13 +185,23 @@ def measure(model: Any, ids: torch.Tensor, decode_tokens: int, chunk: int | None
     kv_bytes = kv_cache_bytes(cache)
     token = logits[:, -1:].argmax(-1)
     with stopwatch(device) as decode:
-        token = _decode(model, token, cache, decode_tokens)
-    cache.batch_repeat_interleave(decode_batch)
+        token = _decode(model, token, cache, decode_tokens, forward)
+    _repeat_rows(cache, decode_batch)
     token = token.repeat_interleave(decode_batch, dim=0)
     with stopwatch(device) as batch_decode:
-        _decode(model, token, cache, decode_tokens)
+        _decode(model, token, cache, decode_tokens, forward)
     steps = max(1, decode_tokens)
     return Measurement(prefill(), decode() / steps, batch_decode() / steps, kv_bytes, prefill_peak)
+
+
+def _repeat_rows(cache: Cache, repeats: int) -> None:
+    """Every row of ``cache`` ``repeats`` times (transformers' ``StaticLayer`` has no
+    ``batch_repeat_interleave``; its buffers are repeated here)."""
+    for layer in cache.layers:
+        if isinstance(layer, StaticLayer):
+            layer.keys, layer.values = layer.keys.repeat_interleave(repeats, dim=0), layer.values.repeat_interleave(repeats, dim=0)
+        else:
+            layer.batch_repeat_interleave(repeats)
 
 
 @contextmanager
@@ -226,10 +241,15 @@ def attention_share(model: Any, ids: torch.Tensor, chunk: int | None, cache: Dyn
 
 
 @contextmanager
-def configured(model: Any, mask: HeadMask | None, window: int, kv_quant: KVQuantConfig | None = None, backend: str = "auto") -> Iterator[DynamicCache]:
+def configured(
+    model: Any, mask: HeadMask | None, window: int, kv_quant: KVQuantConfig | None = None, backend: str = "auto", capacity: int | None = None
+) -> Iterator[DynamicCache]:
     """``model`` in one configuration for the block (``None``: the original as loaded), with a
     fresh cache for it; leaving the block gives the model back as it was (lm-eval's
     ``hf_steered`` way: a patch applied for a block, never left behind).
+
+    ``capacity`` (compiled decoding): caches preallocated for that many positions, the
+    original on transformers' ``StaticCache``, a hybrid on its cache with ``max_cache_len``.
 
     Raises:
         SettingsError: the model is already hybridized, so its original cannot be timed.
@@ -237,14 +257,36 @@ def configured(model: Any, mask: HeadMask | None, window: int, kv_quant: KVQuant
     if getattr(model, HANDLE_ATTRIBUTE, None) is not None:
         raise SettingsError("bench: the model is already hybridized; pass the plain model (bench applies each mask itself)")
     if mask is None and kv_quant is None:
-        yield DynamicCache()
+        yield DynamicCache() if capacity is None else StaticCache(config=model.config, max_cache_len=capacity)
         return
     if mask is None:  # quantization alone: the original attention in every group
         mask = HeadMask.uniform(ModelShape.from_config(model.config), full=True, window=window, method="full")
     # Heads permuted by kind where the family allows (deploy mode: decode steps read views only).
     by_kind = can_permute(attention_modules(model).values())
     with hybridize(model, mask, window=mask.window or window, backend=backend, by_kind=by_kind):
-        yield HybridCache.for_model(model, kv_quant)
+        yield HybridCache.for_model(model, kv_quant, max_cache_len=capacity)
+
+
+@contextmanager
+def compiled_decoding(model: Any, wanted: bool, kv_quant: bool) -> Iterator[Callable[..., Any] | None]:
+    """The model compiled for decode steps (None: not wanted), ``dynamic=True``: a cache's
+    positions become symbolic after the first recompile, so one graph serves every later step
+    of a length and batch; CUDA graphs (``mode="reduce-overhead"``) are not used, as every
+    step's positions would be a new capture. Dynamo's recompile limit is raised for the block:
+    each configuration (original, each mask) and batch size is its own graph, and past the
+    limit dynamo runs eagerly, which would time the eager model as the compiled one.
+
+    Raises:
+        SettingsError: with KV quantization (its store appends a step's states and
+            quantizes a window's worth at once: shapes that change every step).
+    """
+    if not wanted:
+        yield None
+        return
+    if kv_quant:
+        raise SettingsError("bench --compile: KV quantization is not compiled (its store grows and quantizes in steps of W); drop --kv-quant or --compile")
+    with torch._dynamo.config.patch(recompile_limit=256):
+        yield torch.compile(model, dynamic=True)
 
 
 def kv_quant_label(kv_quant: KVQuantConfig) -> str:
@@ -268,6 +310,7 @@ def run_bench(
     warmup: int = 1,
     backend: str = "auto",
     profile: bool = True,
+    compile_decode: bool = False,
     progress: Callable[[list[BenchRow]], None] | None = None,
 ) -> list[BenchRow]:
     """Measure the original model and each hybrid configuration at each length.
@@ -283,6 +326,8 @@ def run_bench(
         backend: attention backend of the hybrids (``auto`` or a registered one).
         profile: also measure the attention share and the decode phase's peak, in two more
             runs per configuration (else those fields are None).
+        compile_decode: decode steps under ``torch.compile(dynamic=True)``, every configuration
+            alike (:func:`compiled_decoding`); the warm-up runs compile.
         progress: called with every row so far after each length (to write partial results).
     """
     for name, value, least in (("repeats", repeats, 1), ("warmup", warmup, 0), ("decode_batch", decode_batch, 1)):
@@ -292,15 +337,17 @@ def run_bench(
     device = model.device
     quant = {c[0]: c[2] for c in configs if len(c) > 2}
     rows: list[BenchRow] = []
-    with unfused_is_an_error():  # a timing of flex unfused would measure another kernel
+    with unfused_is_an_error(), compiled_decoding(model, compile_decode, any(quant.values())) as forward:  # flex unfused would time another kernel
         for length in lengths:
             w = window or max(1, length // 32)
             masks = [(c[0], c[1] if isinstance(c[1], HeadMask) or c[1] is None else drawn_mask(shape, c[1], w).with_meta(sinks=sinks)) for c in configs]
             ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length)).to(device)
             configurations: list[tuple[str, HeadMask | None]] = [("original", None), *masks]
 
+            capacity = length + 2 * decode_tokens + 1 if forward is not None else None  # the prefill and both decodes
+
             def set_up(label: str, mask: HeadMask | None) -> AbstractContextManager[DynamicCache]:
-                return configured(model, mask, w, quant.get(label), backend)
+                return configured(model, mask, w, quant.get(label), backend, capacity)
 
             first_run: dict[str, float] = {}
             compiled: dict[str, int] = {}
@@ -308,7 +355,7 @@ def run_bench(
                 for label, mask in configurations:
                     before = flex.compiles
                     with set_up(label, mask) as cache, stopwatch(device) as seconds:
-                        measure(model, ids, decode_tokens, chunk, cache, decode_batch)
+                        measure(model, ids, decode_tokens, chunk, cache, decode_batch, forward)
                     first_run.setdefault(label, seconds())
                     compiled[label] = compiled.get(label, 0) + flex.compiles - before
             timings: dict[str, list[Measurement]] = {}
@@ -318,7 +365,7 @@ def run_bench(
                     with set_up(label, mask) as cache:
                         backends[label] = hybrid_state(model).backend if isinstance(cache, HybridCache) else None
                         before = flex.compiles
-                        timings.setdefault(label, []).append(measure(model, ids, decode_tokens, chunk, cache, decode_batch))
+                        timings.setdefault(label, []).append(measure(model, ids, decode_tokens, chunk, cache, decode_batch, forward))
                         compiled[label] = compiled.get(label, 0) + flex.compiles - before
             # Separate runs: timing every attention call, or profiling allocations, perturbs the timing.
             shares: dict[str, float] = {}
@@ -333,7 +380,7 @@ def run_bench(
                 rows.append(
                     replace(
                         _row(model, label, mask, w, length, runs, quant.get(label), shares.get(label), peaks.get(label), decode_batch, backends[label]),
-                        warmup_s=first_run.get(label), compiles=compiled.get(label, 0),
+                        warmup_s=first_run.get(label), compiles=compiled.get(label, 0), compiled_decode=forward is not None,
                     )
                 )
             if progress is not None:
