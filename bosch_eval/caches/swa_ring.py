@@ -144,22 +144,26 @@ class SwaRing:
             return None
         sinks, window, position = self.local.sinks, self.local.window, self.start
         filled = min(self.seen, window)
-        # The position each ring slot holds: slot r the latest j ≤ t with j ≡ r (mod W).
-        held = [r if position < window else position - (position - r) % window for r in range(filled)]
         real = key_padding(attention_mask)
         if real is None and self._sinks_leading:
             # No padding: the ring is real and slot s holds position s, seen once the ring has
             # moved past it. Decided from ints: no sync, so a compiled step has no graph break.
             self.steady = self.slots_final and filled == window and position - window + 1 >= sinks
-            if self.steady or not sinks:
-                return None
-        batch = self.keys.shape[0]
-        ring = real[:, held] if real is not None else self.keys.new_ones(batch, filled, dtype=torch.bool)
-        seen = torch.cat([self._slot_seen(position - window + 1).expand(batch, -1), ring.expand(batch, -1)], dim=1)
+            return None if self.steady or not sinks else _like(self._seen(real, filled), attention_mask)
+        seen = self._seen(real, filled)
         if self.slots_final and filled == window and bool(seen.all()):  # one sync per step until steady
             self.steady = True
             return None
         return _like(seen, attention_mask)
+
+    def _seen(self, real: torch.Tensor | None, filled: int) -> torch.Tensor:
+        """``[B, S + filled]`` the slots a decode query sees: sinks outside the ring, and the
+        ring's slots that hold a real token (``real [B, K]``: the model's real keys; None: all)."""
+        window, position, batch = self.local.window, self.start, self.keys.shape[0]
+        # The position each ring slot holds: slot r the latest j ≤ t with j ≡ r (mod W).
+        held = [r if position < window else position - (position - r) % window for r in range(filled)]
+        ring = real[:, held] if real is not None else self.keys.new_ones(batch, filled, dtype=torch.bool)
+        return torch.cat([self._slot_seen(position - window + 1).expand(batch, -1), ring.expand(batch, -1)], dim=1)
 
     # -- after the step's attention ------------------------------------------------------------
     def settle(self, part_mask: torch.Tensor | None) -> None:
