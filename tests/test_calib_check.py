@@ -190,12 +190,12 @@ def test_several_calibration_metrics_share_one_evaluation_and_each_gets_its_verd
         def scores(self, mask: HeadMask, metrics: list[str]) -> dict[str, float]:
             evaluations.append(mask)
             anchor = mask.swa_ratio in (0.0, 1.0)  # the anchors as acc scores them, the other masks reversed
-            return {"acc": kept(mask), "anti": kept(mask) if anchor else 1.0 - kept(mask)}
+            return {"acc": kept(mask), "anti": kept(mask) if anchor else 1.0 - kept(mask), "half": kept(mask) / 2}
 
-    metrics = ["acc", "anti"]
+    metrics = ["acc", "anti", "half"]
     shared = SharedEvaluation(Objective(), metrics)
     sides = {calib_side(metric, metrics): shared.side(metric) for metric in metrics}
-    assert list(sides) == ["calib", "calib:anti"]  # the headline keeps the journal's old side
+    assert list(sides) == ["calib", "calib:anti", "calib:half"]  # the headline keeps the journal's old side
     scores = score_panel(panel, {**sides, "dev": kept}, tmp_path / "scores.jsonl")
     assert len(evaluations) == len(panel)  # one evaluation per mask, both metrics read from it
     settings = {"calib": "c", "calib_metadata": {}, "dev": "d", "dev_metadata": {}, "calib_metric": metrics, "dev_metric": "score"}
@@ -204,9 +204,11 @@ def test_several_calibration_metrics_share_one_evaluation_and_each_gets_its_verd
     (headline,), (other,) = report["ratios"], report["by_metric"]["anti"]["ratios"]
     assert headline["spearman"] > 0.9 and other["spearman"] < -0.9
     assert headline["verdict"] == "predictive" and other["verdict"] == "not predictive"
+    # A probability-like metric below 0.8 under full attention: solvability is the headline's to say.
+    assert report["by_metric"]["half"]["ratios"][0]["verdict"] == "predictive"
     text = render(report)
     assert "scored by `acc`" in text and "Scored by `anti` instead of `acc`" in text and "scored by `score`" in text
-    assert "| mask | ratio | calib | calib anti | dev |" in text
+    assert "| mask | ratio | calib | calib anti | calib half | dev |" in text
 
 
 def test_a_partial_check_reports_the_probes_and_only_the_ratios_whose_masks_are_all_scored(tmp_path: Path):

@@ -301,7 +301,7 @@ def make_report(
     """The check's report from the masks scored on both sides so far: the probes among them, and
     only the ratios whose masks are all scored (a verdict on part of a ratio's panel would be
     another test). None until both anchors are scored on both sides."""
-    from bosch_eval.search.calib_check import layer_drops, summarize  # numpy: not for --help
+    from bosch_eval.search.calib_check import SOLVABLE, layer_drops, summarize  # numpy: not for --help
 
     metrics = settings.get("calib_metric", "acc")
     metrics = [metrics] if isinstance(metrics, str) else list(metrics)
@@ -314,8 +314,11 @@ def make_report(
     unfinished = {item.ratio for item in panel if item.name not in names}
     reported = [item for item in scored if item.ratio is None or item.ratio not in unfinished]
     done = sum(item.name in side for item in panel for side in sides)
+    # Whether the model can do the task at all is the headline metric's question (an answer's
+    # probability under full attention says nothing of the kind: 0.55 on SmolLM2 that answers all).
+    solvable = -math.inf if calib["full"] >= SOLVABLE else math.inf
     by_metric = {
-        metric: {"ratios": [_summary_json(summary) for summary in summarize(reported, side, dev)],
+        metric: {"ratios": [_summary_json(summary) for summary in summarize(reported, side, dev, solvable=solvable)],
                  "masks": {item.name: side[item.name] for item in scored}}
         for metric, side in zip(metrics[1:], sides[1:-1], strict=True)
     }  # fmt: skip
@@ -377,7 +380,8 @@ def _other_metrics(by_metric: dict[str, Any], headline: str) -> list[str]:
     """The same table for every calibration metric besides the headline, read from the same evaluations."""
     lines = []
     for metric, summary in by_metric.items():
-        lines += ["", f"Scored by `{metric}` instead of `{headline}` (the same evaluations, the same dev scores):", "",
+        lines += ["", f"Scored by `{metric}` instead of `{headline}` (the same evaluations, the same dev scores; "
+                  f"whether the model can do the task at all is `{headline}`'s verdict):", "",
                   "| ratio | masks | random spread (calib) | share ≥ S(full) | at the floor on both sides | Spearman calib~dev, off the floor [95% CI] | top regret (dev) | verdict |",
                   "|---|---|---|---|---|---|---|---|", *map(_ratio_row, summary["ratios"])]  # fmt: skip
     return lines
