@@ -11,11 +11,19 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 
+from bosch_eval.attention import kernels
+from bosch_eval.attention.hybrid_attention import hybridize
+from bosch_eval.attention.hybrid_spec import backend_names
+from bosch_eval.attention.kernels import BACKENDS
+from bosch_eval.attention.kernels.reference import masked_swa_attention
+from bosch_eval.attention.local_window import LocalWindow
 from bosch_eval.masks import layer_heuristics
 from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError, ModelShape
 from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS, layer_heuristic_mask
 from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
+from bosch_eval.models.random_model import random_model
 from bosch_eval.runtime.registry import Registry
 from bosch_eval.search import importers, variants
 from bosch_eval.search.cli.import_cli import add_import_parser
@@ -104,3 +112,24 @@ def test_a_new_importer_is_one_new_file(drop_in, tiny_model_dir: Path, tmp_path:
     path.write_text("1\t2\t3\t4\n5\t6\t7\t8\n9\t10\t11\t12\n")
     args.run(args)
     assert HeadRanking.load(out).method == "scores-tsv"
+
+
+def test_a_new_attention_backend_is_one_new_file(drop_in) -> None:
+    drop_in("Add an attention backend", kernels, BACKENDS)
+    assert backend_names() == ["auto", "sdpa", "blocked", "flex", "flash_attention_2", "sdpa-fp32"]
+    model = random_model("qwen3", num_layers=2)
+    rows = [[g % 2 for g in range(model.config.num_key_value_heads)], [1 - g % 2 for g in range(model.config.num_key_value_heads)]]
+    mask = HeadMask.from_rows(rows, model.config.num_attention_heads, window=3, sinks=1)
+    ids = torch.randint(3, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    logits = {}
+    for backend in ("sdpa-fp32", "sdpa"):
+        with hybridize(model, mask, backend=backend), torch.no_grad():
+            logits[backend] = model(ids, attention_mask=torch.tensor([[0, 0] + [1] * 10, [1] * 12])).logits
+    assert torch.equal(logits["sdpa-fp32"], logits["sdpa"])  # a float32 model: the reference itself
+    # bfloat16 inputs: the reference on their float32 values, rounded to bfloat16 once at the end
+    generator = torch.Generator().manual_seed(1)
+    query, key, value = (torch.randn(1, heads, 8, 16, generator=generator, dtype=torch.bfloat16) for heads in (4, 2, 2))
+    attention, local = model.model.layers[0].self_attn, LocalWindow(3, 1)
+    low = BACKENDS["sdpa-fp32"].swa(attention, query, key, value, None, local, scaling=0.25, dropout=0.0)
+    exact = masked_swa_attention(attention, query.float(), key.float(), value.float(), None, local, scaling=0.25, dropout=0.0)
+    assert low.dtype == torch.bfloat16 and torch.equal(low, exact.bfloat16())

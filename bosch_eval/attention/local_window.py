@@ -13,10 +13,10 @@ position differ by its padding; the window's difference ``t − j`` does not cha
 they are the first ``S`` key indices.
 
 Index convention: kernels see keys ``0 … K−1`` and queries that are the last ``T`` of them
-(query ``i`` at key index ``K − T + i``). A hybrid cache that dropped positions hands its SWA
-groups the first ``S`` positions followed by a contiguous run ending at the last query; the
-dropped middle was out of every query's window, so the predicate on these indices is still
-exact (``bosch_eval.caches.hybrid_cache``).
+(query ``i`` at key index ``K − T + i``). What the hybrid cache's SWA groups hand the kernels
+in this convention (a decode step: the sink slots and the ring as they are, no band; a chunk:
+the sink slots, the ring's run before it in order, then the chunk) is stated in
+:mod:`bosch_eval.caches.swa_ring`.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from bosch_eval.attention.kernels import BACKENDS, Backend
 from bosch_eval.attention.kernels.row_sinks import RowSinks
 from bosch_eval.attention.local_window import LocalWindow, causal, recent
 
@@ -214,3 +215,6 @@ def _block_by_block(
             query[:, :, first:last], keys, values, attn_mask=allowed, dropout_p=dropout, scale=scaling, enable_gqa=True,
         ).transpose(1, 2)  # fmt: skip
     return out
+
+
+BACKENDS.register("blocked", Backend(swa=blocked_swa_attention))

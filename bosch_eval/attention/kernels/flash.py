@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from bosch_eval.attention.kernels import BACKENDS, Backend
 from bosch_eval.attention.kernels.lse_merge import sink_merged_attention
 from bosch_eval.attention.local_window import LocalWindow
 from bosch_eval.runtime.errors import SettingsError
@@ -83,3 +84,7 @@ def _right_padded(key_padding: torch.Tensor) -> bool:
     """True when every row is real tokens followed only by padding."""
     real = key_padding.bool()
     return bool((real[:, 1:] <= real[:, :-1]).all())
+
+
+# flash-attn itself is imported only when a kernel runs: this module, and the name, load without it.
+BACKENDS.register("flash_attention_2", Backend(swa=flash_swa_attention, full=flash_full_attention, mask_format="flash", unavailable=flash_unavailable))

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from bosch_eval.attention.kernels import BACKENDS, Backend
 from bosch_eval.attention.kernels.flex_blocks import BlockMaskCache, block_mask_for
 from bosch_eval.attention.kernels.reference import restrict_to_window
 from bosch_eval.attention.kernels.row_sinks import row_sinks
@@ -319,3 +320,6 @@ def flex_hybrid_layer(
 ) -> torch.Tensor:
     """The registered whole-layer kernel: full and SWA groups in one call."""
     return flex_attention_layer(query, key, value, attention_mask, local, swa_groups, kwargs.get("scaling"), kernel_cache)
+
+
+BACKENDS.register("flex", Backend(swa=flex_swa_attention, layer=flex_hybrid_layer, unavailable=flex_unavailable, cache=BlockMaskCache))

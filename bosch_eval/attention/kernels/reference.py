@@ -1,4 +1,4 @@
-"""The reference kernels: transformers' SDPA, with an explicit band mask for SWA heads.
+"""The reference backend, ``sdpa``: transformers' SDPA, with an explicit band mask for SWA heads.
 
 Exact on any device, O(T·K) work; every other backend is tested against it.
 """
@@ -10,8 +10,13 @@ from typing import Any
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from bosch_eval.attention.kernels import BACKENDS, Backend
 from bosch_eval.attention.kernels.row_sinks import row_sinks
+from bosch_eval.attention.kernels.sdpa_full import sdpa_full_attention
 from bosch_eval.attention.local_window import LocalWindow
+
+# Re-exported: the full groups' kernel of this family, defined where ``Backend`` takes it as its default.
+__all__ = ["masked_swa_attention", "restrict_to_window", "sdpa_full_attention"]
 
 
 def restrict_to_window(
@@ -33,11 +38,6 @@ def restrict_to_window(
     return attention_mask.masked_fill(~band, torch.finfo(attention_mask.dtype).min)
 
 
-def sdpa_full_attention(module: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """Causal attention exactly as the unpatched model runs it (SDPA and the model's mask)."""
-    return sdpa_attention_forward(module, *args, **kwargs)[0]
-
-
 def masked_swa_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -51,3 +51,6 @@ def masked_swa_attention(
     sinks = row_sinks(attention_mask, local)
     mask = restrict_to_window(attention_mask, query.shape[2], key.shape[2], local, query.device, sinks)
     return sdpa_attention_forward(module, query, key, value, mask, **kwargs)[0]
+
+
+BACKENDS.register("sdpa", Backend(swa=masked_swa_attention))
