@@ -19,10 +19,16 @@ from bosch_eval.attention.hybrid_spec import backend_names
 from bosch_eval.attention.kernels import BACKENDS
 from bosch_eval.attention.kernels.reference import masked_swa_attention
 from bosch_eval.attention.local_window import LocalWindow
+from bosch_eval.bench.cli import add_bench_parser
+from bosch_eval.caches.kv_quant import methods
+from bosch_eval.caches.kv_quant.config import KVQuantConfig
+from bosch_eval.caches.kv_quant.methods import KV_QUANT_METHODS
+from bosch_eval.caches.kv_quant.selection import Selector
 from bosch_eval.masks import layer_heuristics
 from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError, ModelShape
 from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS, layer_heuristic_mask
 from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
+from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.models.random_model import random_model
 from bosch_eval.runtime.registry import Registry
 from bosch_eval.search import importers, variants
@@ -32,7 +38,7 @@ from bosch_eval.search.importers import IMPORTERS, import_pattern
 from bosch_eval.search.pipeline import VARIANTS, SearchSettings, run_search
 from bosch_eval.search.stages import optimizers
 from bosch_eval.search.stages.optimizers import OPTIMIZERS, SubProblem, choose_method, minimize, optimizer_methods
-from tests.helpers import doc_example
+from tests.helpers import doc_example, requests
 
 SHAPE = ModelShape(num_layers=4, num_heads=4, num_kv_heads=2)
 
@@ -133,3 +139,24 @@ def test_a_new_attention_backend_is_one_new_file(drop_in) -> None:
     low = BACKENDS["sdpa-fp32"].swa(attention, query, key, value, None, local, scaling=0.25, dropout=0.0)
     exact = masked_swa_attention(attention, query.float(), key.float(), value.float(), None, local, scaling=0.25, dropout=0.0)
     assert low.dtype == torch.bfloat16 and torch.equal(low, exact.bfloat16())
+
+
+def test_a_new_kv_quant_method_is_one_new_file(drop_in, tiny_model_dir: Path) -> None:
+    drop_in("Add a KV-quantization method", methods, KV_QUANT_METHODS)
+    assert KV_QUANT_METHODS.names() == ("logquant", "kivi", "kivi-sink")
+    selector = Selector("kivi-sink", 4)
+    selector.advance_to(11)
+    assert selector.events == []  # full precision holds up to 3W − 1 = 11 positions
+    selector.advance_to(19)  # events at 12 and 16 tokens: W = 4 positions each, never position 0
+    assert [event.tolist() for event in selector.events] == [[1, 2, 3, 4], [5, 6, 7, 8]]
+    assert selector.full_precision == [0, *range(9, 19)]
+    assert not selector.rule.oldest_first
+    parser = argparse.ArgumentParser(prog="bosch-eval")
+    bench = add_bench_parser(parser.add_subparsers(dest="command"))
+    assert "(logquant, kivi, kivi-sink)" in " ".join(bench.format_help().split())
+    scores = {}
+    for method in ("kivi-sink", "kivi"):
+        lm = BoschLM.create_from_arg_string(f"pretrained={tiny_model_dir},mask=full,kv_quant={method},kv_window=1", {"device": "cpu", "batch_size": 2})
+        assert lm.kv_quant == KVQuantConfig(method, bits=2, window=1, group_size=16)  # the tiny model's head dim: 16
+        scores[method] = [score for score, _ in lm.loglikelihood(requests())]
+    assert scores["kivi-sink"] != scores["kivi"]  # scored through the cache, position 0 unquantized

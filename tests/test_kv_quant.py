@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from bosch_eval.attention.hybrid_attention import hybrid_state, hybridize
-from bosch_eval.caches import kv_quant
 from bosch_eval.caches.hybrid_cache import HybridCache, HybridHeadLayer, kv_cache_bytes
 from bosch_eval.caches.kv_quant import fused as fused_module
+from bosch_eval.caches.kv_quant import methods
 from bosch_eval.caches.kv_quant.config import KVQuantConfig, parse_kv_quant
 from bosch_eval.caches.kv_quant.formula import kv_cache_bytes_formula
 from bosch_eval.caches.kv_quant.layer import QuantizedFullLayer
+from bosch_eval.caches.kv_quant.methods import KV_QUANT_METHODS
 from bosch_eval.caches.kv_quant.packing import (
     dequantize_keys,
     dequantize_values,
@@ -25,7 +26,7 @@ from bosch_eval.caches.kv_quant.packing import (
     quantize_values,
     unpack,
 )
-from bosch_eval.caches.kv_quant.selection import KV_QUANT_METHODS, Selector
+from bosch_eval.caches.kv_quant.selection import Selector
 from bosch_eval.caches.kv_quant.store import QuantizedKVStore
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.models.random_model import random_model
@@ -288,14 +289,14 @@ class TestMethods:
             Selector("kiwi", 4)
 
     def test_a_method_is_one_new_module_of_the_package(self, tmp_path, monkeypatch):
-        """KiVi's rule again, from a new module of ``bosch_eval.caches.kv_quant`` and without
+        """KiVi's rule again, from a new module of ``bosch_eval.caches.kv_quant.methods`` and without
         ``oldest_first``: the store's general rebuild (positions copied by index) gives the
         logits KiVi's in-place rebuild gives, bit for bit."""
         (tmp_path / "bosch_test_kivi_indexed.py").write_text(
-            "from bosch_eval.caches.kv_quant.selection import KV_QUANT_METHODS, KVQuantMethod\n"
+            "from bosch_eval.caches.kv_quant.methods import KV_QUANT_METHODS, KVQuantMethod\n"
             "KV_QUANT_METHODS.register('kivi-indexed', KVQuantMethod(KV_QUANT_METHODS['kivi'].release))\n"
         )
-        monkeypatch.setattr(kv_quant, "__path__", [*kv_quant.__path__, str(tmp_path)])
+        monkeypatch.setattr(methods, "__path__", [*methods.__path__, str(tmp_path)])
         monkeypatch.setattr(KV_QUANT_METHODS, "members", dict(KV_QUANT_METHODS.members))
         monkeypatch.setattr(fused_module, "enabled", False)  # the eager rebuild, where the two paths differ
         model = quantized_model(MIXED)
@@ -306,7 +307,7 @@ class TestMethods:
             assert not Selector("kivi-indexed", 4).rule.oldest_first and Selector("kivi", 4).rule.oldest_first
             indexed = prefill_and_decode(model, ids, HybridCache.for_model(model, config), 13)
         finally:
-            sys.modules.pop(f"{kv_quant.__name__}.bosch_test_kivi_indexed", None)
+            sys.modules.pop(f"{methods.__name__}.bosch_test_kivi_indexed", None)
         in_place = prefill_and_decode(model, ids, HybridCache.for_model(model, KVQuantConfig("kivi", 2, 4, 16)), 13)
         assert torch.equal(indexed, in_place)
         assert not torch.equal(in_place, prefill_and_decode(model, ids, HybridCache.for_model(model), 13))  # tokens were quantized

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from bosch_eval.caches.kv_quant.methods import KV_QUANT_METHODS
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, check_sinks
 from bosch_eval.models.model_check import ModelError, model_config, resolve_model
 from bosch_eval.runtime.device import pick_device
@@ -175,7 +176,8 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     )  # fmt: skip
     bench.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when torch sees a GPU, else cpu)")
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype")
-    bench.add_argument("--kv-quant", help="also benchmark KV quantization: comma-separated logquant,kivi (alone and on each mask)")
+    methods = ", ".join(KV_QUANT_METHODS.names())
+    bench.add_argument("--kv-quant", help=f"also benchmark KV quantization: comma-separated methods ({methods}), alone and on each mask")
     bench.add_argument("--kv-bits", type=int, default=2, help="bits per quantized element with --kv-quant (2 or 4)")
     bench.add_argument("--kv-window", type=int, default=128, help="W_lq with --kv-quant (full precision keeps 2W..3W tokens)")
     bench.add_argument("--kv-group-size", type=int, help="channels per value scale with --kv-quant (default 64, or the head dim)")

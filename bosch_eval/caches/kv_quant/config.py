@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from bosch_eval.caches.kv_quant.packing import BITS
-from bosch_eval.caches.kv_quant.selection import KV_QUANT_METHODS
+from bosch_eval.caches.kv_quant.methods import KV_QUANT_METHODS
 from bosch_eval.runtime.checks import is_int
 from bosch_eval.runtime.errors import SettingsError
 
@@ -19,7 +19,7 @@ class KVQuantConfig:
     """Which positions of full-attention KV groups are quantized, and how.
 
     Args:
-        method: a name in :data:`~bosch_eval.caches.kv_quant.selection.KV_QUANT_METHODS`: ``logquant``
+        method: a name in :data:`~bosch_eval.caches.kv_quant.methods.KV_QUANT_METHODS`: ``logquant``
             (log-sparse full-precision set), ``kivi`` (recent window), ...
         bits: 2 or 4 bits per quantized element.
         window: W_lq; full precision holds ``2W … 3W`` tokens (see ``selection``).
