@@ -189,8 +189,8 @@ def discover_tasks(manager_module: ModuleType) -> None:
         manager = manager_module.TaskManager
         init = manager.__init__
         signature = inspect.signature(init)
-        if getattr(init, "_bosch_tasks", False) or not {"include_path", "include_defaults"} <= set(signature.parameters):
-            _tasks_discovered = getattr(init, "_bosch_tasks", False)
+        if getattr(init, "bosch_tasks_added", False) or not {"include_path", "include_defaults"} <= set(signature.parameters):
+            _tasks_discovered = getattr(init, "bosch_tasks_added", False)
             return
         tasks_dir = bundled_tasks_dir()
 
@@ -202,7 +202,8 @@ def discover_tasks(manager_module: ModuleType) -> None:
                 bound.arguments["include_path"] = with_bundled_tasks(bound.arguments["include_path"], tasks_dir)
             init(*bound.args, **bound.kwargs)
 
-        __init__._bosch_tasks = True  # type: ignore[attr-defined]
+        # Our wrapper, marked: a second run of the hook wraps nothing twice.
+        __init__.bosch_tasks_added = True  # type: ignore[attr-defined]
         manager.__init__ = __init__
         _tasks_discovered = True
     except Exception as exc:  # noqa: BLE001 - any TaskManager change: warn, keep lm-eval usable

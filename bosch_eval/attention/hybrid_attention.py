@@ -158,6 +158,13 @@ class HybridAttention:
         (:attr:`HybridSpec.by_kind`)."""
         return self.spec.layout_split(layer)
 
+    def swap_for_block(self, spec: HybridSpec) -> None:
+        """:meth:`swap` to ``spec`` for a with-block entered next: on its exit the model runs
+        the spec it ran before (hybridizing a hybridized model again nests, never stacks)."""
+        found = self.spec
+        self.swap(spec)
+        self._next_block_exit = found
+
     # -- the undo ---------------------------------------------------------------------------
     def restore(self) -> None:
         """Give the model back as it was before the spec was applied: its attention
@@ -330,9 +337,7 @@ def apply_spec(model: Any, spec: HybridSpec, source: str = "mask") -> HybridAtte
     spec.mask.check_fits(shape, source=source, model=_model_name(model))
     existing: HybridAttention | None = getattr(model, HANDLE_ATTRIBUTE, None)
     if existing is not None:
-        found = existing.spec
-        existing.swap(spec)
-        existing._next_block_exit = found
+        existing.swap_for_block(spec)
         return existing
     modules = attention_modules(model)
     if sorted(modules) != list(range(shape.num_layers)):
