@@ -6,12 +6,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape, check_window
+from bosch_eval.masks.head_mask import HeadMask, MaskError, check_window
 from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS
 from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
 from bosch_eval.masks.window import WINDOW_CONVENTIONS
-from bosch_eval.models.model_check import model_config, resolve_model
-from bosch_eval.models.model_defaults import model_defaults
+from bosch_eval.models.model_check import resolve_model
 
 TARGETS = ("transformers", "serving")
 
@@ -19,7 +18,8 @@ TARGETS = ("transformers", "serving")
 def _mask(args: argparse.Namespace) -> tuple[HeadMask, str]:
     """The mask asked for: --mask, --ranking/--layers with --ratio, or the one a hybrid
     checkpoint (--model) embeds."""
-    from bosch_eval.models.checkpoint import CONFIG_FIELD, saved_mask  # transformers: not for --help
+    from bosch_eval.models.checkpoint import CONFIG_FIELD  # transformers: not for --help
+    from bosch_eval.models.resolved_model import ResolvedModel  # likewise
 
     if args.model is None:
         if args.mask is None:
@@ -27,18 +27,16 @@ def _mask(args: argparse.Namespace) -> tuple[HeadMask, str]:
         mask = HeadMask.load(args.mask)
         window = check_window(args.window, "--window") if args.window is not None else mask.window
         return mask.with_meta(window=window), args.mask
-    model = resolve_model(args.model)
-    config = model_config(model)
+    model = ResolvedModel.named(args.model)
     if args.mask is None and args.ranking is None and args.layers is None:
-        mask = saved_mask(config, f"{model}/config.json")
-        if mask is None:
+        if model.saved_mask is None:
             raise MaskError(
-                f"{model}/config.json: no field '{CONFIG_FIELD}' (not a hybrid checkpoint); "
+                f"{model.config_file}: no field '{CONFIG_FIELD}' (not a hybrid checkpoint); "
                 "pass --mask FILE, --ranking FILE --ratio R or --layers NAME --ratio R"
             )
-        return resolve_mask(ModelShape.from_config(config), MaskRequest(mask=mask, window=args.window), model_name=args.model)
+        return resolve_mask(model.shape, MaskRequest(mask=model.saved_mask, window=args.window), model_name=args.model)
     request = MaskRequest(mask=args.mask, ranking=args.ranking, layers=args.layers, ratio=args.ratio, seed=args.seed, window=args.window)
-    return resolve_mask(ModelShape.from_config(config), request, default_window=model_defaults(model).window, model_name=args.model)
+    return resolve_mask(model.shape, request, default_window=model.defaults.window, model_name=args.model)
 
 
 def _export(args: argparse.Namespace) -> None:

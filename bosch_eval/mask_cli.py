@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError, ModelShape
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError
 from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
-from bosch_eval.models.model_check import model_config, resolve_model
-from bosch_eval.models.model_defaults import model_defaults
 
 FULL, SWA = "█", "·"
 
@@ -46,9 +44,11 @@ def _mask_from_ranking(args: argparse.Namespace) -> None:
 
 
 def _mask_from_layers(args: argparse.Namespace) -> None:
-    path = resolve_model(args.model)
+    from bosch_eval.models.resolved_model import ResolvedModel  # transformers, torch: not for --help
+
+    model = ResolvedModel.named(args.model)
     request = MaskRequest(layers=args.heuristic, ratio=args.ratio, seed=args.seed, window=args.window)
-    mask, _ = resolve_mask(ModelShape.from_config(model_config(path)), request, default_window=model_defaults(path).window)
+    mask, _ = resolve_mask(model.shape, request, default_window=model.defaults.window)
     mask = mask.with_meta(model=args.model)
     mask.save(args.out)
     print(format_mask(mask, args.out))

@@ -24,9 +24,10 @@ from typing import Any
 from accelerate import PartialState
 
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, uniform_bit
-from bosch_eval.models.model_check import IGNORE_FLAG, check_length, model_config, resolve_model
-from bosch_eval.models.model_defaults import model_defaults, resolve_window
+from bosch_eval.models.model_check import IGNORE_FLAG, check_length
+from bosch_eval.models.model_defaults import resolve_window
 from bosch_eval.models.model_identity import model_identity, portable_name
+from bosch_eval.models.resolved_model import ResolvedModel
 from bosch_eval.runtime.checks import is_int
 from bosch_eval.runtime.device import pick_device
 from bosch_eval.runtime.launch import launch_state, on_main_then_everywhere
@@ -140,11 +141,21 @@ def search_model(
 class _Target:
     """The model a search runs on, as checked from its name and config before any weight loads."""
 
-    model: str  # as given
-    path: str  # resolved
-    shape: ModelShape
+    resolved: ResolvedModel
     window: int
     length: int | None  # of the calibration examples; None: the tasks' own
+
+    @property
+    def model(self) -> str:  # as given
+        return str(self.resolved.name)
+
+    @property
+    def path(self) -> str:
+        return str(self.resolved.path)
+
+    @property
+    def shape(self) -> ModelShape:
+        return self.resolved.shape
 
 
 def _target(model: str, settings: SearchSettings, calibration: CalibrationSettings, window: int | None) -> _Target:
@@ -155,20 +166,18 @@ def _target(model: str, settings: SearchSettings, calibration: CalibrationSettin
         ModelError: the model does not exist, or the length does not fit it.
         SearchError: a setting does not fit the model.
     """
-    path = resolve_model(model)
-    config = model_config(path)
-    shape = ModelShape.from_config(config)
-    validate_for_shape(settings, shape)
+    resolved = ResolvedModel.named(model)
+    validate_for_shape(settings, resolved.shape)
     if calibration.tie_break_tasks and uniform_bit(settings.ratio) is not None:
         raise SearchError(f"--tie-break-tasks: ratio {settings.ratio:g} allows one mask, so there are no ties to break")
-    defaults = model_defaults(path)
+    defaults = resolved.defaults
     window = resolve_window(window, default=defaults.window, source=model, flag="--window W")
     length = calibration.length if calibration.length is not None else defaults.calib_len
     if length is None and DEFAULT_CALIB_TASK in calibration.tasks:
         length = DEFAULT_CALIB_LEN
     if length is not None and not calibration.ignore_max_positions:
-        check_length(length, model, config, "--calib-len", IGNORE_FLAG)
-    return _Target(model, path, shape, window, length)
+        check_length(length, model, resolved.config, "--calib-len", IGNORE_FLAG)
+    return _Target(resolved, window, length)
 
 
 def _refuse_other_settings(out: Path, pinned: dict[str, Any], incumbents: bool) -> None:
@@ -217,7 +226,7 @@ def _load_objective(target: _Target, calibration: CalibrationSettings, load: Loa
     """The model loaded once and the calibration task(s) built once: S(z)."""
     log.info("loading %s and building the calibration task(s) %s", target.model, ", ".join(calibration.tasks))
     started = time.perf_counter()
-    objective = build_objective(target.path, calibration, load, Racing(run.racing, run.race_chunk))
+    objective = build_objective(target.resolved, calibration, load, Racing(run.racing, run.race_chunk))
     if run.racing and not objective.racing:
         log.info("racing off: %s; every mask is scored on every example", objective.racing_problem())
     log.info("ready in %.1f s; evaluating the anchors S(all SWA) and S(all full)", time.perf_counter() - started)

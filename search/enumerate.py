@@ -32,8 +32,8 @@ from typing import Any
 from tqdm import tqdm
 
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count, check_ratio
-from bosch_eval.models.model_check import resolve_model
-from bosch_eval.models.model_defaults import model_defaults, resolve_window
+from bosch_eval.models.model_defaults import resolve_window
+from bosch_eval.models.resolved_model import ResolvedModel
 from bosch_eval.runtime.errors import exit_status
 from bosch_eval.runtime.outdir_lock import OutputLock
 from bosch_eval.search.journal.journal import Journal, JournalError, mask_key
@@ -194,10 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> None:
-    from transformers import AutoConfig
-
-    path = resolve_model(args.model)
-    shape = ModelShape.from_config(AutoConfig.from_pretrained(path))
+    model = ResolvedModel.named(args.model)
+    shape = model.shape
     cells = shape.num_layers * shape.num_kv_heads
     swa_groups = ceil_count(check_ratio(args.ratio, "--ratio"), cells)
     total = math.comb(cells, swa_groups)
@@ -205,9 +203,9 @@ def run(args: argparse.Namespace) -> None:
     if total > args.max_masks:
         raise SearchError(f"--ratio {args.ratio}: C({cells}, {swa_groups}) = {total} masks, more than --max-masks {args.max_masks}")
     places = _parse_places(args.place, shape, swa_groups, args.model)
-    window = resolve_window(args.window, default=model_defaults(path).window, source=args.model, flag="--window W")
+    window = resolve_window(args.window, default=model.defaults.window, source=args.model, flag="--window W")
     objective = build_objective(
-        path, CalibrationSettings(length=args.calib_len, examples=args.calib_examples), LoadSettings(window=window, device=args.device)
+        model, CalibrationSettings(length=args.calib_len, examples=args.calib_examples), LoadSettings(window=window, device=args.device)
     )
     header = {
         "model": args.model,

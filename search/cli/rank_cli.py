@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from bosch_eval.model_adapters.loader_args import parse_model_args
-from bosch_eval.models.model_check import check_length, model_config, resolve_model
-from bosch_eval.models.model_defaults import model_defaults, resolve_window
+from bosch_eval.models.model_check import check_length
+from bosch_eval.models.model_defaults import resolve_window
 from bosch_eval.runtime.device import pick_device
 from bosch_eval.runtime.errors import SettingsError
 from bosch_eval.search.rankers import RANKERS
@@ -148,13 +148,14 @@ def rank_main(args: argparse.Namespace) -> None:
 
     # The command's work (the rankers, the calibration texts: torch, transformers), imported when
     # it runs: parsing and --help stay free of them (tests/test_cli_help.py).
+    from bosch_eval.models.resolved_model import ResolvedModel
     from bosch_eval.search.rankers.driver import RankingCompute, RankingInputs, compute_ranking, load_for_ranking
     from bosch_eval.tasks.niah.haystack import TemplateTooLong
 
     options = method_options(args)  # the method checked before anything loads
     model_args = parse_model_args(getattr(args, "model_args", None), adapter=False)
-    path = resolve_model(args.model)
-    defaults = model_defaults(path)
+    resolved = ResolvedModel.named(args.model)
+    path, defaults = resolved.path, resolved.defaults
     window = resolve_window(args.window, default=defaults.window, source=args.model, flag="--window W")
     calib_len = args.calib_len if args.calib_len is not None else defaults.calib_len
     if calib_len is None:
@@ -162,7 +163,7 @@ def rank_main(args: argparse.Namespace) -> None:
             f"{args.model}: no --calib-len given and no bosch_defaults.json with 'calib_len'; pass --calib-len T"
         )
     if not args.ignore_max_positions:  # before the weights load: past it, every score would be ~0
-        check_length(calib_len, args.model, model_config(path), "--calib-len", "--ignore-max-positions")
+        check_length(calib_len, args.model, resolved.config, "--calib-len", "--ignore-max-positions")
     device = pick_device(args.device, "--device")
     model, tokenizer = load_for_ranking(path, args.dtype, device, model_args)
     try:

@@ -88,7 +88,7 @@ class LoadSettings:
 
 
 def build_objective(
-    model: str,
+    model: str | ResolvedModel,
     calibration: CalibrationSettings = CalibrationSettings(),
     load: LoadSettings = LoadSettings(),
     racing: Racing = Racing(),
@@ -96,7 +96,8 @@ def build_objective(
     """Load ``model`` once as a ``bosch`` adapter (all heads full) and build its S(z).
 
     Args:
-        model: a Hugging Face id or local directory; ``toy`` is the bundled model.
+        model: a Hugging Face id or local directory (``toy`` is the bundled model), or one
+            resolved already.
         calibration: the task(s) and calibration set S(z) is measured on.
         load: how the model is loaded and run.
         racing: whether to race where it can be exact, and in chunks of how many examples.
@@ -108,7 +109,10 @@ def build_objective(
         raise SearchError(f"attn_backend={load.attn_backend!r} and model_args attn_backend={named_backend!r}: name one kernel")
     device = pick_device(load.device, "device")
     launch_state(device)
-    resolved = ResolvedModel.named(model, trust_remote_code=truthy(extra.get("trust_remote_code", False), "trust_remote_code"))
+    if isinstance(model, ResolvedModel):
+        resolved, model = model, str(model.name)
+    else:
+        resolved = ResolvedModel.named(model, trust_remote_code=truthy(extra.get("trust_remote_code", False), "trust_remote_code"))
     path, defaults = resolved.path, resolved.defaults
     window = resolve_window(load.window, default=defaults.window, source=model, flag="window=W")
     length = calibration.length if calibration.length is not None else defaults.calib_len
