@@ -35,9 +35,10 @@ from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
 from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.model_adapters.loader_args import adapter_settings, typed_model_args
 from bosch_eval.model_adapters.settings import AdapterSettings
-from bosch_eval.models.model_check import resolve_model
-from bosch_eval.models.model_defaults import model_defaults, resolve_window
+from bosch_eval.models.model_check import truthy
+from bosch_eval.models.model_defaults import resolve_window
 from bosch_eval.models.model_identity import model_identity, portable_name
+from bosch_eval.models.resolved_model import ResolvedModel
 from bosch_eval.runtime.device import AUTO, pick_device
 from bosch_eval.runtime.doc_selection import samples_for_limit
 from bosch_eval.runtime.errors import BoschError, LmEvalError
@@ -73,7 +74,13 @@ def planned_runs(spec: CompareSpec) -> list[tuple[Entry, str, dict[str, str]]]:
     return [(entry, run, args) for entry in spec.entries for run, args in entry.runs()]
 
 
-def plan_runs(spec: CompareSpec) -> list[PlannedRun]:
+def resolved_model(spec: CompareSpec) -> ResolvedModel:
+    """The comparison's model, resolved once for the plan, the tasks and the adapter."""
+    trust = truthy(spec.model_args.get("trust_remote_code", False), "model_args trust_remote_code")
+    return ResolvedModel.named(spec.model, trust_remote_code=trust)
+
+
+def plan_runs(spec: CompareSpec, model: ResolvedModel | None = None) -> list[PlannedRun]:
     """Resolve every run's mask against the model's shape, and pin its inputs, before
     anything is loaded or written.
 
@@ -81,21 +88,19 @@ def plan_runs(spec: CompareSpec) -> list[PlannedRun]:
         EntryError: naming the entry and the field (a missing file, a mask for another model,
             a ratio outside [0, 1], ...).
     """
-    from transformers import AutoConfig
-
-    path = resolve_model(spec.model)
-    shape = ModelShape.from_config(AutoConfig.from_pretrained(path))
-    model = model_identity(path, spec.model_args.get("revision"))
+    resolved = model if model is not None else resolved_model(spec)
+    path, shape = str(resolved.path), resolved.shape
+    identity = model_identity(path, spec.model_args.get("revision"))
     plan = []
     for entry, run, args in planned_runs(spec):
         try:
             # Every value as the adapter will convert it (kv_cache=paged, allow_truncation=maybe), before any load.
             adapter_settings(typed_model_args({**spec.model_args, **args}, "model_args"))
-            mask = resolve_entry_mask(args, shape, model_defaults(path).window, spec.model)
+            mask = resolve_entry_mask(args, shape, resolved.defaults.window, spec.model)
             sink = {**spec.model_args, **args}.get("sink")
             if sink is not None:  # the adapter's sink= wins over the mask's own: record what runs (and its KV bytes)
                 mask = mask.with_meta(sinks=int(sink))
-            plan.append(PlannedRun(entry, run, args, mask, run_inputs(args, mask, model)))
+            plan.append(PlannedRun(entry, run, args, mask, run_inputs(args, mask, identity)))
         except (BoschError, OSError) as err:
             raise EntryError(f"entry {entry.name!r}: {err}") from None
     return plan
@@ -179,17 +184,13 @@ def _finish_run(spec: CompareSpec, out: Path, item: PlannedRun, partial: Path) -
     os.replace(partial, out / "runs" / item.run)
 
 
-def _load_model(spec: CompareSpec, load_args: dict[str, str]) -> Any:
+def _load_model(spec: CompareSpec, model: ResolvedModel, load_args: dict[str, str]) -> Any:
     """The ``bosch`` adapter with every group full; each run then swaps its mask in."""
-    from transformers import AutoConfig
-
-    path = resolve_model(spec.model)
-    shape = ModelShape.from_config(AutoConfig.from_pretrained(path))
-    window = resolve_window(default=model_defaults(path).window, all_full=True, source=spec.model)
-    full = HeadMask.uniform(shape, full=True, window=window, method="original")
+    window = resolve_window(default=model.defaults.window, all_full=True, source=spec.model)
+    full = HeadMask.uniform(model.shape, full=True, window=window, method="original")
     kwargs = typed_model_args({**spec.model_args, **load_args}, "model_args")
     kwargs.setdefault("progress_bars", False)  # lm-eval's bar per request type; compare shows its own per task
-    return BoschLM(pretrained=path, mask=full, **kwargs)
+    return BoschLM(pretrained=model, mask=full, **kwargs)
 
 
 def resolve_entry_mask(args: dict[str, str], shape: ModelShape, default_window: int | None, model: str) -> HeadMask:
@@ -241,14 +242,15 @@ def run_compare(
     from tqdm import tqdm
 
     out = Path(out)
-    plan = plan_runs(spec)
+    model = resolved_model(spec)
+    plan = plan_runs(spec, model)
     with contextlib.nullcontext() if locked else output_lock(out):
         finished = check_out_dir(spec, out, resume, plan, new_settings)
         todo = [item for item in plan if item.run not in finished]
         if not todo:
             return []
         # Task names and metadata are checked before minutes of model loading.
-        manager, objects, leaves = _build_tasks(spec, resolve_model(spec.model))
+        manager, objects, leaves = _build_tasks(spec, str(model.path))
         samples = {name: samples_for_limit(tasks, spec.limit) for name, tasks in leaves.items()}
         groups: dict[tuple[tuple[str, str], ...], list[PlannedRun]] = {}
         for item in todo:
@@ -260,7 +262,7 @@ def run_compare(
         bar = tqdm(total=len(todo) * len(spec.tasks), disable=not progress, desc="compare", unit="task")
         done: list[str] = []
         for load_key, items in groups.items():
-            lm = _load_model(spec, dict(load_key))
+            lm = _load_model(spec, model, dict(load_key))
             for item in items:
                 lm.set_mask(item.mask)
                 partial = out / ".partial" / item.run
