@@ -25,11 +25,11 @@ from typing import IO, Any
 import torch
 
 from bosch_eval.attention.hybrid_attention import HybridAttention, hybridize
-from bosch_eval.masks.head_mask import MaskError, ModelShape
+from bosch_eval.masks.head_mask import MaskError
 from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
-from bosch_eval.models.checkpoint import saved_mask
 from bosch_eval.models.model_check import resolve_model
-from bosch_eval.models.model_defaults import DEFAULTS_FILE, model_defaults
+from bosch_eval.models.resolved_model import ResolvedModel
+from bosch_eval.models.model_defaults import DEFAULTS_FILE
 from bosch_eval.models.rope_scaling import scaled_config
 from bosch_eval.runtime.errors import SettingsError
 from bosch_eval.runtime.versions import versions
@@ -110,17 +110,17 @@ def load_model(settings: TrainSettings, device: torch.device) -> tuple[Any, Any,
     from lm_eval.utils import simple_parse_args_string
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = resolve_model(settings.model)
+    resolved = ResolvedModel.named(settings.model)
+    path, saved = str(resolved.path), resolved.saved_mask
     extra: dict[str, Any] = {}
     if settings.rope_scaling == "yarn":
         extra["config"] = scaled_config(path, settings.rope_factor, settings.rope_original_max_positions)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **extra)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    saved = saved_mask(model.config, f"{path}/config.json")
     if settings.mask_source is None:
         if saved is None:
             raise MaskError(f"--mask-source: {path} is not a hybrid checkpoint; pass mask=FILE, ranking=FILE,ratio=R or layers=...,ratio=R")
-        mask, source = saved, f"{path}/config.json"
+        mask, source = saved, resolved.config_file
     else:
         args = simple_parse_args_string(settings.mask_source)
         unknown = set(args) - {"mask", "ranking", "layers", "ratio", "seed", "window", "sink"}
@@ -129,10 +129,10 @@ def load_model(settings: TrainSettings, device: torch.device) -> tuple[Any, Any,
         sinks = args.pop("sink", None)
         request = MaskRequest(**args, sinks=sinks)
         mask, source = resolve_mask(
-            ModelShape.from_config(model.config), request, default_window=model_defaults(path).window, model_name=settings.model
+            resolved.shape, request, default_window=resolved.defaults.window, model_name=settings.model
         )
         if saved is not None and (saved.bits, saved.window, saved.sinks) != (mask.bits, mask.window, mask.sinks):
-            raise MaskError(f"--mask-source {settings.mask_source}: differs from the mask saved in {path}/config.json; drop it to train with the saved one")
+            raise MaskError(f"--mask-source {settings.mask_source}: differs from the mask saved in {resolved.config_file}; drop it to train with the saved one")
     model.to(device)
     return model, tokenizer, hybridize(model, mask, backend=settings.attn_backend, source=source)
 
