@@ -127,8 +127,8 @@ def search_model(
         tie_breaker = _tie_break_objective(objective, calibration.tie_break_tasks, out, header, state.is_main_process)
         result = _search(objective, settings, journal, resumed, tie_breaker, run.progress and state.is_main_process)
         if state.is_main_process:
-            # --model-args sink=S ran every score with S sinks: the mask file says so.
-            sinks = int((load.model_args or {}).get("sink") or 0)
+            # --model-args sink=S ran every score with S sinks (the adapter's setting, checked there): the mask file says so.
+            sinks = objective.lm.settings.sink or 0
             _write_result(out, result, target, calibration_json, sinks, state.num_processes)
         state.wait_for_everyone()
     finally:
