@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bosch_eval.attention.hybrid_attention import apply_spec, hybrid_state, hybridize
-from bosch_eval.attention.hybrid_spec import HybridSpec
+from bosch_eval.attention.hybrid_spec import HybridSpec, RunsOn
 from bosch_eval.attention.kernels import choice, flash, flex
 from bosch_eval.attention.local_window import LocalWindow
 from bosch_eval.caches.hybrid_cache import HybridCache
@@ -142,7 +142,7 @@ class TestRestore:
 class TestSpec:
     def test_built_once_immutable_and_swapped_as_a_whole(self):
         model = random_model("qwen3")
-        spec = HybridSpec.build(mixed_mask(model), sinks=2, backend="blocked", shape=ModelShape.from_config(model.config))
+        spec = HybridSpec.build(mixed_mask(model), sinks=2, backend="blocked", on=RunsOn(shape=ModelShape.from_config(model.config)))
         assert (spec.local, spec.backend) == (LocalWindow(WINDOW, 2), "blocked")
         with pytest.raises(dataclasses.FrozenInstanceError):
             spec.backend = "sdpa"
@@ -169,7 +169,7 @@ class TestSpec:
         with pytest.raises(SettingsError, match="'flash_attention_2' needs a CUDA model"):
             HybridSpec.build(mask, backend="flash_attention_2")
         with pytest.raises(MaskError, match="field 'num_layers'"):
-            HybridSpec.build(HeadMask.uniform(ModelShape(shape.num_layers + 1, shape.num_heads, shape.num_kv_heads), full=True, window=4), shape=shape)
+            HybridSpec.build(HeadMask.uniform(ModelShape(shape.num_layers + 1, shape.num_heads, shape.num_kv_heads), full=True, window=4), on=RunsOn(shape=shape))
         with pytest.raises(SettingsError, match="a concrete backend"):
             HybridSpec(mask, LocalWindow(4), "auto")
 
@@ -246,5 +246,5 @@ class TestAuto:
 
     def test_the_reason_travels_with_the_spec(self, monkeypatch):
         monkeypatch.setattr(flex, "compile_failure", lambda device, dtype: None)
-        spec = HybridSpec.build(HeadMask.uniform(ModelShape(2, 4, 2), full=False, window=4), device="cuda:0", dtype=torch.bfloat16)
+        spec = HybridSpec.build(HeadMask.uniform(ModelShape(2, 4, 2), full=False, window=4), on=RunsOn("cuda:0", torch.bfloat16))
         assert spec.backend == "flex" and "compiled FlexAttention" in spec.backend_reason

@@ -36,7 +36,7 @@ from transformers.masking_utils import AttentionMaskInterface, flash_attention_m
 
 from bosch_eval.attention.cached_attention import HybridStates, attend_cached
 from bosch_eval.attention.head_order import HeadOrder
-from bosch_eval.attention.hybrid_spec import HybridSpec, LayerSplit
+from bosch_eval.attention.hybrid_spec import HybridSpec, LayerSplit, RunsOn
 from bosch_eval.attention.kernels import Backend
 from bosch_eval.attention.layer_call import LayerCall
 from bosch_eval.attention.local_window import LocalWindow
@@ -382,10 +382,8 @@ def hybridize(
         SettingsError: the backend cannot run on the model's device.
         ModelError: the model does not dispatch attention through transformers.
     """
-    spec = HybridSpec.build(
-        mask, window, sinks, backend, device=model.device, dtype=model.dtype,
-        shape=ModelShape.from_config(model.config), model_name=_model_name(model), source=source,
-    )  # fmt: skip
+    on = RunsOn(model.device, model.dtype, ModelShape.from_config(model.config), _model_name(model))
+    spec = HybridSpec.build(mask, window, sinks, backend, on=on, source=source)
     return apply_spec(model, dataclasses.replace(spec, by_kind=by_kind) if by_kind else spec, source)
 
 

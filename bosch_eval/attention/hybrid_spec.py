@@ -106,6 +106,17 @@ def _split(bits: tuple[int, ...], group_size: int) -> LayerSplit:
 
 
 @dataclass(frozen=True)
+class RunsOn:
+    """Where a spec will run, for :meth:`HybridSpec.build`: the device and dtype ``auto`` picks a
+    kernel for, and the model's shape and name the mask is checked against (None: not checked)."""
+
+    device: Any = "cpu"
+    dtype: Any = None
+    shape: ModelShape | None = None
+    model_name: str | None = None
+
+
+@dataclass(frozen=True)
 class HybridSpec:
     """What a hybrid model runs: mask, window and sinks, backend.
 
@@ -144,30 +155,27 @@ class HybridSpec:
         sinks: int | None = None,
         backend: str = "auto",
         *,
-        device: Any = "cpu",
-        dtype: Any = None,
-        shape: ModelShape | None = None,
-        model_name: str | None = None,
+        on: RunsOn = RunsOn(),
         source: str = "mask",
     ) -> HybridSpec:
-        """Validate everything once and resolve ``auto`` for ``device`` and ``dtype``.
+        """Validate everything once and resolve ``auto`` for ``on``'s device and dtype.
 
         Args:
             window, sinks: W and S; default to the mask's own fields.
-            shape: the model's shape, checked against the mask's (None: not checked here).
+            on: where it runs; its shape is checked against the mask's (None: not checked here).
             source: how to name the mask in error messages (e.g. its file).
 
         Raises:
             MaskError: the mask does not fit ``shape``; no window; a bad window or sink count.
             SettingsError: an unknown backend, or one that cannot run on ``device``.
         """
-        if shape is not None:
-            mask.check_fits(shape, source=source, model=model_name)
+        if on.shape is not None:
+            mask.check_fits(on.shape, source=source, model=on.model_name)
         window = mask.window if window is None else window
         if window is None:
             raise MaskError(f"{source}: field 'window' is missing; pass window= explicitly")
         local = local_window(check_window(window), mask.sinks if sinks is None else sinks, "sink")
-        choice = resolve_backend(backend, _device(device), dtype)
+        choice = resolve_backend(backend, _device(on.device), on.dtype)
         return cls(mask, local, choice.name, choice.reason)
 
     def with_mask(self, mask: HeadMask, window: int | None = None, sinks: int | None = None) -> HybridSpec:
