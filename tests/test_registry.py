@@ -194,3 +194,19 @@ class TestCommandLineStaysCheap:
         """)
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
         assert result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+def test_the_first_modules_members_are_listed_first_whatever_was_imported_first():
+    """A process that imports one kernel module before anything else (``kernels.flex``) still
+    lists the backends in their order."""
+    import subprocess
+    import sys
+
+    code = (
+        "import bosch_eval.attention.kernels.flex\n"
+        "from bosch_eval.attention.kernels import BACKENDS\n"
+        "print(list(BACKENDS.names()))"
+    )
+    direct = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    plain = subprocess.run([sys.executable, "-c", code.split("\n", 1)[1]], capture_output=True, text=True, check=True).stdout
+    assert direct == plain and direct.strip() == "['sdpa', 'blocked', 'flex', 'flash_attention_2']"

@@ -14,6 +14,7 @@ import difflib
 import importlib
 import pkgutil
 import re
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
@@ -35,7 +36,8 @@ class Registry(Generic[T]):
             members' order decides something (``auto``'s preference among optimizers, the
             order incumbents are scored in): the built-in members keep their order, and a new
             module needs no entry here. They are imported before any member registers, so a
-            module imported on its own (``from ...optimizers import oneplusone``) cannot go first.
+            module imported on its own (``from ...optimizers import oneplusone``) cannot go first,
+            and :meth:`names` lists their members first, in this order, whatever was imported when.
         field: the setting the name comes from, for messages (default: ``family``).
         error: what an unknown name raises (a ``BoschError`` subclass, so commands print it).
 
@@ -55,6 +57,7 @@ class Registry(Generic[T]):
     ) -> None:
         self.family, self.package, self.first, self.field, self.error = family, package, first, field or family, error
         self.members: dict[str, T] = {}
+        self._origin: dict[str, str] = {}  # name -> the module that registered it
         self._first_imported = False
 
     @overload
@@ -69,12 +72,17 @@ class Registry(Generic[T]):
         """
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise ValueError(f"{self.family} name: expected letters, digits, '_', '-' or '.', got {name!r}")
+        origin = sys._getframe(1).f_globals.get("__name__", "")  # the registering module, for names()' order
         if member is None:
-            return lambda decorated: self.register(name, decorated)
+            return lambda decorated: self._add(name, decorated, origin)
+        return self._add(name, member, origin)
+
+    def _add(self, name: str, member: T, origin: str) -> T:
         if name in self.members:
             raise ValueError(f"{self.family} {name!r} is registered twice: {self.members[name]!r} and {member!r}")
         self._import_first()
         self.members[name] = member
+        self._origin[name] = origin
         return member
 
     def lookup(self, name: str, field: str | None = None) -> T:
@@ -90,9 +98,12 @@ class Registry(Generic[T]):
     __getitem__ = lookup
 
     def names(self) -> tuple[str, ...]:
-        """Every member's name, in registration order (a package's modules are imported first)."""
+        """Every member's name: those of the ``first`` modules in their order, then the others in
+        registration order (a package's modules are imported first)."""
         self._discover()
-        return tuple(self.members)
+        firsts = {f"{self.package}.{module}": rank for rank, module in enumerate(self.first)}
+        order = {name: (firsts.get(self._origin.get(name, ""), len(firsts)), index) for index, name in enumerate(self.members)}
+        return tuple(sorted(self.members, key=order.__getitem__))
 
     def items(self) -> list[tuple[str, T]]:
         """``(name, member)`` of every member, in registration order."""
