@@ -16,7 +16,7 @@ import bosch_eval.bench.runner as bench
 from bosch_eval.attention.hybrid_attention import hybridize
 from bosch_eval.bench.memory import peak_memory
 from bosch_eval.bench.report import ratio_table, speedups
-from bosch_eval.bench.runner import BenchRow, Measurement, balanced_mask, drawn_mask, run_bench, stopwatch
+from bosch_eval.bench.runner import BenchPlan, BenchRow, Measurement, balanced_mask, drawn_mask, run_bench, stopwatch
 from bosch_eval.caches.hybrid_cache import HybridCache
 from bosch_eval.cli import main
 from bosch_eval.masks.head_mask import ModelShape
@@ -39,7 +39,7 @@ def test_balanced_mask_spreads_swa_groups_over_layers():
 
 def test_rows_and_kv_bytes_match_the_formula():
     model = random_model("qwen3", num_layers=4)
-    rows = run_bench(model, [("r", 0.75)], lengths=[64], decode_tokens=2, repeats=1)
+    rows = run_bench(model, [("r", 0.75)], BenchPlan([64], 2, repeats=1))
     original, hybrid = rows
     assert (original.label, hybrid.label, hybrid.window) == ("original", "r", 2)  # W = T/32
     per_token = 2 * model.config.head_dim * 4  # K and V, fp32
@@ -56,14 +56,14 @@ def test_bench_gives_the_model_back_as_it_was():
     ids = torch.randint(0, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         before = model(input_ids=ids).logits
-    run_bench(model, [("r", 0.75)], lengths=[32], decode_tokens=1, repeats=1, warmup=0, profile=False)
+    run_bench(model, [("r", 0.75)], BenchPlan([32], 1, repeats=1, warmup=0, profile=False))
     assert not hasattr(model, "bosch_hybrid") and "bosch_mask" not in vars(model.config)
     assert model.config._attn_implementation == "sdpa"
     with torch.no_grad():
         assert torch.equal(model(input_ids=ids).logits, before)
     hybridize(model, balanced_mask(ModelShape.from_config(model.config), 0.5, window=4))
     with pytest.raises(SettingsError, match="already hybridized"):
-        run_bench(model, [("r", 0.75)], lengths=[32], decode_tokens=1, repeats=1, warmup=0, profile=False)
+        run_bench(model, [("r", 0.75)], BenchPlan([32], 1, repeats=1, warmup=0, profile=False))
 
 
 def test_attention_timer_restores_the_registry():
@@ -129,7 +129,7 @@ def test_warm_up_runs_first_and_is_not_counted_and_rows_report_medians(monkeypat
     # 100 s: the warm-up run of each configuration (cold start), which no row may show.
     fake, calls = _scripted_measure({"original": [100.0, 1.0, 9.0, 2.0], "hybrid": [100.0, 4.0, 3.0, 50.0]})
     monkeypatch.setattr(bench, "measure", fake)
-    original, hybrid = run_bench(model, [("r", 0.75)], lengths=[64], decode_tokens=2, repeats=3, profile=False)
+    original, hybrid = run_bench(model, [("r", 0.75)], BenchPlan([64], 2, repeats=3, profile=False))
     assert calls == ["original", "hybrid"] * 4  # one warm-up each, then three interleaved repeats
     # Medians (2 and 4 s), not means (4 and 19 s) and not the warm-up's 100 s.
     assert original.prefill_tokens_per_s == pytest.approx(64 / 2.0) and hybrid.prefill_tokens_per_s == pytest.approx(64 / 4.0)
@@ -144,7 +144,7 @@ def test_no_warm_up_when_asked_and_progress_after_each_length(monkeypatch):
     fake, calls = _scripted_measure({"original": [1.0, 1.0], "hybrid": [2.0, 2.0]})
     monkeypatch.setattr(bench, "measure", fake)
     seen = []
-    run_bench(model, [("r", 0.5)], [32, 64], 1, repeats=1, warmup=0, profile=False, progress=lambda rows: seen.append([r.length for r in rows]))
+    run_bench(model, [("r", 0.5)], BenchPlan([32, 64], 1, repeats=1, warmup=0, profile=False), progress=lambda rows: seen.append([r.length for r in rows]))
     assert calls == ["original", "hybrid"] * 2 and seen == [[32, 32], [32, 32, 64, 64]]
 
 
@@ -285,11 +285,11 @@ def test_compiled_decoding_runs_the_original_on_a_static_cache_and_refuses_kv_qu
         return real_measure(model, ids, decode_tokens, chunk, cache, decode_batch, forward)
 
     monkeypatch.setattr(bench, "measure", recording)
-    rows = run_bench(model, [("r", 0.75)], lengths=[32], decode_tokens=2, repeats=1, warmup=0, profile=False, decode_batch=2, compile_decode=True)
+    rows = run_bench(model, [("r", 0.75)], BenchPlan([32], 2, repeats=1, warmup=0, profile=False, decode_batch=2, compile_decode=True))
     assert [row.compiled_decode for row in rows] == [True, True]
     assert isinstance(caches[0], StaticCache) and isinstance(caches[1], HybridCache)
     assert caches[1].layers[1].full.keys.shape[2] == 32 + 2 * 2 + 1  # allocated once for the whole run
     assert len(calls) == 2 * 2 * 2 and all(kwargs == {"dynamic": True} for kwargs in calls)  # 2 configs × 2 decodes × 2 steps
     kv = KVQuantConfig("kivi", bits=2, window=16, group_size=model.config.head_dim)
     with pytest.raises(SettingsError, match="KV quantization is not compiled"):
-        run_bench(model, [("q", None, kv)], lengths=[32], decode_tokens=1, repeats=1, warmup=0, profile=False, compile_decode=True)
+        run_bench(model, [("q", None, kv)], BenchPlan([32], 1, repeats=1, warmup=0, profile=False, compile_decode=True))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 from bosch_eval.caches.kv_quant.methods import KV_QUANT_METHODS
@@ -63,7 +64,7 @@ def _bench(args: argparse.Namespace) -> None:
 
     from bosch_eval.attention.hybrid_spec import backend_names, resolve_backend
     from bosch_eval.bench.report import environment, plot, ratio_table, rows_as_json
-    from bosch_eval.bench.runner import drawn_mask, run_bench
+    from bosch_eval.bench.runner import BenchPlan, drawn_mask, run_bench
 
     if args.backend not in backend_names():
         raise SettingsError(f"--backend: expected one of {backend_names()}, got {args.backend!r}")
@@ -86,7 +87,10 @@ def _bench(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sinks = check_sinks(args.sink or 0, "--sink")
-    timing = dict(decode_batch=args.decode_batch, warmup=args.warmup, backend=args.backend, profile=args.profile, compile_decode=args.compile)
+    plan = BenchPlan(
+        tuple(args.lengths), args.decode_tokens, args.window, args.chunk, args.repeats, sinks,
+        decode_batch=args.decode_batch, warmup=args.warmup, backend=args.backend, profile=args.profile, compile_decode=args.compile,
+    )  # fmt: skip
     report = {"command": " ".join(["bosch-eval", *args.argv]), "environment": environment(next(model.parameters()).device)}
     budget = int(args.memory_budget_gb * 2**30) if args.memory_budget_gb else None
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -98,7 +102,7 @@ def _bench(args: argparse.Namespace) -> None:
         (out / "bench.md").write_text(f"$ {report['command']}\n\n{json.dumps(report['environment'])}\n\n{table}\n")
         return table
 
-    rows = run_bench(model, configs, args.lengths, args.decode_tokens, args.window, args.chunk, args.repeats, sinks, **timing, progress=write)
+    rows = run_bench(model, configs, plan, progress=write)
     table = write(rows)
     report["rows"] = rows_as_json(rows)
     if budget is not None:
@@ -109,7 +113,7 @@ def _bench(args: argparse.Namespace) -> None:
         ratio = args.ratios[-1]
         shape = ModelShape.from_config(model.config)
         sweep_configs = [(f"ρ={ratio:g} W={w}", drawn_mask(shape, ratio, w).with_meta(sinks=sinks)) for w in args.windows]
-        sweep = run_bench(model, sweep_configs, [max(args.lengths)], args.decode_tokens, None, args.chunk, args.repeats, **timing)
+        sweep = run_bench(model, sweep_configs, replace(plan, lengths=(max(args.lengths),), window=None, sinks=0))
         report["window_sweep"] = rows_as_json(sweep)
         table += "\n\nWindow sweep\n" + ratio_table(sweep)
         plot(sweep, str(out / "bench_windows.png"), x="window")

@@ -31,7 +31,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -296,31 +296,17 @@ def kv_quant_label(kv_quant: KVQuantConfig) -> str:
 Config = tuple[str, float | HeadMask | None] | tuple[str, float | HeadMask | None, KVQuantConfig | None]
 
 
-def run_bench(
-    model: Any,
-    configs: list[Config],
-    lengths: list[int],
-    decode_tokens: int,
-    window: int | None = None,
-    chunk: int | None = None,
-    repeats: int = 3,
-    sinks: int = 0,
-    *,
-    decode_batch: int = 8,
-    warmup: int = 1,
-    backend: str = "auto",
-    profile: bool = True,
-    compile_decode: bool = False,
-    progress: Callable[[list[BenchRow]], None] | None = None,
-) -> list[BenchRow]:
-    """Measure the original model and each hybrid configuration at each length.
+@dataclass(frozen=True)
+class BenchPlan:
+    """What ``run_bench`` measures, and how.
 
-    Args:
-        configs: ``(label, ratio or mask[, kv_quant])``; a ratio gets :func:`drawn_mask`;
-            ``None`` with a ``kv_quant``: quantization alone on the original attention.
+    Attributes:
+        lengths: prompt lengths T, one row per configuration each.
+        decode_tokens: tokens decoded after each prefill.
         window: W for ratio configs; default ``T // 32`` (the paper's T/W) per length.
-        sinks: S attention sinks for ratio configs (a mask config keeps its own).
+        chunk: prefill chunk (None: the whole prompt at once).
         repeats: timed runs per configuration, interleaved; rows report their medians.
+        sinks: S attention sinks for ratio configs (a mask config keeps its own).
         decode_batch: B of the batched decode (:func:`measure`).
         warmup: untimed runs of every configuration at each length before the timed ones.
         backend: attention backend of the hybrids (``auto`` or a registered one).
@@ -328,72 +314,108 @@ def run_bench(
             runs per configuration (else those fields are None).
         compile_decode: decode steps under ``torch.compile(dynamic=True)``, every configuration
             alike (:func:`compiled_decoding`); the warm-up runs compile.
+    """
+
+    lengths: tuple[int, ...]
+    decode_tokens: int
+    window: int | None = None
+    chunk: int | None = None
+    repeats: int = 3
+    sinks: int = 0
+    decode_batch: int = 8
+    warmup: int = 1
+    backend: str = "auto"
+    profile: bool = True
+    compile_decode: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lengths", tuple(self.lengths))
+        for name, value, least in (("repeats", self.repeats, 1), ("warmup", self.warmup, 0), ("decode_batch", self.decode_batch, 1)):
+            if value < least:
+                raise SettingsError(f"bench: {name} must be >= {least}, got {value}")
+
+
+@dataclass
+class _Measured:
+    """One length's measurements, per configuration label, and what they were made with."""
+
+    length: int
+    window: int
+    decode_batch: int
+    compiled_decode: bool
+    timings: dict[str, list[Measurement]] = field(default_factory=dict)
+    first_run_s: dict[str, float] = field(default_factory=dict)
+    compiles: dict[str, int] = field(default_factory=dict)
+    backends: dict[str, str | None] = field(default_factory=dict)
+    shares: dict[str, float] = field(default_factory=dict)
+    peaks: dict[str, int] = field(default_factory=dict)
+
+    def count_compiles(self, label: str, before: int) -> None:
+        self.compiles[label] = self.compiles.get(label, 0) + flex.compiles - before
+
+
+def run_bench(model: Any, configs: list[Config], plan: BenchPlan, progress: Callable[[list[BenchRow]], None] | None = None) -> list[BenchRow]:
+    """Measure the original model and each hybrid configuration at each of ``plan``'s lengths.
+
+    Args:
+        configs: ``(label, ratio or mask[, kv_quant])``; a ratio gets :func:`drawn_mask`;
+            ``None`` with a ``kv_quant``: quantization alone on the original attention.
         progress: called with every row so far after each length (to write partial results).
     """
-    for name, value, least in (("repeats", repeats, 1), ("warmup", warmup, 0), ("decode_batch", decode_batch, 1)):
-        if value < least:
-            raise SettingsError(f"bench: {name} must be >= {least}, got {value}")
-    shape = ModelShape.from_config(model.config)
-    device = model.device
     quant = {c[0]: c[2] for c in configs if len(c) > 2}
     rows: list[BenchRow] = []
-    with unfused_is_an_error(), compiled_decoding(model, compile_decode, any(quant.values())) as forward:  # flex unfused would time another kernel
-        for length in lengths:
-            w = window or max(1, length // 32)
-            masks = [(c[0], c[1] if isinstance(c[1], HeadMask) or c[1] is None else drawn_mask(shape, c[1], w).with_meta(sinks=sinks)) for c in configs]
-            ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length)).to(device)
-            configurations: list[tuple[str, HeadMask | None]] = [("original", None), *masks]
-
-            capacity = length + 2 * decode_tokens + 1 if forward is not None else None  # the prefill and both decodes
-
-            def set_up(label: str, mask: HeadMask | None) -> AbstractContextManager[DynamicCache]:
-                return configured(model, mask, w, quant.get(label), backend, capacity)
-
-            first_run: dict[str, float] = {}
-            compiled: dict[str, int] = {}
-            for _ in range(warmup):  # start-up costs land here, not in the first configuration's timings
-                for label, mask in configurations:
-                    before = flex.compiles
-                    with set_up(label, mask) as cache, stopwatch(device) as seconds:
-                        measure(model, ids, decode_tokens, chunk, cache, decode_batch, forward)
-                    first_run.setdefault(label, seconds())
-                    compiled[label] = compiled.get(label, 0) + flex.compiles - before
-            timings: dict[str, list[Measurement]] = {}
-            backends: dict[str, str | None] = {}
-            for _ in range(repeats):  # interleaved, so drifting machine load hits every configuration alike
-                for label, mask in configurations:
-                    with set_up(label, mask) as cache:
-                        backends[label] = hybrid_state(model).backend if isinstance(cache, HybridCache) else None
-                        before = flex.compiles
-                        timings.setdefault(label, []).append(measure(model, ids, decode_tokens, chunk, cache, decode_batch, forward))
-                        compiled[label] = compiled.get(label, 0) + flex.compiles - before
-            # Separate runs: timing every attention call, or profiling allocations, perturbs the timing.
-            shares: dict[str, float] = {}
-            peaks: dict[str, int] = {}
-            for label, mask in configurations if profile else ():
-                with set_up(label, mask) as cache:
-                    shares[label] = attention_share(model, ids, chunk, cache)
-                with set_up(label, mask) as cache:
-                    peaks[label] = decode_peak(model, ids, chunk, cache)
-            for label, runs in timings.items():
-                mask = dict(masks).get(label)
-                rows.append(
-                    replace(
-                        _row(model, label, mask, w, length, runs, quant.get(label), shares.get(label), peaks.get(label), decode_batch, backends[label]),
-                        warmup_s=first_run.get(label), compiles=compiled.get(label, 0), compiled_decode=forward is not None,
-                    )
-                )
+    with unfused_is_an_error(), compiled_decoding(model, plan.compile_decode, any(quant.values())) as forward:  # flex unfused would time another kernel
+        for length in plan.lengths:
+            rows += _bench_length(model, configs, plan, length, forward)
             if progress is not None:
                 progress(list(rows))
     return rows
 
 
-def _row(
-    model: Any, label: str, mask: HeadMask | None, window: int, length: int, runs: list[Measurement], kv_quant: KVQuantConfig | None,
-    share: float | None, decode_peak_bytes: int | None, decode_batch: int, backend: str | None,
-) -> BenchRow:  # fmt: skip
+def _bench_length(model: Any, configs: list[Config], plan: BenchPlan, length: int, forward: Any) -> list[BenchRow]:
+    """Every configuration's row at one length: warm-up, interleaved timed runs, then the profiled runs."""
+    shape, device = ModelShape.from_config(model.config), model.device
+    quant = {c[0]: c[2] for c in configs if len(c) > 2}
+    w = plan.window or max(1, length // 32)
+    masks = {c[0]: c[1] if isinstance(c[1], HeadMask) or c[1] is None else drawn_mask(shape, c[1], w).with_meta(sinks=plan.sinks) for c in configs}
+    ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length)).to(device)
+    configurations: list[tuple[str, HeadMask | None]] = [("original", None), *masks.items()]
+    capacity = length + 2 * plan.decode_tokens + 1 if forward is not None else None  # the prefill and both decodes
+
+    def set_up(label: str, mask: HeadMask | None) -> AbstractContextManager[DynamicCache]:
+        return configured(model, mask, w, quant.get(label), plan.backend, capacity)
+
+    def run(cache: Any) -> Measurement:
+        return measure(model, ids, plan.decode_tokens, plan.chunk, cache, plan.decode_batch, forward)
+
+    measured = _Measured(length, w, plan.decode_batch, forward is not None)
+    for _ in range(plan.warmup):  # start-up costs land here, not in the first configuration's timings
+        for label, mask in configurations:
+            before = flex.compiles
+            with set_up(label, mask) as cache, stopwatch(device) as seconds:
+                run(cache)
+            measured.first_run_s.setdefault(label, seconds())
+            measured.count_compiles(label, before)
+    for _ in range(plan.repeats):  # interleaved, so drifting machine load hits every configuration alike
+        for label, mask in configurations:
+            with set_up(label, mask) as cache:
+                measured.backends[label] = hybrid_state(model).backend if isinstance(cache, HybridCache) else None
+                before = flex.compiles
+                measured.timings.setdefault(label, []).append(run(cache))
+                measured.count_compiles(label, before)
+    # Separate runs: timing every attention call, or profiling allocations, perturbs the timing.
+    for label, mask in configurations if plan.profile else ():
+        with set_up(label, mask) as cache:
+            measured.shares[label] = attention_share(model, ids, plan.chunk, cache)
+        with set_up(label, mask) as cache:
+            measured.peaks[label] = decode_peak(model, ids, plan.chunk, cache)
+    return [_row(model, label, masks.get(label), measured, quant.get(label)) for label in measured.timings]
+
+
+def _row(model: Any, label: str, mask: HeadMask | None, measured: _Measured, kv_quant: KVQuantConfig | None) -> BenchRow:
     """One configuration's row: medians of its timed runs."""
-    shape = ModelShape.from_config(model.config)
+    shape, runs = ModelShape.from_config(model.config), measured.timings[label]
+    length, window, decode_batch = measured.length, measured.window, measured.decode_batch
     return BenchRow(
         label=label,
         swa_ratio=mask.swa_ratio if mask else 0.0,
@@ -403,17 +425,18 @@ def _row(
         decode_tokens_per_s=1.0 / statistics.median(r.decode_s for r in runs),
         kv_cache_bytes=runs[0].kv_bytes,
         prefill_peak_bytes=int(statistics.median(r.prefill_peak_bytes for r in runs)),
-        attention_share=share,
+        attention_share=measured.shares.get(label),
         kv_quant=kv_quant_label(kv_quant) if kv_quant else None,
         kv_bytes_formula=kv_cache_bytes_formula(
             mask.bits if mask else None, shape.num_layers, shape.num_kv_heads, ModelShape.head_dim_of(model.config), length,
             window=(mask.window or window) if mask else None, kv_quant=kv_quant, dtype_bytes=next(model.parameters()).element_size(),
             sinks=mask.sinks if mask else 0,
         ),  # fmt: skip
-        decode_peak_bytes=decode_peak_bytes,
+        decode_peak_bytes=measured.peaks.get(label),
         decode_batch=decode_batch,
         decode_batch_tokens_per_s=decode_batch / statistics.median(r.decode_batch_s for r in runs),
-        backend=backend,
+        backend=measured.backends[label],
+        warmup_s=measured.first_run_s.get(label),
+        compiles=measured.compiles.get(label, 0),
+        compiled_decode=measured.compiled_decode,
     )
-
-
