@@ -315,11 +315,11 @@ class TestMethods:
 
 def test_bench_measures_quantized_configs_and_matches_the_formula():
     from bosch_eval.bench.report import max_batch, ratio_table
-    from bosch_eval.bench.runner import run_bench
+    from bosch_eval.bench.runner import BenchPlan, run_bench
 
     model = random_model("qwen3", num_layers=4)
     kv = KVQuantConfig("logquant", 2, 4, 8)
-    rows = run_bench(model, [("r", 0.75), ("lq", None, kv), ("r+lq", 0.75, kv)], lengths=[64], decode_tokens=2, repeats=1)
+    rows = run_bench(model, [("r", 0.75), ("lq", None, kv), ("r+lq", 0.75, kv)], BenchPlan([64], 2, repeats=1))
     assert [r.label for r in rows] == ["original", "r", "lq", "r+lq"]
     assert all(r.kv_cache_bytes == r.kv_bytes_formula for r in rows)
     original, hybrid, lq, both = rows
