@@ -407,7 +407,7 @@ class _Loaded(Exception):
 
 
 def _adapter_kwargs(load: LoadSettings) -> dict:
-    with mock.patch("bosch_eval.model_adapters.bosch.BoschLM", side_effect=_Loaded) as adapter, pytest.raises(_Loaded):
+    with mock.patch("bosch_eval.search.objective.objective_loading.BoschLM", side_effect=_Loaded) as adapter, pytest.raises(_Loaded):
         build_objective("toy", CalibrationSettings(tasks=("bosch_niah_calib",)), load)
     return adapter.call_args.kwargs
 
