@@ -40,6 +40,7 @@ from bosch_eval.attention.cached_attention import HybridStates
 from bosch_eval.attention.hybrid_attention import HybridAttention, hybrid_state
 from bosch_eval.attention.hybrid_spec import GroupRun, HybridSpec, LayerSplit
 from bosch_eval.attention.local_window import LocalWindow
+from bosch_eval.caches.batch_mapped import BatchMappedLayer
 from bosch_eval.caches.full_buffer import FullBuffer
 from bosch_eval.caches.kv_quant.config import KVQuantConfig
 from bosch_eval.caches.kv_quant.layer import QuantizedFullLayer
@@ -48,19 +49,13 @@ from bosch_eval.caches.kv_quant.store import QuantizedKVStore
 from bosch_eval.caches.swa_ring import SwaRing
 
 
-class StaticFullLayer(DynamicLayer):
+class StaticFullLayer(BatchMappedLayer):
     """A layer with every group full: every position, preallocated and written in place
     (transformers' ``StaticLayer`` idea, with int positions and growth for eager decoding)."""
-
-    is_croppable = False
 
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__()
         self.buffer = FullBuffer(capacity)
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.dtype, self.device = key_states.dtype, key_states.device
-        self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
@@ -90,25 +85,16 @@ class StaticFullLayer(DynamicLayer):
         self.keys = self.values = None
         self.is_initialized = False
 
-    def _map(self, fn: Any) -> None:
+    def map_batch(self, fn: Any) -> None:
         if self.buffer.keys is not None:
             self.buffer.map_batch(fn)
             self.keys, self.values = self.buffer.held()
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._map(lambda t: t[indices])
 
     def crop(self, tokens_to_remove: int) -> None:
         raise RuntimeError("a hybrid KV cache cannot be cropped")
 
 
-class HybridHeadLayer(DynamicLayer):
+class HybridHeadLayer(BatchMappedLayer):
     """Cache layer holding every position for full groups and ``S + W`` slots for SWA groups."""
 
     is_croppable = False  # dropped SWA positions cannot be restored
@@ -131,10 +117,6 @@ class HybridHeadLayer(DynamicLayer):
     @property
     def slots_final(self) -> bool:
         return self.ring.slots_final
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.dtype, self.device = key_states.dtype, key_states.device
-        self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[HybridStates, HybridStates]:
         """Write ``[B, G, q, D]`` states; return what this step's queries attend to (the SWA
@@ -201,21 +183,12 @@ class HybridHeadLayer(DynamicLayer):
         self.cumulative_length = 0
         self.is_initialized = False
 
-    def _map(self, fn: Any) -> None:
+    def map_batch(self, fn: Any) -> None:
         if self.is_initialized:
             if self.quantized is not None:
                 self.quantized.map_batch(fn)
             self.full.map_batch(fn)
             self.ring.map_batch(fn)
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._map(lambda t: t[indices])
 
     def crop(self, tokens_to_remove: int) -> None:
         raise RuntimeError("a hybrid KV cache cannot be cropped: its SWA groups no longer hold old positions")

@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicLayer
 
+from bosch_eval.caches.batch_mapped import BatchMappedLayer
 from bosch_eval.caches.kv_quant.config import KVQuantConfig
 from bosch_eval.caches.kv_quant.selection import Selector
 from bosch_eval.caches.kv_quant.store import QuantizedKVStore
 
 
-class QuantizedFullLayer(DynamicLayer):
+class QuantizedFullLayer(BatchMappedLayer):
     """Every KV group of the layer in one :class:`QuantizedKVStore`; attention sees plain
     ``[B, G, S, D]`` tensors, so any attention function works on it."""
 
@@ -21,10 +21,6 @@ class QuantizedFullLayer(DynamicLayer):
     def __init__(self, config: KVQuantConfig, selector: Selector) -> None:
         super().__init__()
         self.store = QuantizedKVStore(config, selector)
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.dtype, self.device = key_states.dtype, key_states.device
-        self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
@@ -44,14 +40,8 @@ class QuantizedFullLayer(DynamicLayer):
         self.store.reset()
         self.is_initialized = False
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self.store.map_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self.store.map_batch(lambda t: t.repeat_interleave(repeats, dim=0))
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.store.map_batch(lambda t: t[indices])
+    def map_batch(self, fn: Any) -> None:
+        self.store.map_batch(fn)
 
     def crop(self, tokens_to_remove: int) -> None:
         raise RuntimeError("a quantized KV cache cannot be cropped: quantized positions cannot be restored")
