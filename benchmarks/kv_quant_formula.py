@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bosch_eval.bench.runner import balanced_mask
 from bosch_eval.caches.kv_quant.config import KVQuantConfig
-from bosch_eval.caches.kv_quant.formula import kv_cache_bytes_formula
+from bosch_eval.caches.kv_quant.formula import KVLayout, kv_cache_bytes_formula
 from bosch_eval.masks.head_mask import ModelShape
 
 LAYERS, HEADS, GROUPS, HEAD_DIM, T, W_LQ = 2, 16, 8, 128, 8192, 128
@@ -29,8 +29,8 @@ def main() -> None:
     for label, bits, kv in configs:
         ratios = []
         for dtype_bytes in (2, 4):
-            base = kv_cache_bytes_formula(None, LAYERS, GROUPS, HEAD_DIM, T, dtype_bytes=dtype_bytes)
-            ratios.append(kv_cache_bytes_formula(bits, LAYERS, GROUPS, HEAD_DIM, T, window=T // 32, kv_quant=kv, dtype_bytes=dtype_bytes) / base)
+            base = kv_cache_bytes_formula(None, KVLayout(LAYERS, GROUPS, HEAD_DIM), T, dtype_bytes=dtype_bytes)
+            ratios.append(kv_cache_bytes_formula(bits, KVLayout(LAYERS, GROUPS, HEAD_DIM), T, window=T // 32, kv_quant=kv, dtype_bytes=dtype_bytes) / base)
         print(f"| {label} | {ratios[0]:.4f} | {ratios[1]:.4f} |")
 
 

@@ -13,7 +13,7 @@ import torch
 from bosch_eval.attention.hybrid_attention import hybridize
 from bosch_eval.caches.hybrid_cache import HybridCache, kv_cache_bytes
 from bosch_eval.caches.kv_quant.config import parse_kv_quant
-from bosch_eval.caches.kv_quant.formula import kv_cache_bytes_formula
+from bosch_eval.caches.kv_quant.formula import KVLayout, kv_cache_bytes_formula
 from bosch_eval.compare.entries import EntryError, parse_entry
 from bosch_eval.compare.kv_bytes import entry_kv_bytes, relative_kv_bytes
 from bosch_eval.compare.leaderboard import EntryRuns, build_rows
@@ -87,7 +87,7 @@ class TestKVBytes:
         cache = HybridCache.for_model(model)
         with torch.no_grad():
             model(input_ids=torch.randint(0, 300, (2, length)), past_key_values=cache, use_cache=True)
-        expected = kv_cache_bytes_formula(mask.bits, 3, 4, model.config.head_dim, length, window=window, dtype_bytes=4, batch=2)
+        expected = kv_cache_bytes_formula(mask.bits, KVLayout(3, 4, model.config.head_dim), length, window=window, dtype_bytes=4, batch=2)
         assert kv_cache_bytes(cache) == expected
         original = 2 * 3 * 4 * length * model.config.head_dim * 4 * 2
         assert relative_kv_bytes(mask, window, length) == pytest.approx(kv_cache_bytes(cache) / original)
@@ -103,7 +103,7 @@ class TestKVBytes:
         mask = HeadMask.from_rows([[0, 1]], 2, window=4)
         args = {"kv_quant": "logquant", "kv_bits": "2", "kv_window": "8", "kv_group_size": "16"}
         quant = parse_kv_quant("logquant", "2", "8", "16", head_dim=32)
-        expected = kv_cache_bytes_formula([[0, 1]], 1, 2, 32, 100, window=4, kv_quant=quant) / kv_cache_bytes_formula(None, 1, 2, 32, 100)
+        expected = kv_cache_bytes_formula([[0, 1]], KVLayout(1, 2, 32), 100, window=4, kv_quant=quant) / kv_cache_bytes_formula(None, KVLayout(1, 2, 32), 100)
         assert entry_kv_bytes(args, mask, 4, 100, head_dim=32) == pytest.approx(expected)
         assert entry_kv_bytes(args, mask, 4, 100, head_dim=32) < entry_kv_bytes({}, mask, 4, 100)
         assert entry_kv_bytes({"kv_quant": "none"}, mask, 4, 100) == entry_kv_bytes({}, mask, 4, 100)

@@ -21,7 +21,6 @@ NOT_YET_SPLIT = {
     "bosch_eval/attention/kernels/blocked.py _all_blocks_in_one_call": "not yet split",
     "bosch_eval/attention/kernels/blocked.py _block_by_block": "not yet split",
     "bosch_eval/attention/kernels/flex.py flex_hybrid_layer": "not yet split",
-    "bosch_eval/caches/kv_quant/formula.py kv_cache_bytes_formula": "not yet split",
     "bosch_eval/caches/kv_quant/fused.py gather_dequantize": "not yet split",
 }
 

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from bosch_eval.attention.hybrid_attention import hybridize
 from bosch_eval.caches.hybrid_cache import HybridCache, HybridHeadLayer, allocated_bytes, kv_cache_bytes
-from bosch_eval.caches.kv_quant.formula import kv_cache_bytes_formula
+from bosch_eval.caches.kv_quant.formula import KVLayout, kv_cache_bytes_formula
 from bosch_eval.masks.head_mask import HeadMask, ModelShape
 from bosch_eval.models.model_check import model_path
 from bosch_eval.models.random_model import random_model
@@ -86,7 +86,7 @@ def test_cache_bytes_equal_the_formula_and_the_memory_held(length, sinks):
         for row in MASKS["mixed"]
     )
     assert kv_cache_bytes(cache) == expected
-    formula = kv_cache_bytes_formula(MASKS["mixed"], 4, 4, head_dim, length, window=WINDOW, dtype_bytes=dtype_size, batch=batch, sinks=sinks)
+    formula = kv_cache_bytes_formula(MASKS["mixed"], KVLayout(4, 4, head_dim), length, window=WINDOW, dtype_bytes=dtype_size, batch=batch, sinks=sinks)
     assert formula == expected
     # ... and the buffers allocated: the full groups at exactly the prefill's length (no capacity
     # asked for), the SWA groups' S + W slots; none is a view that pins the model's states.

@@ -15,7 +15,7 @@ from bosch_eval.caches.hybrid_cache import HybridCache, HybridHeadLayer, kv_cach
 from bosch_eval.caches.kv_quant import fused as fused_module
 from bosch_eval.caches.kv_quant import methods
 from bosch_eval.caches.kv_quant.config import KVQuantConfig, parse_kv_quant
-from bosch_eval.caches.kv_quant.formula import kv_cache_bytes_formula
+from bosch_eval.caches.kv_quant.formula import KVLayout, kv_cache_bytes_formula
 from bosch_eval.caches.kv_quant.layer import QuantizedFullLayer
 from bosch_eval.caches.kv_quant.methods import KV_QUANT_METHODS
 from bosch_eval.caches.kv_quant.packing import (
@@ -201,12 +201,12 @@ class TestCache:
         ids = torch.randint(3, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(7))
         with torch.no_grad():
             model(input_ids=ids, past_key_values=cache, use_cache=True)
-        expected = kv_cache_bytes_formula(rows, 4, 4, model.config.head_dim, length, window=8, kv_quant=config, dtype_bytes=4, sinks=sinks)
+        expected = kv_cache_bytes_formula(rows, KVLayout(4, 4, model.config.head_dim), length, window=8, kv_quant=config, dtype_bytes=4, sinks=sinks)
         assert kv_cache_bytes(cache) == expected
 
     def test_quantized_bytes_are_below_full_precision(self):
-        full = kv_cache_bytes_formula(None, 2, 8, 128, 8192, dtype_bytes=2)
-        logquant = kv_cache_bytes_formula(None, 2, 8, 128, 8192, kv_quant=KVQuantConfig("logquant", 2, 128, 64), dtype_bytes=2)
+        full = kv_cache_bytes_formula(None, KVLayout(2, 8, 128), 8192, dtype_bytes=2)
+        logquant = kv_cache_bytes_formula(None, KVLayout(2, 8, 128), 8192, kv_quant=KVQuantConfig("logquant", 2, 128, 64), dtype_bytes=2)
         assert logquant / full < 0.2
 
     @pytest.mark.parametrize("rows", [ALL_FULL, MIXED], ids=["full", "mixed"])

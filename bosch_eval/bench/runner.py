@@ -46,7 +46,7 @@ from bosch_eval.attention.kernels.flex import unfused_is_an_error
 from bosch_eval.bench.memory import peak_memory, tensor_memory_peak
 from bosch_eval.caches.hybrid_cache import HybridCache, kv_cache_bytes
 from bosch_eval.caches.kv_quant.config import KVQuantConfig
-from bosch_eval.caches.kv_quant.formula import kv_cache_bytes_formula
+from bosch_eval.caches.kv_quant.formula import KVLayout, kv_cache_bytes_formula
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count, check_ratio
 from bosch_eval.models.transformers_compat import cache_argument
 from bosch_eval.runtime.errors import SettingsError
@@ -428,7 +428,7 @@ def _row(model: Any, label: str, mask: HeadMask | None, measured: _Measured, kv_
         attention_share=measured.shares.get(label),
         kv_quant=kv_quant_label(kv_quant) if kv_quant else None,
         kv_bytes_formula=kv_cache_bytes_formula(
-            mask.bits if mask else None, shape.num_layers, shape.num_kv_heads, ModelShape.head_dim_of(model.config), length,
+            mask.bits if mask else None, KVLayout(shape.num_layers, shape.num_kv_heads, ModelShape.head_dim_of(model.config)), length,
             window=(mask.window or window) if mask else None, kv_quant=kv_quant, dtype_bytes=next(model.parameters()).element_size(),
             sinks=mask.sinks if mask else 0,
         ),  # fmt: skip

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from bosch_eval.caches.kv_quant.config import parse_kv_quant
-from bosch_eval.caches.kv_quant.formula import kv_cache_bytes_formula
+from bosch_eval.caches.kv_quant.formula import KVLayout, kv_cache_bytes_formula
 from bosch_eval.masks.head_mask import HeadMask
 
 REFERENCE_DTYPE_BYTES = 2  # the original model's cache in fp16/bf16
@@ -34,10 +34,10 @@ def relative_kv_bytes(mask: HeadMask, window: int, length: int, head_dim: int = 
             head_dim=head_dim,
         )
     hybrid = kv_cache_bytes_formula(
-        mask.bits, shape.num_layers, shape.num_kv_heads, head_dim, length, window=window, kv_quant=kv_quant, dtype_bytes=REFERENCE_DTYPE_BYTES,
+        mask.bits, KVLayout(shape.num_layers, shape.num_kv_heads, head_dim), length, window=window, kv_quant=kv_quant, dtype_bytes=REFERENCE_DTYPE_BYTES,
         sinks=mask.sinks,
     )
-    original = kv_cache_bytes_formula(None, shape.num_layers, shape.num_kv_heads, head_dim, length, dtype_bytes=REFERENCE_DTYPE_BYTES)
+    original = kv_cache_bytes_formula(None, KVLayout(shape.num_layers, shape.num_kv_heads, head_dim), length, dtype_bytes=REFERENCE_DTYPE_BYTES)
     return hybrid / original
 
 

@@ -7,6 +7,7 @@ without building a cache; ``bosch-eval bench`` checks it against the stored tens
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from bosch_eval.attention.local_window import LocalWindow
 from bosch_eval.caches.kv_quant.config import KVQuantConfig
@@ -31,11 +32,17 @@ def full_group_bytes(seq_len: int, head_dim: int, dtype_bytes: int, kv_quant: KV
     return full_precision + codes + key_scales + value_scales
 
 
+class KVLayout(NamedTuple):
+    """What sizes a model's KV cache besides the mask: L layers of G KV groups of ``head_dim``."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+
 def kv_cache_bytes_formula(
     mask: Sequence[Sequence[int]] | None,
-    num_layers: int,
-    num_kv_heads: int,
-    head_dim: int,
+    layout: KVLayout,
     seq_len: int,
     window: int | None = None,
     kv_quant: KVQuantConfig | None = None,
@@ -58,6 +65,7 @@ def kv_cache_bytes_formula(
     Position indices are not counted: they follow from ``seq_len`` alone and are shared by
     all layers.
     """
+    num_layers, num_kv_heads, head_dim = layout
     rows = [[1] * num_kv_heads for _ in range(num_layers)] if mask is None else [list(r) for r in mask]
     if len(rows) != num_layers or any(len(r) != num_kv_heads for r in rows):
         raise ValueError(f"mask: expected {num_layers} rows of {num_kv_heads} bits, got {[len(r) for r in rows]}")
