@@ -14,6 +14,7 @@ from bosch_eval.attention.hybrid_attention import hybridize
 from bosch_eval.caches.hybrid_cache import HybridCache, kv_cache_bytes
 from bosch_eval.caches.kv_quant.config import parse_kv_quant
 from bosch_eval.caches.kv_quant.formula import KVLayout, kv_cache_bytes_formula
+from bosch_eval.models.resolved_model import ResolvedModel
 from bosch_eval.compare.entries import EntryError, parse_entry
 from bosch_eval.compare.kv_bytes import entry_kv_bytes, relative_kv_bytes
 from bosch_eval.compare.leaderboard import EntryRuns, build_rows
@@ -441,13 +442,14 @@ class TestKVLength:
     def test_our_tasks_default_to_the_models_calibration_length(self) -> None:
         from bosch_eval.compare.cli import kv_length_of
 
-        assert kv_length_of(self.spec(["bosch_niah_calib"])) == 1024  # toy's bosch_defaults.json calib_len
-        assert kv_length_of(self.spec(["bosch_niah_calib"], {"seq_len": 256})) == 256
+        toy = ResolvedModel.named("toy")
+        assert kv_length_of(self.spec(["bosch_niah_calib"]), toy) == 1024  # toy's bosch_defaults.json calib_len
+        assert kv_length_of(self.spec(["bosch_niah_calib"], {"seq_len": 256}), toy) == 256
 
     def test_other_tasks_without_lengths_say_so_instead_of_none(self) -> None:
         from bosch_eval.compare.cli import kv_length_of
         from bosch_eval.compare.leaderboard import _kv_legend
 
-        assert kv_length_of(self.spec(["niah_single_1"])) is None
+        assert kv_length_of(self.spec(["niah_single_1"]), ResolvedModel.named("toy")) is None
         assert "None" not in _kv_legend(None) and "--kv-length" in _kv_legend(None)
         assert _kv_legend(512) == "KV bytes: relative to the original at T = 512."

@@ -18,8 +18,6 @@ from bosch_eval.compare.entries import EntryError, parse_entry
 from bosch_eval.compare.pack import pack
 from bosch_eval.compare.spec import build_spec, load_spec
 from bosch_eval.masks.head_mask import ModelShape
-from bosch_eval.models.model_check import model_config, resolve_model
-from bosch_eval.models.model_defaults import model_defaults
 from bosch_eval.runtime.versions import versions
 
 
@@ -65,24 +63,20 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _head_dim(model: str) -> int:
-    return ModelShape.head_dim_of(model_config(resolve_model(model)))
-
-
-def kv_length_of(spec: Any) -> int | None:
+def kv_length_of(spec: Any, model: Any) -> int | None:
     """T of the KV-bytes column: ``kv_length``, else the longest length the metadata names,
-    else, when every task is one of ours, the model's ``calib_len`` (``bosch_defaults.json``),
+    else, when every task is one of ours, the ``model``'s ``calib_len`` (``bosch_defaults.json``),
     which each of them defaults to (a bosch_niah_calib-only comparison said "T = None")."""
     length = spec.default_kv_length()
     if length is None and all(task.startswith("bosch_") for task in spec.tasks):
-        length = model_defaults(resolve_model(spec.model)).calib_len
+        length = model.defaults.calib_len
     return length
 
 
 def compare_main(args: argparse.Namespace) -> None:
     # The comparison itself: numpy, torch, lm-eval, transformers, not for --help.
     from bosch_eval.compare.leaderboard import build_rows, column_order, from_compare_dir, from_results_dir, write_leaderboard
-    from bosch_eval.compare.runner import output_lock, run_compare
+    from bosch_eval.compare.runner import output_lock, resolved_model, run_compare
 
     if args.pack:
         print(f"{args.out}: {pack(args.out, keep_prompts=args.keep_prompts)} files packed")
@@ -110,12 +104,13 @@ def compare_main(args: argparse.Namespace) -> None:
     if spec.reference not in names + [e.name for e in extra]:
         given = "--reference" if args.reference else "field 'reference' (default: original)"
         raise EntryError(f"{given}: {spec.reference!r} names no entry; expected one of {names + [e.name for e in extra]}")
-    head_dim = _head_dim(spec.model)  # the packed size of kv_quant entries depends on it
+    model = resolved_model(spec)
+    head_dim = ModelShape.head_dim_of(model.config)  # the packed size of kv_quant entries depends on it
     with output_lock(out):  # the runs and the leaderboard: one writer
-        run_compare(spec, out, resume=args.resume, locked=True, new_settings=args.new_settings)
+        run_compare(spec, out, resume=args.resume, locked=True, new_settings=args.new_settings, model=model)
         entries = from_compare_dir(out, names) + extra
         order = column_order(entries)
-        kv_length = kv_length_of(spec)
+        kv_length = kv_length_of(spec, model)
         rows = build_rows(entries, spec.reference, kv_length, head_dim=head_dim, tasks=spec.tasks)
         header = {"command": " ".join(["bosch-eval", *args.argv]), "versions": versions("bosch-eval", "lm_eval", "torch", "transformers"), "reference": spec.reference,
                   "kv_length": kv_length, "settings": spec.settings()}  # fmt: skip

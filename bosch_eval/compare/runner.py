@@ -225,13 +225,19 @@ def _build_tasks(spec: CompareSpec, path: str) -> tuple[Any, dict[str, list[Any]
 
 
 def run_compare(
-    spec: CompareSpec, out: str | Path, resume: bool = False, progress: bool = True, locked: bool = False, new_settings: bool = False
+    spec: CompareSpec,
+    out: str | Path,
+    resume: bool = False,
+    progress: bool = True,
+    locked: bool = False,
+    new_settings: bool = False,
+    model: ResolvedModel | None = None,
 ) -> list[str]:
     """Evaluate every planned run not yet finished (with these inputs); return their names.
 
     ``locked``: the caller already holds :func:`output_lock` on ``out`` (it writes more there).
     ``new_settings``: finished runs made otherwise are kept aside and evaluated again
-    (:func:`check_out_dir`).
+    (:func:`check_out_dir`). ``model``: the spec's model, resolved already (:func:`resolved_model`).
 
     Raises:
         EntryError: a bad entry or task, another comparison running on ``out``, or ``out``
@@ -242,7 +248,7 @@ def run_compare(
     from tqdm import tqdm
 
     out = Path(out)
-    model = resolved_model(spec)
+    model = model if model is not None else resolved_model(spec)
     plan = plan_runs(spec, model)
     with contextlib.nullcontext() if locked else output_lock(out):
         finished = check_out_dir(spec, out, resume, plan, new_settings)
