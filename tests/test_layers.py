@@ -304,13 +304,6 @@ def imports_ours(node: ast.AST) -> bool:
 # Imports of ours inside functions (docs/architecture.md#the-cores-folders): each says why in a
 # comment, and outside the CLI there are at most MOST_DEFERRED of them (issue 55 item 1).
 MOST_DEFERRED = 10
-# Functions whose imports of ours have yet to move to the top or say why, in modules their owners
-# are rewriting (issue 55 item 1), as "path function"; an entry fails once its function has none
-# left without a reason.
-NOT_YET_JUSTIFIED = {
-    "bosch_eval/bench/cli.py _bench",
-    "bosch_eval/bench/cli.py _kv_quant_configs",
-}
 
 
 @dataclass(frozen=True)
@@ -321,10 +314,6 @@ class Deferred:
     line: int
     function: str
     reason: bool  # a comment says why
-
-    @property
-    def key(self) -> str:
-        return f"{relative(self.path)} {self.function}"
 
     @property
     def is_the_clis(self) -> bool:
@@ -379,7 +368,7 @@ def test_imports_of_ours_inside_functions_say_why():
     """An import of ours inside a function is there for start-up time (``--help`` and interpreter
     start free of torch) or a heavy dependency deferred on purpose, and a comment says which:
     on its line, or heading its run of imports."""
-    silent = sorted(f"{relative(item.path)}:{item.line}" for item in DEFERRED if not item.reason and item.key not in NOT_YET_JUSTIFIED)
+    silent = sorted(f"{relative(item.path)}:{item.line}" for item in DEFERRED if not item.reason)
     assert not silent, f"imports of ours inside functions with no comment saying why; move them to the top, or say why (docs/architecture.md#the-cores-folders): {silent}"
 
 
@@ -388,7 +377,3 @@ def test_at_most_ten_deferred_imports_outside_the_cli():
     assert len(others) <= MOST_DEFERRED, f"{len(others)} imports of ours inside functions outside the CLI (at most {MOST_DEFERRED}): {others}"
 
 
-@pytest.mark.parametrize("key", sorted(NOT_YET_JUSTIFIED))
-def test_each_function_allowed_a_silent_import_still_has_one(key):
-    # Once its owner moves the import to the top or says why, its entry here goes too.
-    assert any(item.key == key and not item.reason for item in DEFERRED), f"{key}: no import of ours without a reason left; drop it from NOT_YET_JUSTIFIED"

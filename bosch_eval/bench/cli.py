@@ -8,7 +8,7 @@ from typing import Any
 
 from bosch_eval.caches.kv_quant.methods import KV_QUANT_METHODS
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, check_sinks
-from bosch_eval.models.model_check import ModelError, model_config, resolve_model
+from bosch_eval.models.model_check import ModelError, resolve_model
 from bosch_eval.runtime.device import pick_device
 from bosch_eval.runtime.errors import SettingsError
 
@@ -62,9 +62,11 @@ def _bench(args: argparse.Namespace) -> None:
 
     import torch
 
+    # The command's work (torch, transformers, matplotlib), imported when it runs: --help stays free of them.
     from bosch_eval.attention.hybrid_spec import backend_names, resolve_backend
     from bosch_eval.bench.report import environment, plot, ratio_table, rows_as_json
     from bosch_eval.bench.runner import BenchPlan, drawn_mask, run_bench
+    from bosch_eval.models.resolved_model import ResolvedModel
 
     if args.backend not in backend_names():
         raise SettingsError(f"--backend: expected one of {backend_names()}, got {args.backend!r}")
@@ -77,7 +79,7 @@ def _bench(args: argparse.Namespace) -> None:
         if args.sink is not None:
             mask = mask.with_meta(sinks=check_sinks(args.sink, "--sink"))
         if not args.model.startswith("random:"):  # a mask for another model fails before the weights load
-            mask.check_fits(ModelShape.from_config(model_config(resolve_model(args.model))), args.mask, args.model)
+            mask.check_fits(ResolvedModel.named(args.model).shape, args.mask, args.model)
     model = _bench_model(args, device)
     if args.mask:
         configs: list = [(Path(args.mask).stem, mask)]
@@ -126,6 +128,7 @@ def _kv_quant_configs(args: argparse.Namespace, model: Any, configs: list) -> li
     """``--kv-quant m1,m2``: each method alone, then on each mask configuration."""
     if not args.kv_quant:
         return []
+    # Here, not at the top: the runner loads torch (--help stays free of it).
     from bosch_eval.bench.runner import kv_quant_label
     from bosch_eval.caches.kv_quant.config import parse_kv_quant
 
