@@ -18,7 +18,7 @@ from bosch_eval.cli import TASK_FAMILIES, build_parser
 from bosch_eval.tasks import TASKS_DIR
 from tests.helpers import TaskYaml
 from tests.source_tree import dotted_module, imported_names, locate
-from tests.test_layers import DEFERRED, NOT_YET_JUSTIFIED, relative
+from tests.test_layers import DEFERRED, relative
 
 HEAVY = ("torch", "transformers", "lm_eval", "accelerate", "numpy")
 
@@ -39,10 +39,10 @@ print(json.dumps(sorted(name for name in sys.modules if name.split(".")[0] in {h
 
 def cli_deferred_modules() -> dict[str, set[str]]:
     """Each module of ours that a CLI module imports inside a function (tests/test_layers.py,
-    ``Deferred.is_the_clis``), with where; those not yet justified left out."""
+    ``Deferred.is_the_clis``), with where."""
     modules: dict[str, set[str]] = {}
     for item in DEFERRED:
-        if item.is_the_clis and item.key not in NOT_YET_JUSTIFIED:
+        if item.is_the_clis:
             for line, name in imported_names(item.path):
                 if line == item.line and (located := locate(name)) is not None:
                     modules.setdefault(dotted_module(located[0]), set()).add(f"{relative(item.path)}:{line}")
