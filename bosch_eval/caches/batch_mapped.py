@@ -8,6 +8,7 @@ one function to every tensor it holds instead (:meth:`BatchMappedLayer.map_batch
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable
 
 import torch
@@ -16,7 +17,8 @@ from transformers.cache_utils import DynamicLayer
 
 class BatchMappedLayer(DynamicLayer):
     """A cache layer whose tensors live in its own stores: subclasses say how to apply a
-    function to each of them along the batch (:meth:`map_batch`)."""
+    function to each of them along the batch (:meth:`map_batch`; transformers' layer base is an
+    ``ABC``, so a subclass without it cannot be made)."""
 
     is_croppable = False  # what a store dropped or quantized cannot be restored
 
@@ -24,9 +26,9 @@ class BatchMappedLayer(DynamicLayer):
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
 
+    @abstractmethod
     def map_batch(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Replace every tensor the layer holds by ``fn`` of it (rows along dimension 0)."""
-        raise NotImplementedError
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self.map_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
