@@ -8,21 +8,11 @@ from __future__ import annotations
 import ast
 from functools import cache
 
-import pytest
-
 from tests.source_tree import REPO, source_modules
 from tests.test_search_signatures import parameters
 
 MOST_PARAMETERS = 8
 MOST_LINES = 80
-# The functions over a limit today, not yet split (issue 55, item 7); an entry fails once its
-# function fits. Keyed by path and name, which survive edits above them better than a line.
-NOT_YET_SPLIT = {
-    "bosch_eval/attention/kernels/blocked.py _all_blocks_in_one_call": "not yet split",
-    "bosch_eval/attention/kernels/blocked.py _block_by_block": "not yet split",
-    "bosch_eval/attention/kernels/flex.py flex_hybrid_layer": "not yet split",
-    "bosch_eval/caches/kv_quant/fused.py gather_dequantize": "not yet split",
-}
 
 
 def oversized(source: str) -> dict[str, str]:
@@ -55,11 +45,4 @@ def test_the_limits_are_counted_as_stated():
 
 
 def test_no_function_over_eight_parameters_or_eighty_lines():
-    over = {name: why for name, why in package_oversized().items() if name not in NOT_YET_SPLIT}
-    assert over == {}, "split it into helpers with one job, or group its parameters in a frozen dataclass"
-
-
-@pytest.mark.parametrize("name", sorted(NOT_YET_SPLIT))
-def test_each_function_allowed_over_a_limit_still_is(name):
-    # Once its owner splits it, its entry here goes too.
-    assert name in package_oversized(), f"{name}: within the limits now; drop it from NOT_YET_SPLIT"
+    assert package_oversized() == {}, "split it into helpers with one job, or group its parameters in a frozen dataclass"

@@ -266,7 +266,7 @@ class TestCache:
 
         monkeypatch.setattr(fused_module, "enabled", True)
         monkeypatch.setattr(fused_module, "disabled_reason", "")
-        monkeypatch.setattr(fused_module, "_compiled", lambda bits, group_size, head_dim: no_compiler)
+        monkeypatch.setattr(fused_module, "_compiled", lambda packing: no_compiler)
         with caplog.at_level(logging.WARNING, logger="bosch_eval.caches.kv_quant.fused"):
             got = store._rebuild(new_keys, new_values)
         assert all(torch.equal(a, b) for a, b in zip(got, eager))

@@ -37,7 +37,7 @@ from transformers.masking_utils import AttentionMaskInterface, flash_attention_m
 from bosch_eval.attention.cached_attention import HybridStates, attend_cached
 from bosch_eval.attention.head_order import HeadOrder
 from bosch_eval.attention.hybrid_spec import HybridSpec, LayerSplit, RunsOn
-from bosch_eval.attention.kernels import Backend
+from bosch_eval.attention.kernels import Backend, LayerPattern
 from bosch_eval.attention.layer_call import LayerCall
 from bosch_eval.attention.local_window import LocalWindow
 from bosch_eval.attention.restore_point import RestorePoint
@@ -232,10 +232,9 @@ class HybridAttention:
         self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Any
     ) -> torch.Tensor:
         """A layer of full and SWA groups in one call of the backend's whole-layer kernel."""
-        swa_groups = [not bit for bit in self.spec.layout_bits(module.layer_idx)]
-        local = self.layer_local(kwargs, query.shape[2], key.shape[2])
-        layer = self.spec.kernels.layer
-        return layer(module, query, key, value, attention_mask, local, swa_groups=swa_groups, **self._with_cache(kwargs))
+        swa_groups = tuple(not bit for bit in self.spec.layout_bits(module.layer_idx))
+        pattern = LayerPattern(self.layer_local(kwargs, query.shape[2], key.shape[2]), swa_groups)
+        return self.spec.kernels.layer(module, query, key, value, attention_mask, pattern, **self._with_cache(kwargs))
 
     def _with_cache(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         return kwargs if self.kernel_cache is None else {**kwargs, "kernel_cache": self.kernel_cache}

@@ -9,7 +9,8 @@ window and sinks, one band predicate) for all the query heads it is handed::
 ``kwargs`` are transformers' (``scaling``, ``dropout``, ...). Queries are the last T of the
 K keys. A :class:`Backend` (:mod:`.backend`) pairs it with the full-attention kernel of the
 same family, the mask format transformers must build for it, optionally a whole-layer kernel
-that runs a mixed layer (full and SWA groups) in one call, and optionally a per-model cache
+that runs a mixed layer (full and SWA groups) in one call (taking a :class:`LayerPattern` where
+``local`` stands), and optionally a per-model cache
 that the hybrid model owns and hands its kernels as ``kernel_cache=`` (flex: its block masks).
 
 A backend is one module in this package holding its kernel and one line (``reference``,
@@ -24,6 +25,6 @@ package's modules first.
 from __future__ import annotations
 
 # Re-exported: members and callers import the registry from the package.
-from bosch_eval.attention.kernels.backend import BACKENDS, Backend, SwaKernel
+from bosch_eval.attention.kernels.backend import BACKENDS, Backend, LayerPattern, SwaKernel
 
-__all__ = ["BACKENDS", "Backend", "SwaKernel"]
+__all__ = ["BACKENDS", "Backend", "LayerPattern", "SwaKernel"]

@@ -14,9 +14,23 @@ from typing import Any
 import torch
 
 from bosch_eval.attention.kernels.sdpa_full import sdpa_full_attention
+from bosch_eval.masks.window import LocalWindow
 from bosch_eval.runtime.registry import Registry
 
 SwaKernel = Callable[..., torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LayerPattern:
+    """What a whole-layer kernel attends by: which KV groups are windowed, and their window.
+
+    Attributes:
+        local: the SWA groups' window and sinks.
+        swa_groups: per KV group of the layer, True = windowed by ``local``, False = full causal.
+    """
+
+    local: LocalWindow
+    swa_groups: tuple[bool, ...]
 
 
 @dataclass(frozen=True)
@@ -27,7 +41,8 @@ class Backend:
         swa: the windowed kernel (the signature in :mod:`bosch_eval.attention.kernels`).
         full: causal attention for the full groups, in the same family.
         mask_format: ``"sdpa"`` (a 4D mask or None) or ``"flash"`` (``[B, K]`` padding or None).
-        layer: a mixed layer in one call, ``layer(..., local, swa_groups=[bool per group])``.
+        layer: a mixed layer in one call, ``layer(module, query, key, value, mask, pattern, ...)``
+            with a :class:`LayerPattern` where the SWA kernel takes its ``local``.
         unavailable: why it cannot run on a device (None: it can).
         cache: makes the per-model state its ``swa``/``layer`` kernels take as
             ``kernel_cache=`` (None: they take none).

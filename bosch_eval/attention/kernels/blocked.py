@@ -103,7 +103,7 @@ def blocked_attention(
     n_blocks = -(-q_len // block)
     copied = batch * n_blocks * (block + local.window - 1 + local.sinks) * key.shape[1] * key.shape[-1]
     schedule = _all_blocks_in_one_call if copied <= _ONE_CALL_MAX_KEY_ELEMENTS else _block_by_block
-    return schedule(query, key, value, attention_mask, local, scaling, dropout, block, RowSinks(attention_mask, local, key))
+    return schedule(query, key, value, attention_mask, local, scaling, dropout, block)
 
 
 def _all_blocks_in_one_call(
@@ -115,12 +115,12 @@ def _all_blocks_in_one_call(
     scaling: float | None,
     dropout: float,
     block: int,
-    sinks: RowSinks,
 ) -> torch.Tensor:
     """The query heads of a KV group packed into the query axis (``[G, R·C]``), blocks on
     the batch axis: plain 4D SDPA inputs with a dense boolean mask, no GQA repeat."""
     batch, heads, q_len, _ = query.shape
     groups, kv_len = key.shape[1], key.shape[2]
+    sinks = RowSinks(attention_mask, local, key)
     per_group = heads // groups
     n_blocks = -(-q_len // block)
     span = block + local.window - 1
@@ -172,12 +172,12 @@ def _block_by_block(
     scaling: float | None,
     dropout: float,
     block: int,
-    sinks: RowSinks,
 ) -> torch.Tensor:
     """One SDPA call per block on key slices (plus each row's sinks before them); memory
     beyond the output: one block's ``C × (S + C + W − 1)`` mask and scores."""
     batch, heads, q_len, _ = query.shape
     window, device, kv_len = local.window, query.device, key.shape[2]
+    sinks = RowSinks(attention_mask, local, key)
     offset = kv_len - q_len  # key index of query 0
     out = query.new_empty(batch, q_len, heads, value.shape[-1])
     row_sink_keys, row_sink_values = (sinks.gather(key), sinks.gather(value)) if sinks.count else (None, None)

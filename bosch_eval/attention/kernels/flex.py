@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from bosch_eval.attention.kernels import BACKENDS, Backend
+from bosch_eval.attention.kernels import BACKENDS, Backend, LayerPattern
 from bosch_eval.attention.kernels.flex_blocks import BlockMaskCache, block_mask_for
 from bosch_eval.attention.kernels.reference import restrict_to_window
 from bosch_eval.attention.kernels.row_sinks import row_sinks
@@ -313,13 +313,12 @@ def flex_hybrid_layer(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    local: LocalWindow,
-    swa_groups: Sequence[bool],
+    pattern: LayerPattern,
     kernel_cache: BlockMaskCache | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
     """The registered whole-layer kernel: full and SWA groups in one call."""
-    return flex_attention_layer(query, key, value, attention_mask, local, swa_groups, kwargs.get("scaling"), kernel_cache)
+    return flex_attention_layer(query, key, value, attention_mask, pattern.local, pattern.swa_groups, kwargs.get("scaling"), kernel_cache)
 
 
 BACKENDS.register("flex", Backend(swa=flex_swa_attention, layer=flex_hybrid_layer, unavailable=flex_unavailable, cache=BlockMaskCache))

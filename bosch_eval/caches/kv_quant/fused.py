@@ -19,8 +19,11 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
+
+from bosch_eval.caches.kv_quant.packing import Quantized
 
 logger = logging.getLogger(__name__)
 
@@ -29,86 +32,102 @@ enabled = True
 # Why the compiled path was turned off (the first failure), for the log and for tests.
 disabled_reason = ""
 
+class StoredSide(NamedTuple):
+    """One side (keys or values) of a layer's store: its full-precision rows and its packed ones."""
+
+    full_precision: torch.Tensor  # [B, G, n_fp, D]
+    packed: Quantized  # codes [B, G, n_q, D·bits/8], rows in event order; scale and zero below
+
+
+class Positions(NamedTuple):
+    """Where each stored position lives: its ``row`` in the full-precision or the quantized
+    store, and whether it is ``quantized`` (both ``[seen]``)."""
+
+    row: torch.Tensor
+    quantized: torch.Tensor
+
+
+class Packing(NamedTuple):
+    """Constants of the compiled code: bits per code (2 or 4), channels per value scale, head dim."""
+
+    bits: int
+    group_size: int
+    head_dim: int
+
 
 def gather_dequantize(
-    fp_keys: torch.Tensor,
-    fp_values: torch.Tensor,
-    key_codes: torch.Tensor,
-    key_scale: torch.Tensor,
-    key_zero: torch.Tensor,
-    value_codes: torch.Tensor,
-    value_scale: torch.Tensor,
-    value_zero: torch.Tensor,
-    row: torch.Tensor,
-    quantized: torch.Tensor,
-    new_keys: torch.Tensor,
-    new_values: torch.Tensor,
-    bits: int,
-    group_size: int,
-    head_dim: int,
+    keys: StoredSide, values: StoredSide, positions: Positions, new_keys: torch.Tensor, new_values: torch.Tensor, packing: Packing
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[B, G, seen + q, D]`` keys and values: stored positions in order, then the ``q`` new ones.
+    """``[B, G, seen + q, D]`` keys and values: stored positions in order, then the ``q`` new
+    ones (``new_keys``, ``new_values``: ``[B, G, q, D]``, this step's states).
 
-    Args:
-        fp_keys, fp_values: ``[B, G, n_fp, D]`` full-precision rows.
-        key_codes, value_codes: ``[B, G, n_q, D·bits/8]`` packed codes, rows in event order.
-        key_scale, key_zero: ``[B, G, E, 1, D]``, one per event (``n_q / E`` rows) and channel.
-        value_scale, value_zero: ``[B, G, n_q, D / group_size]``.
-        row: ``[seen]`` each position's row in the full-precision or the quantized store.
-        quantized: ``[seen]`` whether the position is stored quantized.
-        new_keys, new_values: ``[B, G, q, D]`` this step's states.
-        bits: 2 or 4.
-        group_size: channels per value scale.
-        head_dim: ``D``.
+    Key scales and zeros are ``[B, G, E, 1, D]``, one per quantization event (``n_q / E`` rows)
+    and channel; value scales and zeros ``[B, G, n_q, D / group_size]``.
     """
-    dtype = fp_keys.dtype
-    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=key_codes.device)
-    levels = (1 << bits) - 1
-    q_row = torch.where(quantized, row, 0)  # positions of the other kind read row 0, discarded below
-    fp_row = torch.where(quantized, 0, row)
+    quantized = positions.quantized
+    q_row = torch.where(quantized, positions.row, 0)  # positions of the other kind read row 0, discarded below
+    fp_row = torch.where(quantized, 0, positions.row)
     select = quantized[:, None]
+    dtype = keys.full_precision.dtype
+    seen_keys = torch.where(select, _dequantized_keys(keys.packed, q_row, packing, dtype), keys.full_precision[:, :, fp_row])
+    seen_values = torch.where(select, _dequantized_values(values.packed, q_row, packing, dtype), values.full_precision[:, :, fp_row])
+    return torch.cat([seen_keys, new_keys], dim=2), torch.cat([seen_values, new_values], dim=2)
 
-    key_digits = ((key_codes[:, :, q_row, :, None] >> shifts) & levels).flatten(-2).to(dtype)  # [B, G, seen, D]
-    event = q_row // (key_codes.shape[2] // key_scale.shape[2])
-    keys = torch.where(select, key_digits * key_scale[:, :, event, 0].to(dtype) + key_zero[:, :, event, 0].to(dtype), fp_keys[:, :, fp_row])
 
-    value_digits = ((value_codes[:, :, q_row, :, None] >> shifts) & levels).flatten(-2).to(dtype)
-    grouped = value_digits.unflatten(-1, (head_dim // group_size, group_size))  # [B, G, seen, D/g, g]
-    dequantized = grouped * value_scale[:, :, q_row, :, None].to(dtype) + value_zero[:, :, q_row, :, None].to(dtype)
-    values = torch.where(select, dequantized.flatten(-2), fp_values[:, :, fp_row])
-    return torch.cat([keys, new_keys], dim=2), torch.cat([values, new_values], dim=2)
+def _digits(codes: torch.Tensor, q_row: torch.Tensor, bits: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[B, G, seen, D]``: the codes of each position's quantized row, unpacked."""
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=codes.device)
+    return ((codes[:, :, q_row, :, None] >> shifts) & ((1 << bits) - 1)).flatten(-2).to(dtype)
+
+
+def _dequantized_keys(packed: Quantized, q_row: torch.Tensor, packing: Packing, dtype: torch.dtype) -> torch.Tensor:
+    """Keys are quantized per channel: one scale and zero per quantization event."""
+    event = q_row // (packed.codes.shape[2] // packed.scale.shape[2])
+    digits = _digits(packed.codes, q_row, packing.bits, dtype)
+    return digits * packed.scale[:, :, event, 0].to(dtype) + packed.zero[:, :, event, 0].to(dtype)
+
+
+def _dequantized_values(packed: Quantized, q_row: torch.Tensor, packing: Packing, dtype: torch.dtype) -> torch.Tensor:
+    """Values are quantized per token: one scale and zero per ``group_size`` channels."""
+    digits = _digits(packed.codes, q_row, packing.bits, dtype)
+    grouped = digits.unflatten(-1, (packing.head_dim // packing.group_size, packing.group_size))  # [B, G, seen, D/g, g]
+    dequantized = grouped * packed.scale[:, :, q_row, :, None].to(dtype) + packed.zero[:, :, q_row, :, None].to(dtype)
+    return dequantized.flatten(-2)
 
 
 @functools.cache
-def _compiled(bits: int, group_size: int, head_dim: int) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    # ``bits``, ``group_size`` and the head dim are constants of the compiled code, and only
-    # batch, groups and lengths are dynamic (marked per call): under dynamic=True every int and size is
-    # symbolic and the unpacking loops are not vectorized, measured 10-60x slower on CPU.
-    def rebuild(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return gather_dequantize(*tensors, bits=bits, group_size=group_size, head_dim=head_dim)
+def _compiled(packing: Packing) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    # The packing is a constant of the compiled code, and only batch, groups and lengths are
+    # dynamic (marked per call): under dynamic=True every int and size is symbolic and the
+    # unpacking loops are not vectorized, measured 10-60x slower on CPU.
+    def rebuild(
+        keys: StoredSide, values: StoredSide, positions: Positions, new_keys: torch.Tensor, new_values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return gather_dequantize(keys, values, positions, new_keys, new_values, packing)
 
     return torch.compile(rebuild)
 
 
-# The dims of each argument of gather_dequantize that vary between calls: batch, groups (a
-# hybrid layer's full-attention groups differ by layer) and lengths. The rest (head dim,
-# packed bytes) are fixed for one model.
-_VARYING_DIMS = ((0, 1, 2),) * 8 + ((0,), (0,), (0, 1, 2), (0, 1, 2))
-
-
-def compiled_rebuild(*tensors: torch.Tensor, bits: int, group_size: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+def compiled_rebuild(
+    keys: StoredSide, values: StoredSide, positions: Positions, new_keys: torch.Tensor, new_values: torch.Tensor, packing: Packing
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """:func:`gather_dequantize` compiled, or ``None`` where it cannot run compiled (then the
     caller rebuilds eagerly; the first failure is logged and turns this path off)."""
     global enabled, disabled_reason
     if not enabled or torch._dynamo.config.disable:  # TORCHDYNAMO_DISABLE=1 would run the slow eager gather
         return None
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return None  # a backward through the cache: the eager rebuild keeps autograd's graph
     # Contiguous new states: their strides (views of the model's projections) would be guarded.
-    tensors = (*tensors[:-2], tensors[-2].contiguous(), tensors[-1].contiguous())
-    for tensor, dims in zip(tensors, _VARYING_DIMS, strict=True):
-        for dim in dims:  # "maybe": a size of 0 or 1 stays specialized, one more compile
+    new_keys, new_values = new_keys.contiguous(), new_values.contiguous()
+    states = (keys.full_precision, *keys.packed, values.full_precision, *values.packed, new_keys, new_values)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in states):
+        return None  # a backward through the cache: the eager rebuild keeps autograd's graph
+    # What varies between calls: batch, groups (a hybrid layer's full-attention groups differ by
+    # layer) and lengths; the head dim and the packed bytes are fixed for one model.
+    for tensor in states:
+        for dim in (0, 1, 2):  # "maybe": a size of 0 or 1 stays specialized, one more compile
             torch._dynamo.maybe_mark_dynamic(tensor, dim)
+    for tensor in positions:
+        torch._dynamo.maybe_mark_dynamic(tensor, 0)
     try:
         # Each (dtype, bits, group size, head dim, sizes of 0 or 1) is one compile of the same
         # code: a few per model, more across a test suite, so a higher limit than dynamo's 8;
@@ -119,7 +138,7 @@ def compiled_rebuild(*tensors: torch.Tensor, bits: int, group_size: int) -> tupl
         # ("sources must not be empty for symbol ...", torch 2.13; seen in CI).
         patch = torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True, automatic_dynamic_shapes=False)
         with torch.no_grad(), patch:
-            return _compiled(bits, group_size, tensors[0].shape[-1])(*tensors)
+            return _compiled(packing)(keys, values, positions, new_keys, new_values)
     except Exception as err:  # noqa: BLE001 - any compiler failure (no g++, no Triton) leaves the eager rebuild
         enabled = False
         disabled_reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"

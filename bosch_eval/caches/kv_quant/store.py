@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from bosch_eval.caches.kv_quant.config import KVQuantConfig
-from bosch_eval.caches.kv_quant.fused import compiled_rebuild
+from bosch_eval.caches.kv_quant.fused import Packing, Positions, StoredSide, compiled_rebuild
 from bosch_eval.caches.kv_quant.packing import Quantized, dequantize_keys, dequantize_values, quantize_keys, quantize_values
 from bosch_eval.caches.kv_quant.selection import Selector
 
@@ -81,8 +81,11 @@ class QuantizedKVStore:
         row[q_index] = torch.arange(q_index.shape[0], device=device)
         quantized = torch.zeros(self.seen, dtype=torch.bool, device=device)
         quantized[q_index] = True
-        fused = compiled_rebuild(self.fp_keys, self.fp_values, self.key_codes, self.key_scale, self.key_zero, self.value_codes,
-                                 self.value_scale, self.value_zero, row, quantized, keys, values, bits=self.config.bits, group_size=self.config.group_size)  # fmt: skip
+        fused = compiled_rebuild(
+            StoredSide(self.fp_keys, Quantized(self.key_codes, self.key_scale, self.key_zero)),
+            StoredSide(self.fp_values, Quantized(self.value_codes, self.value_scale, self.value_zero)),
+            Positions(row, quantized), keys, values, Packing(self.config.bits, self.config.group_size, self.fp_keys.shape[-1]),
+        )
         if fused is not None:
             return fused
         seen_keys, seen_values = self._expand(extra=keys.shape[-2])
