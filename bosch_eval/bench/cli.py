@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bosch_eval.caches.kv_quant.methods import KV_QUANT_METHODS
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, check_sinks
-from bosch_eval.models.model_check import ModelError, resolve_model
+from bosch_eval.models.model_check import ModelError
 from bosch_eval.runtime.device import pick_device
 from bosch_eval.runtime.errors import SettingsError
+
+if TYPE_CHECKING:
+    from bosch_eval.models.resolved_model import ResolvedModel
 
 # Random-weight models for timing (no download). attn-heavy: hidden width 128 against 16 heads
 # × 128, so attention is ~80% of the prefill at T = 8192 (the bench's "attention share").
@@ -44,15 +47,16 @@ def random_bench_model(name: str, dtype: Any, device: Any) -> Any:
         return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
 
 
-def _bench_model(args: argparse.Namespace, device: Any) -> Any:
+def _bench_model(args: argparse.Namespace, resolved: ResolvedModel | None, device: Any) -> Any:
+    """The model to measure: ``random:<name>`` (``resolved`` None) or the resolved model's weights."""
     import torch
     from transformers import AutoModelForCausalLM
 
     dtype = getattr(torch, args.dtype)
-    if args.model.startswith("random:"):
+    if resolved is None:
         model = random_bench_model(args.model.removeprefix("random:"), dtype, device)
     else:
-        model = AutoModelForCausalLM.from_pretrained(resolve_model(args.model), dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype, attn_implementation="sdpa")
     return model.to(device).eval()
 
 
@@ -74,13 +78,14 @@ def _bench(args: argparse.Namespace) -> None:
         raise SettingsError("--compile: KV quantization is not compiled (its store grows and quantizes in steps of W); drop --kv-quant or --compile")
     device = pick_device(args.device, "--device")  # before minutes of loading
     resolve_backend(args.backend, torch.device(device))  # a backend this device cannot run fails before the weights load
+    resolved = None if args.model.startswith("random:") else ResolvedModel.named(args.model)  # its files, no weights
     if args.mask:
         mask = HeadMask.load(args.mask)
         if args.sink is not None:
             mask = mask.with_meta(sinks=check_sinks(args.sink, "--sink"))
-        if not args.model.startswith("random:"):  # a mask for another model fails before the weights load
-            mask.check_fits(ResolvedModel.named(args.model).shape, args.mask, args.model)
-    model = _bench_model(args, device)
+        if resolved is not None:  # a mask for another model fails before the weights load
+            mask.check_fits(resolved.shape, args.mask, args.model)
+    model = _bench_model(args, resolved, device)
     if args.mask:
         configs: list = [(Path(args.mask).stem, mask)]
     else:
