@@ -236,6 +236,9 @@ def test_reference_and_from_results_that_name_nothing(tmp_path, capsys):
     assert main(_cli(tmp_path / "a", "--reference", "nosuch", entries=("original=", "intr=layers=intr,ratio=0.5"))) == 2
     assert "--reference: 'nosuch' names no entry; expected one of ['original', 'intr']" in capsys.readouterr().err
     assert not (tmp_path / "a").exists()  # refused before anything ran
+    assert main(_cli(tmp_path / "c", "--claimant", "bosch", entries=("original=", "intr=layers=intr,ratio=0.5"))) == 2
+    assert "--claimant: 'bosch' names no entry; expected one of ['original', 'intr']" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
     assert main(_cli(tmp_path / "b", "--from-results", str(tmp_path / "nodir"))) == 2
     assert f"--from-results {tmp_path / 'nodir'}: no such directory" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()

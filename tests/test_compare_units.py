@@ -117,7 +117,7 @@ class TestPairedCI:
         rng = np.random.default_rng(1)
         ref = {(None, i): float(v) for i, v in enumerate(rng.random(50))}
         entry = {k: v + 0.1 for k, v in ref.items()}
-        diff, low, high, n = paired_bootstrap_ci(entry, ref)
+        diff, low, high, n, _ = paired_bootstrap_ci(entry, ref)
         assert (n, diff) == (50, pytest.approx(0.1))
         assert low == pytest.approx(0.1) and high == pytest.approx(0.1)
 
@@ -126,17 +126,18 @@ class TestPairedCI:
         # sd sqrt(0.25·0.75), so the 95% interval is -0.25 ± 1.96·0.433/20 ≈ ±0.042.
         ref = {(None, i): 1.0 for i in range(400)}
         entry = {(None, i): 0.0 if i < 100 else 1.0 for i in range(400)}
-        diff, low, high, _ = paired_bootstrap_ci(entry, ref)
+        diff, low, high, _, p_value = paired_bootstrap_ci(entry, ref)
         half = 1.96 * math.sqrt(0.25 * 0.75) / 20
         assert diff == -0.25
         assert low == pytest.approx(-0.25 - half, abs=0.006) and high == pytest.approx(-0.25 + half, abs=0.006)
+        assert p_value == 0.0  # no replicate reaches zero, 5.8 standard errors away
 
     def test_strata_are_averaged_as_the_score_is(self):
         # length 512: 2 docs, diff -1 each; length 1024: 8 docs, diff 0: score diff = mean of
         # the per-length means = -0.5 (not the document mean -0.2).
         ref = {(512, i): 1.0 for i in range(2)} | {(1024, i): 1.0 for i in range(2, 10)}
         entry = {(512, i): 0.0 for i in range(2)} | {(1024, i): 1.0 for i in range(2, 10)}
-        diff, low, high, _ = paired_bootstrap_ci(entry, ref)
+        diff, low, high, *_ = paired_bootstrap_ci(entry, ref)
         assert (diff, low, high) == (-0.5, -0.5, -0.5)
 
     def test_other_documents_are_an_error(self):

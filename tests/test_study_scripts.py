@@ -118,6 +118,13 @@ class TestAvailableEntries:
         assert [e.split("=")[0] for e in yaml.safe_load((tmp_path / "out.yaml").read_text())["entries"]] == ["original", "here"]
         assert "entry 'later' left for a later call" in capsys.readouterr().err
 
+    def test_a_claimant_left_out_leaves_no_claims_field(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        spec = {"claimant": "later", "entries": ["original=", f"later=mask={tmp_path / 'nope.json'}"]}
+        (tmp_path / "in.yaml").write_text(yaml.safe_dump(spec))
+        available_entries.main([str(tmp_path / "in.yaml"), str(tmp_path / "out.yaml")])
+        assert "claimant" not in yaml.safe_load((tmp_path / "out.yaml").read_text())
+        assert "claimant 'later' is left out, so no claims.md yet" in capsys.readouterr().err
+
     def test_finished_keeps_finished_runs_and_seeds(self, tmp_path: Path) -> None:
         for run in ("original", "intr", "rand@seed=1"):
             (tmp_path / "runs" / run).mkdir(parents=True)

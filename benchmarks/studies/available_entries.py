@@ -7,7 +7,8 @@ dropped entry is named on stderr, so nothing is left out silently.
 
 ``--finished OUT``: only what ``OUT/runs`` holds (the reference always; a seeded entry with the
 seeds finished), so that ``compare --resume`` on it runs nothing and writes the leaderboard of
-the runs made so far (commands.sh leaderboard).
+the runs made so far (commands.sh leaderboard). A ``claimant`` left out is dropped too (named on
+stderr): its claims wait for its run.
 
     python benchmarks/studies/available_entries.py results/smollm2/leaderboard_r0.75.yaml OUT.yaml [--finished DIR]
 """
@@ -69,7 +70,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     spec = yaml.safe_load(Path(args.config).read_text())
     note = f"# {args.config}, narrowed by benchmarks/studies/available_entries.py to the entries {'finished in ' + str(args.finished) if args.finished else 'whose mask exists'}\n"
-    Path(args.out).write_text(note + yaml.safe_dump({**spec, "entries": narrow(spec, args.finished, args.config)}, sort_keys=False))
+    kept = narrow(spec, args.finished, args.config)
+    narrowed = {**spec, "entries": kept}
+    if spec.get("claimant") is not None and spec["claimant"] not in {entry_args(entry)[0] for entry in kept}:
+        print(f"{args.config}: claimant {spec['claimant']!r} is left out, so no claims.md yet", file=sys.stderr)
+        del narrowed["claimant"]
+    Path(args.out).write_text(note + yaml.safe_dump(narrowed, sort_keys=False))
 
 
 if __name__ == "__main__":

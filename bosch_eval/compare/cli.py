@@ -16,7 +16,7 @@ from typing import Any
 
 from bosch_eval.compare.entries import EntryError, parse_entry
 from bosch_eval.compare.pack import pack
-from bosch_eval.compare.spec import build_spec, load_spec
+from bosch_eval.compare.spec import CompareSpec, build_spec, load_spec
 from bosch_eval.masks.head_mask import ModelShape
 from bosch_eval.runtime.versions import versions
 
@@ -38,6 +38,7 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--gen-kwargs", help="lm-eval gen_kwargs (k=v,...)")
     parser.add_argument("--include-path", help="an extra lm-eval task directory")
     parser.add_argument("--reference", help="entry the CIs are differences to (default: original)")
+    parser.add_argument("--claimant", help="entry whose claims against every other entry go to claims.md (paired CIs, Holm-adjusted p)")
     parser.add_argument("--kv-length", type=int, help="T of the KV-bytes column (default: the longest task length)")
     parser.add_argument("--from-results", nargs="+", default=[], help="finished lm-eval output directories to add as entries")
     parser.add_argument("--resume", action="store_true", help="skip runs already finished under --out")
@@ -75,7 +76,8 @@ def kv_length_of(spec: Any, model: Any) -> int | None:
 
 def compare_main(args: argparse.Namespace) -> None:
     # The comparison itself: numpy, torch, lm-eval, transformers, not for --help.
-    from bosch_eval.compare.leaderboard import build_rows, column_order, from_compare_dir, from_results_dir, write_leaderboard
+    from bosch_eval.compare.claims import claims_of, write_claims
+    from bosch_eval.compare.leaderboard import build_rows, column_order, from_compare_dir, from_results_dir, headline_columns, write_leaderboard
     from bosch_eval.compare.runner import output_lock, resolved_model, run_compare
 
     if args.pack:
@@ -90,7 +92,7 @@ def compare_main(args: argparse.Namespace) -> None:
         raise EntryError(f"--metadata: not valid JSON ({err})") from None
     fields = {"model": args.model, "model_args": args.model_args, "tasks": args.tasks, "metadata": metadata, "limit": limit,
               "gen_kwargs": args.gen_kwargs, "include_path": args.include_path, "reference": args.reference,
-              "kv_length": args.kv_length, "doc_seed": args.doc_seed}  # fmt: skip
+              "claimant": args.claimant, "kv_length": args.kv_length, "doc_seed": args.doc_seed}  # fmt: skip
     if args.config:
         spec = load_spec(args.config, fields, args.entry)
     else:
@@ -101,9 +103,7 @@ def compare_main(args: argparse.Namespace) -> None:
     clash = [e.name for e in extra if e.name in names]
     if clash:
         raise EntryError(f"--from-results: {clash} has the name of an entry; rename the directory")
-    if spec.reference not in names + [e.name for e in extra]:
-        given = "--reference" if args.reference else "field 'reference' (default: original)"
-        raise EntryError(f"{given}: {spec.reference!r} names no entry; expected one of {names + [e.name for e in extra]}")
+    _check_named_entries(spec, names + [e.name for e in extra], args)
     model = resolved_model(spec)
     head_dim = ModelShape.head_dim_of(model.config)  # the packed size of kv_quant entries depends on it
     with output_lock(out):  # the runs and the leaderboard: one writer
@@ -115,4 +115,17 @@ def compare_main(args: argparse.Namespace) -> None:
         header = {"command": " ".join(["bosch-eval", *args.argv]), "versions": versions("bosch-eval", "lm_eval", "torch", "transformers"), "reference": spec.reference,
                   "kv_length": kv_length, "settings": spec.settings()}  # fmt: skip
         write_leaderboard(rows, order, out, header, spec.tasks)
+        if spec.claimant is not None:
+            claims = claims_of(spec.claimant, entries, rows, spec.reference, headline_columns(rows, order, spec.tasks))
+            write_claims(out, spec.claimant, claims, header)
     print((out / "leaderboard.md").read_text())
+    if spec.claimant is not None:
+        print((out / "claims.md").read_text())
+
+
+def _check_named_entries(spec: CompareSpec, names: list[str], args: argparse.Namespace) -> None:
+    """The reference and the claimant name entries (before any run)."""
+    for field, flag, name in (("reference", "--reference", spec.reference), ("claimant", "--claimant", spec.claimant)):
+        if name is not None and name not in names:
+            given = flag if getattr(args, field) else f"field {field!r}" + (" (default: original)" if field == "reference" else "")
+            raise EntryError(f"{given}: {name!r} names no entry; expected one of {names}")

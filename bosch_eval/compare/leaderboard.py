@@ -14,7 +14,7 @@ from typing import Any
 
 from bosch_eval.compare.entries import EntryError
 from bosch_eval.compare.kv_bytes import entry_kv_bytes
-from bosch_eval.compare.paired_ci import paired_bootstrap_ci
+from bosch_eval.compare.paired_ci import PairedDifference, paired_bootstrap_ci
 from bosch_eval.compare.results import RunResults, doc_values, main_score, read_run
 from bosch_eval.masks.head_mask import HeadMask, HeadRanking
 
@@ -153,14 +153,15 @@ def build_rows(
             cell = Cell(scores[0][0], statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None)
             cell.in_sample = bool(_members(name, groups) & calib)
             cell.truncated = bool(_members(name, groups) & truncated)
-            if ref is not None and entry is not ref:
-                cell.ci, cell.n_docs = _ci(entry, ref, [name], groups, cell.mean)
+            if ref is not None and entry is not ref and (paired := paired_difference(entry, ref, [name], cell.mean)) is not None:
+                cell.ci, cell.n_docs = paired[:3], paired.n
             row.cells[name] = cell
         rows.append(row)
     held = headline_columns(rows, column_order(entries), tasks or [])
     for entry, row in zip(entries, rows):
         if held and ref is not None and entry is not ref and all(n in row.cells and row.cells[n].ci for n in held):
-            row.headline_ci = _ci(entry, ref, held, _group_subtasks(entry), headline(row, held))[0]
+            paired = paired_difference(entry, ref, held, headline(row, held))
+            row.headline_ci = None if paired is None else paired[:3]
     return rows
 
 
@@ -182,13 +183,12 @@ def _leaves(name: str, groups: dict[str, list[str]], weight: float = 1.0) -> lis
     return [leaf for child in children for leaf in _leaves(child, groups, weight / len(children))]
 
 
-def _ci(
-    entry: EntryRuns, ref: EntryRuns, tasks: list[str], groups: dict[str, list[str]], score: float | None
-) -> tuple[tuple[float, float, float] | None, int | None]:
-    """The paired CI of the unweighted mean over ``tasks`` (one task: its score), a group's
-    documents those of its tasks, each task's lengths weighted as its score weighs them. None
-    where a task has no samples or another metric than the reference's, or where those weights
-    do not give a group's ``score`` (one that lm-eval weighs by size)."""
+def paired_difference(entry: EntryRuns, ref: EntryRuns, tasks: list[str], score: float | None) -> PairedDifference | None:
+    """``entry − ref`` on the unweighted mean over ``tasks`` (one task: its score), paired by
+    document, a group's documents those of its tasks, each task's lengths weighted as its score
+    weighs them. None where a task has no samples or another metric than the reference's, or
+    where those weights do not give a group's ``score`` (one that lm-eval weighs by size)."""
+    groups = _group_subtasks(entry)
     entry_docs: dict[tuple[Any, int], float] = {}
     ref_docs: dict[tuple[Any, int], float] = {}
     weights: dict[Any, float] = {}
@@ -196,9 +196,9 @@ def _ci(
         metric = main_score(entry.runs[0].results.get(task, {}))
         ref_metric = main_score(ref.runs[0].results.get(task, {}))
         if metric is None or ref_metric is None or ref_metric[0] != metric[0]:
-            return None, None
+            return None
         if not all(task in run.samples for run in entry.runs + ref.runs):
-            return None, None
+            return None
         mine, theirs = _mean_docs(entry.runs, task, metric[0]), _mean_docs(ref.runs, task, metric[0])
         strata = {key[0] for key in mine}
         for stratum in strata:
@@ -208,9 +208,8 @@ def _ci(
     if any(name in groups for name in tasks):
         weighted = math.fsum(w * statistics.fmean(v for k, v in entry_docs.items() if k[0] == stratum) for stratum, w in weights.items())
         if score is None or not math.isclose(weighted, score, abs_tol=1e-9):
-            return None, None
-    diff, low, high, n = paired_bootstrap_ci(entry_docs, ref_docs, weights=weights)
-    return (diff, low, high), n
+            return None
+    return paired_bootstrap_ci(entry_docs, ref_docs, weights=weights)
 
 
 def headline(row: Row, names: list[str]) -> float | None:

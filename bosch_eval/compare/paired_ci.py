@@ -7,17 +7,30 @@ score difference as the task computes its score: the unweighted mean over strata
 per-stratum mean differences (a stratum is a context length for RULER-style tasks, whose
 score is the mean over lengths; a single stratum otherwise). A mean over tasks (the
 leaderboard's headline) is the same with strata ``(task, length)`` weighted
-``1 / (tasks × the task's lengths)``.
+``1 / (tasks × the task's lengths)``. The p-value is the bootstrap's two-sided one: twice the
+smaller share of replicates on either side of zero (the smallest it can report is 2 / iters).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
+from typing import NamedTuple
 
 import numpy as np
 
 DEFAULT_ITERS = 10_000
 DEFAULT_SEED = 0
+
+
+class PairedDifference(NamedTuple):
+    """``entry − reference`` over ``n`` paired documents: the difference, its interval, and the
+    two-sided bootstrap p-value of "no difference"."""
+
+    difference: float
+    low: float
+    high: float
+    n: int
+    p_value: float
 
 
 def paired_bootstrap_ci(
@@ -28,8 +41,8 @@ def paired_bootstrap_ci(
     seed: int = DEFAULT_SEED,
     level: float = 0.95,
     weights: Mapping[Hashable, float] | None = None,
-) -> tuple[float, float, float, int]:
-    """Difference ``entry − reference`` and its ``level`` interval.
+) -> PairedDifference:
+    """Difference ``entry − reference``, its ``level`` interval and p-value.
 
     Args:
         entry: per-document values keyed by ``(stratum, doc_id)``.
@@ -37,7 +50,7 @@ def paired_bootstrap_ci(
         weights: the weight of each stratum's mean difference (default: equal, summing to 1).
 
     Returns:
-        ``(difference, low, high, n)`` with ``n`` the number of paired documents.
+        The difference with ``n`` the number of paired documents.
 
     Raises:
         ValueError: the two do not hold the same documents (a pairing would be wrong).
@@ -60,4 +73,5 @@ def paired_bootstrap_ci(
         replicates += weight[stratum] * values[picks].mean(axis=1)
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(replicates, [tail, 100 - tail])
-    return point, float(low), float(high), len(entry)
+    p_value = min(1.0, 2 * min(float(np.mean(replicates <= 0)), float(np.mean(replicates >= 0))))
+    return PairedDifference(point, float(low), float(high), len(entry), p_value)

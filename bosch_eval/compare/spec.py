@@ -10,6 +10,7 @@ YAML (paths relative to the working directory, as on lm-eval's command line)::
     gen_kwargs: null
     seeds: [0, 1, 2]                 # for layers=rand entries that name none
     reference: original              # the CIs are differences to this entry
+    claimant: bosch                  # optional: claims.md, this entry against every other (Holm)
     kv_length: 1024                  # T of the KV-bytes column (default: longest task length)
     entries:
       - original=
@@ -28,8 +29,8 @@ from bosch_eval.compare.entries import Entry, EntryError, check_keys, check_uniq
 from bosch_eval.models.model_identity import portable_name
 from bosch_eval.runtime.checks import check_int, is_number
 
-FIELDS = ("model", "model_args", "tasks", "metadata", "limit", "gen_kwargs", "seeds", "doc_seed", "reference", "kv_length", "entries",
-          "include_path", "bootstrap_iters")  # fmt: skip
+FIELDS = ("model", "model_args", "tasks", "metadata", "limit", "gen_kwargs", "seeds", "doc_seed", "reference", "claimant", "kv_length",
+          "entries", "include_path", "bootstrap_iters")  # fmt: skip
 
 
 @dataclass
@@ -44,6 +45,9 @@ class CompareSpec:
     limit: int | float | None = None
     gen_kwargs: str | None = None
     reference: str = "original"
+    # The entry whose claims against every other are tested (claims.md); None: no claims. A
+    # report setting, not part of settings(): naming it later needs no new runs.
+    claimant: str | None = None
     kv_length: int | None = None
     include_path: str | None = None
     bootstrap_iters: int = 0
@@ -147,6 +151,7 @@ def build_spec(data: dict[str, Any], entries: list[Entry], where: str) -> Compar
         limit=data.get("limit"),
         gen_kwargs=gen_kwargs,
         reference=data.get("reference") or "original",
+        claimant=data.get("claimant"),
         kv_length=data.get("kv_length"),
         include_path=data.get("include_path"),
         bootstrap_iters=int(data.get("bootstrap_iters") or 0),
