@@ -11,8 +11,11 @@ model_args (besides everything HFLM accepts):
 * ``sink=S``: attention-sink positions every SWA query also sees besides its window
   (overrides the mask's own ``sinks``; default 0, :mod:`bosch_eval.attention.local_window`);
 * ``attn_backend=auto|sdpa|blocked|flash_attention_2``;
-* ``kv_cache=hybrid|dynamic``: generation keeps only ``W − 1`` positions for SWA groups
-  (``hybrid``, default) or every position (``dynamic``, transformers' default cache);
+* ``kv_cache=hybrid|captured|dynamic``: generation keeps only ``W − 1`` positions for SWA groups
+  (``hybrid``, default), the same in buffers a CUDA graph can capture (``captured``:
+  :mod:`bosch_eval.caches.captured`; on a GPU transformers' ``generate`` then compiles its
+  decode step, ``mode="reduce-overhead"``; the same tokens as ``hybrid``), or every position
+  (``dynamic``, transformers' default cache);
 * ``memoize_tokens=True``: remember every string's token ids (the search scores the same
   requests thousands of times; off by default, since a plain evaluation sees each once).
 * ``progress_bars=False``: no per-call request bars (the search turns them off: its own
@@ -68,7 +71,8 @@ from lm_eval.models.huggingface import HFLM
 
 from bosch_eval.attention.hybrid_attention import HybridAttention, hybridize
 from bosch_eval.attention.local_window import SINK_RULE
-from bosch_eval.caches.hybrid_cache import HybridCache
+from bosch_eval.caches.captured import bucketed_capacity
+from bosch_eval.caches.hybrid_cache import HybridCache, captured_refusal
 from bosch_eval.caches.kv_quant.config import KVQuantConfig, parse_kv_quant
 from bosch_eval.caches.prefix_cache import PrefixActivations
 from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
@@ -190,6 +194,8 @@ class BoschLM(HFLM):
         if self.backend != "causal":
             raise ModelError(f"bosch: hybrid attention needs a decoder-only (causal) model, got backend={self.backend!r}")
         self.hybrid: HybridAttention = hybridize(self.model, head_mask, backend=settings.attn_backend, source=source)
+        if settings.kv_cache == "captured" and (why := captured_refusal(self.hybrid.spec, self.kv_quant)) is not None:
+            raise SettingsError(f"kv_cache=captured: {why}; use kv_cache=hybrid")
         set_saved_kv_quant(self.model.config, self.kv_quant)  # save_pretrained keeps the settings
         # Switches the search flips on a loaded adapter (tokens remembered, its own progress bar).
         self.memoize_tokens = settings.memoize_tokens
@@ -273,6 +279,13 @@ class BoschLM(HFLM):
 
     # kv_cache=hybrid: generation on the deploy-mode cache (SWA groups keep only their window).
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any) -> torch.Tensor:
+        if self.kv_cache == "captured":
+            # Recaptured per call (each call's cache has its own buffers), bucketed capacity: a
+            # compiled graph per bucket and batch size, so the recompile limit is raised to hold them.
+            cache = HybridCache.for_model(self.model, None, max_cache_len=bucketed_capacity(max_length), captured=True)
+            generation_kwargs.setdefault(cache_argument(self.model), cache)
+            with torch._dynamo.config.patch(recompile_limit=64):
+                return super()._model_generate(context, max_length, stop, **generation_kwargs)
         if self.kv_cache == "hybrid":
             cache = self.compressed.cache() if self.compressed is not None else HybridCache.for_model(self.model, None)
             generation_kwargs.setdefault(cache_argument(self.model), cache)

@@ -24,7 +24,7 @@ from bosch_eval.models.rope_scaling import check_rope_args
 from bosch_eval.runtime.checks import check_int, is_number
 from bosch_eval.runtime.errors import SettingsError
 
-KV_CACHES = ("hybrid", "dynamic")
+KV_CACHES = ("hybrid", "captured", "dynamic")
 # Field metadata: the field chooses the head mask, so it can be swapped in place on a loaded
 # model (``bosch-eval compare`` shares one load among entries that differ only there).
 MASK_SOURCE = "mask_source"

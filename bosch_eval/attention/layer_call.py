@@ -34,12 +34,17 @@ class LayerCall:
     def start(cls, module: torch.nn.Module, query: torch.Tensor, value_dim: int, kwargs: dict[str, Any]) -> LayerCall:
         return cls(module, query, kwargs, value_dim)
 
-    @functools.cached_property
+    @property
     def out(self) -> torch.Tensor:
         """Allocated on first use: a call whose parts return the whole output needs none.
-        (cached_property writes the instance __dict__ directly, so it works on a frozen value.)"""
-        query = self.query
-        return query.new_empty(query.shape[0], query.shape[2], query.shape[1], self.value_dim)
+        (Not ``functools.cached_property``: on Python 3.11 it takes a lock, which dynamo cannot
+        trace, so a compiled decode step would break its graph there.)"""
+        out = getattr(self, "_out", None)
+        if out is None:
+            query = self.query
+            out = query.new_empty(query.shape[0], query.shape[2], query.shape[1], self.value_dim)
+            object.__setattr__(self, "_out", out)  # a frozen value's one lazy field
+        return out
 
     def attend_runs(
         self, attend: Attend, runs: tuple[GroupRun, ...], group_size: int, key: torch.Tensor, value: torch.Tensor, mask: Any, kind_only: bool

@@ -183,8 +183,8 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     )  # fmt: skip
     bench.add_argument(
         "--compile", action="store_true",
-        help="decode steps under torch.compile (dynamic shapes), every configuration alike: the original on transformers' StaticCache, "
-        "the hybrids on their preallocated cache; the warm-up runs compile (refused with --kv-quant)",
+        help="decode steps under torch.compile over static caches (CUDA graphs on a GPU), every configuration alike: the original on "
+        "transformers' StaticCache, the hybrids on their captured cache; the warm-up runs compile (refused with --kv-quant)",
     )  # fmt: skip
     bench.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when torch sees a GPU, else cpu)")
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype")

@@ -184,10 +184,12 @@ def measure(
     prefill_peak = peak()
     kv_bytes = kv_cache_bytes(cache)
     token = logits[:, -1:].argmax(-1)
+    untimed = 1 if forward is not None else 0  # compiled: the step that records this cache's graph
+    token = _decode(model, token, cache, untimed, forward)
     with stopwatch(device) as decode:
         token = _decode(model, token, cache, decode_tokens, forward)
     _repeat_rows(cache, decode_batch)
-    token = token.repeat_interleave(decode_batch, dim=0)
+    token = _decode(model, token.repeat_interleave(decode_batch, dim=0), cache, untimed, forward)
     with stopwatch(device) as batch_decode:
         _decode(model, token, cache, decode_tokens, forward)
     steps = max(1, decode_tokens)
@@ -249,7 +251,9 @@ def configured(
     ``hf_steered`` way: a patch applied for a block, never left behind).
 
     ``capacity`` (compiled decoding): caches preallocated for that many positions, the
-    original on transformers' ``StaticCache``, a hybrid on its cache with ``max_cache_len``.
+    original on transformers' ``StaticCache``, a hybrid on its captured cache
+    (``HybridCache.for_model(..., max_cache_len=capacity, captured=True)``): fixed shapes and
+    tensor positions in both, so one graph (one CUDA graph on a GPU) serves every step.
 
     Raises:
         SettingsError: the model is already hybridized, so its original cannot be timed.
@@ -264,17 +268,19 @@ def configured(
     # Heads permuted by kind where the family allows (deploy mode: decode steps read views only).
     by_kind = can_permute(attention_modules(model).values())
     with hybridize(model, mask, window=mask.window or window, backend=backend, by_kind=by_kind):
-        yield HybridCache.for_model(model, kv_quant, max_cache_len=capacity)
+        yield HybridCache.for_model(model, kv_quant, max_cache_len=capacity, captured=capacity is not None)
 
 
 @contextmanager
 def compiled_decoding(model: Any, wanted: bool, kv_quant: bool) -> Iterator[Callable[..., Any] | None]:
-    """The model compiled for decode steps (None: not wanted), ``dynamic=True``: a cache's
-    positions become symbolic after the first recompile, so one graph serves every later step
-    of a length and batch; CUDA graphs (``mode="reduce-overhead"``) are not used, as every
-    step's positions would be a new capture. Dynamo's recompile limit is raised for the block:
-    each configuration (original, each mask) and batch size is its own graph, and past the
-    limit dynamo runs eagerly, which would time the eager model as the compiled one.
+    """The model compiled for decode steps (None: not wanted): ``dynamic=False`` over the
+    static caches :func:`configured` builds (every shape fixed, positions in tensors), and on
+    CUDA ``mode="reduce-overhead"``, so each step replays one captured CUDA graph. Graphs are
+    per configuration, batch size and capacity (the prompt length plus the decodes): each is
+    compiled in the warm-up, and each cache's first step, which records its graph for the
+    cache's buffers, is left out of the timing (:func:`measure`). Dynamo's recompile limit is
+    raised for the block, since past it dynamo runs eagerly, which would time the eager model
+    as the compiled one.
 
     Raises:
         SettingsError: with KV quantization (its store appends a step's states and
@@ -285,8 +291,9 @@ def compiled_decoding(model: Any, wanted: bool, kv_quant: bool) -> Iterator[Call
         return
     if kv_quant:
         raise SettingsError("bench --compile: KV quantization is not compiled (its store grows and quantizes in steps of W); drop --kv-quant or --compile")
+    mode = "reduce-overhead" if model.device.type == "cuda" else None  # CUDA graphs need a GPU
     with torch._dynamo.config.patch(recompile_limit=256):
-        yield torch.compile(model, dynamic=True)
+        yield torch.compile(model, dynamic=False, mode=mode)
 
 
 def kv_quant_label(kv_quant: KVQuantConfig) -> str:
@@ -312,8 +319,8 @@ class BenchPlan:
         backend: attention backend of the hybrids (``auto`` or a registered one).
         profile: also measure the attention share and the decode phase's peak, in two more
             runs per configuration (else those fields are None).
-        compile_decode: decode steps under ``torch.compile(dynamic=True)``, every configuration
-            alike (:func:`compiled_decoding`); the warm-up runs compile.
+        compile_decode: decode steps under ``torch.compile`` on static caches (CUDA graphs on a
+            GPU), every configuration alike (:func:`compiled_decoding`); the warm-up runs compile.
     """
 
     lengths: tuple[int, ...]
@@ -380,7 +387,7 @@ def _bench_length(model: Any, configs: list[Config], plan: BenchPlan, length: in
     masks = {c[0]: c[1] if isinstance(c[1], HeadMask) or c[1] is None else drawn_mask(shape, c[1], w).with_meta(sinks=plan.sinks) for c in configs}
     ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length)).to(device)
     configurations: list[tuple[str, HeadMask | None]] = [("original", None), *masks.items()]
-    capacity = length + 2 * plan.decode_tokens + 1 if forward is not None else None  # the prefill and both decodes
+    capacity = length + 2 * (plan.decode_tokens + 1) if forward is not None else None  # the prefill and both decodes, each with its untimed step
 
     def set_up(label: str, mask: HeadMask | None) -> AbstractContextManager[DynamicCache]:
         return configured(model, mask, w, quant.get(label), plan.backend, capacity)

@@ -8,7 +8,8 @@ run of N steps reallocates O(log N) times. Attention gets views of the positions
 (``[:, :, :length]``), so the model's mask, built for ``length`` keys, lines up as on
 transformers' ``DynamicCache``.
 
-Positions are plain ints: this is the eager cache (a decode step writes one slice). The write
+Positions are plain ints in the eager cache (a decode step writes one slice); a captured
+decode step writes at a tensor position instead (:meth:`FullBuffer.write_at`). The write
 itself is left to the caller, which copies every part of a layer in one
 ``torch._foreach_copy_`` (one launch, one aten op, for the full and SWA parts' keys and values).
 """
@@ -28,8 +29,9 @@ class FullBuffer:
         capacity: positions to allocate up front (None: the first chunk's length, then doubling).
     """
 
-    def __init__(self, capacity: int | None = None) -> None:
+    def __init__(self, capacity: int | None = None, fixed: bool = False) -> None:
         self.capacity = capacity
+        self.fixed = fixed  # never reallocated (a captured graph reads the buffers where it recorded them)
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self.length = 0
@@ -40,12 +42,24 @@ class FullBuffer:
         once they are written."""
         end = self.length + keys.shape[2]
         if self.keys is None:
-            size = max(end, self.capacity or 0)
-            self.keys = keys.new_empty(keys.shape[0], groups, size, keys.shape[3])
-            self.values = values.new_empty(values.shape[0], groups, size, values.shape[3])
+            self.allocate(keys, values, groups, max(end, self.capacity or 0))
         elif end > self.keys.shape[2]:
             self._grow(max(end, 2 * self.keys.shape[2]))
         return self.keys[:, :, self.length : end], self.values[:, :, self.length : end]
+
+    def allocate(self, keys: torch.Tensor, values: torch.Tensor, groups: int, size: int) -> None:
+        """Buffers of ``size`` positions for ``groups`` groups shaped like ``keys``/``values``;
+        zeros where fixed: a captured step attends the whole buffer, its unwritten positions
+        masked, and a NaN of uninitialized memory times a zero weight would still be NaN."""
+        allocate = torch.zeros if self.fixed else torch.empty
+        self.keys = allocate(keys.shape[0], groups, size, keys.shape[3], dtype=keys.dtype, device=keys.device)
+        self.values = allocate(values.shape[0], groups, size, values.shape[3], dtype=values.dtype, device=values.device)
+
+    def write_at(self, step: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """A captured decode step (``bosch_eval.caches.captured``): one position's ``[B, G, 1, D]``
+        states at ``step``, a 0-d tensor (``length`` does not move; the caller's position does)."""
+        self.keys.index_copy_(2, step.view(1), keys)
+        self.values.index_copy_(2, step.view(1), values)
 
     def advance(self, count: int) -> None:
         self.length += count
@@ -56,6 +70,8 @@ class FullBuffer:
 
     def _grow(self, size: int) -> None:
         # Rare (a doubling): the one copy of the past that a dynamic cache makes every step.
+        if self.capacity is not None and self.fixed:
+            raise ValueError(f"max_cache_len={self.capacity}: a captured cache cannot hold {size} positions; build it with a larger max_cache_len")
         keys, values = self.keys, self.values
         self.keys = keys.new_empty(*keys.shape[:2], size, keys.shape[3])
         self.values = values.new_empty(*values.shape[:2], size, values.shape[3])

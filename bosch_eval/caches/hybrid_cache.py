@@ -31,6 +31,7 @@ full-precision ring as above. One selector per cache decides the full-precision 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,41 +42,65 @@ from bosch_eval.attention.hybrid_attention import HybridAttention, hybrid_state
 from bosch_eval.attention.hybrid_spec import GroupRun, HybridSpec, LayerSplit
 from bosch_eval.attention.local_window import LocalWindow
 from bosch_eval.caches.batch_mapped import BatchMappedLayer
+from bosch_eval.caches.captured import CapturedPosition, CapturedRingPart, mark_static
 from bosch_eval.caches.full_buffer import FullBuffer
 from bosch_eval.caches.kv_quant.config import KVQuantConfig
 from bosch_eval.caches.kv_quant.layer import QuantizedFullLayer
 from bosch_eval.caches.kv_quant.selection import Selector
 from bosch_eval.caches.kv_quant.store import QuantizedKVStore
 from bosch_eval.caches.swa_ring import SwaRing
+from bosch_eval.runtime.errors import SettingsError
 
 
 class StaticFullLayer(BatchMappedLayer):
     """A layer with every group full: every position, preallocated and written in place
-    (transformers' ``StaticLayer`` idea, with int positions and growth for eager decoding)."""
+    (transformers' ``StaticLayer`` idea, with int positions and growth for eager decoding;
+    ``captured``: decode steps at a tensor position over the whole capacity,
+    :mod:`bosch_eval.caches.captured`)."""
 
-    def __init__(self, capacity: int | None = None) -> None:
+    def __init__(self, capacity: int | None = None, captured: bool = False) -> None:
         super().__init__()
-        self.buffer = FullBuffer(capacity)
+        self.buffer = FullBuffer(capacity, fixed=captured)
+        self.position = CapturedPosition() if captured else None
+        self.is_compileable = captured
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        if self.position is not None and key_states.shape[2] == 1:
+            return self._captured_step(key_states, value_states)
         torch._foreach_copy_(list(self.buffer.slots(key_states, value_states, key_states.shape[1])), [key_states, value_states])
         self.buffer.advance(key_states.shape[2])
         # transformers' layer attributes, read as a DynamicLayer's: the positions held (views).
         self.keys, self.values = self.buffer.held()
+        if self.position is not None:
+            self.position.place(key_states.device, self.buffer.length)
+            mark_static([self.buffer.keys, self.buffer.values, self.position.next])
         return self.keys, self.values
 
-    def get_seq_length(self) -> int:
-        return self.buffer.length
+    def _captured_step(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.buffer.keys is None:  # a one-token prompt
+            self.buffer.allocate(key_states, value_states, key_states.shape[1], self.buffer.capacity)
+            self.position.place(key_states.device, 0)
+        self.buffer.write_at(self.position.next, key_states, value_states)
+        self.position.advance()
+        self.keys, self.values = self.buffer.keys, self.buffer.values
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int | torch.Tensor:
+        # Captured: the position tensor, so a compiled step's RoPE positions are no int to guard on.
+        return self.position.next if self.position is not None else self.buffer.length
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        if self.position is not None and query_length == 1:
+            return self.buffer.capacity, 0  # a captured step attends the whole buffer
         return self.buffer.length + query_length, 0
 
     def stored_bytes(self) -> int:
         if self.keys is None:
             return 0
-        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+        per_position = self.keys[:, :, 0].numel() * self.keys.element_size() + self.values[:, :, 0].numel() * self.values.element_size()
+        return per_position * int(self.get_seq_length())
 
     def allocated_bytes(self) -> int:
         return self.buffer.allocated_bytes()
@@ -84,14 +109,35 @@ class StaticFullLayer(BatchMappedLayer):
         self.buffer.reset()
         self.keys = self.values = None
         self.is_initialized = False
+        if self.position is not None:
+            self.position = CapturedPosition()
 
     def map_batch(self, fn: Any) -> None:
         if self.buffer.keys is not None:
             self.buffer.map_batch(fn)
             self.keys, self.values = self.buffer.held()
+            if self.position is not None:
+                mark_static([self.buffer.keys, self.buffer.values])
 
     def crop(self, tokens_to_remove: int) -> None:
         raise RuntimeError("a hybrid KV cache cannot be cropped")
+
+
+@dataclass(frozen=True)
+class LayerStorage:
+    """How a hybrid cache layer stores its groups.
+
+    Attributes:
+        kv_quant: quantize the full groups outside ``selector``'s full-precision set (None: no).
+        selector: the cache's one choice of full-precision positions, shared by its layers.
+        capacity: full-group positions allocated up front (None: grow by doubling).
+        captured: decode steps at a tensor position over fixed shapes (:mod:`bosch_eval.caches.captured`).
+    """
+
+    kv_quant: KVQuantConfig | None = None
+    selector: Selector | None = None
+    capacity: int | None = None
+    captured: bool = False
 
 
 class HybridHeadLayer(BatchMappedLayer):
@@ -99,16 +145,17 @@ class HybridHeadLayer(BatchMappedLayer):
 
     is_croppable = False  # dropped SWA positions cannot be restored
 
-    def __init__(
-        self, split: LayerSplit, local: LocalWindow, kv_quant: KVQuantConfig | None = None, selector: Selector | None = None, capacity: int | None = None
-    ) -> None:
+    def __init__(self, split: LayerSplit, local: LocalWindow, storage: LayerStorage = LayerStorage()) -> None:
         super().__init__()
         self.split, self.local = split, local
         self.cumulative_length = 0
-        self.full = FullBuffer(capacity)
+        self.full = FullBuffer(storage.capacity, fixed=storage.captured)
         self.ring = SwaRing(local)
         # Full groups quantized outside the selector's full-precision set (none: no full group).
-        self.quantized = QuantizedKVStore(kv_quant, selector) if kv_quant is not None and split.full and selector is not None else None
+        quantized = storage.kv_quant is not None and split.full and storage.selector is not None
+        self.quantized = QuantizedKVStore(storage.kv_quant, storage.selector) if quantized else None
+        self.position = CapturedPosition() if storage.captured else None
+        self.is_compileable = storage.captured
 
     @property
     def sink_real(self) -> torch.Tensor | None:
@@ -123,6 +170,8 @@ class HybridHeadLayer(BatchMappedLayer):
         part as :meth:`SwaRing.stage` presents it)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        if self.position is not None and key_states.shape[2] == 1:
+            return self._captured_step(key_states, value_states)
         self.cumulative_length += key_states.shape[2]
         # One query: the ring is written before it is read, so the new states are not needed
         # apart (no copy of several runs); a chunk is put together with the ring's run first.
@@ -141,7 +190,24 @@ class HybridHeadLayer(BatchMappedLayer):
         if self.quantized is None:
             self.full.advance(key_states.shape[2])
             full_keys, full_values = self.full.held()
+        if self.position is not None:
+            self.position.place(key_states.device, self.cumulative_length)
+            mark_static([self.full.keys, self.full.values, *self.ring.buffers(), self.position.next])
         return HybridStates(full_keys, swa_keys, self.ring), HybridStates(full_values, swa_values, self.ring)
+
+    def _captured_step(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[HybridStates, HybridStates]:
+        """One token at the position tensor: the full groups' buffers and the whole ring, every
+        shape fixed (:mod:`bosch_eval.caches.captured`)."""
+        if self.full.keys is None:  # a one-token prompt
+            self.full.allocate(key_states, value_states, len(self.split.full_groups), self.full.capacity)
+            self.ring.allocate(key_states, value_states, len(self.split.swa_groups))
+            self.position.place(key_states.device, 0)
+        step = self.position.next
+        self.full.write_at(step, _select(key_states, self.split.full), _select(value_states, self.split.full))
+        self.ring.write_captured(_select(key_states, self.split.swa), _select(value_states, self.split.swa), step)
+        self.position.advance()
+        part = CapturedRingPart(self.ring, self.position)
+        return HybridStates(self.full.keys, self.ring.keys, part), HybridStates(self.full.values, self.ring.values, part)
 
     def _ring_writes(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The ring's slots for the step's last positions, and the states that go there."""
@@ -153,10 +219,13 @@ class HybridHeadLayer(BatchMappedLayer):
                 sources += [key_states[:, run.start : run.stop, steps], value_states[:, run.start : run.stop, steps]]
         return targets, sources
 
-    def get_seq_length(self) -> int:
-        return self.cumulative_length
+    def get_seq_length(self) -> int | torch.Tensor:
+        # Captured: the position tensor, so a compiled step's RoPE positions are no int to guard on.
+        return self.position.next if self.position is not None else self.cumulative_length
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        if self.position is not None and query_length == 1:
+            return self.full.capacity, 0  # a captured step attends the whole buffer
         # The mask spans every position (full groups); the SWA part picks its columns.
         return self.cumulative_length + query_length, 0
 
@@ -167,9 +236,9 @@ class HybridHeadLayer(BatchMappedLayer):
         if self.quantized is not None:
             full = sum(t.numel() * t.element_size() for t in self.quantized.tensors())
         else:
-            keys, values = self.full.held()
-            full = keys.numel() * keys.element_size() + values.numel() * values.element_size()
-        return full + self.ring.held_bytes()
+            keys, values = self.full.keys, self.full.values
+            full = (keys[:, :, 0].numel() * keys.element_size() + values[:, :, 0].numel() * values.element_size()) * int(self.get_seq_length())
+        return full + self.ring.held_bytes(int(self.get_seq_length()))
 
     def allocated_bytes(self) -> int:
         quantized = sum(t.numel() * t.element_size() for t in self.quantized.tensors()) if self.quantized is not None else 0
@@ -182,6 +251,8 @@ class HybridHeadLayer(BatchMappedLayer):
             self.quantized.reset()
         self.cumulative_length = 0
         self.is_initialized = False
+        if self.position is not None:
+            self.position = CapturedPosition()
 
     def map_batch(self, fn: Any) -> None:
         if self.is_initialized:
@@ -189,6 +260,8 @@ class HybridHeadLayer(BatchMappedLayer):
                 self.quantized.map_batch(fn)
             self.full.map_batch(fn)
             self.ring.map_batch(fn)
+            if self.position is not None:
+                mark_static([self.full.keys, self.full.values, *self.ring.buffers()])
 
     def crop(self, tokens_to_remove: int) -> None:
         raise RuntimeError("a hybrid KV cache cannot be cropped: its SWA groups no longer hold old positions")
@@ -210,7 +283,7 @@ class HybridCache(DynamicCache):
         self.spec, self._handle = spec, handle
 
     @classmethod
-    def for_model(cls, model: Any, kv_quant: KVQuantConfig | None = None, max_cache_len: int | None = None) -> HybridCache:
+    def for_model(cls, model: Any, kv_quant: KVQuantConfig | None = None, max_cache_len: int | None = None, captured: bool = False) -> HybridCache:
         """The cache of a hybridized ``model`` for its current spec (deploy mode keeps it fixed).
 
         Args:
@@ -218,18 +291,29 @@ class HybridCache(DynamicCache):
                 them at full precision.
             max_cache_len: positions to allocate for the full groups up front (prompt and
                 new tokens); None: the first chunk's length, doubled when outgrown.
+            captured: decode steps a CUDA graph can capture (:mod:`bosch_eval.caches.captured`):
+                needs ``max_cache_len`` (every position the run writes) and the sdpa mask
+                format; the cache is then ``is_compileable``, so transformers' ``generate``
+                compiles its decode steps on a GPU.
+
+        Raises:
+            SettingsError: ``captured`` without ``max_cache_len``, with KV quantization, or
+                with a backend whose mask is not the sdpa format (flash).
         """
         handle = hybrid_state(model)
         spec = handle.spec
+        if captured:
+            _check_captured(spec, kv_quant, max_cache_len)
         selector = Selector(kv_quant.method, kv_quant.window) if kv_quant is not None else None
+        storage = LayerStorage(kv_quant, selector, max_cache_len, captured)
         layers: list[DynamicLayer] = []
         for layer, bits in enumerate(spec.mask.bits):
             if not all(bits):
-                layers.append(HybridHeadLayer(handle.layer_split(layer), spec.local, kv_quant, selector, max_cache_len))
+                layers.append(HybridHeadLayer(handle.layer_split(layer), spec.local, storage))
             elif kv_quant is not None:
                 layers.append(QuantizedFullLayer(kv_quant, selector))
             else:
-                layers.append(StaticFullLayer(max_cache_len))
+                layers.append(StaticFullLayer(max_cache_len, captured))
         return cls(layers, spec, handle)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
@@ -246,6 +330,22 @@ class HybridCache(DynamicCache):
                 f"({_describe(self.spec)}; the model: {_describe(current)}); build a new cache "
                 "(HybridCache.for_model) after set_mask"
             )
+
+
+def captured_refusal(spec: HybridSpec, kv_quant: KVQuantConfig | None) -> str | None:
+    """Why a model running ``spec`` cannot decode on a captured cache (None: it can)."""
+    if kv_quant is not None:
+        return "KV quantization is not captured (its store grows and quantizes in steps of W)"
+    if spec.kernels.mask_format != "sdpa":
+        return f"the {spec.backend} backend takes the {spec.kernels.mask_format} mask format; a captured step needs the sdpa format's mask over the capacity"
+    return None
+
+
+def _check_captured(spec: HybridSpec, kv_quant: KVQuantConfig | None, max_cache_len: int | None) -> None:
+    if max_cache_len is None:
+        raise SettingsError("captured=True: give max_cache_len, every position the run writes (prompt and new tokens)")
+    if (why := captured_refusal(spec, kv_quant)) is not None:
+        raise SettingsError(f"captured=True: {why}")
 
 
 def _describe(spec: HybridSpec | None) -> str:

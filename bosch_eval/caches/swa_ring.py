@@ -37,6 +37,7 @@ import torch
 
 from bosch_eval.attention.kernels.row_sinks import gather_keys, key_padding
 from bosch_eval.attention.local_window import LocalWindow, sink_indices
+from bosch_eval.caches.captured import ring_mask
 
 
 class SwaRing:
@@ -75,11 +76,7 @@ class SwaRing:
         caller then writes the states to :meth:`targets`."""
         sinks, window = self.local.sinks, self.local.window
         if self.keys is None:
-            shape = (keys.shape[0], groups, sinks + window)
-            self.keys, self.values = keys.new_zeros(*shape, keys.shape[3]), values.new_zeros(*shape, values.shape[3])
-            self.sink_real = torch.zeros(keys.shape[0], sinks, dtype=torch.bool, device=keys.device)
-            self.sink_pos = torch.zeros(keys.shape[0], sinks, dtype=torch.long, device=keys.device)
-            self.slots_final = sinks == 0
+            self.allocate(keys, values, groups)
         self.start, self.count = self.seen, keys.shape[2]
         self.seen += self.count
         if self.count == 1:
@@ -89,6 +86,15 @@ class SwaRing:
         self.steady = False  # a chunk may bring padding into the ring
         self._chunk = self._chunk_part(keys, values)
         return self._chunk
+
+    def allocate(self, keys: torch.Tensor, values: torch.Tensor, groups: int) -> None:
+        """The buffers, for ``groups`` groups shaped like ``keys``/``values`` ``[B, ·, ·, D]``."""
+        sinks, window = self.local.sinks, self.local.window
+        shape = (keys.shape[0], groups, sinks + window)
+        self.keys, self.values = keys.new_zeros(*shape, keys.shape[3]), values.new_zeros(*shape, values.shape[3])
+        self.sink_real = torch.zeros(keys.shape[0], sinks, dtype=torch.bool, device=keys.device)
+        self.sink_pos = torch.zeros(keys.shape[0], sinks, dtype=torch.long, device=keys.device)
+        self.slots_final = sinks == 0
 
     def targets(self) -> list[tuple[slice, slice]]:
         """Where the step's states go: ``(ring slots, positions within the step)`` pairs, at
@@ -208,13 +214,40 @@ class SwaRing:
         self.sink_pos = torch.where(take, self.start, self.sink_pos)
         self.sink_real = self.sink_real | take
 
+    # -- a captured decode step (bosch_eval.caches.captured) ------------------------------------
+    def write_captured(self, keys: torch.Tensor, values: torch.Tensor, step: torch.Tensor) -> None:
+        """One token's ``[B, G, 1, D]`` states at position ``step`` (a 0-d tensor) into slot
+        ``S + step mod W``, in place; a row still short of sinks takes them as its next sink.
+        The int counters do not move (the cache's position tensor does)."""
+        slot = (self.local.sinks + torch.remainder(step, self.local.window)).view(1)
+        self.keys.index_copy_(2, slot, keys)
+        self.values.index_copy_(2, slot, values)
+        if not self.slots_final:  # decided by the prompt: the same in every step of a captured graph
+            sinks = self.local.sinks
+            take = torch.arange(sinks, device=keys.device) == self.sink_real.sum(-1, keepdim=True)  # [B, S]: each row's next empty slot
+            chosen = take[:, None, :, None]
+            self.keys[:, :, :sinks].copy_(torch.where(chosen, keys, self.keys[:, :, :sinks]))
+            self.values[:, :, :sinks].copy_(torch.where(chosen, values, self.values[:, :, :sinks]))
+            self.sink_pos.copy_(torch.where(take, step, self.sink_pos))
+            self.sink_real.logical_or_(take)
+
+    def captured_mask(self, attention_mask: torch.Tensor | None, step: torch.Tensor) -> torch.Tensor:
+        """The mask of every slot for a decode query at position ``step``, in the model's format."""
+        sink_seen = self.sink_real & (self.sink_pos < step - self.local.window + 1)  # sinks the ring no longer shows
+        return _like(ring_mask(attention_mask, step, sink_seen, self.local.window), attention_mask)
+
+    def buffers(self) -> tuple[torch.Tensor | None, ...]:
+        """Every tensor a captured step reads or writes in place."""
+        return self.keys, self.values, self.sink_real, self.sink_pos
+
     # -- bookkeeping ---------------------------------------------------------------------------
-    def held_bytes(self) -> int:
-        """Bytes of the positions a later query can still see (:meth:`LocalWindow.retained_count`)."""
+    def held_bytes(self, seen: int) -> int:
+        """Bytes of the positions a later query can still see after ``seen`` positions
+        (:meth:`LocalWindow.retained_count`; the cache's count, which a captured step moves)."""
         if self.keys is None:
             return 0
         per_position = self.keys[:, :, 0].numel() * self.keys.element_size() + self.values[:, :, 0].numel() * self.values.element_size()
-        return per_position * self.local.retained_count(self.seen)
+        return per_position * self.local.retained_count(seen)
 
     def allocated_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.keys, self.values) if t is not None)
