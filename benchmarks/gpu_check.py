@@ -9,11 +9,13 @@ rest; each writes its files as it goes:
 
 1. ``correctness``: every runnable attention backend against the dense band reference, 5
    model families × sinks 0/3 × fp32/bf16, max |Δ logit| (``benchmarks/backend_reference.py``).
-2. ``bench``: ``bosch-eval bench`` per backend (``auto``'s choice first, then the other
-   runnable ones) on a random-weight Qwen3-1.7B-shaped model in bf16 at T = 8192 and 32768,
-   W = T/32, ρ = 0.75 and 0.5: prefill, decode at batch 1 and 8 and prefill peak memory
-   against the original model measured in the same run (issue 38's targets checked at 32k).
-   Each backend gets the bench stage's time left over the backends left.
+2. ``bench``: ``bosch-eval bench`` per backend (flex first, then the other runnable ones) on
+   a random-weight Qwen3-1.7B-shaped model in bf16 at T = 8192 and 32768, W = T/32, ρ = 0.75
+   and 0.5: prefill, decode at batch 1 and 8 and prefill peak memory against the original
+   model measured in the same run (issue 38's targets checked at 32k); after flex's eager rows,
+   flex with its decode steps compiled over static caches (``bench --compile``: CUDA graphs,
+   the original on transformers' ``StaticCache``, ρ = 0.75 at 32k). Flex and its compiled run
+   get fixed shares of the stage's time; each other backend the time left over those left.
 3. ``lm_eval``: one ``lm_eval --model bosch`` run (the toy model with a mixed per-group mask:
    ``bosch_niah_calib`` prefill and ``bosch_niah_single_1`` generation on the hybrid cache)
    on the device, then the same run on the CPU; every score compared.
@@ -79,15 +81,17 @@ class Plan:
     budget_s: float
 
 
-FULL = Plan(("gpt2", "llama", "mistral", "qwen2", "qwen3"), "random:qwen3-1.7b", (8192, 32768), 8, 1024, 16, 15, 32, None, 8192, 16, 480)
+FULL = Plan(("gpt2", "llama", "mistral", "qwen2", "qwen3"), "random:qwen3-1.7b", (8192, 32768), 8, 1024, 16, 15, 32, None, 8192, 16, 540)
 QUICK = Plan(("gpt2", "qwen3"), "random:attn-heavy", (128, 256), 2, 256, 4, 2, 4, 256, 256, 4, 420)
 # Shares of the budget per stage; a stage also gets what the stages before it left unused.
-SHARES = {"correctness": 60, "bench": 240, "lm_eval": 50, "objective": 60, "search": 70}
+SHARES = {"correctness": 60, "bench": 300, "lm_eval": 50, "objective": 60, "search": 70}
 RATIOS = ("0.75", "0.5")
 DECODE_BATCH = 8
 # bench runs this backend first, its longest length first, with this share of the stage's time:
 # its 32k prefill and decode rows must finish; the other backends share what is left.
 FIRST_BACKEND, FIRST_SHARE = "flex", 0.6
+# Then its compiled-decode run (bench --compile) takes this share of what is left.
+COMPILED_SHARE = 0.5
 SCORE_TOLERANCE = 1e-4  # |score on the device − score on the CPU| counted as equal
 ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -152,26 +156,26 @@ def stage_bench(folder: Path, seconds: float, plan: Plan, device: str) -> dict[s
 
     backends, skipped = runnable_backends(torch.device(device))
     auto = backends[0]
-    backends = bench_order(backends)
     deadline = time.monotonic() + seconds
     runs = {}
-    for left, backend in zip(range(len(backends), 0, -1), backends, strict=True):
-        out = folder / "bench" / backend
-        lengths = sorted(plan.bench_lengths, reverse=True) if backend == FIRST_BACKEND else plan.bench_lengths
+    order = bench_runs(backends, plan)
+    for left, (name, backend, lengths, ratios, flags) in zip(range(len(order), 0, -1), order, strict=True):
+        out = folder / "bench" / name.replace(" ", "")
         command = _cli(
             "bench", "--model", plan.bench_model, "--dtype", "bfloat16", "--device", device, "--backend", backend,
-            "--ratios", *RATIOS, "--lengths", *map(str, lengths), "--decode-tokens", str(plan.decode_tokens),
-            "--decode-batch", str(DECODE_BATCH), "--repeats", "3", "--warmup", "1", "--no-profile", "--out", str(out),
+            "--ratios", *ratios, "--lengths", *map(str, lengths), "--decode-tokens", str(plan.decode_tokens),
+            "--decode-batch", str(DECODE_BATCH), "--repeats", "3", "--warmup", "1", "--no-profile", *flags, "--out", str(out),
         )  # fmt: skip
         left_s = deadline - time.monotonic()
-        share = left_s * FIRST_SHARE if backend == FIRST_BACKEND and left > 1 else left_s / left
+        shares = {FIRST_BACKEND: FIRST_SHARE, f"{FIRST_BACKEND} --compile": COMPILED_SHARE}
+        share = left_s * shares[name] if name in shares and left > 1 else left_s / left
         run = run_limited(command, share, out / "bench.log")
         rows = [BenchRow(**row) for row in json.loads((out / "bench.json").read_text())["rows"]] if (out / "bench.json").exists() else []
         run["speedups"] = speedups(rows)
         if run["status"] != "ok":
             run["error"] = _tail(out / "bench.log", 3)
-        runs[backend] = run
-        print(f"  bench {backend}: {run['status']} ({run['seconds']} s)", flush=True)
+        runs[name] = run
+        print(f"  bench {name}: {run['status']} ({run['seconds']} s)", flush=True)
         for ratio in run["speedups"]:  # printed as they come: a call cut short still shows them
             print(f"    T={ratio['length']} {ratio['label']}: prefill {ratio['prefill']:.2f}x, decode x1 {ratio['decode_batch_1']:.2f}x, "
                   f"x{DECODE_BATCH} {ratio[f'decode_batch_{DECODE_BATCH}']:.2f}x, prefill peak {_number(ratio['prefill_peak'])}", flush=True)  # fmt: skip
@@ -182,6 +186,21 @@ def bench_order(backends: list[str]) -> list[str]:
     """Compiled flex first (the fast path without flash-attn, whose long rows no other machine
     measures), then the others in the order given."""
     return sorted(backends, key=lambda name: name != FIRST_BACKEND)
+
+
+def bench_runs(backends: list[str], plan: Plan) -> list[tuple[str, str, tuple[int, ...], tuple[str, ...], tuple[str, ...]]]:
+    """``(name, backend, lengths, ratios, extra flags)`` of each bench run, in order: the first
+    backend eagerly, its longest length first; then, where it runs, the same backend with its
+    decode steps compiled over static caches (``--compile``: CUDA graphs; ρ = 0.75 at the
+    longest length, the decode targets' row); then the other backends."""
+    runs = []
+    for backend in bench_order(backends):
+        first = backend == FIRST_BACKEND
+        lengths = tuple(sorted(plan.bench_lengths, reverse=True)) if first else tuple(plan.bench_lengths)
+        runs.append((backend, backend, lengths, RATIOS, ()))
+        if first:
+            runs.append((f"{backend} --compile", backend, (max(plan.bench_lengths),), ("0.75",), ("--compile",)))
+    return runs
 
 
 def stage_lm_eval(folder: Path, seconds: float, plan: Plan, device: str) -> dict[str, Any]:
@@ -370,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
     parser.add_argument("--quick", action="store_true", help="every stage at tiny sizes (for a CPU)")
     parser.add_argument("--out", type=Path, default=ROOT / "results/gpu", help="results go to OUT/<device name>/ (default results/gpu)")
-    parser.add_argument("--budget", type=float, help="seconds for all stages together (default 480; --quick 420)")
+    parser.add_argument("--budget", type=float, help="seconds for all stages together (default 540; --quick 420)")
     parser.add_argument("--stages", nargs="+", choices=list(STAGES), default=list(STAGES), help="stages to run (default: all)")
     parser.add_argument(
         "--pack", type=Path,

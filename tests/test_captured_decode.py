@@ -150,3 +150,23 @@ def test_capacities_are_bucketed_four_to_an_octave():
     assert [bucketed_capacity(n) for n in (1, 7, 8, 9, 1000, 1024, 1025, 1281, 32769)] == [1, 7, 8, 10, 1024, 1024, 1280, 1536, 40960]
     assert all(n <= bucketed_capacity(n) <= 1.25 * n for n in range(1, 5000))
     assert {bucketed_capacity(n) for n in range(1025, 2049)} == {1280, 1536, 1792, 2048}
+
+
+def test_generate_compiles_its_decode_steps_on_the_captured_cache(counted):
+    """transformers' generate compiles the decode step of a compileable cache by itself (on a GPU;
+    here asked to on the CPU, with the eager backend): one graph for every step, fullgraph, and
+    the eager cache's tokens."""
+    from torch._dynamo.utils import counters
+    from transformers.generation.configuration_utils import CompileConfig
+
+    model = hybrid_model(sinks=3, by_kind=True)
+    argument = cache_argument(model)
+    ids, attention = left_padded_batch(model.config.vocab_size, [9, 2], seed=1)
+    common = dict(input_ids=ids, attention_mask=attention, max_new_tokens=STEPS, do_sample=False, pad_token_id=0)
+    want = model.generate(**common, **{argument: HybridCache.for_model(model)})
+    config = CompileConfig(backend="eager", fullgraph=True, dynamic=False, mode=None)
+    config._compile_all_devices = True  # transformers' switch for compiling on a CPU
+    counters.clear()
+    got = model.generate(**common, **{argument: HybridCache.for_model(model, max_cache_len=32, captured=True)}, compile_config=config)
+    assert torch.equal(got, want)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]

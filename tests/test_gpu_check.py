@@ -60,6 +60,14 @@ def test_bench_runs_flex_first():
     assert gpu_check.bench_order(["flash_attention_2", "sdpa"]) == ["flash_attention_2", "sdpa"]
 
 
+def test_flex_runs_eagerly_then_with_its_decode_compiled_then_the_others():
+    runs = gpu_check.bench_runs(["blocked", "flex", "sdpa"], gpu_check.FULL)
+    assert [run[0] for run in runs] == ["flex", "flex --compile", "blocked", "sdpa"]
+    assert runs[0][2:] == ((32768, 8192), ("0.75", "0.5"), ())
+    assert runs[1][1:] == ("flex", (32768,), ("0.75",), ("--compile",))
+    assert [run[0] for run in gpu_check.bench_runs(["flash_attention_2", "sdpa"], gpu_check.FULL)] == ["flash_attention_2", "sdpa"]
+
+
 def test_slug_names_a_folder():
     assert gpu_check.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3" and gpu_check.slug("cpu (x86_64)") == "cpu-x86-64"
 
@@ -141,7 +149,8 @@ def test_quick_check_on_cpu_runs_every_stage_and_packs_them(tmp_path):
     assert {name: stage["status"] for name, stage in stages.items()} == dict.fromkeys(gpu_check.STAGES, "ok")
     assert stages["correctness"]["summary"].startswith("float32: 12 of 12 within tolerance")
     bench = stages["bench"]["backends"]
-    assert list(bench)[0] == "flex" and all(len(run["speedups"]) == 4 for run in bench.values())  # 2 ratios × 2 lengths
+    assert list(bench)[:2] == ["flex", "flex --compile"] and len(bench["flex --compile"]["speedups"]) == 1  # ρ = 0.75 at the longest length
+    assert all(len(run["speedups"]) == 4 for name, run in bench.items() if name != "flex --compile")  # 2 ratios × 2 lengths
     assert stages["lm_eval"]["equal"] and stages["search"]["evaluations"] > 0
     assert [row["config"] for row in stages["objective"]["rows"]] == [
         "dtype=bfloat16,mask=full", "dtype=bfloat16,layers=bme,ratio=0.75", "dtype=bfloat16,layers=bme,ratio=0.5"]
@@ -149,7 +158,7 @@ def test_quick_check_on_cpu_runs_every_stage_and_packs_them(tmp_path):
     assert environment["device"].startswith("cpu") and environment["torch"] and "--quick" in environment["command"]
     assert (tmp_path / "pack" / "summary.md").read_text() == (folder / "summary.md").read_text()
     with tarfile.open(tmp_path / "pack" / "gpu_check.tar.gz") as archive:
-        assert f"{folder.name}/bench/flex/bench.json" in archive.getnames()
+        assert f"{folder.name}/bench/flex/bench.json" in archive.getnames() and f"{folder.name}/bench/flex--compile/bench.json" in archive.getnames()
     again = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_check.py"), "--device", "cpu", "--out", str(tmp_path / "out")],
                            capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert again.returncode == 2 and "already holds a check" in again.stderr
