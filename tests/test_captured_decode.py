@@ -96,6 +96,14 @@ def test_a_chunk_after_a_decode_step_is_refused():
         model(input_ids=ids[:, :3], past_key_values=cache, use_cache=True)
 
 
+@torch.no_grad()
+def test_a_prompt_past_the_capacity_is_an_error_naming_it():
+    model = hybrid_model(sinks=0, by_kind=True)
+    ids, attention = left_padded_batch(model.config.vocab_size, [12], seed=2)
+    with pytest.raises(ValueError, match="max_cache_len=8: a captured cache cannot hold 12 positions"):
+        model(input_ids=ids, attention_mask=attention, past_key_values=HybridCache.for_model(model, max_cache_len=8, captured=True), use_cache=True)
+
+
 def test_what_cannot_be_captured_is_refused_before_any_step():
     model = hybrid_model(sinks=0, by_kind=True)
     with pytest.raises(SettingsError, match="give max_cache_len"):

@@ -31,7 +31,7 @@ class FullBuffer:
 
     def __init__(self, capacity: int | None = None, fixed: bool = False) -> None:
         self.capacity = capacity
-        self.fixed = fixed  # never reallocated (a captured graph reads the buffers where it recorded them)
+        self.fixed = fixed  # never reallocated (a captured graph reads the buffers where it recorded them): needs a capacity
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self.length = 0
@@ -41,6 +41,8 @@ class FullBuffer:
         growing first), shaped like ``keys``/``values`` ``[B, ·, q, D]``; :meth:`advance`
         once they are written."""
         end = self.length + keys.shape[2]
+        if self.fixed and end > self.capacity:
+            raise ValueError(f"max_cache_len={self.capacity}: a captured cache cannot hold {end} positions; build it with a larger max_cache_len")
         if self.keys is None:
             self.allocate(keys, values, groups, max(end, self.capacity or 0))
         elif end > self.keys.shape[2]:
@@ -70,8 +72,6 @@ class FullBuffer:
 
     def _grow(self, size: int) -> None:
         # Rare (a doubling): the one copy of the past that a dynamic cache makes every step.
-        if self.capacity is not None and self.fixed:
-            raise ValueError(f"max_cache_len={self.capacity}: a captured cache cannot hold {size} positions; build it with a larger max_cache_len")
         keys, values = self.keys, self.values
         self.keys = keys.new_empty(*keys.shape[:2], size, keys.shape[3])
         self.values = values.new_empty(*values.shape[:2], size, values.shape[3])
