@@ -16,8 +16,9 @@ positions), then each one-token step the way transformers' ``StaticLayer`` does:
   eager cache takes them).
 
 Every buffer keeps its address (``torch._dynamo.mark_static_address``, set after each eager
-step: a CUDA graph reads its inputs where it recorded them). A step past the capacity is an
-index error, as on transformers' static cache: ``max_cache_len`` holds prompt and new tokens.
+step: a CUDA graph reads its inputs where it recorded them). ``max_cache_len`` holds prompt and
+new tokens: a prompt past it is an error naming it, a decode step past it an index error (as on
+transformers' static cache, whose steps cannot check an int without a sync either).
 """
 
 from __future__ import annotations
@@ -108,5 +109,5 @@ def bucketed_capacity(length: int) -> int:
     the compiled step's shape, so the lengths a stream of requests brings share a few graphs."""
     if length < 1:
         raise ValueError(f"capacity: expected at least 1 position, got {length}")
-    step = max(1, 1 << max(0, length.bit_length() - 3))  # a quarter of the octave [2^(b−1), 2^b)
+    step = 1 << max(0, length.bit_length() - 3)  # a quarter of the octave [2^(b−1), 2^b)
     return -(-length // step) * step
