@@ -107,7 +107,7 @@ class TestSettings:
             ({"window": "0"}, MaskError, r"window: expected a positive integer"),
             ({"ratio": "half"}, SettingsError, r"ratio: expected a number, got 'half'"),
             ({"ratio": 1.5}, MaskError, r"ratio: expected an SWA ratio in \[0, 1\]"),
-            ({"kv_cache": "paged"}, SettingsError, r"kv_cache: expected one of \['hybrid', 'dynamic'\]"),
+            ({"kv_cache": "paged"}, SettingsError, r"kv_cache: expected one of \['hybrid', 'captured', 'dynamic'\]"),
             ({"prefix_cache_mb": -1}, SettingsError, r"prefix_cache_mb: expected a whole number"),
             ({"rope_factor": 2}, SettingsError, r"rope_factor: only used with rope_scaling=yarn"),
             ({"mask": 3}, SettingsError, r"mask: expected a file path"),
