@@ -31,7 +31,6 @@ full-precision ring as above. One selector per cache decides the full-precision 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -123,39 +122,30 @@ class StaticFullLayer(BatchMappedLayer):
         raise RuntimeError("a hybrid KV cache cannot be cropped")
 
 
-@dataclass(frozen=True)
-class LayerStorage:
-    """How a hybrid cache layer stores its groups.
-
-    Attributes:
-        kv_quant: quantize the full groups outside ``selector``'s full-precision set (None: no).
-        selector: the cache's one choice of full-precision positions, shared by its layers.
-        capacity: full-group positions allocated up front (None: grow by doubling).
-        captured: decode steps at a tensor position over fixed shapes (:mod:`bosch_eval.caches.captured`).
-    """
-
-    kv_quant: KVQuantConfig | None = None
-    selector: Selector | None = None
-    capacity: int | None = None
-    captured: bool = False
-
-
 class HybridHeadLayer(BatchMappedLayer):
     """Cache layer holding every position for full groups and ``S + W`` slots for SWA groups."""
 
     is_croppable = False  # dropped SWA positions cannot be restored
 
-    def __init__(self, split: LayerSplit, local: LocalWindow, storage: LayerStorage = LayerStorage()) -> None:
+    def __init__(
+        self,
+        split: LayerSplit,
+        local: LocalWindow,
+        kv_quant: KVQuantConfig | None = None,
+        selector: Selector | None = None,
+        capacity: int | None = None,
+        captured: bool = False,
+    ) -> None:
         super().__init__()
         self.split, self.local = split, local
         self.cumulative_length = 0
-        self.full = FullBuffer(storage.capacity, fixed=storage.captured)
+        self.full = FullBuffer(capacity, fixed=captured)
         self.ring = SwaRing(local)
         # Full groups quantized outside the selector's full-precision set (none: no full group).
-        quantized = storage.kv_quant is not None and split.full and storage.selector is not None
-        self.quantized = QuantizedKVStore(storage.kv_quant, storage.selector) if quantized else None
-        self.position = CapturedPosition() if storage.captured else None
-        self.is_compileable = storage.captured
+        self.quantized = QuantizedKVStore(kv_quant, selector) if kv_quant is not None and split.full and selector is not None else None
+        # captured: decode steps at a tensor position over fixed shapes (bosch_eval.caches.captured).
+        self.position = CapturedPosition() if captured else None
+        self.is_compileable = captured
 
     @property
     def sink_real(self) -> torch.Tensor | None:
@@ -305,11 +295,10 @@ class HybridCache(DynamicCache):
         if captured:
             _check_captured(spec, kv_quant, max_cache_len)
         selector = Selector(kv_quant.method, kv_quant.window) if kv_quant is not None else None
-        storage = LayerStorage(kv_quant, selector, max_cache_len, captured)
         layers: list[DynamicLayer] = []
         for layer, bits in enumerate(spec.mask.bits):
             if not all(bits):
-                layers.append(HybridHeadLayer(handle.layer_split(layer), spec.local, storage))
+                layers.append(HybridHeadLayer(handle.layer_split(layer), spec.local, kv_quant, selector, max_cache_len, captured))
             elif kv_quant is not None:
                 layers.append(QuantizedFullLayer(kv_quant, selector))
             else:
