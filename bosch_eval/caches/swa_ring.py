@@ -241,13 +241,14 @@ class SwaRing:
         return self.keys, self.values, self.sink_real, self.sink_pos
 
     # -- bookkeeping ---------------------------------------------------------------------------
-    def held_bytes(self, seen: int) -> int:
+    def held_bytes(self, seen: int | None = None) -> int:
         """Bytes of the positions a later query can still see after ``seen`` positions
-        (:meth:`LocalWindow.retained_count`; the cache's count, which a captured step moves)."""
+        (:meth:`LocalWindow.retained_count`; default the ring's own count, which a captured
+        step does not move: the cache passes its position then)."""
         if self.keys is None:
             return 0
         per_position = self.keys[:, :, 0].numel() * self.keys.element_size() + self.values[:, :, 0].numel() * self.values.element_size()
-        return per_position * self.local.retained_count(seen)
+        return per_position * self.local.retained_count(self.seen if seen is None else seen)
 
     def allocated_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.keys, self.values) if t is not None)
