@@ -21,9 +21,9 @@ STEPS = 14  # past the ring's wrap (W = 5) and past the sinks' window
 FP32 = {"atol": 1e-5, "rtol": 0}
 
 
-def hybrid_model(sinks: int, by_kind: bool):
+def hybrid_model(sinks: int, by_kind: bool, backend: str = "blocked"):
     model = random_model("qwen3", num_layers=4, seed=9)
-    hybridize(model, HeadMask.from_rows(ROWS, 8, window=WINDOW, sinks=sinks), backend="blocked", by_kind=by_kind)
+    hybridize(model, HeadMask.from_rows(ROWS, 8, window=WINDOW, sinks=sinks), backend=backend, by_kind=by_kind)
     return model
 
 
@@ -54,6 +54,20 @@ def test_captured_steps_equal_the_eager_cache(sinks, by_kind):
     for got, want in zip(logits, eager_logits, strict=True):
         torch.testing.assert_close(got, want, **FP32)
     assert int(cache.get_seq_length()) == 9 + STEPS
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+def test_every_sdpa_format_backend_prefills_the_captured_cache_as_the_eager_one(backend, monkeypatch):
+    """The prompt goes through the backend's own kernels (flex: its one call per layer), the
+    steps through the full kernel on the capacity and the ring: the eager cache's tokens."""
+    monkeypatch.setattr("bosch_eval.attention.kernels.flex.compile_policy", False)
+    model = hybrid_model(sinks=2, by_kind=False, backend=backend)
+    ids, attention = left_padded_batch(model.config.vocab_size, [9, 4], seed=5)
+    want, want_logits = greedy(model, HybridCache.for_model(model), ids, attention, STEPS)
+    got, logits = greedy(model, HybridCache.for_model(model, max_cache_len=9 + STEPS, captured=True), ids, attention, STEPS)
+    assert torch.equal(got, want)
+    for step, reference in zip(logits, want_logits, strict=True):
+        torch.testing.assert_close(step, reference, **FP32)
 
 
 @torch.no_grad()
