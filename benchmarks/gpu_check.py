@@ -90,8 +90,9 @@ DECODE_BATCH = 8
 # bench runs this backend first, its longest length first, with this share of the stage's time:
 # its 32k prefill and decode rows must finish; the other backends share what is left.
 FIRST_BACKEND, FIRST_SHARE = "flex", 0.6
-# Then its compiled-decode run (bench --compile) takes this share of what is left.
-COMPILED_SHARE = 0.5
+# Then its compiled-decode run (bench --compile: four Inductor compiles of the model, then CUDA graphs)
+# takes this share of what is left; the other backends, slower on a GPU or measured elsewhere, the rest.
+COMPILED_SHARE = 0.7
 SCORE_TOLERANCE = 1e-4  # |score on the device − score on the CPU| counted as equal
 ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
