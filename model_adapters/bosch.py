@@ -194,7 +194,7 @@ class BoschLM(HFLM):
         if self.backend != "causal":
             raise ModelError(f"bosch: hybrid attention needs a decoder-only (causal) model, got backend={self.backend!r}")
         self.hybrid: HybridAttention = hybridize(self.model, head_mask, backend=settings.attn_backend, source=source)
-        if settings.kv_cache == "captured" and (why := captured_refusal(self.hybrid.spec, self.kv_quant)) is not None:
+        if settings.kv_cache == "captured" and (why := captured_refusal(self.model, self.kv_quant)) is not None:
             raise SettingsError(f"kv_cache=captured: {why}; use kv_cache=hybrid")
         set_saved_kv_quant(self.model.config, self.kv_quant)  # save_pretrained keeps the settings
         # Switches the search flips on a loaded adapter (tokens remembered, its own progress bar).

@@ -126,6 +126,10 @@ def test_what_cannot_be_captured_is_refused_before_any_step():
 
     with pytest.raises(SettingsError, match="KV quantization is not captured"):
         HybridCache.for_model(model, KVQuantConfig("logquant", 2, 8, 8), max_cache_len=16, captured=True)
+    mistral = random_model("mistral", num_layers=2, seed=1, sliding_window=64)
+    hybridize(mistral, HeadMask.from_rows([[0, 1, 0, 1]] * 2, 4, window=4, sinks=2), backend="blocked")
+    with pytest.raises(SettingsError, match="sinks in a model with its own sliding window"):
+        HybridCache.for_model(mistral, max_cache_len=16, captured=True)
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from bosch_eval.attention.cached_attention import HybridStates
-from bosch_eval.attention.hybrid_attention import HybridAttention, hybrid_state
+from bosch_eval.attention.hybrid_attention import HybridAttention, attention_modules, hybrid_state
 from bosch_eval.attention.hybrid_spec import GroupRun, HybridSpec, LayerSplit
 from bosch_eval.attention.local_window import LocalWindow
 from bosch_eval.caches.batch_mapped import BatchMappedLayer
@@ -287,13 +287,14 @@ class HybridCache(DynamicCache):
                 compiles its decode steps on a GPU.
 
         Raises:
-            SettingsError: ``captured`` without ``max_cache_len``, with KV quantization, or
-                with a backend whose mask is not the sdpa format (flash).
+            SettingsError: ``captured`` without ``max_cache_len``, with KV quantization, with
+                a backend whose mask is not the sdpa format (flash), or with sinks in a model
+                that has its own sliding window.
         """
         handle = hybrid_state(model)
         spec = handle.spec
         if captured:
-            _check_captured(spec, kv_quant, max_cache_len)
+            _check_captured(model, kv_quant, max_cache_len)
         selector = Selector(kv_quant.method, kv_quant.window) if kv_quant is not None else None
         layers: list[DynamicLayer] = []
         for layer, bits in enumerate(spec.mask.bits):
@@ -321,19 +322,33 @@ class HybridCache(DynamicCache):
             )
 
 
-def captured_refusal(spec: HybridSpec, kv_quant: KVQuantConfig | None) -> str | None:
-    """Why a model running ``spec`` cannot decode on a captured cache (None: it can)."""
+def captured_refusal(model: Any, kv_quant: KVQuantConfig | None) -> str | None:
+    """Why a hybridized ``model`` cannot decode on a captured cache (None: it can)."""
+    spec = hybrid_state(model).spec
     if kv_quant is not None:
         return "KV quantization is not captured (its store grows and quantizes in steps of W)"
     if spec.kernels.mask_format != "sdpa":
         return f"the {spec.backend} backend takes the {spec.kernels.mask_format} mask format; a captured step needs the sdpa format's mask over the capacity"
+    if spec.local.sinks and _own_sliding_window(model):
+        # Whether the model's own window still shows a row's sinks depends on the position,
+        # which a captured step holds in a tensor: the check (HybridAttention.layer_local) needs an int.
+        return "sinks in a model with its own sliding window are checked against the position at every step; use the eager cache"
     return None
 
 
-def _check_captured(spec: HybridSpec, kv_quant: KVQuantConfig | None, max_cache_len: int | None) -> None:
+def _own_sliding_window(model: Any) -> bool:
+    """Whether the model runs a sliding window of its own in some layer: the config's window
+    (Mistral, Gemma) unless switched off (Qwen2/3's ``use_sliding_window``), or a module's."""
+    config = model.config
+    if getattr(config, "use_sliding_window", True) is False:
+        return False
+    return bool(getattr(config, "sliding_window", None)) or any(getattr(module, "sliding_window", None) for module in attention_modules(model).values())
+
+
+def _check_captured(model: Any, kv_quant: KVQuantConfig | None, max_cache_len: int | None) -> None:
     if max_cache_len is None:
         raise SettingsError("captured=True: give max_cache_len, every position the run writes (prompt and new tokens)")
-    if (why := captured_refusal(spec, kv_quant)) is not None:
+    if (why := captured_refusal(model, kv_quant)) is not None:
         raise SettingsError(f"captured=True: {why}")
 
 
