@@ -18,7 +18,8 @@ rest; each writes its files as it goes:
    get fixed shares of the stage's time; each other backend the time left over those left.
 3. ``lm_eval``: one ``lm_eval --model bosch`` run (the toy model with a mixed per-group mask:
    ``bosch_niah_calib`` prefill and ``bosch_niah_single_1`` generation on the hybrid cache)
-   on the device, then the same run on the CPU; every score compared.
+   on the device, again with ``kv_cache=captured`` (generation compiled, CUDA graphs), then
+   the same run on the CPU; every score of both device runs compared with the CPU's.
 4. ``objective``: one S() call (the search's objective, ``benchmarks/objective_speed.py``) with
    hybrid masks at ρ = 0.75 and 0.5 against the original model's forward on the same
    calibration requests, on the bench's model shape in bf16 (16 examples × 8192 tokens).
@@ -218,20 +219,26 @@ def stage_lm_eval(folder: Path, seconds: float, plan: Plan, device: str) -> dict
     n, length = plan.lm_eval_examples, plan.lm_eval_length
     deadline = time.monotonic() + seconds
     runs, scores = {}, {}
-    for left, (name, where) in zip((2, 1), (("device", device), ("cpu", "cpu")), strict=True):
+    # The device twice: the eager hybrid cache, then the captured one (generate compiles its decode
+    # steps there, CUDA graphs on a GPU); both against the CPU's eager run.
+    variants = (("device", device, ""), ("captured", device, ",kv_cache=captured"), ("cpu", "cpu", ""))
+    for left, (name, where, extra) in zip(range(len(variants), 0, -1), variants, strict=True):
         command = [
-            executable, "--model", "bosch", "--model_args", f"pretrained=toy,mask={mask}", "--tasks", "bosch_niah_calib,bosch_niah_single_1",
+            executable, "--model", "bosch", "--model_args", f"pretrained=toy,mask={mask}{extra}", "--tasks", "bosch_niah_calib,bosch_niah_single_1",
             "--include_path", str(TASKS_DIR), "--metadata", f"seq_len={length}", f"num_examples={n}", "calib_seed=0",
             f"max_seq_lengths=[{length}]", f"num_samples={n}", "--device", where, "--batch_size", "8", "--output_path", str(out / name),
         ]  # fmt: skip
         runs[name] = run_limited(command, (deadline - time.monotonic()) / left, out / f"{name}.log")
         files = sorted((out / name).rglob("results_*.json"))
         scores[name] = _scores(json.loads(files[-1].read_text())) if files else {}
-    compared = sorted(set(scores["device"]) | set(scores["cpu"]))
-    differences = {k: abs(scores["device"][k] - scores["cpu"][k]) for k in compared if k in scores["device"] and k in scores["cpu"]}
+    compared = sorted(set().union(*scores.values()))
+    differences = {
+        f"{name}:{key}": abs(scores[name][key] - scores["cpu"][key])
+        for name in ("device", "captured") for key in compared if key in scores[name] and key in scores["cpu"]
+    }  # fmt: skip
     # acc and the per-length scores are counts: equal or not. acc_tiebreak adds a probability, whose
     # last digits may differ between kernels; SCORE_TOLERANCE is far below one example's weight.
-    equal = bool(compared) and len(differences) == len(compared) and all(d <= SCORE_TOLERANCE for d in differences.values())
+    equal = bool(compared) and len(differences) == 2 * len(compared) and all(d <= SCORE_TOLERANCE for d in differences.values())
     status = "ok" if all(r["status"] == "ok" for r in runs.values()) else "failed"
     return {
         "status": status, "runs": runs, "scores": scores, "equal": equal,
@@ -334,9 +341,10 @@ def summary(environment: dict[str, Any], results: dict[str, dict[str, Any]]) -> 
         verdict = "equal" if r["equal"] else "NOT equal"
         lines += ["", f"## lm_eval --model bosch on the device against the CPU: {verdict} (max |Δ| {r['max_abs_difference']}, "
                   f"{r['exactly_equal']} scores bit-equal; tolerance {SCORE_TOLERANCE})", ""]  # fmt: skip
-        lines += ["| score | device | cpu |", "|---|---|---|"]
-        for key in sorted(set(r["scores"].get("device", {})) | set(r["scores"].get("cpu", {}))):
-            lines.append(f"| {key} | {r['scores']['device'].get(key, '-')} | {r['scores']['cpu'].get(key, '-')} |")
+        lines += ["| score | device | device, captured cache | cpu |", "|---|---|---|---|"]
+        columns = [r["scores"].get(name, {}) for name in ("device", "captured", "cpu")]
+        for key in sorted(set().union(*columns)):
+            lines.append(f"| {key} | " + " | ".join(str(column.get(key, "-")) for column in columns) + " |")
     if "objective" in results and "rows" in results["objective"]:
         lines += ["", "## S() of a hybrid against the original's forward on the same requests (below 1: cheaper)", ""]
         lines += ["| configuration | median s | vs original |", "|---|---|---|"]

@@ -117,7 +117,7 @@ def test_summary_shows_every_stage_and_a_failed_backend(tmp_path):
             "flex": {"status": "failed (exit 1)", "speedups": [], "error": "Traceback\ntorch.OutOfMemoryError: CUDA out of memory"},
         }},
         "lm_eval": {"status": "ok", "seconds": 50, "limit_s": 60, "equal": True, "max_abs_difference": 0.0, "exactly_equal": 1,
-                    "scores": {"device": {"t/acc": 0.5}, "cpu": {"t/acc": 0.5}}},
+                    "scores": {"device": {"t/acc": 0.5}, "captured": {"t/acc": 0.5}, "cpu": {"t/acc": 0.5}}},
         "objective": {"status": "ok", "seconds": 40, "limit_s": 50, "rows": [
             {"config": "dtype=bfloat16,mask=full", "median_s": 2.0, "vs_first": 1.0},
             {"config": "dtype=bfloat16,layers=bme,ratio=0.75", "median_s": 1.5, "vs_first": 0.75}]},
@@ -127,7 +127,7 @@ def test_summary_shows_every_stage_and_a_failed_backend(tmp_path):
     assert "| sdpa (= auto) | 32768 | ρ=0.75 | 0.40 | 1.00 | 1.00 | 1.00 | 0.270 | ok |" in text
     assert "| flex | - | - | - | - | - | - | - | failed (exit 1): torch.OutOfMemoryError: CUDA out of memory |" in text
     assert "ρ=0.75 prefill 0.40× (target >= 1.25): NOT met" in text and "Targets at T = 32768, flex: T = 32768 not measured" in text
-    assert "on the device against the CPU: equal" in text and "| t/acc | 0.5 | 0.5 |" in text
+    assert "on the device against the CPU: equal" in text and "| t/acc | 0.5 | 0.5 | 0.5 |" in text
     assert "timed out after 80 s; 12 masks scored in the journal before it stopped" in text
     assert "| `dtype=bfloat16,layers=bme,ratio=0.75` | 1.50 | 0.75 |" in text
 
