@@ -196,3 +196,21 @@ def test_generate_compiles_its_decode_steps_on_the_captured_cache(counted):
     got = model.generate(**common, **{argument: HybridCache.for_model(model, max_cache_len=32, captured=True)}, compile_config=config)
     assert torch.equal(got, want)
     assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+
+
+def test_one_compiled_query_attends_by_group_as_transformers_does_eagerly(monkeypatch):
+    """Compiling, transformers repeats the keys of a GQA layer for one masked query (a copy of
+    the cache per step); the full kernel then folds each group's query heads instead. The same
+    output as the eager path, fp32 within 1e-6."""
+    from bosch_eval.attention.kernels.sdpa_full import sdpa_full_attention
+
+    model = random_model("qwen3", num_layers=1, seed=2)
+    module = next(m for m in model.modules() if hasattr(m, "num_key_value_groups"))
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(2, heads, length, 16, generator=generator) for heads, length in ((8, 1), (4, 40), (4, 40)))
+    mask = torch.rand(2, 1, 1, 40, generator=generator) > 0.3
+    eager = sdpa_full_attention(module, query, key, value, mask, scaling=0.25)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    by_group = sdpa_full_attention(module, query, key, value, mask, scaling=0.25)
+    assert by_group.shape == eager.shape == (2, 1, 8, 16)
+    torch.testing.assert_close(by_group, eager, atol=1e-6, rtol=0)
