@@ -85,7 +85,7 @@ class Plan:
 FULL = Plan(("gpt2", "llama", "mistral", "qwen2", "qwen3"), "random:qwen3-1.7b", (8192, 32768), 8, 1024, 16, 15, 32, None, 8192, 16, 540)
 QUICK = Plan(("gpt2", "qwen3"), "random:attn-heavy", (128, 256), 2, 256, 4, 2, 4, 256, 256, 4, 420)
 # Shares of the budget per stage; a stage also gets what the stages before it left unused.
-SHARES = {"correctness": 60, "bench": 300, "lm_eval": 50, "objective": 60, "search": 70}
+SHARES = {"correctness": 60, "bench": 300, "lm_eval": 75, "objective": 60, "search": 45}  # lm_eval: three runs (device, device captured, CPU)
 RATIOS = ("0.75", "0.5")
 DECODE_BATCH = 8
 # bench runs this backend first, its longest length first, with this share of the stage's time:
