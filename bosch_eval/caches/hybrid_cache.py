@@ -223,12 +223,13 @@ class HybridHeadLayer(BatchMappedLayer):
         """Bytes of the positions a later query can see (the formula's count)."""
         if not self.is_initialized:
             return 0
+        seen = int(self.get_seq_length())
         if self.quantized is not None:
             full = sum(t.numel() * t.element_size() for t in self.quantized.tensors())
         else:
             keys, values = self.full.keys, self.full.values
-            full = (keys[:, :, 0].numel() * keys.element_size() + values[:, :, 0].numel() * values.element_size()) * int(self.get_seq_length())
-        return full + self.ring.held_bytes(int(self.get_seq_length()))
+            full = (keys[:, :, 0].numel() * keys.element_size() + values[:, :, 0].numel() * values.element_size()) * seen
+        return full + self.ring.held_bytes(seen)
 
     def allocated_bytes(self) -> int:
         quantized = sum(t.numel() * t.element_size() for t in self.quantized.tensors()) if self.quantized is not None else 0
