@@ -42,7 +42,7 @@ from bosch_eval.search.objective.objective import CalibrationObjective
 from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.search.objective.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound, Racing
 from bosch_eval.search.objective.score_book import ScoreBook
-from bosch_eval.search.objective.scoring import Anchors, SearchError
+from bosch_eval.search.objective.scoring import Anchors, ScoreScale, SearchError
 from bosch_eval.search.pipeline import VARIANTS, Resumed, SearchResult, SearchSettings, run_search, validate_for_shape
 from bosch_eval.search.rankers.driver import RankingInputs
 from bosch_eval.search.report import render_report
@@ -254,7 +254,8 @@ def _search(
             resumed=resumed,
             journal=journal,
             progress=progress,
-            higher_is_better=objective.higher_is_better,
+            # A tie-break orders the masks S ties: stopping at the first perfect one would leave it fewer.
+            scale=ScoreScale(objective.higher_is_better, objective.best_possible if tie_breaker is None else None),
             racing=objective.racing,
         )
         if tie_breaker is not None:

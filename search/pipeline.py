@@ -22,7 +22,7 @@ from bosch_eval.runtime.checks import is_int
 from bosch_eval.search.guarded.guard import Guard
 from bosch_eval.search.journal.journal import Journal, mask_key
 from bosch_eval.search.objective.score_book import ScoreBook
-from bosch_eval.search.objective.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, SearchError
+from bosch_eval.search.objective.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, ScoreScale, SearchError
 from bosch_eval.search.saturation import TopTies, top_ties
 from bosch_eval.search.stages.optimizers import NOMAD_MAX_VARIABLES, optimizer_methods
 from bosch_eval.search.stages.stage2 import Stage2Result, _bucket_counts, default_buckets
@@ -166,6 +166,7 @@ class SearchResult:
     ties: TopTies | None = None  # masks of the found ratio at the found S (None: one mask allowed, nothing searched)
     tie_break: TieBreak | None = None  # how --tie-break-tasks ordered them (None: not asked)
     guard: Guard | None = None  # the guarded variant's incumbents and local search (None: another variant)
+    best_possible: float | None = None  # the best S the metric can take, where each sub-problem stopped (None: unknown)
 
     def provenance(self) -> dict[str, Any]:
         """The mask file's ``provenance`` block (paper quantities, settings, cost)."""
@@ -237,7 +238,7 @@ def run_search(
     resumed: Resumed | None = None,
     journal: Journal | None = None,
     progress: bool = True,
-    higher_is_better: bool = True,
+    scale: ScoreScale = ScoreScale(),
     racing: bool = False,
 ) -> SearchResult:
     """Find a head mask with SWA ratio ``settings.ratio`` that optimizes ``score_fn``.
@@ -248,8 +249,7 @@ def run_search(
         resumed: what a resumed journal holds (scores, racing bounds, per-example values).
         journal: where each new score is appended before the next evaluation (main process only).
         progress: tqdm bars and log lines.
-        higher_is_better: the direction of S (lm-eval's ``higher_is_better`` of the
-            calibration metric); ``False`` searches for the lowest S (perplexity).
+        scale: the direction of S and, where the metric bounds it, its best value.
         racing: stop candidates early that provably cannot win (``score_fn`` needs a
             ``race`` method, see :class:`ScoreBook`); the mask and every full score stay the same.
 
@@ -259,7 +259,9 @@ def run_search(
     validate_for_shape(settings, shape)
     started = time.perf_counter()
     resumed = resumed if resumed is not None else Resumed()
-    book = ScoreBook(score_fn, shape, resumed.scores, journal, racing=racing, bounds=resumed.bounds, examples=resumed.examples)
+    book = ScoreBook(
+        score_fn, shape, resumed.scores, journal, racing=racing, bounds=resumed.bounds, examples=resumed.examples, best_possible=scale.best_possible
+    )
     full = HeadMask.uniform(shape, full=True).bits
     swa = HeadMask.uniform(shape, full=False).bits
     all_swa = book.score(swa, "anchor")
@@ -269,7 +271,7 @@ def run_search(
         all_swa=all_swa,
         all_full=all_full,
         gamma=settings.gamma,
-        higher_is_better=higher_is_better,
+        higher_is_better=scale.higher_is_better,
     )
     stage_settings = StageSettings(
         budget_per_layer=settings.budget_per_layer,
@@ -278,7 +280,7 @@ def run_search(
         seed=settings.seed,
         chunk_layers=settings.chunk_layers_for(shape),
         quota=settings.quota,
-        higher_is_better=higher_is_better,
+        higher_is_better=scale.higher_is_better,
     )
     outcome = VARIANTS[settings.variant].run(SearchRun(book, anchors, shape, settings, stage_settings, progress))
     if isinstance(outcome, StageOutcome):  # a variant that records nothing but its stages' masks
@@ -290,7 +292,7 @@ def run_search(
     return SearchResult(
         mask=HeadMask(outcome.bits, shape.num_heads, method=_method_name(settings.variant)), score=score, anchors=anchors,
         settings=settings, **records, evaluations=book.evaluations, new_evaluations=book.new_evaluations, pruned=book.pruned,
-        costs=book.costs, ties=ties, wall_s=time.perf_counter() - started,
+        costs=book.costs, ties=ties, wall_s=time.perf_counter() - started, best_possible=scale.best_possible,
     )  # fmt: skip
 
 

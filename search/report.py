@@ -115,6 +115,14 @@ def _subproblems(result: SearchResult) -> list[str]:
         "## Sub-problems (in search order)",
         "",
         "A mask asked is one answer an optimizer got, evaluated then or answered from memory (a mask seen before).",
+        *(
+            []
+            if result.best_possible is None
+            else [
+                f"A sub-problem ends at its first mask with S = {result.best_possible:.4f}, the best the metric can take: "
+                "the first of equal scores wins, so no later mask could be chosen."
+            ]
+        ),
         "",
         "| stage | layers | target ratio | SWA / variables | optimizer | masks asked (stopped early) | S | loss |",
         "|---|---|---|---|---|---|---|---|",

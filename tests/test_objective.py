@@ -255,6 +255,15 @@ class TestMetricDirection:
         acc = CalibrationObjective(objective.lm, [PPL_TASK], include_path=task_dir, metadata=objective.metadata, metric="acc")
         assert acc.higher_is_better is True
 
+    def test_the_best_possible_score_is_known_for_metrics_of_values_in_0_1(self, objective, task_dir, monkeypatch):
+        assert objective.best_possible is None  # perplexity: no best value
+        acc = CalibrationObjective(objective.lm, [PPL_TASK], include_path=task_dir, metadata=objective.metadata, metric="acc")
+        assert acc.best_possible == 1.0
+        # A task reporting a metric of that name beyond 1 is refused, not taken for a perfect mask.
+        monkeypatch.setattr(CalibrationObjective, "_score", lambda self, results, metric: 1.5)
+        with pytest.raises(ObjectiveError, match=r"'acc' gave S = 1.5, above 1.0.*--calib-metric"):
+            acc(HeadMask.uniform(acc.shape, full=True))
+
     def test_a_metric_without_a_direction_is_named(self, objective, task_dir, monkeypatch):
         monkeypatch.setattr(ConfigurableTask, "higher_is_better", lambda self: {"perplexity": None})
         with pytest.raises(ObjectiveError, match=r"'perplexity' of task 'bosch_objective_ppl' declares no higher_is_better"):

@@ -12,7 +12,7 @@ from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count
 from bosch_eval.masks.layer_heuristics import layer_heuristic_mask
 from bosch_eval.search.journal.journal import Journal, mask_key
 from bosch_eval.search.objective.racing import RaceBound
-from bosch_eval.search.objective.scoring import SearchError
+from bosch_eval.search.objective.scoring import ScoreScale, SearchError
 from bosch_eval.search.pipeline import Resumed, SearchSettings, run_search, validate_for_shape
 from bosch_eval.search.report import render_report
 from bosch_eval.search.stages.stage2 import assign_layer_ratios, cumulative_from_probes
@@ -118,6 +118,24 @@ def test_racing_returns_the_unraced_mask() -> None:
     assert raced.mask.bits == plain.mask.bits and raced.score == plain.score
     assert raced.guard is not None and plain.guard is not None and raced.guard.best == plain.guard.best
     assert raced.pruned > 0
+
+
+@pytest.mark.parametrize("variant", ["guarded", "bosch"])
+def test_the_best_possible_score_ends_each_sub_problem_with_the_same_mask(variant: str) -> None:
+    # planted() scores its best wherever the essential groups and one of the pair stay full: at
+    # ρ = 0.5 many masks do, as on a saturated calibration set.
+    best = score_of(planted(), HeadMask.uniform(SHAPE, full=True))
+    settings = SearchSettings(ratio=0.5, variant=variant, local_calls=40 if variant == "guarded" else 0)
+    whole, stopped = planted(), planted()
+    reference = run_search(whole, SHAPE, settings, progress=False)
+    result = run_search(stopped, SHAPE, settings, progress=False, scale=ScoreScale(best_possible=best))
+    assert reference.score == result.score == best
+    assert result.mask.bits == reference.mask.bits and result.guard == reference.guard
+    assert set(stopped.calls) < set(whole.calls)
+    assert "A sub-problem ends at its first mask with S = 1.0000" in render_report(result, "synthetic", 8, {"tasks": ["t"]})
+    if variant == "guarded":  # the local search from the stages' mask, at the best S already, asks nothing
+        assert result.guard.lineages[0].origin == "the stages" and result.guard.stages_score == best
+        assert result.costs["local"]["calls"] <= 20 < reference.costs["local"]["calls"] == 40
 
 
 class Interrupt(Exception):

@@ -282,6 +282,44 @@ class TestSearchContract:
             minimize(lambda x: math.nan, SubProblem(n=self.N, k=self.K, budget=40, seed=0), method)
 
 
+@pytest.mark.parametrize("method", ("exhaustive", *SEARCHERS))
+class TestFloor:
+    """A known least loss (the metric's best score): the optimizer stops at the first feasible
+    point that has it, which is the point the whole budget returns (the first of equal losses)."""
+
+    N, K = 8, 3
+
+    def loss(self) -> Recorder:
+        # Half the points share the least value of the feasible ones: a saturated objective.
+        objective = quadratic_objective(self.N, 5)
+        return Recorder(penalized(lambda x: max(objective(x), 0.0), self.N, self.K))
+
+    def test_stops_at_the_first_point_at_the_floor_with_the_same_answer(self, method: str) -> None:
+        problem = SubProblem(n=self.N, k=self.K, budget=56, seed=1)
+        whole, stopped = self.loss(), self.loss()
+        answer = minimize(whole, problem, method)
+        early = minimize(stopped, problem, method, floor=0.0)
+        assert answer.best_loss == 0.0  # the floor is reached
+        first = next(i for i, x in enumerate(whole.calls) if sum(x) == self.K and whole.loss(x) == 0.0)
+        assert first + 1 < len(whole.calls)  # the whole budget asks more
+        assert stopped.calls == whole.calls[: first + 1]
+        assert (early.best, early.best_loss) == (answer.best, answer.best_loss) and early.evaluations == first + 1
+
+    def test_a_floor_no_point_reaches_changes_nothing(self, method: str) -> None:
+        problem = SubProblem(n=self.N, k=self.K, budget=56, seed=1)
+        whole, floored = self.loss(), self.loss()
+        assert minimize(floored, problem, method, floor=-1.0) == minimize(whole, problem, method)
+        assert floored.calls == whole.calls
+
+
+def test_only_a_feasible_point_at_the_floor_stops_the_search() -> None:
+    memo = optimizers.Memo(lambda x: 0.0, budget=10, floor=0.0, feasible=lambda x: sum(x) == 2)
+    memo((1, 0, 0))  # off quota (NOMAD visits such points): it may score below every feasible point
+    assert not memo.spent
+    memo((1, 1, 0))
+    assert memo.spent and memo((0, 1, 1)) is None
+
+
 class TestNomad:
     def test_visits_other_counts_but_returns_k_ones(self) -> None:
         # Every one gains 1.0 and one extra costs a penalty of 100 / 12² ≈ 0.69, so k + 1

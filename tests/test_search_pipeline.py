@@ -18,7 +18,7 @@ import pytest
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count
 from bosch_eval.search.journal.journal import Journal, mask_key
 from bosch_eval.search.objective.score_book import Bits, ScoreBook
-from bosch_eval.search.objective.scoring import Anchors, SearchError, subproblem_loss
+from bosch_eval.search.objective.scoring import Anchors, ScoreScale, SearchError, subproblem_loss
 from bosch_eval.search.pipeline import VARIANTS, Resumed, SearchSettings, default_chunk_layers, run_search
 from bosch_eval.search.variants import Variant
 from bosch_eval.search.stages.stages import LayerQuotas, StageOutcome, StageSettings, refine, stage3
@@ -300,11 +300,11 @@ class TestLowerIsBetter:
         def perplexity(mask: HeadMask) -> float:
             return 1.0 / score_of(planted(), mask)
 
-        lower = run_search(perplexity, SHAPE, SearchSettings(ratio=0.5), progress=False, higher_is_better=False)
+        lower = run_search(perplexity, SHAPE, SearchSettings(ratio=0.5), progress=False, scale=ScoreScale(higher_is_better=False))
         assert lower.mask.bits == higher.mask.bits
         assert lower.anchors.b < lower.anchors.all_full < lower.anchors.a
         with pytest.raises(SearchError, match="not above"):
-            run_search(perplexity, SHAPE, SearchSettings(ratio=0.5), progress=False, higher_is_better=True)
+            run_search(perplexity, SHAPE, SearchSettings(ratio=0.5), progress=False, scale=ScoreScale(higher_is_better=True))
 
 
 class TestRefine:

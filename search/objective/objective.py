@@ -89,6 +89,10 @@ EVALUATE_PATH = "lm_eval.evaluator.evaluate"
 # under the name the search's callers catch.
 ObjectiveError = LmEvalError
 
+# Metrics whose per-example values lie in [0, 1], so that their mean, S, is at most 1: lm-eval's
+# 0/1 metrics and the tie-break task's (tasks/niah/tiebreak.py). Checked on every score.
+UNIT_INTERVAL_METRICS = frozenset({"acc", "acc_norm", "exact_match", "acc_tiebreak", "prob"})
+
 
 class CalibrationObjective(ObjectiveRacing):
     """S(z): lm-eval's evaluation of a BoschLM on calibration task(s), mask swapped in place.
@@ -180,9 +184,21 @@ class CalibrationObjective(ObjectiveRacing):
 
         main = from_results if results is not None else None  # lm-eval gathers the results on rank 0
         score, values = on_main_then_everywhere(main, ObjectiveError, self.lm.world_size)
+        if self.best_possible is not None and score > self.best_possible:
+            raise ObjectiveError(
+                f"metric: {self.metric!r} gave S = {score!r}, above {self.best_possible}: the search takes a metric of this name "
+                "for a mean of per-example values in [0, 1] and stops a sub-problem at the first mask scoring 1; "
+                "these tasks report it otherwise, so name another metric (--calib-metric)"
+            )
         if values:
             self._racer().learn(mask, values)
         return score
+
+    @property
+    def best_possible(self) -> float | None:
+        """The best S the metric can take: 1.0 for a higher-is-better metric of
+        :data:`UNIT_INTERVAL_METRICS`; ``None`` (unknown) otherwise."""
+        return 1.0 if self.higher_is_better and self.metric.split(",")[0] in UNIT_INTERVAL_METRICS else None
 
     def scores(self, mask: HeadMask, metrics: Sequence[str]) -> dict[str, float]:
         """Score ``mask`` by several metrics of the same evaluation (one forward pass): what

@@ -60,6 +60,7 @@ class ScoreBook:
         racing: bool = False,
         bounds: dict[str, float] | None = None,
         examples: dict[str, dict[str, dict[int, float]]] | None = None,
+        best_possible: float | None = None,
     ) -> None:
         if racing and not isinstance(score_fn, RacingScoreFunction):
             methods = ", ".join(name for name in ("race", "race_many", "recall", "use_memo") if not callable(getattr(score_fn, name, None)))
@@ -69,6 +70,9 @@ class ScoreBook:
         self.known = dict(known or {})
         self.journal = journal  # None on non-main processes: only the main process writes
         self.racing = racing
+        # The best S the metric can take, when known (CalibrationObjective.best_possible): a
+        # sub-problem stops at the first mask that reaches it.
+        self.best_possible = best_possible
         self.bounds = dict(bounds or {})  # mask key -> best S it could still reach
         # Journaled masks the run replays when it reaches them (until then, not known: the
         # killed run did not know them at this point either).

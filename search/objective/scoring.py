@@ -31,6 +31,22 @@ DEFAULT_GAMMA = 0.2
 
 
 @dataclass(frozen=True)
+class ScoreScale:
+    """What a search knows of S besides its values.
+
+    Attributes:
+        higher_is_better: the direction of S (lm-eval's ``higher_is_better`` of the calibration
+            metric); ``False`` searches for the lowest S (perplexity).
+        best_possible: the best S the metric can take, when it bounds S (``acc``: 1.0;
+            ``CalibrationObjective.best_possible``): each sub-problem stops at its first mask
+            that scores it, the mask its whole budget would return. ``None``: unknown.
+    """
+
+    higher_is_better: bool = True
+    best_possible: float | None = None
+
+
+@dataclass(frozen=True)
 class Anchors:
     """The two scores that normalize S: the all-SWA model (a) and the original model.
 

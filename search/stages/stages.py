@@ -148,7 +148,9 @@ def solve(
 
     The loss is Eq. 5 with the penalty α(ρ̄ − r)² averaged over the blocks (one block: Eq. 5
     as printed), so every feasible point pays the same penalty and off-quota points more.
-    ``start`` (a mask) seeds the optimizer's start point instead of a random one.
+    ``start`` (a mask) seeds the optimizer's start point instead of a random one. Where the
+    book knows the best S the metric can take, the optimizer stops at the first mask that
+    scores it: the first of equal scores wins, so it is the mask the whole budget would return.
     """
     variables, target_ratio, budget, stage, label = choice.variables, choice.target_ratio, choice.budget, choice.stage, choice.label
     blocks = tuple((int(size), int(ones)) for size, ones in choice.blocks)
@@ -191,9 +193,13 @@ def solve(
         x0=x0,
         blocks=blocks if len(blocks) > 1 else None,
     )
+    floor = None
+    if book.best_possible is not None:  # every feasible point pays the same penalty: any one gives the floor
+        feasible = tuple(int(i < ones) for size, ones in blocks for i in range(size))
+        floor = loss_of(feasible, book.best_possible)
     with book.varying_from(min(layer for cells in variables for layer, _ in cells)):
         racing = {"race": race, "race_all": race_all} if book.racing else {}
-        result = minimize(loss, problem, method=settings.optimizer, **racing)
+        result = minimize(loss, problem, method=settings.optimizer, floor=floor, **racing)
     best = bits_for(result.best)
     layers = tuple(sorted({layer for cells in variables for layer, _ in cells}, reverse=True))
     summary = SubResult(

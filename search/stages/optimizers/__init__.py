@@ -227,6 +227,7 @@ def minimize(
     method: str = "auto",
     race: RacingLoss | None = None,
     race_all: RacingLosses | None = None,
+    floor: float | None = None,
 ) -> OptimizerResult:
     """Find the point with exactly ``k`` ones that minimizes ``loss`` within the budget.
 
@@ -238,6 +239,9 @@ def minimize(
         race: the same loss, told a :class:`Cutoff`: it may stop early and return a
             :class:`Bound` when the point provably cannot reach the cutoff (``oneplusone``).
         race_all: the same loss of a list of points, raced together (``exhaustive``).
+        floor: the least loss any feasible point can have (the loss of the metric's best
+            score), when known: the optimizer stops at the first feasible point that has it,
+            which is the point it would have returned after the whole budget.
 
     Returns:
         The best evaluated feasible point (the first one found on ties). If PyNomad died
@@ -249,7 +253,7 @@ def minimize(
             something other than a finite number.
     """
     method = choose_method(problem, method)
-    memo = Memo(loss, problem.budget, race, race_all)
+    memo = Memo(loss, problem.budget, race, race_all, floor, problem.feasible)
     crash = OPTIMIZERS[method].run(memo, problem)
     # min() keeps the first of equal losses, and memo.values is in evaluation order.
     best, best_loss = min(
@@ -266,17 +270,30 @@ class Memo:
 
     ``values`` holds exact losses, ``bounds`` the points racing stopped early; both count
     against the budget, so racing never changes which points an optimizer evaluates.
+
+    ``floor``: the least loss a feasible point can have (``feasible`` says which are). Once a
+    feasible point has it, the memo is spent: the first of least loss wins, so no later
+    point can be the answer, and the optimizer stops with the answer it would have ended with.
     """
 
     def __init__(
-        self, loss: Loss, budget: int, race: RacingLoss | None = None, race_all: RacingLosses | None = None
+        self,
+        loss: Loss,
+        budget: int,
+        race: RacingLoss | None = None,
+        race_all: RacingLosses | None = None,
+        floor: float | None = None,
+        feasible: Callable[[Point], bool] = lambda point: True,
     ) -> None:
         self.loss = loss
         self.race = race
         self.race_all = race_all
         self.budget = budget
+        self.floor = floor
+        self.feasible = feasible
         self.values: dict[Point, float] = {}  # insertion-ordered: the order of the calls
         self.bounds: dict[Point, Bound] = {}
+        self.at_floor = False  # a feasible point reached ``floor``
 
     @property
     def evaluated(self) -> int:
@@ -284,7 +301,7 @@ class Memo:
 
     @property
     def spent(self) -> bool:
-        return self.evaluated >= self.budget
+        return self.at_floor or self.evaluated >= self.budget
 
     def seen(self, point: Point) -> bool:
         return point in self.values or point in self.bounds
@@ -312,6 +329,8 @@ class Memo:
         if not is_number(value) or not math.isfinite(value):
             raise ValueError(f"loss{point}: expected a finite number, got {value!r}")
         self.values[point] = float(value)
+        if self.floor is not None and value <= self.floor and self.feasible(point):
+            self.at_floor = True
         return float(value)
 
 

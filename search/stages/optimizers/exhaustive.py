@@ -33,6 +33,8 @@ def _run_exhaustive(memo: Memo, problem: SubProblem) -> str:
             memo.record(point, value)
     else:
         for point in _feasible_points(problem):
+            if memo.spent:  # at the floor: no later point can be the answer
+                break
             memo(point)
     return ""
 
