@@ -94,6 +94,19 @@ def test_the_local_search_returns_what_it_finds_better_than_the_stages_and_the_i
     assert result.mask.num_swa_groups == 8
 
 
+@pytest.mark.parametrize("local_calls", [0, 10])
+def test_never_below_stage_1s_own_mask(local_calls: int) -> None:
+    # Seed 2: the paper's Stage 2 gives layers 0 and 3 more SWA groups than Stage 1 measured, and
+    # the stages' mask scores below Stage 1's, which has as many SWA groups (2 of 4 in each layer).
+    settings = SearchSettings(ratio=0.5, seed=2, budget_per_layer=6, local_calls=local_calls)
+    result = run_search(ExampleObjective(seed=2), SHAPE, settings, progress=False)
+    guard = result.guard
+    assert guard is not None and result.stage1_scores is not None
+    assert guard.stages_score < result.stage1_scores[0] <= result.score
+    assert guard.lineages[0].origin == "Stage 1's mask" and guard.source.endswith("Stage 1's mask")
+    assert result.mask.num_swa_groups == 8
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_never_below_any_incumbent(seed: int) -> None:
     given = tuple((f"random{i}", random_key(SHAPE, 8, seed=100 * seed + i)) for i in range(4))
@@ -105,6 +118,7 @@ def test_never_below_any_incumbent(seed: int) -> None:
         assert guard is not None
         exact = [score for score in guard.scores.values() if not isinstance(score, RaceBound)]
         assert result.score >= max(exact) and result.score >= guard.stages_score
+        assert result.stage1_scores is not None and result.score >= result.stage1_scores[0]  # 2 of 4 per layer: the ratio
         # A raced incumbent stops only below the best one.
         assert all(bound.score <= guard.best_score for bound in guard.scores.values() if isinstance(bound, RaceBound))
         assert result.score == ExampleObjective(seed=seed)(result.mask)

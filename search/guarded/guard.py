@@ -2,12 +2,14 @@
 
 After Stages 1–3 the local search (:mod:`bosch_eval.search.guarded.local_search`) runs from the stages'
 mask and from the best incumbent (:mod:`bosch_eval.search.guarded.incumbents`), half the budget each (one
-run with all of it when they are the same mask). The search returns the best of the masks those
-runs end with; each ends with its start or a mask that scores strictly better, so the result
-scores at least the best incumbent and at least the stages' mask. On equal S the stages' side
-wins, since a tie is no evidence for the incumbent: an incumbent is returned only when it, or a
-mask found from it, scores strictly better. :class:`Guard` records the incumbents' scores, what
-the stages alone returned and the gain, for ``report.md`` and the mask's provenance.
+run with all of it when they are the same mask). The stages' run starts from Stage 1's own mask
+instead where that has as many SWA groups and scored better (the paper's Stage 2 can give layers
+a ratio no stage scored). The search returns the best of the masks those runs end with; each ends
+with its start or a mask that scores strictly better, so the result scores at least the best
+incumbent, the stages' mask and Stage 1's. On equal S the stages' side wins, since a tie is no
+evidence for the incumbent: an incumbent is returned only when it, or a mask found from it,
+scores strictly better. :class:`Guard` records the incumbents' scores, what the stages alone
+returned and the gain, for ``report.md`` and the mask's provenance.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from typing import Any
 from bosch_eval.search.objective.racing import RaceBound
 
 STAGES = "the stages"
+STAGE1 = "Stage 1's mask"
 
 
 @dataclass(frozen=True)
 class Lineage:
-    """One local-search run: where it started (``STAGES`` or an incumbent's name) and ended."""
+    """One local-search run: where it started (``STAGES``, ``STAGE1`` or an incumbent's name) and ended."""
 
     origin: str
     start: str  # mask key
@@ -103,5 +106,5 @@ def choose(lineages: Sequence[Lineage], higher_is_better: bool) -> Lineage:
 
 def source_of(lineage: Lineage) -> str:
     """Where the returned mask came from, in words."""
-    start = STAGES if lineage.origin == STAGES else f"incumbent {lineage.origin}"
+    start = lineage.origin if lineage.origin in (STAGES, STAGE1) else f"incumbent {lineage.origin}"
     return start if lineage.end == lineage.start else f"the local search from {start}"

@@ -73,6 +73,7 @@ class VariantOutcome:
     subproblems: tuple[SubResult, ...] = ()
     stage1_scores: tuple[float, ...] | None = None
     stage1_probes: bool = False  # Stage 1 measured each layer alone (stages.stage1_probes), not cumulatively
+    stage1_bits: Bits | None = None  # Stage 1's own mask, where a variant ran Stages 2–3 after Algorithm 1
     stage2: Stage2Result | None = None
     stage3_score: float | None = None  # S before refinement (None without --refine)
     stage3_evaluations: int | None = None  # distinct masks scored up to the end of Stage 3

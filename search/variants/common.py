@@ -56,7 +56,10 @@ def run_bosch(run: SearchRun) -> VariantOutcome:
         outcome = refine(book, anchors, shape, outcome.bits, quotas, run.stages, settings.refine, run.progress)
     if not first.stage1_probes:  # probes leave no Stage-1 mask but all-SWA, which cannot score better
         _warn_if_stage1_scores_better(run, first, outcome.bits)
-    return replace(first, bits=outcome.bits, subproblems=subproblems + tuple(outcome.subproblems), stage2=stage2, **refined)
+    stage1_bits = None if first.stage1_probes else first.bits
+    return replace(
+        first, bits=outcome.bits, subproblems=subproblems + tuple(outcome.subproblems), stage2=stage2, stage1_bits=stage1_bits, **refined
+    )
 
 
 def _warn_if_stage1_scores_better(run: SearchRun, first: VariantOutcome, final_bits: Bits) -> None:

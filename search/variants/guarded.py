@@ -6,10 +6,12 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from bosch_eval.search.guarded.guard import STAGES, Guard, Lineage, choose, source_of
+from bosch_eval.masks.head_mask import HeadMask
+from bosch_eval.search.guarded.guard import STAGE1, STAGES, Guard, Lineage, choose, source_of
 from bosch_eval.search.guarded.incumbents import best_incumbent, incumbent_masks, score_incumbents
 from bosch_eval.search.guarded.local_search import local_search
 from bosch_eval.search.journal.journal import mask_key
+from bosch_eval.search.objective.score_book import Bits
 from bosch_eval.search.objective.racing import RaceBound
 from bosch_eval.search.tie_break import tie_key_bits
 from bosch_eval.search.variants import VARIANTS, SearchRun, Variant, VariantOutcome
@@ -20,8 +22,8 @@ log = logging.getLogger("bosch_eval.search")
 
 def run_guarded(run: SearchRun) -> VariantOutcome:
     """Incumbents, then ``bosch`` (with Stage-1 probes where ⌈ρG⌉ = G), then the local search
-    from the stages' mask and from the best incumbent; the best mask those runs end with
-    (:mod:`bosch_eval.search.guarded.guard`)."""
+    from the stages' mask (or Stage 1's, :func:`_stages_start`) and from the best incumbent; the
+    best mask those runs end with (:mod:`bosch_eval.search.guarded.guard`)."""
     book, anchors, shape, settings = run.book, run.anchors, run.shape, run.settings
     higher = anchors.higher_is_better
     masks = incumbent_masks(shape, settings.ratio, settings.incumbents, settings.seed)
@@ -34,8 +36,8 @@ def run_guarded(run: SearchRun) -> VariantOutcome:
     outcome = run_bosch(run)
     subproblems = list(outcome.subproblems)
     stages_score = book.score(outcome.bits, "final")
-    starts = [(STAGES, outcome.bits), (best, masks[best])]
-    if mask_key(masks[best]) == mask_key(outcome.bits):
+    starts = [_stages_start(run, outcome.bits, outcome.stage1_bits, stages_score), (best, masks[best])]
+    if mask_key(masks[best]) == mask_key(starts[0][1]):
         starts = starts[:1]
     lineages = []
     for number, (origin, start) in enumerate(starts):
@@ -51,6 +53,18 @@ def run_guarded(run: SearchRun) -> VariantOutcome:
     )  # fmt: skip
     log.info("search: %s", guard.message())
     return replace(outcome, bits=tie_key_bits(chosen.end), subproblems=tuple(subproblems), guard=guard)
+
+
+def _stages_start(run: SearchRun, stages_bits: Bits, stage1_bits: Bits | None, stages_score: float) -> tuple[str, Bits]:
+    """Where the stages' local search starts: Stage 1's own mask where it has as many SWA groups
+    as the stages' mask and scored strictly better, else the stages' mask."""
+    if stage1_bits is None:
+        return STAGES, stages_bits
+    swa = HeadMask(stages_bits, run.shape.num_heads).num_swa_groups
+    gain = (run.book.score(stage1_bits, "stage1") - stages_score) * run.anchors.sign  # scored in Stage 1: no call
+    if HeadMask(stage1_bits, run.shape.num_heads).num_swa_groups == swa and gain > 0:
+        return STAGE1, stage1_bits
+    return STAGES, stages_bits
 
 
 VARIANTS.register("guarded", Variant(run_guarded, stage2=True, chunks=True, probes=True, incumbents=True))
