@@ -12,6 +12,8 @@ import pytest
 import yaml
 
 from bosch_eval.masks.head_mask import HeadMask, ModelShape
+from bosch_eval.search.journal.journal import Journal, read_records
+from bosch_eval.search.pipeline import Resumed
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks" / "studies"))  # the scripts are run as files, not installed
@@ -50,6 +52,22 @@ class TestJournalMasks:
     def test_the_tie_count_is_the_searchs_own(self) -> None:
         line = journal_masks.ties_line(SMOLLM2 / "search" / "bosch-r0.75")
         assert line == "bosch-r0.75: S = 1.0000, 68 SWA groups; 143 other masks tie, 0 stopped early by racing could at best tie"
+
+    def test_a_copy_of_the_scores_resumes_with_every_score_and_bound_and_no_values(self, tmp_path: Path) -> None:
+        search = SMOLLM2 / "search" / "bosch-r0.875"
+        kept = journal_masks.copy_scores(search, tmp_path)
+        original = list(read_records(search / "journal.jsonl"))
+        copied = list(read_records(tmp_path / "journal.jsonl"))
+        assert kept == len(copied) == len(original) - sum("values" in record for record in original) and copied[0] == original[0]
+        journal = Journal(tmp_path / "journal.jsonl", original[0]["header"], resume=True)
+        before = Journal(tmp_path / "before" / "journal.jsonl", original[0]["header"], resume=False)
+        for record in original[1:]:
+            if "score" in record:
+                before.append(record["key"], record["score"], stage=record["stage"], seconds=record["seconds"])
+            elif "bound" in record:
+                before.append_bound(record["key"], record["bound"], record["examples"], stage=record["stage"], seconds=record["seconds"])
+        assert Resumed.of(journal).scores == Resumed.of(before).scores and Resumed.of(journal).bounds == Resumed.of(before).bounds
+        assert journal.bounds and not journal.examples
 
     def test_a_count_below_one_is_refused(self, tmp_path: Path) -> None:
         with pytest.raises(SystemExit, match="count: 0; expected at least 1"):

@@ -3,6 +3,7 @@
     python benchmarks/studies/journal_masks.py ties SEARCH [SEARCH ...]
     python benchmarks/studies/journal_masks.py tied SEARCH COUNT OUT
     python benchmarks/studies/journal_masks.py stage1 SEARCH OUT
+    python benchmarks/studies/journal_masks.py copy-scores SEARCH OUT
 
 ``ties``: how many masks the calibration set ties with the returned one (the count a search
 made since prints and writes to ``provenance.ties``; older searches' journals give it here).
@@ -11,11 +12,17 @@ is the search's own (:func:`bosch_eval.search.saturation.search_ties`), the mask
 over the order the journal first scored them, each with the returned mask's window and sinks.
 ``stage1``: the mask Stage 1 kept (Algorithm 1), as ``OUT/stage1.json``: the first Stage-1
 record with ⌈ρ·G⌉ SWA groups in every layer at the best score such records reach.
+``copy-scores``: SEARCH's journal as ``OUT/journal.jsonl.gz`` with its header, scores and racing
+bounds, not its per-example values: a search of the same objective resumes from it (``--resume
+--new-settings``) and asks none of those masks again. The values of journals written before the
+racing fix (``60a6ae2``) sit under other documents of their chunk, so no race may read them;
+bounds and scores, sums over whole chunks, hold.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 from pathlib import Path
@@ -73,6 +80,15 @@ def stage1_mask(search: Path) -> HeadMask:
                               method="bosch-stage1")  # fmt: skip
 
 
+def copy_scores(search: Path, out: Path) -> int:
+    """Write SEARCH's journal without its per-example values to ``OUT/journal.jsonl.gz``; the records kept."""
+    kept = [record for record in read_records(search / "journal.jsonl") if "values" not in record]
+    out.mkdir(parents=True, exist_ok=True)
+    lines = "".join(json.dumps(record) + "\n" for record in kept)
+    (out / "journal.jsonl.gz").write_bytes(gzip.compress(lines.encode("utf-8"), compresslevel=9, mtime=0))
+    return len(kept)
+
+
 def ties_line(search: Path) -> str:
     """One search's tie count, as a search made since reports it."""
     mask = HeadMask.load(search / "mask.json")
@@ -94,6 +110,9 @@ def main(argv: list[str] | None = None) -> None:
     stage1 = commands.add_parser("stage1", help="write the mask Stage 1 kept")
     stage1.add_argument("search", type=Path)
     stage1.add_argument("out", type=Path, help="directory for stage1.json")
+    copy = commands.add_parser("copy-scores", help="copy a journal without its per-example values")
+    copy.add_argument("search", type=Path)
+    copy.add_argument("out", type=Path, help="directory for journal.jsonl.gz")
     args = parser.parse_args(argv)
     if args.command == "ties":
         for search in args.searches:
@@ -101,6 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "tied":
         written = write_tied(args.search, args.count, args.out)
         print(f"{len(tied_in_journal_order(args.search))} masks tie with {args.search / 'mask.json'}; wrote {len(written)} to {args.out}")
+    elif args.command == "copy-scores":
+        print(f"{args.out / 'journal.jsonl.gz'}: {copy_scores(args.search, args.out)} records of {args.search / 'journal.jsonl'}")
     else:
         args.out.mkdir(parents=True, exist_ok=True)
         stage1_mask(args.search).save(args.out / "stage1.json")
