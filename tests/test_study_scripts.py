@@ -69,6 +69,21 @@ class TestJournalMasks:
         assert Resumed.of(journal).scores == Resumed.of(before).scores and Resumed.of(journal).bounds == Resumed.of(before).bounds
         assert journal.bounds and not journal.examples
 
+    def test_a_copy_adds_the_masks_of_another_search_of_the_same_objective(self, tmp_path: Path) -> None:
+        search, other = SMOLLM2 / "search" / "bosch-r0.75", SMOLLM2 / "search" / "guarded-r0.875"
+        journal_masks.copy_scores(search, tmp_path, [other])
+        copied = {record["key"]: record for record in list(read_records(tmp_path / "journal.jsonl"))[1:]}
+        probes = [record for record in read_records(other / "journal.jsonl") if "score" in record and sorted(record["key"].split("/"))[1] == "111" and "000" in record["key"]]  # one layer all SWA
+        own = {record["key"]: record for record in list(read_records(search / "journal.jsonl"))[1:] if "values" not in record}
+        assert len(probes) == 30 and all(copied[record["key"]]["score"] == record["score"] for record in probes)
+        assert all(copied[record["key"]] == record for record in probes if record["key"] not in own)  # each mask once: its own first
+        assert all(copied[key] == record for key, record in own.items())
+
+    def test_a_search_of_another_objective_is_refused(self, tmp_path: Path) -> None:
+        other = REPO / "results" / "toy_l" / "search" / "bosch-r0.75"
+        with pytest.raises(SystemExit, match=r"another objective than .*header fields \[.*'model'"):
+            journal_masks.copy_scores(SMOLLM2 / "search" / "bosch-r0.75", tmp_path, [other])
+
     def test_a_count_below_one_is_refused(self, tmp_path: Path) -> None:
         with pytest.raises(SystemExit, match="count: 0; expected at least 1"):
             journal_masks.write_tied(SMOLLM2 / "search" / "bosch-r0.75", 0, tmp_path)

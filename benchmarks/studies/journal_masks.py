@@ -3,7 +3,7 @@
     python benchmarks/studies/journal_masks.py ties SEARCH [SEARCH ...]
     python benchmarks/studies/journal_masks.py tied SEARCH COUNT OUT
     python benchmarks/studies/journal_masks.py stage1 SEARCH OUT
-    python benchmarks/studies/journal_masks.py copy-scores SEARCH OUT
+    python benchmarks/studies/journal_masks.py copy-scores SEARCH OUT [--also OTHER ...]
 
 ``ties``: how many masks the calibration set ties with the returned one (the count a search
 made since prints and writes to ``provenance.ties``; older searches' journals give it here).
@@ -16,7 +16,9 @@ record with ⌈ρ·G⌉ SWA groups in every layer at the best score such records
 bounds, not its per-example values: a search of the same objective resumes from it (``--resume
 --new-settings``) and asks none of those masks again. The values of journals written before the
 racing fix (``60a6ae2``) sit under other documents of their chunk, so no race may read them;
-bounds and scores, sums over whole chunks, hold.
+bounds and scores, sums over whole chunks, hold. ``--also``: the scores and bounds of other
+searches of the same objective (the headers' model, model files, calibration, window, model
+arguments and dtype equal; only the search settings may differ) follow, each mask once.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import argparse
 import gzip
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 from bosch_eval.masks.head_mask import HeadMask
@@ -80,13 +83,29 @@ def stage1_mask(search: Path) -> HeadMask:
                               method="bosch-stage1")  # fmt: skip
 
 
-def copy_scores(search: Path, out: Path) -> int:
-    """Write SEARCH's journal without its per-example values to ``OUT/journal.jsonl.gz``; the records kept."""
+def copy_scores(search: Path, out: Path, also: Sequence[Path] = ()) -> int:
+    """Write SEARCH's journal without its per-example values to ``OUT/journal.jsonl.gz``, then the
+    scores and bounds of the ``also`` searches' masks it does not hold; the records kept."""
     kept = [record for record in read_records(search / "journal.jsonl") if "values" not in record]
+    objective = _objective(kept[0]["header"])
+    for other in also:
+        records = list(read_records(other / "journal.jsonl"))
+        differs = sorted(k for k in objective.keys() | _objective(records[0]["header"]).keys()
+                         if objective.get(k) != _objective(records[0]["header"]).get(k))  # fmt: skip
+        if differs:
+            raise SystemExit(f"{other / 'journal.jsonl'}: another objective than {search / 'journal.jsonl'} (header fields {differs} differ)")
+        held = {record["key"] for record in kept[1:]}
+        kept += [record for record in records[1:] if "values" not in record and record["key"] not in held]
     out.mkdir(parents=True, exist_ok=True)
     lines = "".join(json.dumps(record) + "\n" for record in kept)
     (out / "journal.jsonl.gz").write_bytes(gzip.compress(lines.encode("utf-8"), compresslevel=9, mtime=0))
     return len(kept)
+
+
+def _objective(header: dict) -> dict:
+    """What a journal's scores depend on: its header but the search settings (a journal written
+    before the dtype was pinned has its runs' dtype, bfloat16 in results/smollm2)."""
+    return {"dtype": "bfloat16", **{key: value for key, value in header.items() if key != "settings"}}
 
 
 def ties_line(search: Path) -> str:
@@ -113,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     copy = commands.add_parser("copy-scores", help="copy a journal without its per-example values")
     copy.add_argument("search", type=Path)
     copy.add_argument("out", type=Path, help="directory for journal.jsonl.gz")
+    copy.add_argument("--also", type=Path, nargs="+", default=[], help="other searches of the same objective whose masks to add")
     args = parser.parse_args(argv)
     if args.command == "ties":
         for search in args.searches:
@@ -121,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         written = write_tied(args.search, args.count, args.out)
         print(f"{len(tied_in_journal_order(args.search))} masks tie with {args.search / 'mask.json'}; wrote {len(written)} to {args.out}")
     elif args.command == "copy-scores":
-        print(f"{args.out / 'journal.jsonl.gz'}: {copy_scores(args.search, args.out)} records of {args.search / 'journal.jsonl'}")
+        print(f"{args.out / 'journal.jsonl.gz'}: {copy_scores(args.search, args.out, args.also)} records of {args.search / 'journal.jsonl'}")
     else:
         args.out.mkdir(parents=True, exist_ok=True)
         stage1_mask(args.search).save(args.out / "stage1.json")

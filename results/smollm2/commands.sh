@@ -226,13 +226,16 @@ case $step in
             # a first run starts from a copy of its journal, so every mask it scored is reused (--new-settings: the
             # header takes this variant). The copy keeps the scores and racing bounds, not the per-example values,
             # which journals written before the racing fix hold under other documents' numbers (journal_masks.py
-            # copy-scores). With another metric every S() is new. --no-racing: as the first study run began.
+            # copy-scores), and those of the other guarded study searches begun (the Stage-1 probes, each layer alone
+            # SWA, do not depend on the ratio). With another metric every S() is new. --no-racing: as the first study
+            # run began.
             ratio=${2:?ratio}; seed=${3:-0}; suffix=""; [ "$seed" = 0 ] || suffix="-s$seed"
             out=$R/search/guarded-r$ratio$suffix; metric=${METRIC:-acc}
             resume=(); { [ -f $out/journal.jsonl ] || [ -f $out/journal.jsonl.gz ]; } && resume=(--resume)
             from=$R/search/bosch-r$ratio; [ "$ratio" = 0.5 ] && from=$R/search/bosch-paper-r0.5
             if [ ${#resume[@]} = 0 ] && [ "$metric" = acc ] && [ -f $from/journal.jsonl.gz ]; then
-              python benchmarks/studies/journal_masks.py copy-scores $from $out && resume=(--resume --new-settings)
+              others=(); for other in $R/search/guarded-r*; do [ "$other" = "$out" ] || [ ! -f $other/journal.jsonl.gz ] || others+=("$other"); done
+              python benchmarks/studies/journal_masks.py copy-scores $from $out ${others[@]:+--also "${others[@]}"} && resume=(--resume --new-settings)
             fi
             bosch-eval search --model smollm2 --ratio $ratio --seed $seed --calib-tasks $CALIB --calib-metric $metric \
               --rankings $(for method in apl dcam fisher proxy qada razor; do printf '%s=%s ' $method $R/rankings/$method.json; done) \
