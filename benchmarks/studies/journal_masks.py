@@ -85,17 +85,19 @@ def stage1_mask(search: Path) -> HeadMask:
 
 def copy_scores(search: Path, out: Path, also: Sequence[Path] = ()) -> int:
     """Write SEARCH's journal without its per-example values to ``OUT/journal.jsonl.gz``, then the
-    scores and bounds of the ``also`` searches' masks it does not hold; the records kept."""
+    scores and bounds of the ``also`` searches' masks it does not hold (their search time is
+    theirs: ``wall_s`` is left out); the records kept."""
     kept = [record for record in read_records(search / "journal.jsonl") if "values" not in record]
     objective = _objective(kept[0]["header"])
     for other in also:
         records = list(read_records(other / "journal.jsonl"))
-        differs = sorted(k for k in objective.keys() | _objective(records[0]["header"]).keys()
-                         if objective.get(k) != _objective(records[0]["header"]).get(k))  # fmt: skip
+        theirs = _objective(records[0]["header"])
+        differs = sorted(key for key in objective.keys() | theirs.keys() if objective.get(key) != theirs.get(key))
         if differs:
             raise SystemExit(f"{other / 'journal.jsonl'}: another objective than {search / 'journal.jsonl'} (header fields {differs} differ)")
         held = {record["key"] for record in kept[1:]}
-        kept += [record for record in records[1:] if "values" not in record and record["key"] not in held]
+        # Without wall_s: a resume takes the largest one as this journal's earlier search time.
+        kept += [{k: v for k, v in record.items() if k != "wall_s"} for record in records[1:] if "values" not in record and record["key"] not in held]
     out.mkdir(parents=True, exist_ok=True)
     lines = "".join(json.dumps(record) + "\n" for record in kept)
     (out / "journal.jsonl.gz").write_bytes(gzip.compress(lines.encode("utf-8"), compresslevel=9, mtime=0))
