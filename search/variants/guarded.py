@@ -11,8 +11,8 @@ from bosch_eval.search.guarded.guard import STAGE1, STAGES, Guard, Lineage, choo
 from bosch_eval.search.guarded.incumbents import best_incumbent, incumbent_masks, score_incumbents
 from bosch_eval.search.guarded.local_search import local_search
 from bosch_eval.search.journal.journal import mask_key
-from bosch_eval.search.objective.score_book import Bits
 from bosch_eval.search.objective.racing import RaceBound
+from bosch_eval.search.objective.score_book import Bits
 from bosch_eval.search.tie_break import tie_key_bits
 from bosch_eval.search.variants import VARIANTS, SearchRun, Variant, VariantOutcome
 from bosch_eval.search.variants.common import run_bosch
