@@ -227,8 +227,10 @@ case $step in
             # header takes this variant). The copy keeps the scores and racing bounds, not the per-example values,
             # which journals written before the racing fix hold under other documents' numbers (journal_masks.py
             # copy-scores), and those of the other guarded study searches begun (the Stage-1 probes, each layer alone
-            # SWA, do not depend on the ratio). With another metric every S() is new. --no-racing: as the first study
-            # run began.
+            # SWA, do not depend on the ratio). With another metric every S() is new. Racing on (docs/search.md, "Exact
+            # racing": the same mask and the same full scores, a mask stopped once it cannot win): the first study runs
+            # began with --no-racing, because a race resumed from a pre-fix journal would read its misplaced per-example
+            # values; the copies hold none, and a copied bound is still a true bound (the sum of a chunk's values).
             ratio=${2:?ratio}; seed=${3:-0}; suffix=""; [ "$seed" = 0 ] || suffix="-s$seed"
             out=$R/search/guarded-r$ratio$suffix; metric=${METRIC:-acc}
             resume=(); { [ -f $out/journal.jsonl ] || [ -f $out/journal.jsonl.gz ]; } && resume=(--resume)
@@ -239,7 +241,7 @@ case $step in
             fi
             bosch-eval search --model smollm2 --ratio $ratio --seed $seed --calib-tasks $CALIB --calib-metric $metric \
               --rankings $(for method in apl dcam fisher proxy qada razor; do printf '%s=%s ' $method $R/rankings/$method.json; done) \
-              --dtype bfloat16 --batch-size 8 --model-args sink=4,attn_backend=blocked --prefix-cache-mb 2560 --no-racing \
+              --dtype bfloat16 --batch-size 8 --model-args sink=4,attn_backend=blocked --prefix-cache-mb 2560 \
               --out $out "${resume[@]}" ;;
   study-compare) # the entries whose mask exists run now, a later call adds the search's (available_entries.py)
             ratio=${2:?ratio}; out=$R/study_r$ratio; mkdir -p $out
