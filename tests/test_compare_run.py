@@ -66,6 +66,49 @@ def test_resume_after_a_kill_evaluates_only_the_rest(tmp_path, monkeypatch):
         runner.run_compare(changed, tmp_path, resume=True, progress=False)
 
 
+def test_a_run_killed_mid_task_resumes_at_its_last_batch(tmp_path, monkeypatch):
+    """The answers of the batches before a kill come from the run's request cache; the resumed
+    run equals an uninterrupted one. A cache whose run now applies another mask is cleared."""
+    from bosch_eval.model_adapters.bosch import BoschLM
+
+    fields = dict(FIELDS, model_args="device=cpu,batch_size=2,sink=4", tasks=["bosch_niah_single_1"],
+                  metadata={"max_seq_lengths": [256]}, limit=8, gen_kwargs={"max_gen_toks": 8})  # fmt: skip
+    entries = [f"bosch=mask={MASK}"]
+    real = BoschLM._model_generate
+    batches: list[int] = []
+
+    def killed_at_the_third_batch(self, *args, **kwargs):
+        batches.append(1)
+        if len(batches) == 3:
+            raise Killed
+        return real(self, *args, **kwargs)
+
+    def run(out, entry_list=entries, **kwargs):
+        batches.clear()
+        runner.run_compare(build_spec(dict(fields), [parse_entry(e) for e in entry_list], "test"), out, progress=False, **kwargs)
+        return len(batches)
+
+    def answers(out):
+        files = list((out / "runs" / "bosch").rglob("samples_*.jsonl"))
+        return {row["doc_id"]: row["resps"] for line in files[0].read_text().splitlines() for row in [json.loads(line)]}
+
+    monkeypatch.setattr(BoschLM, "_model_generate", killed_at_the_third_batch)
+    with pytest.raises(Killed):
+        run(tmp_path / "killed")
+    assert (tmp_path / "killed" / runner.REQUESTS_DIR / "bosch" / runner.PIN_FILE).is_file()
+    monkeypatch.setattr(BoschLM, "_model_generate", lambda self, *a, **k: batches.append(1) or real(self, *a, **k))
+    assert run(tmp_path / "killed", resume=True) == 2  # batches 3 and 4 of 4
+    assert run(tmp_path / "whole") == 4
+    assert answers(tmp_path / "killed") == answers(tmp_path / "whole")
+    assert not (tmp_path / "killed" / runner.REQUESTS_DIR / "bosch").exists()
+
+    monkeypatch.setattr(BoschLM, "_model_generate", killed_at_the_third_batch)
+    with pytest.raises(Killed):
+        run(tmp_path / "changed")
+    monkeypatch.setattr(BoschLM, "_model_generate", lambda self, *a, **k: batches.append(1) or real(self, *a, **k))
+    assert run(tmp_path / "changed", ["bosch=layers=intr,ratio=0.5"], resume=True) == 4  # another mask: nothing reused
+
+
 def test_cli_leaderboard(tmp_path, capsys):
     out = tmp_path / "cmp"
     args = ["compare", "--model", "toy", "--model-args", "device=cpu,batch_size=4", "--tasks", "bosch_niah_calib",

@@ -6,9 +6,14 @@ Layout under ``out``::
     runs/<run>/           one finished run: lm-eval's results_*.json and samples_*.jsonl
                           (one pair per task) and run.json (entry, mask, window, inputs)
     .partial/<run>/       the run in progress; moved to runs/ when its last task is done
+    .requests/<run>/      its answers so far: lm-eval's request cache (``use_cache``), written per
+                          batch, and pin.json (what decides them); removed when the run finishes
     .bosch-compare.lock   one comparison per ``out`` at a time (:mod:`bosch_eval.runtime.outdir_lock`)
 
-Killing the run loses at most the run in progress (``.partial`` is cleared on restart);
+Killing the run loses at most the batch in progress: ``.partial`` is cleared on restart, and the
+run's requests answered before the kill come from its request cache if what decides them (the
+settings, model_args and pinned inputs) is unchanged, else the cache is cleared too. A row's
+answer does not depend on its batch, so the resumed run equals an uninterrupted one.
 ``resume=True`` skips finished runs whose pinned inputs (:mod:`bosch_eval.compare.inputs`)
 are unchanged; one whose settings or inputs changed is refused, or with ``new_settings``
 kept in ``previous/`` and evaluated again. The settings are pinned when the first run
@@ -47,6 +52,8 @@ from bosch_eval.runtime.outdir_lock import OutputLock
 from bosch_eval.runtime.previous_results import keep_aside
 
 RUN_FILE = "run.json"
+REQUESTS_DIR = ".requests"
+PIN_FILE = "pin.json"
 SETTINGS_FILE = "compare.json"
 LEADERBOARD_FILES = ("leaderboard.md", "leaderboard.csv", "leaderboard.json", "pareto.png")  # made from the runs
 
@@ -154,7 +161,49 @@ def check_out_dir(spec: CompareSpec, out: Path, resume: bool, plan: list[Planned
         log.warning("%s: evaluating again: %s", out, " | ".join(stale.values()))
         keep_aside(out, [f"runs/{run}" for run in stale] + list(LEADERBOARD_FILES), {"runs": stale})
     shutil.rmtree(out / ".partial", ignore_errors=True)  # the run a kill interrupted
+    _clear_stale_request_caches(spec, out, [item for item in plan if item.run not in skip])
     return skip
+
+
+def _request_pin(spec: CompareSpec, item: PlannedRun) -> dict[str, Any]:
+    """What decides a run's answers, beside the requests themselves (lm-eval's cache key)."""
+    return json.loads(json.dumps({"settings": spec.settings(), "model_args": _args_key(item.args), "inputs": item.inputs}))
+
+
+def _clear_stale_request_caches(spec: CompareSpec, out: Path, todo: list[PlannedRun]) -> None:
+    """Keep the request cache of each run still to do whose pin matches; remove every other."""
+    caches = out / REQUESTS_DIR
+    if not caches.is_dir():
+        return
+    pins = {item.run: _request_pin(spec, item) for item in todo}
+    for folder in caches.iterdir():
+        pin_file = folder / PIN_FILE
+        saved = json.loads(pin_file.read_text()) if pin_file.is_file() else None
+        current = pins.get(folder.name)
+        if saved is not None and current is not None:
+            same = saved["settings"] == current["settings"] and saved["model_args"] == current["model_args"]
+            if same and not changed(saved["inputs"], current["inputs"]):
+                log.info("%s: run %s resumes from its %s", out, folder.name, folder)
+                continue
+        shutil.rmtree(folder)
+
+
+def _request_cache(spec: CompareSpec, out: Path, item: PlannedRun) -> str:
+    """The ``use_cache`` prefix of ``item``'s request cache (lm-eval adds ``_rank0.db``), pinned."""
+    folder = out / REQUESTS_DIR / item.run
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / PIN_FILE).write_text(json.dumps(_request_pin(spec, item), indent=1) + "\n")
+    return str(folder / "requests")
+
+
+def _close_request_cache(lm: Any) -> None:
+    """Close the cache ``simple_evaluate(use_cache=...)`` hooked into ``lm`` (its writer thread
+    and file), so the next task or run opens its own."""
+    from lm_eval.api.model import CacheHook
+
+    if lm.cache_hook.dbdict is not None:
+        lm.cache_hook.dbdict.close()
+    lm.set_cache_hook(CacheHook(None))
 
 
 def _args_key(args: dict[str, str]) -> dict[str, str]:
@@ -182,6 +231,7 @@ def _finish_run(spec: CompareSpec, out: Path, item: PlannedRun, partial: Path) -
     # A killed process between these two leaves no run, which the next resume evaluates.
     shutil.rmtree(out / "runs" / item.run, ignore_errors=True)
     os.replace(partial, out / "runs" / item.run)
+    shutil.rmtree(out / REQUESTS_DIR / item.run)  # left by a kill before this line, the next resume clears it
 
 
 def _load_model(spec: CompareSpec, model: ResolvedModel, load_args: dict[str, str]) -> Any:
@@ -273,20 +323,25 @@ def run_compare(
                 lm.set_mask(item.mask)
                 partial = out / ".partial" / item.run
                 partial.mkdir(parents=True)
+                cache = _request_cache(spec, out, item)
                 for task in spec.tasks:
                     bar.set_description(f"compare {len(done) + len(finished) + 1}/{len(plan)} {item.run} · {task}")
                     tracker = EvaluationTracker(output_path=str(partial))
-                    results = simple_evaluate(
-                        model=lm,
-                        model_args=",".join(f"{k}={v}" for k, v in {"pretrained": spec.model, **spec.model_args, **item.args}.items()),
-                        tasks=objects[task],
-                        task_manager=manager,
-                        samples=samples[task],
-                        gen_kwargs=spec.gen_kwargs,
-                        bootstrap_iters=spec.bootstrap_iters,
-                        log_samples=True,
-                        evaluation_tracker=tracker,
-                    )
+                    try:
+                        results = simple_evaluate(
+                            model=lm,
+                            model_args=",".join(f"{k}={v}" for k, v in {"pretrained": spec.model, **spec.model_args, **item.args}.items()),
+                            tasks=objects[task],
+                            task_manager=manager,
+                            samples=samples[task],
+                            gen_kwargs=spec.gen_kwargs,
+                            bootstrap_iters=spec.bootstrap_iters,
+                            log_samples=True,
+                            evaluation_tracker=tracker,
+                            use_cache=cache,
+                        )
+                    finally:
+                        _close_request_cache(lm)
                     logged = results.pop("samples")
                     tracker.save_results_aggregated(results=results, samples=logged)
                     for name in results["configs"]:
