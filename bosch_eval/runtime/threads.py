@@ -8,8 +8,11 @@ the barrier, and a forward pass of a small model is thousands of such splits: on
 machine of issue 40 the quickstart took 55 minutes with the default (2 threads beside a
 busy process) and 5 with ``OMP_NUM_THREADS=1``. One thread less than the usable cores
 leaves a core for everything else (the OS, a tokenizer, another job); on 2 cores that is
-one thread, which on the bundled models is as fast as two on an idle machine
-(``benchmarks/threads_loaded.py`` measures both, idle and beside a busy process).
+one thread, which on the toy models is as fast as two on an idle machine. On SmolLM2 in
+bf16 (8 × 1024 tokens) two threads are 1.8× faster alone and 1.1× slower beside a busy
+process, so a job that has the machine to itself sets ``OMP_NUM_THREADS`` to the core
+count, as ``results/smollm2/commands.sh`` does (``benchmarks/threads_loaded.py`` measures
+both, idle and beside a busy process; ``results/smollm2/threads.md``).
 
 The usable cores are those this process may run on (``os.sched_getaffinity``), capped by
 a cgroup CPU quota when one is set (containers, Slurm). Whatever the user set wins: a
