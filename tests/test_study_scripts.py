@@ -140,8 +140,14 @@ class TestPairedRuns:
             paired_runs.paired_documents(a, b)
 
     def test_entries_pairs_an_entry_with_another_as_the_leaderboard_does(self) -> None:
-        (line,) = paired_runs.paired_entries(SMOLLM2 / "leaderboard_r0.875", "bosch-r0.875", ["razor-r0.875"])
-        assert line.startswith("bosch-r0.875 − razor-r0.875: headline 0.258, -0.339 [-0.401, -0.279];")
+        (line,) = paired_runs.paired_entries(REPO / "results" / "toy_compare" / "small", "bosch", ["apl"])
+        assert line == ("bosch − apl: headline 0.625, +0.025 [-0.050, +0.100]; niah_single_1 +0.050 [+0.000, +0.150]; "
+                        "bosch_niah_multikey_1 +0.000 [-0.150, +0.150]")  # fmt: skip
+
+    def test_a_column_without_paired_documents_says_so(self) -> None:
+        # toy_l's razor-r0.75 run kept its results, not its samples
+        (line,) = paired_runs.paired_entries(REPO / "results" / "toy_l" / "leaderboard", "bosch-r0.75", ["razor-r0.75"])
+        assert "no paired CI" in line and line.startswith("bosch-r0.75 − razor-r0.75: headline ")
 
 
 class TestAvailableEntries:

@@ -59,10 +59,15 @@ def paired_entries(out: Path, entry: str, references: list[str]) -> list[str]:
     for reference in references:
         runs = from_compare_dir(out, [reference, entry])
         row = next(r for r in build_rows(runs, reference, None, tasks=tasks) if r.entry == entry)
-        cells = "; ".join(f"{n} {row.cells[n].ci[0]:+.3f} [{row.cells[n].ci[1]:+.3f}, {row.cells[n].ci[2]:+.3f}]" for n in held)
-        diff, low, high = row.headline_ci
-        lines.append(f"{entry} − {reference}: headline {headline(row, held):.3f}, {diff:+.3f} [{low:+.3f}, {high:+.3f}]; {cells}")
+        cells = "; ".join(f"{n} {_ci(row.cells[n].ci)}" for n in held)
+        lines.append(f"{entry} − {reference}: headline {headline(row, held):.3f}, {_ci(row.headline_ci)}; {cells}")
     return lines
+
+
+def _ci(ci: tuple[float, float, float] | None) -> str:
+    """A paired difference and its 95% CI; a column the leaderboard cannot pair (a run kept no
+    samples, the metrics differ, or lm-eval weighs a group by size) says so."""
+    return "no paired CI" if ci is None else f"{ci[0]:+.3f} [{ci[1]:+.3f}, {ci[2]:+.3f}]"
 
 
 def main(argv: list[str] | None = None) -> None:
