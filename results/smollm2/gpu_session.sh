@@ -37,7 +37,7 @@ ratio_pipeline() {
   [ ${#searches[@]} -gt 0 ] && wait "${searches[@]}"
   echo "ratio $ratio: searches ended at ${SECONDS}s"
   # The searches are done or stopped: the static entries still to score yield to the searched
-  # masks (the comparison loses only its run in progress and resumes with them first).
+  # masks (the comparison loses only its batch in progress, its request cache the rest, and resumes with them first).
   [ ${#searches[@]} -gt 0 ] && kill -INT "$compare" 2> /dev/null
   wait "$compare"
   [ ${#searches[@]} -gt 0 ] && timeout -k 20 -s INT "$(left 30)" $R/commands.sh study-compare "$ratio" > "$logs/compare_r$ratio.b.log" 2>&1
