@@ -13,7 +13,9 @@ Layout under ``out``::
 Killing the run loses at most the batch in progress: ``.partial`` is cleared on restart, and the
 run's requests answered before the kill come from its request cache if what decides them (the
 settings, model_args and pinned inputs) is unchanged, else the cache is cleared too. A row's
-answer does not depend on its batch, so the resumed run equals an uninterrupted one.
+answer does not depend on its batch's padding (``tests/test_batch_invariance.py``, fp32), so
+the resumed run equals an uninterrupted one; in bf16 a near-tie may fall either way with the
+batch's padded length, as it may between two batch sizes.
 ``resume=True`` skips finished runs whose pinned inputs (:mod:`bosch_eval.compare.inputs`)
 are unchanged; one whose settings or inputs changed is refused, or with ``new_settings``
 kept in ``previous/`` and evaluated again. The settings are pinned when the first run
@@ -192,7 +194,9 @@ def _request_cache(spec: CompareSpec, out: Path, item: PlannedRun) -> str:
     """The ``use_cache`` prefix of ``item``'s request cache (lm-eval adds ``_rank0.db``), pinned."""
     folder = out / REQUESTS_DIR / item.run
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / PIN_FILE).write_text(json.dumps(_request_pin(spec, item), indent=1) + "\n")
+    partial_pin = folder / f"{PIN_FILE}.partial"  # a kill while writing leaves no half pin
+    partial_pin.write_text(json.dumps(_request_pin(spec, item), indent=1) + "\n")
+    os.replace(partial_pin, folder / PIN_FILE)
     return str(folder / "requests")
 
 
