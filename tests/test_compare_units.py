@@ -173,6 +173,23 @@ def test_leaderboard_rows_flag_in_sample_and_average_seeds():
     assert rows["bosch"].cells["t"].ci[0] == -0.5
     assert rows["rand"].cells["t"].ci[0] == -0.25  # seed-averaged documents
     assert rows["bosch"].kv_bytes == pytest.approx((4 + 3) / 8)
+    assert rows["rand"].per_run == {"rand run 1": {"t": 0.5}, "rand run 2": {"t": 1.0}} and not rows["bosch"].per_run
+
+
+def test_each_seed_of_an_entry_is_reported(tmp_path):
+    # Issue 53: RAND's seeds each reported, not only their mean ± sd.
+    from bosch_eval.compare.leaderboard import write_leaderboard
+
+    mask = HeadMask.from_rows([[1, 0]], 2, window=4)
+    seeds = EntryRuns("rand", [_run(0.25, [1, 0]), _run(0.75, [1, 1])], {}, mask, run_names=["rand@seed=0", "rand@seed=1"])
+    rows = build_rows([EntryRuns("original", [_run(1.0, [1, 1])], {}, mask), seeds], "original", 4, tasks=["t"])
+    header = {"command": "bosch-eval compare ...", "versions": {}, "reference": "original", "kv_length": 4}
+    write_leaderboard(rows, ["t"], tmp_path, header, ["t"])
+    table = (tmp_path / "leaderboard.md").read_text().split("Each run of the entries run with several seeds:")[1]
+    assert "| run | headline | t |" in table
+    assert "| rand@seed=0 | 0.250 | 0.250 |" in table and "| rand@seed=1 | 0.750 | 0.750 |" in table
+    assert "original" not in table  # one run: its row above says it all
+    assert json.loads((tmp_path / "leaderboard.json").read_text())["rows"][1]["per_run"]["rand@seed=1"] == {"t": 0.75}
 
 
 def test_a_ranking_computed_on_a_task_is_in_sample_there(tmp_path):

@@ -1,6 +1,6 @@
 """The leaderboard: per entry, score per task and group, SWA ratio, KV bytes, mean ± sd over
-seeds, paired 95% CI of the difference to the reference, in-sample and truncated flags; written as
-md/csv/json plus a Pareto plot (headline score vs KV bytes)."""
+seeds (and each seed's own scores), paired 95% CI of the difference to the reference, in-sample and
+truncated flags; written as md/csv/json plus a Pareto plot (headline score vs KV bytes)."""
 
 from __future__ import annotations
 
@@ -47,6 +47,9 @@ class Row:
     kv_bytes: float | None
     cells: dict[str, Cell] = field(default_factory=dict)
     headline_ci: tuple[float, float, float] | None = None  # (difference, low, high) of the headline vs the reference
+    # An entry with several runs (seeds): each run's own score per column, by run name; the
+    # mean ± sd alone would hide a seed that does much better or worse than the others.
+    per_run: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -57,6 +60,7 @@ class EntryRuns:
     runs: list[RunResults]
     model_args: dict[str, str]
     mask: HeadMask | None
+    run_names: list[str] = field(default_factory=list)  # one per run (its folder, e.g. ``rand-r0.5@seed=1``)
 
 
 def calibration_tasks(mask: HeadMask | None) -> set[str]:
@@ -92,6 +96,7 @@ def from_compare_dir(out: Path, entries_order: list[str]) -> list[EntryRuns]:
         args = {k: v for k, v in record["model_args"].items() if k != "seed"}
         item = by_entry.setdefault(record["entry"], EntryRuns(record["entry"], [], args, mask))
         item.runs.append(read_run(run_dir))
+        item.run_names.append(run_dir.name)
     return [by_entry[name] for name in entries_order if name in by_entry]
 
 
@@ -156,6 +161,9 @@ def build_rows(
             if ref is not None and entry is not ref and (paired := paired_difference(entry, ref, [name], cell.mean)) is not None:
                 cell.ci, cell.n_docs = paired[:3], paired.n
             row.cells[name] = cell
+            if len(entry.runs) > 1:
+                for label, value in zip(run_labels(entry), values):
+                    row.per_run.setdefault(label, {})[name] = value
         rows.append(row)
     held = headline_columns(rows, column_order(entries), tasks or [])
     for entry, row in zip(entries, rows):
@@ -163,6 +171,13 @@ def build_rows(
             paired = paired_difference(entry, ref, held, headline(row, held))
             row.headline_ci = None if paired is None else paired[:3]
     return rows
+
+
+def run_labels(entry: EntryRuns) -> list[str]:
+    """A name per run: its folder's where known, else the entry's name and the run's place."""
+    if len(entry.run_names) == len(entry.runs):
+        return entry.run_names
+    return [f"{entry.name} run {i + 1}" for i in range(len(entry.runs))]
 
 
 def _mean_docs(runs: list[RunResults], task: str, metric: str) -> dict[Any, float]:
@@ -270,6 +285,19 @@ def _table(rows: list[Row], columns: list[str], with_headline: list[str] | None)
     return lines
 
 
+def _per_run_table(rows: list[Row], columns: list[str], held: list[str] | None) -> list[str]:
+    """One line per run of each entry with several runs: its own scores (no CI: the paired CIs
+    above average each document over the runs)."""
+    lines = ["| run | " + ("headline | " if held else "") + " | ".join(columns) + " |", "|---" * (1 + bool(held) + len(columns)) + "|"]
+    for row in rows:
+        for label, scores in row.per_run.items():
+            cells = [f"{scores[n]:.3f}" if n in scores else "–" for n in columns]
+            if held:
+                cells.insert(0, f"{statistics.fmean(scores[n] for n in held):.3f}" if all(n in scores for n in held) else "–")
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _kv_legend(kv_length: int | None) -> str:
     if kv_length is None:
         return "KV bytes: not computed, no task length is known (pass --kv-length, or metadata max_seq_lengths / seq_len)."
@@ -297,6 +325,8 @@ def write_leaderboard(rows: list[Row], order: list[str], out: Path, header: dict
              f"{headline_text}", "", *legend, *_table(rows, main, held or None)]  # fmt: skip
     if rest:
         lines += ["", "Subtasks and subgroups:", "", *_table(rows, rest, None)]
+    if any(row.per_run for row in rows):
+        lines += ["", "Each run of the entries run with several seeds:", "", *_per_run_table(rows, main + rest, held or None)]
     (out / "leaderboard.md").write_text("\n".join(lines) + "\n")
     with open(out / "leaderboard.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
