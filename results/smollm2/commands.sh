@@ -250,7 +250,12 @@ case $step in
               --dtype bfloat16 --batch-size 8 --model-args sink=4,attn_backend=blocked --prefix-cache-mb 2560 \
               --out $out "${resume[@]}" ;;
   study-compare) # the entries whose mask exists run now, a later call adds the search's (available_entries.py)
-            ratio=${2:?ratio}; out=$R/study_r$ratio; mkdir -p $out
+            ratio=${2:?ratio}; out=$R/study_r$ratio; mkdir -p $out/runs
+            # The original model's run is the same at every ratio: a finished one is linked, not
+            # evaluated again (19 min); --resume still checks its inputs against this comparison's.
+            for other in $R/study_r*/runs/original; do
+              if [ ! -e $out/runs/original ] && [ -f $other/run.json ]; then ln -s ../../${other#$R/} $out/runs/original; fi
+            done
             python benchmarks/studies/available_entries.py $R/study_r$ratio.yaml $out/available.yaml
             bosch-eval compare --config $out/available.yaml --out $out --resume ;;
   compare)  # the entries whose mask exists (the narrowed config is kept beside the runs it made);
