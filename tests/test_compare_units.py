@@ -192,6 +192,17 @@ def test_each_seed_of_an_entry_is_reported(tmp_path):
     assert json.loads((tmp_path / "leaderboard.json").read_text())["rows"][1]["per_run"]["rand@seed=1"] == {"t": 0.75}
 
 
+def test_a_seeds_score_on_its_calibration_task_is_marked_in_sample(tmp_path):
+    from bosch_eval.compare.leaderboard import write_leaderboard
+
+    searched = HeadMask.from_rows([[0, 1]], 2, window=4, provenance={"calibration": {"tasks": ["t"]}})
+    seeds = EntryRuns("bosch", [_run(0.25, [1, 0]), _run(0.75, [1, 1])], {}, searched, run_names=["bosch@seed=0", "bosch@seed=1"])
+    rows = build_rows([seeds], "original", 4, tasks=["t"])
+    write_leaderboard(rows, ["t"], tmp_path, {"command": "c", "versions": {}, "reference": "original", "kv_length": 4}, ["t"])
+    table = (tmp_path / "leaderboard.md").read_text().split("Each run of the entries run with several seeds:")[1]
+    assert "| bosch@seed=0 | 0.250 *in-sample* |" in table
+
+
 def test_a_ranking_computed_on_a_task_is_in_sample_there(tmp_path):
     # Paper B.4 computes the static rankings on the search's calibration set: a held-out
     # headline must not count that task for them either. Razor reads random tokens, not the task.

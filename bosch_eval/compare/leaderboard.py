@@ -291,7 +291,7 @@ def _per_run_table(rows: list[Row], columns: list[str], held: list[str] | None) 
     lines = ["| run | " + ("headline | " if held else "") + " | ".join(columns) + " |", "|---" * (1 + bool(held) + len(columns)) + "|"]
     for row in rows:
         for label, scores in row.per_run.items():
-            cells = [f"{scores[n]:.3f}" if n in scores else "–" for n in columns]
+            cells = [f"{scores[n]:.3f}" + (" *in-sample*" if row.cells[n].in_sample else "") if n in scores else "–" for n in columns]
             if held:
                 cells.insert(0, f"{statistics.fmean(scores[n] for n in held):.3f}" if all(n in scores for n in held) else "–")
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
