@@ -80,12 +80,20 @@ class Plan:
     objective_length: int  # tokens per calibration example of the S() timing
     objective_examples: int
     budget_s: float
+    shares: dict[str, int]  # of the budget per stage; a stage also gets what the stages before it left unused
 
 
-FULL = Plan(("gpt2", "llama", "mistral", "qwen2", "qwen3"), "random:qwen3-1.7b", (8192, 32768), 8, 1024, 16, 15, 32, None, 8192, 16, 540)
-QUICK = Plan(("gpt2", "qwen3"), "random:attn-heavy", (128, 256), 2, 256, 4, 2, 4, 256, 256, 4, 420)
-# Shares of the budget per stage; a stage also gets what the stages before it left unused.
-SHARES = {"correctness": 60, "bench": 300, "lm_eval": 75, "objective": 60, "search": 45}  # lm_eval: three runs (device, device captured, CPU)
+# On a GPU the 32k bench rows take most of the time; lm_eval runs three times (device, device captured, CPU).
+FULL = Plan(
+    ("gpt2", "llama", "mistral", "qwen2", "qwen3"), "random:qwen3-1.7b", (8192, 32768), 8, 1024, 16, 15, 32, None, 8192, 16, 540,
+    {"correctness": 60, "bench": 300, "lm_eval": 75, "objective": 60, "search": 45},
+)  # fmt: skip
+# On a CPU the correctness stage takes most: with a cold Inductor cache each of its 8 flex cases
+# compiles its kernels, 25-60 s each (266 s in all on 2 Xeon cores with AMX, 2026-11-29).
+QUICK = Plan(
+    ("gpt2", "qwen3"), "random:attn-heavy", (128, 256), 2, 256, 4, 2, 4, 256, 256, 4, 900,
+    {"correctness": 300, "bench": 120, "lm_eval": 75, "objective": 30, "search": 45},
+)  # fmt: skip
 RATIOS = ("0.75", "0.5")
 DECODE_BATCH = 8
 # bench runs this backend first, its longest length first, with this share of the stage's time:
@@ -398,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
     parser.add_argument("--quick", action="store_true", help="every stage at tiny sizes (for a CPU)")
     parser.add_argument("--out", type=Path, default=ROOT / "results/gpu", help="results go to OUT/<device name>/ (default results/gpu)")
-    parser.add_argument("--budget", type=float, help="seconds for all stages together (default 540; --quick 420)")
+    parser.add_argument("--budget", type=float, help="seconds for all stages together (default 540; --quick 900)")
     parser.add_argument("--stages", nargs="+", choices=list(STAGES), default=list(STAGES), help="stages to run (default: all)")
     parser.add_argument(
         "--pack", type=Path,
@@ -425,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         deadline = time.monotonic() + budget
         results: dict[str, dict[str, Any]] = {}
         for index, name in enumerate(args.stages):
-            shares = [SHARES[s] for s in args.stages[index:]]
+            shares = [plan.shares[s] for s in args.stages[index:]]
             limit = (deadline - time.monotonic()) * shares[0] / sum(shares)
             print(f"[{name}] up to {limit:.0f} s", flush=True)
             result: dict[str, Any] = {"limit_s": round(limit)}
