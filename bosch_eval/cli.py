@@ -27,6 +27,7 @@ from bosch_eval.train.cli import add_train_parser
 TASK_FAMILIES = {
     "bosch_niah_calib": "the search's default calibration set: one needle, the query repeats its wording",
     "bosch_niah_calib_uuid": "bosch_niah_calib with UUID values: a longer answer to copy, for masks that all copy digits",
+    "bosch_niah_calib_formats": "bosch_niah_calib drawing digits, words and UUIDs in prose and noise: every test format",
     "bosch_retrieval_calib": "a calibration set that needs the key to find the value (distractors, multi-key, multi-value)",
     "bosch_niah_dev": "the development split that calib-check ranks masks on (never the test set)",
     "bosch_niah_dev_gen": "bosch_niah_dev's documents scored by generation and string match, as the test tasks are",

@@ -123,8 +123,9 @@ class TestDevSplit:
 
     def test_the_test_seed_is_refused(self, tokenizer, tmp_path):
         tokenizer.save_pretrained(tmp_path)
-        with pytest.raises(ValueError, match=r"bosch_niah_dev: metadata 'dev_seed' = 0 draws bosch_niah's test documents"):
-            dev_split.dataset(tokenizer=str(tmp_path), dev_lengths=[512], dev_samples=1, dev_seed=0)
+        for test_seed in (0, 5, 6):  # the default test draw and the studies' fresh ones
+            with pytest.raises(ValueError, match=rf"bosch_niah_dev: metadata 'dev_seed' = {test_seed} draws bosch_niah's test"):
+                dev_split.dataset(tokenizer=str(tmp_path), dev_lengths=[512], dev_samples=1, dev_seed=test_seed)
 
     def test_chosen_variants_are_the_same_documents_in_the_usual_order(self, tokenizer, tmp_path):
         tokenizer.save_pretrained(tmp_path)
@@ -190,9 +191,28 @@ class TestCalibrationDiagnosisVariants:
         assert len({doc["target"] for doc in uuids}) == 4
         assert not {doc["target"] for doc in uuids} & {doc["target"] for doc in digits}
 
+    def test_mixed_values_draw_every_format_in_turn_in_both_haystacks(self, tokenizer):
+        docs = calibration.examples.__wrapped__(tokenizer, 1024, 12, 0, "repeat", 1, "mixed")
+        values = {
+            "digits": r"[0-9]{6}",
+            "words": r"[a-z]+-[a-z]+",
+            "uuid": r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+        }
+        for index, doc in enumerate(docs):
+            haystack, kind = calibration.MIXED_FORMATS[index % 6]
+            assert doc["format"] == f"{kind} in {haystack}" and doc["length"] <= 1024
+            assert re.fullmatch(values[kind], doc["target"])
+            needles = re.findall(rf"The vault code of (\w+ \w+) is ({values[kind]})\.", doc["input"])
+            assert len(needles) == 2 and (doc["key"], doc["target"]) in needles  # the distractor has the same kind
+            assert doc["input"].startswith(calibration.INSTRUCTIONS[haystack])
+            assert (words.CALIB_NOISE[0] in doc["input"]) == (haystack == "noise")
+        assert {doc["format"] for doc in docs} == {f"{kind} in {haystack}" for haystack, kind in calibration.MIXED_FORMATS}
+        assert len({doc["depth"] // (1 / 12) for doc in docs}) == 12  # still stratified over the depths
+
     def test_unknown_values_are_refused(self, tokenizer, tmp_path):
         tokenizer.save_pretrained(tmp_path)
-        with pytest.raises(ValueError, match=r"bosch_niah_calib: metadata 'calib_values' must be one of \['digits', 'uuid'\]"):
+        allowed = r"\['digits', 'words', 'uuid', 'mixed'\]"
+        with pytest.raises(ValueError, match=rf"bosch_niah_calib: metadata 'calib_values' must be one of {allowed}"):
             calibration.dataset(tokenizer=str(tmp_path), seq_len=1024, num_examples=1, calib_values="hex")
 
     def test_an_unknown_query_style_is_refused(self, tokenizer, tmp_path):
@@ -262,7 +282,7 @@ def test_the_calibration_set_registry_names_each_modules_task():
             assert {f"calib_{key}": value for key, value in options.items()}.items() <= config["metadata"].items()
         else:
             assert importlib.import_module(f"bosch_eval.tasks.niah.{module}").TASK == task
-    names = r"\['bosch_niah_calib', 'bosch_niah_calib_uuid', 'bosch_retrieval_calib'\]"
+    names = r"\['bosch_niah_calib', 'bosch_niah_calib_formats', 'bosch_niah_calib_uuid', 'bosch_retrieval_calib'\]"
     with pytest.raises(ValueError, match=rf"calibration task 'bosch_niah': expected one of {names}"):
         calibration_examples("bosch_niah", None, 1024, 1, 0)
 

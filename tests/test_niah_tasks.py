@@ -27,6 +27,7 @@ EVAL_TASKS = tuple(eval_suite.NIAH_FORMATS)
 GROUPS = ("bosch_niah", "bosch_niah_single", "bosch_niah_multikey")
 # Words the calibration and eval texts may share: nothing but these.
 FUNCTION_WORDS = {"a", "and", "at", "for", "in", "is", "it", "of", "the", "to"}
+UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
 NEEDLE_RE = re.compile(r"One of the special magic \w+ for (\S+) is: (\S+)\.")
 
 
@@ -42,9 +43,11 @@ def tokenizer_dir(tmp_path_factory, tokenizer) -> Path:
     return path
 
 
-def calibration_docs(tokenizer, seq_len: int = 1024, num_examples: int = 8, seed: int = 0) -> tuple[dict, ...]:
+def calibration_docs(
+    tokenizer, seq_len: int = 1024, num_examples: int = 8, seed: int = 0, values: str = "digits"
+) -> tuple[dict, ...]:
     """Fresh examples: bypasses the process-wide cache so that determinism is really tested."""
-    return calibration.examples.__wrapped__(tokenizer, seq_len, num_examples, seed)
+    return calibration.examples.__wrapped__(tokenizer, seq_len, num_examples, seed, values=values)
 
 
 def words_of(text: str) -> set[str]:
@@ -163,8 +166,9 @@ class TestNoOverlap:
         assert self.vocabulary(("CALIB_",)) & self.vocabulary(("EVAL_", "ESSAY_")) <= FUNCTION_WORDS
 
     @pytest.mark.parametrize("length", [1024, 2048])
-    def test_texts_share_no_key_value_or_content_word(self, tokenizer, length):
-        calib = calibration_docs(tokenizer, length)
+    @pytest.mark.parametrize("values", ["digits", "mixed"])  # mixed: word values and the noise haystack too
+    def test_texts_share_no_key_value_or_content_word(self, tokenizer, length, values):
+        calib = calibration_docs(tokenizer, length, num_examples=12 if values == "mixed" else 8, values=values)
         evals = [eval_suite.example(task, tokenizer, length, i, seed=0) for task in EVAL_TASKS for i in range(4)]
         calib_text = "\n".join(doc["input"] + " " + doc["target"] for doc in calib)
         eval_text = "\n".join(doc["input"] + " " + doc["gen_prefix"] for doc in evals)
@@ -172,7 +176,8 @@ class TestNoOverlap:
         eval_items = {item for key_value in NEEDLE_RE.findall(eval_text) for item in key_value}
         assert calib_items & names_of(eval_text) == set()
         assert eval_items & names_of(calib_text) == set()
-        assert words_of(calib_text) & words_of(eval_text) <= FUNCTION_WORDS
+        # UUIDs are compared whole above; their hex letters are no words
+        assert words_of(UUID_RE.sub("", calib_text)) & words_of(UUID_RE.sub("", eval_text)) <= FUNCTION_WORDS
 
     def test_calibration_keys_are_not_from_rulers_key_vocabulary(self):
         pytest.importorskip("wonderwords")

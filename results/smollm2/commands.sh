@@ -18,6 +18,8 @@
 #   check-ties-long  the same masks on a larger dev draw, 48 documents per format at 1024 and at 2048 -> check_ties_r0.75_long/
 #   objective-choice  issue 53 item 2: acc, acc_tiebreak and prob on the calibration set, each against a generation-scored
 #              dev draw of every value format, at rho = 0.75 (rule: objective_choice.md)  -> objective_choice_r0.75/
+#   calib-choice  issue 67 item 2: bosch_niah_calib_formats (acc_tiebreak) against bosch_niah_calib (acc, acc_tiebreak) on a
+#              new generation-scored dev draw (dev_seed 2), rho = 0.75 (rule: calibration_choice.md) -> calibration_choice_r0.75*/
 #   dev-uuid   rho = 0.75's tied masks and Razor's on the UUID format, scored by generation (bosch_niah_dev_gen) -> dev_uuid_r0.75/
 #   uuid-calib-dev  the same masks on bosch_niah_calib_uuid's development draw (calib_seed 1), prefill-scored
 #              as a calibration set is                                     -> uuid_calib_dev/
@@ -44,7 +46,7 @@ set -euo pipefail
 # under a CPU quota, or beside other work, set OMP_NUM_THREADS yourself). bosch-eval's own default
 # leaves a core free, 1.8x slower here on 2 cores (threads.md).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
-step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|card-uuid|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|dev-uuid|uuid-calib-dev|stage1-dev|tie-break RATIO|dev-tiebreak RATIO|search RATIO [SEED]|search-paper RATIO [SEED]|compare RATIO|leaderboard RATIO|study-search RATIO [SEED]|study-compare RATIO|study-leaderboard RATIO|threads}
+step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|card-uuid|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|calib-choice|dev-uuid|uuid-calib-dev|stage1-dev|tie-break RATIO|dev-tiebreak RATIO|search RATIO [SEED]|search-paper RATIO [SEED]|compare RATIO|leaderboard RATIO|study-search RATIO [SEED]|study-compare RATIO|study-leaderboard RATIO|threads}
 R=results/smollm2
 CALIB=bosch_niah_calib  # the search's and the rankings' calibration task (README, "The calibration check with four sinks")
 RC=$R/rankings_retrieval_calib  # the six rankings on bosch_retrieval_calib, the checks' panels (before the choice)
@@ -145,6 +147,17 @@ case $step in
               "dev_variants": ["single_1", "single_2", "single_3"]}' --dev-gen-kwargs '{"max_gen_toks": 64}' \
               --ratios 0.75 --random 2 "${rankings[@]}" "${masks[@]}" --dtype bfloat16 --batch-size 8 --no-probes \
               --out $R/objective_choice_r0.75 ;;
+  calib-choice) # the calibration set of the searches on real models, by the rule in calibration_choice.md (written before
+            # any of these scores): the new set's check scores dev once; the old set's takes those dev scores. fp32: no AMX here
+            rankings=(); for method in apl dcam fisher proxy qada razor; do rankings+=(--ranking $method=$R/rankings/$method.json); done
+            masks=(--mask guarded=$R/search/guarded-r0.75/mask.json); for i in 0 1 2 3; do masks+=(--mask tied$i=$R/tied_r0.75/tied$i.json); done
+            check=(--model smollm2 --sink 4 --dev bosch_niah_dev_gen --dev-metric score --dev-gen-kwargs '{"max_gen_toks": 64}'
+                   --dev-metadata '{"dev_lengths": [1024, 2048], "dev_samples": 8, "dev_seed": 2, "dev_variants": ["single_1", "single_2", "single_3"]}'
+                   --ratios 0.75 --random 2 "${rankings[@]}" "${masks[@]}" --dtype float32 --batch-size 8 --no-probes)
+            bosch-eval calib-check "${check[@]}" --calib bosch_niah_calib_formats --calib-metric acc_tiebreak acc prob \
+              --out $R/calibration_choice_r0.75
+            bosch-eval calib-check "${check[@]}" --calib bosch_niah_calib --calib-metric acc acc_tiebreak prob \
+              --dev-scores-from $R/calibration_choice_r0.75 --out $R/calibration_choice_r0.75_niah_calib ;;
   dev-uuid) # diagnosis, choosing nothing: does the development split see the held-out gap to Razor at rho = 0.75
             # (on UUID values) once it draws the UUID format and scores it as the test does, by generation? Full attention,
             # the search's mask (tied0), Razor's and two more tied masks, on 48 single_3 documents at 1024 and at 2048

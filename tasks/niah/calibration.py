@@ -23,7 +23,11 @@ Metadata (``--metadata`` JSON, or ``TaskManager(metadata=...)``):
 * ``calib_values`` (default ``digits``): ``uuid`` makes every value a random 128-bit code
   written as a UUID (8-4-4-4-12 hex digits) instead of 6 digits. The answer is then several
   times as many tokens to copy, a skill the digits barely ask for, so masks the digits tie
-  can differ on it (results/smollm2/README.md).
+  can differ on it (results/smollm2/README.md). ``words`` makes it two code words joined by
+  a hyphen ("capstan-fathom"). ``mixed`` draws every value format a NIAH test uses, in both
+  of its haystack kinds: example ``i`` takes format ``MIXED_FORMATS[i % 6]``, digits, words
+  or a UUID, in the ledger's prose or in a repeated noise line (issue 67: a format the
+  calibration never asks for is a skill the search is free to throw away).
 
 Nothing is shared with the eval suite (``eval_suite.py``, RULER's format): other keys
 (made-up names, not adjective-noun pairs), other values (6 digits, not 7), other
@@ -50,11 +54,18 @@ INSTRUCTION = (
     "Below is a page from a ship's ledger. A single line in it gives the vault code of a passenger; "
     "keep it in mind for the closing query."
 )
+NOISE_INSTRUCTION = (
+    "Below is a page of the night watch's log. A single line in it gives the vault code of a passenger; "
+    "keep it in mind for the closing query."
+)
+INSTRUCTIONS = {"ledger": INSTRUCTION, "noise": NOISE_INSTRUCTION}
 NEEDLE = "The vault code of {key} is {value}."
 QUERY = "Query: which vault code belongs to {key}?\nReply: The vault code of {key} is"
 PLAIN_QUERY = "Query: which vault code belongs to {key}?\nReply: The code is"
 QUERIES = {"repeat": QUERY, "plain": PLAIN_QUERY}
-VALUES = ("digits", "uuid")
+VALUES = ("digits", "words", "uuid", "mixed")
+# ``mixed``'s cycle: (haystack, value kind), prose and noise as the test formats have them.
+MIXED_FORMATS = tuple((haystack, kind) for haystack in ("ledger", "noise") for kind in ("digits", "words", "uuid"))
 
 _LEDGER = (
     "At {time} the {vessel} weighed anchor at {port} laden with {cargo}.",
@@ -107,8 +118,9 @@ def _example(
 ) -> dict[str, Any]:
     # The digits keep their seed string, so the default examples are the calibration set as it was.
     rng = random.Random(f"{TASK}/{seed}/{seq_len}/{index}" + ("" if values == "digits" else f"/{values}"))
+    haystack_kind, kind = MIXED_FORMATS[index % len(MIXED_FORMATS)] if values == "mixed" else ("ledger", values)
     key = f"{rng.choice(words.CALIB_GIVEN_NAMES)} {rng.choice(words.CALIB_FAMILY_NAMES)}"
-    value = _value(rng, values)
+    value = _value(rng, kind)
     depth = (index + rng.random()) / num_examples  # stratified: every depth band gets its examples
     needles, depths = [NEEDLE.format(key=key, value=value)], [depth]
     others: set[str] = {key}
@@ -116,17 +128,18 @@ def _example(
         other = f"{rng.choice(words.CALIB_GIVEN_NAMES)} {rng.choice(words.CALIB_FAMILY_NAMES)}"
         if other not in others:
             others.add(other)
-            needles.append(NEEDLE.format(key=other, value=_value(rng, values)))
+            needles.append(NEEDLE.format(key=other, value=_value(rng, kind)))
             depths.append(rng.random())
-    haystack = Haystack.grow(lambda: ledger_sentence(rng), tokenizer, seq_len, split_words=True)
+    sentence = (lambda: ledger_sentence(rng)) if haystack_kind == "ledger" else (lambda: words.CALIB_NOISE[0])
+    haystack = Haystack.grow(sentence, tokenizer, seq_len, split_words=True)
 
     def prompt(n: int) -> str:
-        return f"{INSTRUCTION}\n{haystack.text(n, needles, depths)}\n{QUERIES[query].format(key=key)}"
+        return f"{INSTRUCTIONS[haystack_kind]}\n{haystack.text(n, needles, depths)}\n{QUERIES[query].format(key=key)}"
 
     what = f"{TASK} at seq_len={seq_len}"
     n, length = fit(lambda n: f"{prompt(n)} {value}", tokenizer, haystack.costs, seq_len, what)
     return {"input": prompt(n), "target": value, "key": key, "depth": depth, "length": length, "seq_len": seq_len,
-            "num_examples": num_examples}
+            "num_examples": num_examples, "format": f"{kind} in {haystack_kind}"}
 
 
 def _query_setting(metadata: dict[str, Any]) -> str:
@@ -143,10 +156,13 @@ def _values_setting(metadata: dict[str, Any]) -> str:
     return values
 
 
-def _value(rng: random.Random, values: str) -> str:
-    """A needle's value: 6 digits (the eval suite's are 7), or 128 random bits in UUID layout."""
-    if values == "uuid":
+def _value(rng: random.Random, kind: str) -> str:
+    """A needle's value: 6 digits (the eval suite's are 7), two code words, or 128 random bits in UUID layout."""
+    if kind == "uuid":
         return str(uuid.UUID(int=rng.getrandbits(128)))
+    if kind == "words":
+        first, second = rng.sample(words.CALIB_CODE_WORDS, 2)
+        return f"{first}-{second}"
     return str(rng.randint(100_000, 999_999))
 
 

@@ -13,6 +13,7 @@ from typing import Any
 CALIBRATION_SETS: dict[str, tuple[str, dict[str, Any]]] = {
     "bosch_niah_calib": ("calibration", {}),
     "bosch_niah_calib_uuid": ("calibration", {"values": "uuid"}),
+    "bosch_niah_calib_formats": ("calibration", {"values": "mixed"}),
     "bosch_retrieval_calib": ("retrieval_calib", {}),
 }
 DEFAULT_CALIBRATION = "bosch_niah_calib"

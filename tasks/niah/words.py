@@ -103,6 +103,14 @@ CALIB_CREW = (
 )  # fmt: skip
 CALIB_TIMES = ("dawn", "dusk", "noon", "midnight", "the morning watch", "the dog watch")
 CALIB_COUNTS = ("two", "three", "four", "five", "six", "seven", "eight", "nine", "twelve", "twenty")
+# Word values ("capstan-fathom"): two of these joined by a hyphen, as RULER writes its word keys.
+CALIB_CODE_WORDS = (
+    "anchor", "brine", "capstan", "davit", "fathom", "gunwale", "hawser", "jib", "keel", "lanyard",
+    "mizzen", "oar", "pennant", "quay", "rigging", "spar", "tiller", "windlass", "bowsprit", "bilge",
+    "halyard", "scupper", "transom", "yardarm", "cleat", "grommet", "sextant", "buoy", "reef", "hull",
+)  # fmt: skip
+# The noise haystack: one line repeated, as RULER's "The grass is green. ..." (never its words).
+CALIB_NOISE = ("The tide ebbs. The lantern burns. The hull creaks. The rope holds. Below deck the hammocks sway.",)
 
 # --- retrieval calibration set (a botanic garden's registry) ------------------------------
 # bosch_retrieval_calib: a third vocabulary, in no bundled model's training mix.
