@@ -80,8 +80,8 @@ class TopTies:
         return (
             f"{head}: the calibration set cannot tell them apart and the search returns the first it met; "
             "a held-out task may not score them alike. Check the calibration set with `bosch-eval calib-check`; "
-            "a metric that orders equal accuracies (`--calib-metric acc_tiebreak`) or tasks that score the tied masks "
-            "(`--tie-break-tasks`) are choices for a development split"
+            "the default metric (`acc_tiebreak`) orders equal accuracies, and tasks that score the tied masks "
+            "(`--tie-break-tasks`) are a choice for a development split"
         )
 
 

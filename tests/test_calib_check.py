@@ -301,10 +301,10 @@ def test_sinks_reach_every_score_through_the_adapter(tmp_path: Path, monkeypatch
 
 
 def test_the_calibration_metric_reaches_the_calibration_objective(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    calibration, _ = _objective_settings(monkeypatch, tmp_path / "check", "--calib-metric", "acc_tiebreak")
-    assert calibration.metric == "acc_tiebreak"
-    calibration, _ = _objective_settings(monkeypatch, tmp_path / "plain")
+    calibration, _ = _objective_settings(monkeypatch, tmp_path / "check", "--calib-metric", "acc")
     assert calibration.metric == "acc"
+    calibration, _ = _objective_settings(monkeypatch, tmp_path / "plain")
+    assert calibration.metric == "acc_tiebreak"  # the search's default (issue 67)
 
 
 def test_a_negative_sink_count_is_refused_before_the_model_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]):

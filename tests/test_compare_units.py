@@ -258,6 +258,22 @@ def test_headline_counts_each_asked_task_once(tmp_path):
     assert json.loads((tmp_path / "leaderboard.json").read_text())["headline_columns"] == ["niah_single_1", "bosch_niah"]
 
 
+def test_niah_columns_say_which_value_format_they_ask(tmp_path):
+    # Issue 67: the held-out gap was one format (UUIDs in prose); the header says which column is which.
+    from bosch_eval.compare.leaderboard import Cell, Row, write_leaderboard
+
+    names = ["niah_single_1", "bosch_niah_single", "bosch_niah_single_1", "bosch_niah_single_2", "bosch_niah_single_3"]
+    rows = [Row("bosch", 1, 0.5, 0.5, {name: Cell("score", 0.5) for name in names})]
+    header = {"command": "bosch-eval compare ...", "versions": {}, "reference": "original", "kv_length": 1024}
+    write_leaderboard(rows, names, tmp_path, header, ["niah_single_1", "bosch_niah_single"])
+    main, sub = (tmp_path / "leaderboard.md").read_text().split("Subtasks and subgroups:")
+    assert "| niah_single_1 (numbers in noise) | bosch_niah_single |" in main
+    assert "| bosch_niah_single_1 (numbers in noise) | bosch_niah_single_2 (numbers in prose) | bosch_niah_single_3 (UUIDs in prose) |" in sub
+    formats = json.loads((tmp_path / "leaderboard.json").read_text())["formats"]
+    assert formats == {"niah_single_1": "numbers in noise", "bosch_niah_single_1": "numbers in noise",
+                       "bosch_niah_single_2": "numbers in prose", "bosch_niah_single_3": "UUIDs in prose"}  # fmt: skip
+
+
 @pytest.mark.slow  # builds lm-eval's RULER task twice (~17 s CPU)
 def test_ruler_documents_do_not_depend_on_the_global_random_state():
     # Upstream RULER draws its needles from Python's global `random` while building documents:

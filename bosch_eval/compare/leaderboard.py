@@ -17,6 +17,7 @@ from bosch_eval.compare.kv_bytes import entry_kv_bytes
 from bosch_eval.compare.paired_ci import PairedDifference, paired_bootstrap_ci
 from bosch_eval.compare.results import RunResults, doc_values, main_score, read_run
 from bosch_eval.masks.head_mask import HeadMask, HeadRanking
+from bosch_eval.tasks.niah.eval_suite import value_format
 
 CI_METHOD = "paired percentile bootstrap over the same documents (stratified by length), 10000 resamples, seed 0"
 TRUNCATED_LEGEND = (
@@ -268,9 +269,16 @@ def main_columns(order: list[str], tasks: list[str]) -> list[str]:
     return asked or list(order)
 
 
+def column_label(name: str) -> str:
+    """A column's header: the task's name, with what it asks where it is a NIAH format
+    (``bosch_niah_single_3 (UUIDs in prose)``), so a gap shows where it is (issue 67)."""
+    asks = value_format(name)
+    return name if asks is None else f"{name} ({asks})"
+
+
 def _table(rows: list[Row], columns: list[str], with_headline: list[str] | None) -> list[str]:
     head = "| entry | SWA ratio | KV bytes | " + ("headline | " if with_headline is not None else "")
-    lines = [head + " | ".join(columns) + " |", "|---" * (3 + (with_headline is not None) + len(columns)) + "|"]
+    lines = [head + " | ".join(map(column_label, columns)) + " |", "|---" * (3 + (with_headline is not None) + len(columns)) + "|"]
     for row in rows:
         cells = f"| {row.entry} | {row.swa_ratio:.3f} | {'–' if row.kv_bytes is None else f'{row.kv_bytes:.4f}'} | "
         if with_headline is not None:
@@ -288,7 +296,7 @@ def _table(rows: list[Row], columns: list[str], with_headline: list[str] | None)
 def _per_run_table(rows: list[Row], columns: list[str], held: list[str] | None) -> list[str]:
     """One line per run of each entry with several runs: its own scores (no CI: the paired CIs
     above average each document over the runs)."""
-    lines = ["| run | " + ("headline | " if held else "") + " | ".join(columns) + " |", "|---" * (1 + bool(held) + len(columns)) + "|"]
+    lines = ["| run | " + ("headline | " if held else "") + " | ".join(map(column_label, columns)) + " |", "|---" * (1 + bool(held) + len(columns)) + "|"]
     for row in rows:
         for label, scores in row.per_run.items():
             cells = [f"{scores[n]:.3f}" + (" *in-sample*" if row.cells[n].in_sample else "") if n in scores else "–" for n in columns]
@@ -337,7 +345,8 @@ def write_leaderboard(rows: list[Row], order: list[str], out: Path, header: dict
                 if c is not None:
                     ci = c.ci or (None, None, None)
                     writer.writerow([row.entry, row.swa_ratio, row.kv_bytes, name, c.metric, c.mean, c.sd, *ci, c.n_docs, c.in_sample, c.truncated])
-    payload = {**header, "ci_method": CI_METHOD, "headline_columns": held, "rows": [asdict(r) for r in rows]}
+    formats = {name: asks for name in order if (asks := value_format(name)) is not None}
+    payload = {**header, "ci_method": CI_METHOD, "headline_columns": held, "formats": formats, "rows": [asdict(r) for r in rows]}
     (out / "leaderboard.json").write_text(json.dumps(payload, indent=1) + "\n")
     if held:
         plot_pareto(rows, held, out / "pareto.png", kv_t, header["reference"])

@@ -28,7 +28,7 @@ from bosch_eval.runtime.errors import CalibCheckError
 from bosch_eval.runtime.outdir_lock import OutputLock
 from bosch_eval.runtime.previous_results import keep_aside
 from bosch_eval.runtime.versions import versions
-from bosch_eval.search.defaults import DEFAULT_CALIB_TASK
+from bosch_eval.search.defaults import DEFAULT_CALIB_METRIC, DEFAULT_CALIB_TASK
 
 if TYPE_CHECKING:
     from bosch_eval.search.calib_check import PanelMask, RatioSummary
@@ -67,8 +67,8 @@ def add_calib_check_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--calib-metric",
         nargs="+",
-        default=["acc"],
-        help="metric of the calibration task, as the search's --calib-metric (default acc); several (e.g. acc acc_tiebreak "
+        default=[DEFAULT_CALIB_METRIC],
+        help=f"metric of the calibration task, as the search's --calib-metric (default {DEFAULT_CALIB_METRIC}); several (e.g. acc acc_tiebreak "
         "prob) are read from the same evaluation of each mask and each gets its Spearman and verdict, the first the headline",
     )
     parser.add_argument("--dev", default=DEFAULT_DEV, help=f"development task, never the test set (default {DEFAULT_DEV})")

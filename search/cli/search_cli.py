@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from bosch_eval.masks.head_mask import ModelShape, ceil_count
 from bosch_eval.model_adapters.loader_args import parse_model_args
 from bosch_eval.models.model_check import IGNORE_FLAG, model_config, resolve_model
-from bosch_eval.search.defaults import DEFAULT_CALIB_TASK, DEFAULT_PREFIX_CACHE_MB
+from bosch_eval.search.defaults import DEFAULT_CALIB_METRIC, DEFAULT_CALIB_TASK, DEFAULT_PREFIX_CACHE_MB
 from bosch_eval.search.guarded.incumbent_rankings import ranking_sources
 from bosch_eval.search.objective.racing import DEFAULT_RACE_CHUNK
 from bosch_eval.search.objective.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, SearchError
@@ -121,7 +121,12 @@ def _add_calibration_flags(parser: argparse.ArgumentParser) -> None:
     """What S(z) is measured on."""
     parser.add_argument("--calib-tasks", nargs="+", default=[DEFAULT_CALIB_TASK], help="lm-eval task(s) or group(s) scored as S(z)")
     parser.add_argument("--include-path", help="extra lm-eval task directory for --calib-tasks")
-    parser.add_argument("--calib-metric", default="acc", help="metric of the calibration tasks (default acc)")
+    parser.add_argument(
+        "--calib-metric",
+        default=DEFAULT_CALIB_METRIC,
+        help=f"metric of the calibration tasks (default {DEFAULT_CALIB_METRIC}: accuracy, the answer's probability on ties; "
+        "acc is the paper's)",
+    )
     parser.add_argument(
         "--tie-break-tasks", nargs="+", default=[], metavar="TASK",
         help="after the search, score the found mask and the masks the calibration tasks tie with it on these "

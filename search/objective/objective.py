@@ -71,7 +71,7 @@ from bosch_eval.runtime.lm_eval_session import (
     task_manager,
     templates_compiled_once,
 )
-from bosch_eval.search.defaults import DEFAULT_CALIB_TASK
+from bosch_eval.search.defaults import DEFAULT_CALIB_METRIC, DEFAULT_CALIB_TASK
 from bosch_eval.search.objective.objective_racing import ObjectiveRacing
 from bosch_eval.search.objective.racing import Racing
 
@@ -126,7 +126,7 @@ class CalibrationObjective(ObjectiveRacing):
         *,
         include_path: str | Path | None = None,
         metadata: Mapping[str, Any] | None = None,
-        metric: str = "acc",
+        metric: str = DEFAULT_CALIB_METRIC,
         limit: int | float | None = None,
         gen_kwargs: Mapping[str, Any] | None = None,
         racing: Racing = Racing(),

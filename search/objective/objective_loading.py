@@ -16,7 +16,7 @@ from bosch_eval.models.model_defaults import resolve_window
 from bosch_eval.models.resolved_model import ResolvedModel
 from bosch_eval.runtime.device import pick_device
 from bosch_eval.runtime.launch import launch_state
-from bosch_eval.search.defaults import DEFAULT_CALIB_EXAMPLES, DEFAULT_CALIB_LEN
+from bosch_eval.search.defaults import DEFAULT_CALIB_EXAMPLES, DEFAULT_CALIB_LEN, DEFAULT_CALIB_METRIC
 from bosch_eval.search.objective.objective import DEFAULT_TASKS, CalibrationObjective
 from bosch_eval.search.objective.racing import Racing
 from bosch_eval.search.objective.scoring import SearchError
@@ -45,7 +45,7 @@ class CalibrationSettings:
 
     tasks: tuple[str, ...] = DEFAULT_TASKS
     include_path: str | None = None
-    metric: str = "acc"
+    metric: str = DEFAULT_CALIB_METRIC
     examples: int | None = None
     length: int | None = None
     seed: int = 0

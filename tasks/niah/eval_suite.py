@@ -86,6 +86,22 @@ NIAH_FORMATS: dict[str, NiahFormat] = {
 }
 
 
+_HAYSTACK_WORDS = {"repeat": "in noise", "essay": "in prose", "needle": "among needles"}
+_VALUE_WORDS = {"numbers": "numbers", "uuids": "UUIDs"}
+
+
+def value_format(task: str) -> str | None:
+    """What a NIAH task asks, in words ("UUIDs in prose"), for ``bosch_niah_*`` and RULER's
+    ``niah_*`` of the same name (ours mirror them); None for any other task."""
+    variant = NIAH_FORMATS.get(task) or NIAH_FORMATS.get(f"bosch_{task}")
+    if variant is None:
+        return None
+    text = f"{_VALUE_WORDS[variant.value_kind]} {_HAYSTACK_WORDS[variant.haystack]}"
+    if variant.num_keys > 1:
+        text += f", {variant.num_keys} keys"
+    return text + (", UUID keys" if variant.key_kind == "uuids" else "")
+
+
 # lm-eval ``custom_dataset`` entry points, one per task YAML.
 def single_1(**metadata: Any) -> dict[str, datasets.Dataset]:
     return dataset("bosch_niah_single_1", metadata)

@@ -1,5 +1,6 @@
 """``acc_tiebreak``: accuracy with the answer's probability as a tie-break (issue 29, a
-named deviation from the paper's Eq. 4, selected with ``--calib-metric acc_tiebreak``).
+named deviation from the paper's Eq. 4; the search's default metric since issue 67,
+``--calib-metric acc`` is the paper's).
 
 Why: with 64 examples and a 0/1 metric, many masks of a sub-problem score exactly the
 same S, and the search keeps the first one it met (39–133 distinct masks shared the
