@@ -16,6 +16,7 @@ from bosch_eval.search.objective.scoring import ScoreScale, SearchError
 from bosch_eval.search.pipeline import Resumed, SearchSettings, run_search, validate_for_shape
 from bosch_eval.search.report import render_report
 from bosch_eval.search.stages.stage2 import assign_layer_ratios, cumulative_from_probes
+from bosch_eval.tasks.niah.tiebreak import tiebreak_weight
 from tests.helpers import SHAPE, ExampleObjective, Killed, planted, score_of
 
 
@@ -122,6 +123,41 @@ def test_never_below_any_incumbent(seed: int) -> None:
         # A raced incumbent stops only below the best one.
         assert all(bound.score <= guard.best_score for bound in guard.scores.values() if isinstance(bound, RaceBound))
         assert result.score == ExampleObjective(seed=seed)(result.mask)
+
+
+class SaturatedAccuracy:
+    """Issue 67's failure, planted: ``planted()``'s S as an accuracy that many masks reach (1.000
+    for every mask keeping the essential groups, the stages' and the favourite's among them) and,
+    under ``acc_tiebreak``, the answers' probability on ties, highest for one mask (the favourite,
+    the held-out test's best in the study). (1 − ε)·acc + ε·p, ε as the calibration tasks weigh it."""
+
+    def __init__(self, favourite: str, tiebreak: bool) -> None:
+        self.base, self.favourite, self.tiebreak = planted(), favourite, tiebreak
+        self.weight = tiebreak_weight(self.base.units)
+
+    def __call__(self, mask: HeadMask) -> float:
+        acc = score_of(self.base, mask)
+        if not self.tiebreak:
+            return acc
+        key = mask_key(mask.bits)
+        prob = 1.0 if key == self.favourite else random.Random(key).uniform(0.0, 0.9)
+        return (1 - self.weight) * acc + self.weight * prob
+
+
+def test_the_tie_break_metric_returns_the_incumbent_that_accuracy_ties_with_the_stages() -> None:
+    full = {(3, 0), (3, 1), (3, 2), (1, 0), (0, 3), (1, 3), (2, 0), (2, 1)}  # the essential groups and three more
+    cells = {(layer, group) for layer in range(SHAPE.num_layers) for group in range(SHAPE.num_kv_heads)}
+    favourite = mask_key(HeadMask.from_swa_groups(SHAPE, cells - full).bits)
+    settings = SearchSettings(ratio=0.5, incumbents=(("razor", favourite),), local_calls=20)
+    tied = run_search(SaturatedAccuracy(favourite, tiebreak=False), SHAPE, settings, progress=False)
+    assert tied.guard is not None and tied.score == pytest.approx(1.0) == tied.guard.scores[favourite]
+    assert mask_key(tied.mask.bits) != favourite  # accuracy ties them, and on equal S the stages' side wins
+    ordered = run_search(SaturatedAccuracy(favourite, tiebreak=True), SHAPE, settings, progress=False)
+    guard = ordered.guard
+    assert guard is not None and mask_key(ordered.mask.bits) == favourite and guard.source == "incumbent razor"
+    assert ordered.score == pytest.approx(1.0) and ordered.score > guard.stages_score  # only the favourite is sure of every answer
+    exact = [score for score in guard.scores.values() if not isinstance(score, RaceBound)]
+    assert ordered.score >= max(exact)  # S(search) >= S(every incumbent), under the new objective
 
 
 def test_racing_returns_the_unraced_mask() -> None:
