@@ -68,8 +68,9 @@ def check_keys(keys: Any, where: str, adapter: bool = True) -> None:
     """Refuse any key the loader does not take.
 
     Raises:
-        SettingsError: ``where: model_arg 'windw' is not one the bosch adapter takes; expected
-            some of [...]; did you mean 'window'?`` (``adapter=False``: lm-eval's HFLM).
+        SettingsError: ``where: model_arg 'windw' is not one the bosch adapter takes; did you
+            mean 'window'? It takes: a, b, ...`` (``adapter=False``: lm-eval's HFLM): the nearest
+            key first, then the keys it could have meant (none the adapter refuses).
     """
     known = loader_parameters(adapter)
     for key in keys:
@@ -77,9 +78,10 @@ def check_keys(keys: Any, where: str, adapter: bool = True) -> None:
             raise SettingsError(f"{where}: {REFUSED[key]}")
         if key not in known:
             taker = "the bosch adapter" if adapter else "lm-eval's HFLM"
-            nearest = difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f"; did you mean {nearest[0]!r}?" if nearest else ""
-            raise SettingsError(f"{where}: model_arg {key!r} is not one {taker} takes; expected some of {sorted(known)}{hint}")
+            offered = sorted(known - set(REFUSED) - ({"tp_plan"} if adapter else set()))  # tp_plan: adapter_settings refuses it
+            nearest = difflib.get_close_matches(key, offered, n=1)
+            hint = f"; did you mean {nearest[0]!r}?" if nearest else ";"
+            raise SettingsError(f"{where}: model_arg {key!r} is not one {taker} takes{hint} It takes: {', '.join(offered)}")
 
 
 def split_model_args(text: str, where: str) -> dict[str, str]:

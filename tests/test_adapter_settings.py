@@ -39,10 +39,11 @@ class TestTypos:
         with pytest.raises(SettingsError) as err:
             BoschLM(pretrained=str(tiny_model_dir), device="cpu", layers="intr", ratio=0.5, window=4, **{key: "16"})
         message = str(err.value)
-        assert f"model_arg {key!r} is not one the bosch adapter takes" in message
-        assert message.endswith(f"did you mean {nearest!r}?")
-        # The valid keys: the adapter's own and HFLM's.
-        assert "'window'" in message and "'kv_quant'" in message and "'max_length'" in message and "'trust_remote_code'" in message
+        assert f"model_arg {key!r} is not one the bosch adapter takes; did you mean {nearest!r}? It takes: " in message
+        # The valid keys: the adapter's own and HFLM's, none it refuses.
+        offered = set(message.split("It takes: ")[1].split(", "))
+        assert {"window", "kv_quant", "max_length", "trust_remote_code"} <= offered
+        assert not {"tp_plan", "attn_implementation"} & offered
         no_weights.assert_not_called()
 
     def test_the_stock_lm_eval_path_refuses_before_weights_load(self, tiny_model_dir, no_weights):
