@@ -27,6 +27,7 @@ import paired_runs  # noqa: E402
 import probe_calibration  # noqa: E402
 import probe_guided  # noqa: E402
 import recovery_curves  # noqa: E402
+import study_summary  # noqa: E402
 import toy_optimum_heldout  # noqa: E402
 import uuid_answers  # noqa: E402
 
@@ -212,3 +213,46 @@ def test_the_greedy_probes_run_on_the_toy_model(tmp_path: Path, capsys: pytest.C
     assert [row.split(" | ")[0] for row in rows] == ["| v1"] + ["| v2"] * 5
     table = uuid_answers.answers_table("toy", 1).splitlines()
     assert len(table) == 3 and table[2].startswith("| 0 | …")
+
+
+class TestStudySummary:
+    """The study's answer table reads the comparison's files and computes nothing they lack."""
+
+    @staticmethod
+    def write_study(directory: Path, ratio: str) -> Path:
+        def row(entry: str, noise: float, prose: float, uuid: float) -> dict:
+            cells = {"niah_single_1": noise, "bosch_niah_single": (noise + prose + uuid) / 3, "bosch_niah_single_1": noise,
+                     "bosch_niah_single_2": prose, "bosch_niah_single_3": uuid}  # fmt: skip
+            return {"entry": entry, "cells": {name: {"mean": value} for name, value in cells.items()}}
+
+        rows = [row("original", 1.0, 1.0, 0.85), row(f"guarded-r{ratio}", 0.97, 0.98, 0.34),
+                row(f"razor-r{ratio}", 0.99, 0.97, 0.86), row(f"qada-r{ratio}", 0.84, 0.76, 0.40),
+                row(f"intr-r{ratio}", 0.09, 0.08, 0.05)]  # fmt: skip
+        formats = {"niah_single_1": "numbers in noise", "bosch_niah_single_1": "numbers in noise",
+                   "bosch_niah_single_2": "numbers in prose", "bosch_niah_single_3": "UUIDs in prose"}  # fmt: skip
+        leaderboard = {"headline_columns": ["niah_single_1", "bosch_niah_single"], "formats": formats, "rows": rows}
+        claim = {"rival": f"razor-r{ratio}", "difference": -0.103, "low": -0.125, "high": -0.082, "p_holm": 0.0, "verdict": "lower"}
+        claims = {"claimant": f"guarded-r{ratio}", "reference": "original", "claims": [claim]}
+        directory.mkdir()
+        (directory / "leaderboard.json").write_text(json.dumps(leaderboard))
+        (directory / "claims.json").write_text(json.dumps(claims))
+        return directory
+
+    def test_one_line_per_ratio_and_each_format_of_the_three_entries(self, tmp_path: Path) -> None:
+        text = study_summary.summary([self.write_study(tmp_path / "study_r0.75", "0.75")])
+        guarded = (0.97 + (0.97 + 0.98 + 0.34) / 3) / 2
+        razor = (0.99 + (0.99 + 0.97 + 0.86) / 3) / 2
+        intr = (0.09 + (0.09 + 0.08 + 0.05) / 3) / 2
+        original = (1.0 + 2.85 / 3) / 2
+        answer = (f"| 0.75 | {guarded:.3f} | razor {razor:.3f} | {original:.3f} | {intr:.3f} (intr) "
+                  "| -0.103 [-0.125, -0.082] | < 0.001 | lower |")  # fmt: skip
+        assert answer in text.splitlines()
+        assert "| ρ | entry | niah_single_1 (numbers in noise) | bosch_niah_single_1 (numbers in noise) " in text
+        assert "| 0.75 | guarded | 0.970 | 0.970 | 0.980 | 0.340 |" in text.splitlines()
+        assert "| 0.75 | razor | 0.990 | 0.990 | 0.970 | 0.860 |" in text.splitlines()
+
+    def test_a_study_without_claims_is_named(self, tmp_path: Path) -> None:
+        study = self.write_study(tmp_path / "study_r0.5", "0.5")
+        (study / "claims.json").unlink()
+        with pytest.raises(SystemExit, match=r"study_r0.5: no .*claims.json"):
+            study_summary.summary([study])
