@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bosch_eval.tasks.niah.eval_suite import value_format
+
 DEFAULT_RANKINGS = ("apl", "dcam", "fisher", "proxy", "qada", "razor")
 
 
@@ -64,9 +66,10 @@ class Study:
         raise SystemExit(f"{self.name}: claims.json has no claim against {rival!r}")
 
     def format_columns(self) -> dict[str, str]:
-        """The leaderboard's columns that name a NIAH value format, in its order."""
-        formats = self.leaderboard.get("formats") or {}
-        return {name: formats[name] for name in self._columns() if name in formats}
+        """The leaderboard's columns that name a NIAH value format, in its order (a leaderboard
+        written before it recorded them: the formats the eval suite gives those task names)."""
+        formats = self.leaderboard.get("formats") or {name: value_format(name) for name in self._columns()}
+        return {name: formats[name] for name in self._columns() if formats.get(name)}
 
     def _columns(self) -> list[str]:
         return list(dict.fromkeys(name for row in self.leaderboard["rows"] for name in row["cells"]))

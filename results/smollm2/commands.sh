@@ -39,6 +39,7 @@
 #                                                                          -> study_rR/ (config study_rR.yaml)
 #   leaderboard R  its table from the runs finished so far (nothing evaluated) -> leaderboard_rR/leaderboard.md
 #   study-leaderboard R  the same for study-compare R (and its claims.md)        -> study_rR/leaderboard.md
+#   answer     the README's answer tables, from the study's comparisons (nothing evaluated) -> answer_doc_seed5.md
 #   threads    SmolLM2 forward passes with 1 thread and one per core, alone and beside a busy process (printed; threads.md)
 # On a lent GPU, gpu_session.sh runs the search and compare steps side by side.
 set -euo pipefail
@@ -46,7 +47,7 @@ set -euo pipefail
 # under a CPU quota, or beside other work, set OMP_NUM_THREADS yourself). bosch-eval's own default
 # leaves a core free, 1.8x slower here on 2 cores (threads.md).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
-step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|card-uuid|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|calib-choice|dev-uuid|uuid-calib-dev|stage1-dev|tie-break RATIO|dev-tiebreak RATIO|search RATIO [SEED]|search-paper RATIO [SEED]|compare RATIO|leaderboard RATIO|study-search RATIO [SEED]|study-compare RATIO|study-leaderboard RATIO|threads}
+step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|card-uuid|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|calib-choice|dev-uuid|uuid-calib-dev|stage1-dev|tie-break RATIO|dev-tiebreak RATIO|search RATIO [SEED]|search-paper RATIO [SEED]|compare RATIO|leaderboard RATIO|study-search RATIO [SEED]|study-compare RATIO|study-leaderboard RATIO|answer|threads}
 R=results/smollm2
 CALIB=bosch_niah_calib  # the search's and the rankings' calibration task (README, "The calibration check with four sinks")
 RC=$R/rankings_retrieval_calib  # the six rankings on bosch_retrieval_calib, the checks' panels (before the choice)
@@ -280,6 +281,7 @@ case $step in
             ratio=${2:?ratio}; out=$R/study_r$ratio
             python benchmarks/studies/available_entries.py $R/study_r$ratio.yaml $out/finished.yaml --finished $out
             bosch-eval compare --config $out/finished.yaml --out $out --resume ;;
+  answer)   python benchmarks/studies/study_summary.py $R/study_r0.5 $R/study_r0.75 $R/study_r0.875 > $R/answer_doc_seed5.md ;;
   threads)  python benchmarks/threads_loaded.py --model smollm2 --dtype bfloat16 --batch 8 --length 1024 --rounds 2 --forwards 3 ;;
   leaderboard) # the leaderboard of the runs finished so far, evaluating nothing (a comparison stopped early)
             ratio=${2:?ratio}; out=$R/leaderboard_r$ratio
