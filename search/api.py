@@ -111,7 +111,7 @@ def search_model(
     out = Path(out)
     ranked = ranking_sources(settings.rankings, calibration.tasks) if VARIANTS[settings.variant].incumbents else None
     if resume and not new_settings:  # before the model loads; the journal checks again, under the lock
-        _refuse_other_settings(out, pinned, ranked is not None)
+        _refuse_other_settings(out, pinned, ranked is not None, calibration)
     lock = OutputLock(out, "search", JournalError) if state.is_main_process else None  # only the main process writes
     on_main_then_everywhere(lock.acquire if lock is not None else None, JournalError, state.num_processes)
     try:
@@ -180,8 +180,10 @@ def _target(model: str, settings: SearchSettings, calibration: CalibrationSettin
     return _Target(resolved, window, length)
 
 
-def _refuse_other_settings(out: Path, pinned: dict[str, Any], incumbents: bool) -> None:
-    """A resume under other settings refused before the model loads (the journal checks again, under the lock)."""
+def _refuse_other_settings(out: Path, pinned: dict[str, Any], incumbents: bool, calibration: CalibrationSettings) -> None:
+    """A resume under other settings refused before the model loads (the journal checks again, under the
+    lock): the search's settings, and the calibration's tasks and metric (a journal of the paper's
+    ``acc`` resumed under today's default metric is the common case)."""
 
     def as_now(stored: dict[str, Any]) -> dict[str, Any]:
         header = migrate_header(stored, {"settings": pinned})
@@ -191,6 +193,13 @@ def _refuse_other_settings(out: Path, pinned: dict[str, Any], incumbents: bool) 
         return dict(header, settings=dict(header["settings"], incumbents=pinned["incumbents"]))
 
     refuse_other_settings(out / "journal.jsonl", "settings", pinned, migrate=as_now)
+    chosen = {"tasks": list(calibration.tasks), "metric": calibration.metric}
+
+    def chosen_of(stored: dict[str, Any]) -> dict[str, Any]:
+        known = stored.get("calibration")
+        return dict(stored, calibration={key: known.get(key) for key in chosen}) if isinstance(known, dict) else stored
+
+    refuse_other_settings(out / "journal.jsonl", "calibration", chosen, migrate=chosen_of)
 
 
 def _with_incumbents(

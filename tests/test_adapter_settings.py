@@ -65,8 +65,9 @@ class TestTypos:
             capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False,
         )  # fmt: skip
         assert result.returncode != 0
-        assert "lm_eval: error: model_args: model_arg 'windw' is not one the bosch adapter takes" in result.stderr
-        assert result.stderr.rstrip().endswith("did you mean 'window'?") and "Traceback" not in result.stderr
+        (line,) = [line for line in result.stderr.splitlines() if line.startswith("lm_eval: error:")]
+        assert line.startswith("lm_eval: error: model_args: model_arg 'windw' is not one the bosch adapter takes; did you mean 'window'? It takes: ")
+        assert result.stderr.rstrip().endswith(line) and "Traceback" not in result.stderr
         assert "Qwen3ForCausalLM" not in result.stderr
 
 

@@ -195,6 +195,17 @@ def test_a_gzipped_journal_under_other_settings_is_refused_before_the_model_load
     assert "journal.jsonl" in err and "settings.seed: 0 → 1" in err and "--new-settings" in err
 
 
+def test_a_journal_of_another_calibration_metric_is_refused_before_the_model_loads(
+    finished: tuple[Path, Path, Path], capsys
+) -> None:
+    """Issue 67 made acc_tiebreak the default: a journal of acc resumed without --calib-metric acc
+    is refused, naming the field, before anything loads."""
+    model_dir, task_dir, out = finished
+    with mock.patch("bosch_eval.search.api.build_objective", side_effect=AssertionError("loaded the model")):
+        assert main(search_args(model_dir, task_dir, out, "--resume", "--calib-metric", "acc_tiebreak")) == 2
+    assert 'calibration.metric: "perplexity" → "acc_tiebreak"' in capsys.readouterr().err
+
+
 def test_new_settings_needs_resume(finished: tuple[Path, Path, Path], tmp_path: Path, capsys) -> None:
     model_dir, task_dir, _ = finished
     assert main(search_args(model_dir, task_dir, tmp_path / "run", "--new-settings")) == 2

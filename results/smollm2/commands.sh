@@ -200,7 +200,7 @@ case $step in
             ratio=${2:?ratio}; from=$R/search/bosch-r$ratio; out=$R/search/bosch-uuidtie-r$ratio
             variant=bosch; [ "$ratio" = 0.5 ] && variant=nested
             { [ -f $out/journal.jsonl ] || [ -f $out/journal.jsonl.gz ]; } || { mkdir -p $out && cp $from/journal.jsonl.gz $out/; }
-            bosch-eval search --model smollm2 --ratio $ratio --seed 0 --variant $variant --calib-tasks $CALIB \
+            bosch-eval search --model smollm2 --ratio $ratio --seed 0 --variant $variant --calib-tasks $CALIB --calib-metric acc \
               --tie-break-tasks bosch_niah_calib_uuid --dtype bfloat16 --batch-size 8 --model-args sink=4,attn_backend=blocked \
               --prefix-cache-mb 2560 --out $out --resume ;;
   dev-tiebreak) # development split only: the tie-break's mask against the search's on the UUID format scored by
@@ -237,7 +237,7 @@ case $step in
             # boundaries, 2560 all of them. It changes no score and the journal does not pin it.
             # --model-args sink=4: the SWA the check and the leaderboard use (sinks.md); mask.json records it.
             # attn_backend=blocked: auto's kernel on the CPU, named so that a GPU scores the same attention
-            bosch-eval search --model smollm2 --ratio $ratio --seed $seed --variant $variant --calib-tasks $CALIB --dtype bfloat16 \
+            bosch-eval search --model smollm2 --ratio $ratio --seed $seed --variant $variant --calib-tasks $CALIB --calib-metric acc --dtype bfloat16 \
               --batch-size 8 --model-args sink=4,attn_backend=blocked --prefix-cache-mb 2560 --out $out "${resume[@]}" ;;
   study-search)
             # Every choice before the scores: the variant (guarded, the default), the metric (objective_choice.md: METRIC

@@ -12,6 +12,6 @@ case $step in
            done ;;
   search)  ratio=${2:?ratio}; out=results/toy_l/search/bosch-r$ratio
              resume=(); { [ -f $out/journal.jsonl ] || [ -f $out/journal.jsonl.gz ]; } && resume=(--resume)  # .gz: committed, unpacked on --resume
-             bosch-eval search --model toy-l --ratio $ratio --variant bosch --out $out "${resume[@]}" ;;  # the paper's variant, as run
+             bosch-eval search --model toy-l --ratio $ratio --variant bosch --calib-metric acc --out $out "${resume[@]}" ;;  # the paper's variant, as run
   compare) bosch-eval compare --config results/toy_l/leaderboard.yaml --out results/toy_l/leaderboard --resume ;;
 esac
