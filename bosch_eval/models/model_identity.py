@@ -9,7 +9,12 @@ search journal and ``compare``'s ``run.json`` pin identities instead:
   sets the default window, do), by file name, never by the directory's path; a bundled
   model is also named by its alias (``toy``), and so is a packaged GGUF's converted
   checkpoint (``smollm2``), whose record of the file it came from (a path on the machine
-  that converted it) is not read at load either;
+  that converted it) is not read at load either. ``config.json`` and
+  ``generation_config.json`` carry the version of transformers that wrote them: a checkpoint
+  converted again by another release differs there alone, so those files are also pinned
+  without it (``unstamped``), and :func:`same_model` takes two pins that differ only in the
+  stamp for the same model (a converted cache on a machine with a newer transformers refused
+  every resume before);
 * a hub id: the commit of the cached snapshot it loads (the cache stores one snapshot per
   commit; hashing a multi-GB download again on every start would cost more than the check
   is worth). A model not cached yet has no commit;
@@ -23,6 +28,8 @@ pinning are read.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +38,8 @@ from bosch_eval.models.model_check import BUNDLED_MODELS
 from bosch_eval.runtime.digests import file_digest
 
 NOT_READ_AT_LOAD = (".md",)  # model cards
+VERSION_STAMPED = ("config.json", "generation_config.json")  # save_pretrained writes its transformers_version in
+_STAMP = re.compile(rb'"transformers_version": "[^"]*"')
 NOT_READ_AT_LOAD_NAMES = (SOURCE_FILE,)  # a converted GGUF's record of its source file
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding bosch_eval/ (this is bosch_eval/models/)
 
@@ -64,6 +73,9 @@ def model_identity(path: str, revision: str | None = None) -> dict[str, Any]:
             if p.is_file() and p.suffix not in NOT_READ_AT_LOAD and p.name not in NOT_READ_AT_LOAD_NAMES and not _hidden(p, directory)
         )
         identity: dict[str, Any] = {"files": {str(p.relative_to(directory)): file_digest(p) for p in files}}
+        stamped = {name: _unstamped_digest(directory / name) for name in VERSION_STAMPED if (directory / name).is_file()}
+        if stamped:
+            identity["unstamped"] = stamped
         alias = portable_name(str(directory.resolve()))
         if alias in BUNDLED_MODELS or alias in PACKAGED_GGUF:
             identity = {"bundled": alias, **identity}
@@ -74,6 +86,29 @@ def model_identity(path: str, revision: str | None = None) -> dict[str, Any]:
     cached = try_to_load_from_cache(path, "config.json", revision=revision)
     commit = Path(cached).parent.name if isinstance(cached, str) else None
     return {"hub": path, "revision": revision, "commit": commit}
+
+
+def same_model(saved: dict[str, Any] | None, current: dict[str, Any]) -> bool:
+    """Whether a pinned identity and today's name the same model: the same files (a bundled
+    alias, absent from pins made before aliases were, adds nothing), where a version-stamped
+    file may differ in its stamp alone when both pins have its unstamped digest; a hub model:
+    the same snapshot."""
+    saved = saved or {}
+    if "files" not in saved or "files" not in current:
+        return saved == current
+    before, now = saved["files"], current["files"]
+    if before.keys() != now.keys():
+        return False
+    unstamped_before, unstamped_now = saved.get("unstamped", {}), current.get("unstamped", {})
+    return all(
+        before[name] == now[name] or (name in unstamped_before and unstamped_before[name] == unstamped_now.get(name))
+        for name in before
+    )
+
+
+def _unstamped_digest(path: Path) -> str:
+    """The SHA-256 of a JSON file transformers wrote, with its ``transformers_version`` blanked."""
+    return hashlib.sha256(_STAMP.sub(b'"transformers_version": ""', path.read_bytes())).hexdigest()
 
 
 def _hidden(path: Path, root: Path) -> bool:
