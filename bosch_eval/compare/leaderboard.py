@@ -336,7 +336,19 @@ def write_leaderboard(rows: list[Row], order: list[str], out: Path, header: dict
     if any(row.per_run for row in rows):
         lines += ["", "Each run of the entries run with several seeds:", "", *_per_run_table(rows, main + rest, held or None)]
     (out / "leaderboard.md").write_text("\n".join(lines) + "\n")
-    with open(out / "leaderboard.csv", "w", newline="") as handle:
+    _write_csv(rows, order, out / "leaderboard.csv")
+    formats = {name: asks for name in order if (asks := value_format(name)) is not None}
+    payload = {**header, "ci_method": CI_METHOD, "headline_columns": held, "formats": formats, "rows": [asdict(r) for r in rows]}
+    (out / "leaderboard.json").write_text(json.dumps(payload, indent=1) + "\n")
+    if held:
+        plot_pareto(rows, held, out / "pareto.png", kv_t, header["reference"])
+    else:
+        (out / "pareto.png").unlink(missing_ok=True)  # an earlier run's plot would no longer match the table
+
+
+def _write_csv(rows: list[Row], order: list[str], path: Path) -> None:
+    """One line per entry and column: every cell with its CI, document count and flags."""
+    with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["entry", "swa_ratio", "kv_bytes", "task", "metric", "mean", "sd", "diff", "ci_low", "ci_high", "n_docs", "in_sample", "truncated"])
         for row in rows:
@@ -345,13 +357,6 @@ def write_leaderboard(rows: list[Row], order: list[str], out: Path, header: dict
                 if c is not None:
                     ci = c.ci or (None, None, None)
                     writer.writerow([row.entry, row.swa_ratio, row.kv_bytes, name, c.metric, c.mean, c.sd, *ci, c.n_docs, c.in_sample, c.truncated])
-    formats = {name: asks for name in order if (asks := value_format(name)) is not None}
-    payload = {**header, "ci_method": CI_METHOD, "headline_columns": held, "formats": formats, "rows": [asdict(r) for r in rows]}
-    (out / "leaderboard.json").write_text(json.dumps(payload, indent=1) + "\n")
-    if held:
-        plot_pareto(rows, held, out / "pareto.png", kv_t, header["reference"])
-    else:
-        (out / "pareto.png").unlink(missing_ok=True)  # an earlier run's plot would no longer match the table
 
 
 def pareto_labels(rows: list[Row], held: list[str]) -> dict[tuple[float, float], str]:

@@ -278,6 +278,18 @@ def _build_tasks(spec: CompareSpec, path: str) -> tuple[Any, dict[str, list[Any]
     return manager, objects, leaves
 
 
+def _by_model_load(spec: CompareSpec, todo: list[PlannedRun]) -> dict[tuple[tuple[str, str], ...], list[PlannedRun]]:
+    """The runs to do, grouped by the load arguments of their model (one load per group)."""
+    groups: dict[tuple[tuple[str, str], ...], list[PlannedRun]] = {}
+    for item in todo:
+        groups.setdefault(tuple(sorted(item.entry.load_args.items())), []).append(item)
+    for key in groups:  # the one "no device given" line before the bar starts, not in the middle of it
+        device = {**spec.model_args, **dict(key)}.get("device")
+        if device in (None, AUTO):
+            pick_device(device)
+    return groups
+
+
 def run_compare(
     spec: CompareSpec,
     out: str | Path,
@@ -312,13 +324,7 @@ def run_compare(
         # Task names and metadata are checked before minutes of model loading.
         manager, objects, leaves = _build_tasks(spec, str(model.path))
         samples = {name: samples_for_limit(tasks, spec.limit) for name, tasks in leaves.items()}
-        groups: dict[tuple[tuple[str, str], ...], list[PlannedRun]] = {}
-        for item in todo:
-            groups.setdefault(tuple(sorted(item.entry.load_args.items())), []).append(item)
-        for key in groups:  # the one "no device given" line before the bar starts, not in the middle of it
-            device = {**spec.model_args, **dict(key)}.get("device")
-            if device in (None, AUTO):
-                pick_device(device)
+        groups = _by_model_load(spec, todo)
         bar = tqdm(total=len(todo) * len(spec.tasks), disable=not progress, desc="compare", unit="task")
         done: list[str] = []
         for load_key, items in groups.items():

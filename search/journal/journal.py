@@ -354,15 +354,18 @@ class Journal:
             log.warning("%s: dropped a last line cut short by an interrupted write (%d bytes)", self.path, len(dropped))
         rewrite = changed or migrated != stored
         if self.writable and (dropped or rewrite):
-            # Rewritten whole and renamed over the old file: a kill leaves the old or the new one.
             header = json.dumps({"journal": JOURNAL_FORMAT, "header": self._header}).encode() if rewrite else lines[0]
-            temporary = self.path.with_suffix(".jsonl.tmp")
-            with temporary.open("wb") as handle:
-                handle.write(b"\n".join([header, *lines[1:]]) + b"\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temporary, self.path)
+            self._rewrite([header, *lines[1:]])
         return True
+
+    def _rewrite(self, lines: list[bytes]) -> None:
+        """Written whole and renamed over the old file: a kill leaves the old or the new one."""
+        temporary = self.path.with_suffix(".jsonl.tmp")
+        with temporary.open("wb") as handle:
+            handle.write(b"\n".join(lines) + b"\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, self.path)
 
     def _check_header(self, stored: dict[str, Any]) -> list[str]:
         """The changes in reusable fields ('settings.seed: 0 → 1'); a JournalError naming

@@ -30,6 +30,7 @@ prefix-activation cache can reuse the hidden states entering that layer.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
@@ -141,6 +142,28 @@ class Choice:
     label: str
 
 
+def _with_swa(base: Bits, variables: Sequence[Sequence[tuple[int, int]]], selection: tuple[int, ...]) -> Bits:
+    """``base`` with the cells of each chosen variable SWA (0) and of the others full (1)."""
+    rows = [list(row) for row in base]
+    for chosen, cells in zip(selection, variables, strict=True):
+        for layer, group in cells:
+            rows[layer][group] = 0 if chosen else 1
+    return tuple(tuple(row) for row in rows)
+
+
+def _subproblem(choice: Choice, blocks: tuple[tuple[int, int], ...], seed: int, start: Bits | None) -> SubProblem:
+    """The optimizer's problem: ``choice``'s variables, its blocks' quotas, a start from ``start``'s bits."""
+    x0 = None if start is None else tuple(int(start[cells[0][0]][cells[0][1]] == 0) for cells in choice.variables)
+    return SubProblem(
+        n=len(choice.variables),
+        k=sum(ones for _, ones in blocks),
+        budget=choice.budget,
+        seed=subproblem_seed(seed, choice.label),
+        x0=x0,
+        blocks=blocks if len(blocks) > 1 else None,
+    )
+
+
 def solve(
     book: ScoreBook, anchors: Anchors, base: Bits, choice: Choice, settings: StageSettings, start: Bits | None = None
 ) -> tuple[Bits, SubResult]:
@@ -152,16 +175,11 @@ def solve(
     book knows the best S the metric can take, the optimizer stops at the first mask that
     scores it: the first of equal scores wins, so it is the mask the whole budget would return.
     """
-    variables, target_ratio, budget, stage, label = choice.variables, choice.target_ratio, choice.budget, choice.stage, choice.label
+    variables, target_ratio, stage = choice.variables, choice.target_ratio, choice.stage
     blocks = tuple((int(size), int(ones)) for size, ones in choice.blocks)
     starts = list(itertools.accumulate((size for size, _ in blocks), initial=0))
 
-    def bits_for(selection: tuple[int, ...]) -> Bits:
-        rows = [list(row) for row in base]
-        for chosen, cells in zip(selection, variables, strict=True):
-            for layer, group in cells:
-                rows[layer][group] = 0 if chosen else 1
-        return tuple(tuple(row) for row in rows)
+    bits_for = functools.partial(_with_swa, base, variables)
 
     def loss_of(selection: tuple[int, ...], score: float) -> float:
         shares = [swa_share(selection[starts[b] : starts[b + 1]]) for b in range(len(blocks))]
@@ -182,17 +200,7 @@ def solve(
             for x, outcome in zip(selections, outcomes, strict=True)
         ]
 
-    x0 = None
-    if start is not None:
-        x0 = tuple(int(start[cells[0][0]][cells[0][1]] == 0) for cells in variables)
-    problem = SubProblem(
-        n=len(variables),
-        k=sum(ones for _, ones in blocks),
-        budget=budget,
-        seed=subproblem_seed(settings.seed, label),
-        x0=x0,
-        blocks=blocks if len(blocks) > 1 else None,
-    )
+    problem = _subproblem(choice, blocks, settings.seed, start)
     floor = None
     if book.best_possible is not None:  # every feasible point pays the same penalty: any one gives the floor
         feasible = tuple(int(i < ones) for size, ones in blocks for i in range(size))
