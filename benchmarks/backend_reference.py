@@ -52,7 +52,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def runnable_backends(device: torch.device) -> tuple[list[str], dict[str, str]]:
     """Backends that can run on ``device``, ``auto``'s choice first, and why the others cannot."""
     auto = resolve_backend("auto", device).name
-    skipped = {name: reason for name, backend in BACKENDS.items() if (reason := backend.unavailable(device)) is not None}
+    skipped = {
+        name: reason for name, backend in BACKENDS.items() if (reason := backend.unavailable(device)) is not None
+    }
     return [auto, *(name for name in BACKENDS if name != auto and name not in skipped)], skipped
 
 
@@ -139,7 +141,9 @@ def table(cases: list[dict[str, Any]], floors: dict[str, float]) -> str:
     for case in cases:
         tolerance, ok = verdict(case, floors)
         if "refused" in case:
-            lines.append(f"| {case['backend']} | {case['family']} | {case['sinks']} | {case['dtype']} | refused: {case['refused']} | | {tolerance:.3g} | refused |")
+            lines.append(
+                f"| {case['backend']} | {case['family']} | {case['sinks']} | {case['dtype']} | refused: {case['refused']} | | {tolerance:.3g} | refused |"
+            )
             continue
         lines.append(
             f"| {case['backend']} | {case['family']} | {case['sinks']} | {case['dtype']} | {case['max_abs_delta_logit']:.3g} | "
@@ -157,15 +161,26 @@ def summary(cases: list[dict[str, Any]], floors: dict[str, float]) -> str:
         if chosen:
             within = sum(verdict(c, floors)[1] for c in chosen)
             largest = max(max(c["max_abs_delta_logit"], c.get("max_abs_delta_alone", 0.0)) for c in chosen)
-            parts.append(f"{dtype}: {within} of {len(chosen)} within tolerance, max |Δ logit| {largest:.3g}" + (f", {refused} refused" if refused else ""))
+            parts.append(
+                f"{dtype}: {within} of {len(chosen)} within tolerance, max |Δ logit| {largest:.3g}"
+                + (f", {refused} refused" if refused else "")
+            )
     return "; ".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", help="cpu, cuda or cuda:N (default cuda)")
-    parser.add_argument("--families", nargs="+", default=sorted(FAMILIES), choices=sorted(FAMILIES), help="model families (default: all)")
-    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES), help="dtypes (default: float32 bfloat16)")
+    parser.add_argument(
+        "--families",
+        nargs="+",
+        default=sorted(FAMILIES),
+        choices=sorted(FAMILIES),
+        help="model families (default: all)",
+    )
+    parser.add_argument(
+        "--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES), help="dtypes (default: float32 bfloat16)"
+    )
     parser.add_argument("--sinks", type=int, nargs="+", default=[0, 3], help="attention sinks S (default: 0 3)")
     parser.add_argument("--out", type=Path, help="directory for cases.jsonl and reference.md (default: print only)")
     args = parser.parse_args(argv)

@@ -38,7 +38,9 @@ ROWS = [[1, 1, 1, 1], [0, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 0]]
 
 
 @torch.no_grad()
-def decode(model: Any, forward: Callable[..., Any], cache: Any, ids: torch.Tensor, steps: int) -> tuple[float, torch.Tensor]:
+def decode(
+    model: Any, forward: Callable[..., Any], cache: Any, ids: torch.Tensor, steps: int
+) -> tuple[float, torch.Tensor]:
     """Median milliseconds of the second half of ``steps`` greedy steps, and the tokens."""
     token = model(input_ids=ids, **{cache_argument(model): cache}, use_cache=True).logits[:, -1:].argmax(-1)
     tokens, times = [token], []
@@ -67,13 +69,19 @@ def main() -> None:
     rows = [("original", eager_ms, compiled_ms, torch.equal(eager_tokens, compiled_tokens))]
     rows_of = [ROWS[layer % len(ROWS)] for layer in range(args.layers)]
     with hybridize(model, HeadMask.from_rows(rows_of, 8, window=8, sinks=args.sinks), backend="blocked", by_kind=True):
-        eager_ms, eager_tokens = decode(model, model, HybridCache.for_model(model, max_cache_len=capacity), ids, args.steps)
+        eager_ms, eager_tokens = decode(
+            model, model, HybridCache.for_model(model, max_cache_len=capacity), ids, args.steps
+        )
         torch._dynamo.reset()  # the hybrid's own graphs, not the original's guards failing over
         compiled = torch.compile(model, dynamic=False)
-        compiled_ms, compiled_tokens = decode(model, compiled, HybridCache.for_model(model, max_cache_len=capacity, captured=True), ids, args.steps)
+        compiled_ms, compiled_tokens = decode(
+            model, compiled, HybridCache.for_model(model, max_cache_len=capacity, captured=True), ids, args.steps
+        )
     rows.append(("hybrid", eager_ms, compiled_ms, torch.equal(eager_tokens, compiled_tokens)))
     graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
-    print(f"torch {torch.__version__}, {args.layers} layers, prompt {args.length}, {args.steps} steps, W = 8, S = {args.sinks}, threads {torch.get_num_threads()}")
+    print(
+        f"torch {torch.__version__}, {args.layers} layers, prompt {args.length}, {args.steps} steps, W = 8, S = {args.sinks}, threads {torch.get_num_threads()}"
+    )
     print("| model | eager ms/step | compiled ms/step | compiled / eager | same tokens |")
     print("|---|---|---|---|---|")
     for label, eager, fast, same in rows:

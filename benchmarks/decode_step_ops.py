@@ -35,13 +35,21 @@ def step_ms(model: Any, cache: Any, ids: torch.Tensor, attention: torch.Tensor, 
     """Median milliseconds of a greedy decode step after prefilling ``ids``."""
     past = {cache_argument(model): cache}
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    token = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, **past).logits[:, -1:].argmax(-1)
+    token = (
+        model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, **past)
+        .logits[:, -1:]
+        .argmax(-1)
+    )
     times = []
     for _ in range(steps):
         attention = torch.cat([attention, attention.new_ones(attention.shape[0], 1)], dim=1)
         positions = positions[:, -1:] + 1
         start = time.perf_counter()
-        token = model(input_ids=token, attention_mask=attention, position_ids=positions, use_cache=True, **past).logits[:, -1:].argmax(-1)
+        token = (
+            model(input_ids=token, attention_mask=attention, position_ids=positions, use_cache=True, **past)
+            .logits[:, -1:]
+            .argmax(-1)
+        )
         times.append(time.perf_counter() - start)
     return 1000 * statistics.median(times)
 
@@ -58,7 +66,9 @@ def main() -> None:
     print("| batch | S | original ops | hybrid ops | hybrid by_kind ops | original ms | hybrid ms | by_kind ms |")
     print("|---|---|---|---|---|---|---|---|")
     for lengths in ([args.length], [args.length, args.length // 2 + 2]):
-        ids = torch.randint(3, model.config.vocab_size, (len(lengths), args.length), generator=torch.Generator().manual_seed(0))
+        ids = torch.randint(
+            3, model.config.vocab_size, (len(lengths), args.length), generator=torch.Generator().manual_seed(0)
+        )
         attention = torch.zeros(len(lengths), args.length, dtype=torch.long)
         for row, length in enumerate(lengths):
             attention[row, args.length - length :] = 1

@@ -127,7 +127,12 @@ def run_limited(command: list[str], seconds: float, log: Path) -> dict[str, Any]
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             status = f"timed out after {seconds:.0f} s"
-    return {"command": shlex.join(command), "status": status, "seconds": round(time.monotonic() - started, 1), "log": log.name}
+    return {
+        "command": shlex.join(command),
+        "status": status,
+        "seconds": round(time.monotonic() - started, 1),
+        "log": log.name,
+    }
 
 
 def _cli(*args: str) -> list[str]:
@@ -143,7 +148,16 @@ def _tail(log: Path, lines: int = 5) -> str:
 
 def stage_correctness(folder: Path, seconds: float, plan: Plan, device: str) -> dict[str, Any]:
     out = folder / "correctness"
-    command = [sys.executable, str(ROOT / "benchmarks/backend_reference.py"), "--device", device, "--families", *plan.families, "--out", str(out)]
+    command = [
+        sys.executable,
+        str(ROOT / "benchmarks/backend_reference.py"),
+        "--device",
+        device,
+        "--families",
+        *plan.families,
+        "--out",
+        str(out),
+    ]
     result = run_limited(command, seconds, out / "run.log")
     report = out / "reference.json"
     if report.exists():
@@ -152,7 +166,11 @@ def stage_correctness(folder: Path, seconds: float, plan: Plan, device: str) -> 
         if result["status"] == "failed (exit 1)":  # the script ran to the end; some case is outside tolerance
             result["status"] = "done: some cases outside tolerance"
     else:
-        cases = [json.loads(line) for line in (out / "cases.jsonl").read_text().splitlines()] if (out / "cases.jsonl").exists() else []
+        cases = (
+            [json.loads(line) for line in (out / "cases.jsonl").read_text().splitlines()]
+            if (out / "cases.jsonl").exists()
+            else []
+        )
         result["summary"] = f"{len(cases)} cases finished (see cases.jsonl); {_tail(out / 'run.log', 1)}"
     return result
 
@@ -180,7 +198,11 @@ def stage_bench(folder: Path, seconds: float, plan: Plan, device: str) -> dict[s
         shares = {FIRST_BACKEND: FIRST_SHARE, f"{FIRST_BACKEND} --compile": COMPILED_SHARE}
         share = left_s * shares[name] if name in shares and left > 1 else left_s / left
         run = run_limited(command, share, out / "bench.log")
-        rows = [BenchRow(**row) for row in json.loads((out / "bench.json").read_text())["rows"]] if (out / "bench.json").exists() else []
+        rows = (
+            [BenchRow(**row) for row in json.loads((out / "bench.json").read_text())["rows"]]
+            if (out / "bench.json").exists()
+            else []
+        )
         run["speedups"] = speedups(rows)
         if run["status"] != "ok":
             run["error"] = _tail(out / "bench.log", 3)
@@ -189,7 +211,12 @@ def stage_bench(folder: Path, seconds: float, plan: Plan, device: str) -> dict[s
         for ratio in run["speedups"]:  # printed as they come: a call cut short still shows them
             print(f"    T={ratio['length']} {ratio['label']}: prefill {ratio['prefill']:.2f}x, decode x1 {ratio['decode_batch_1']:.2f}x, "
                   f"x{DECODE_BATCH} {ratio[f'decode_batch_{DECODE_BATCH}']:.2f}x, prefill peak {_number(ratio['prefill_peak'])}", flush=True)  # fmt: skip
-    return {"status": "ok" if all(r["status"] == "ok" for r in runs.values()) else "partial", "auto": auto, "skipped": skipped, "backends": runs}
+    return {
+        "status": "ok" if all(r["status"] == "ok" for r in runs.values()) else "partial",
+        "auto": auto,
+        "skipped": skipped,
+        "backends": runs,
+    }
 
 
 def bench_order(backends: list[str]) -> list[str]:
@@ -198,7 +225,9 @@ def bench_order(backends: list[str]) -> list[str]:
     return sorted(backends, key=lambda name: name != FIRST_BACKEND)
 
 
-def bench_runs(backends: list[str], plan: Plan) -> list[tuple[str, str, tuple[int, ...], tuple[str, ...], tuple[str, ...]]]:
+def bench_runs(
+    backends: list[str], plan: Plan
+) -> list[tuple[str, str, tuple[int, ...], tuple[str, ...], tuple[str, ...]]]:
     """``(name, backend, lengths, ratios, extra flags)`` of each bench run, in order: the first
     backend eagerly, its longest length first; then, where it runs, the same backend with its
     decode steps compiled over static caches (``--compile``: CUDA graphs; ρ = 0.75 at the
@@ -246,7 +275,11 @@ def stage_lm_eval(folder: Path, seconds: float, plan: Plan, device: str) -> dict
     }  # fmt: skip
     # acc and the per-length scores are counts: equal or not. acc_tiebreak adds a probability, whose
     # last digits may differ between kernels; SCORE_TOLERANCE is far below one example's weight.
-    equal = bool(compared) and len(differences) == 2 * len(compared) and all(d <= SCORE_TOLERANCE for d in differences.values())
+    equal = (
+        bool(compared)
+        and len(differences) == 2 * len(compared)
+        and all(d <= SCORE_TOLERANCE for d in differences.values())
+    )
     status = "ok" if all(r["status"] == "ok" for r in runs.values()) else "failed"
     return {
         "status": status, "runs": runs, "scores": scores, "equal": equal,
@@ -294,12 +327,21 @@ def stage_objective(folder: Path, seconds: float, plan: Plan, device: str) -> di
     result = run_limited(command, seconds, out / "run.log")
     report = out / "objective.json"
     if report.exists():
-        result["rows"] = [{key: row[key] for key in ("config", "median_s", "vs_first")} for row in json.loads(report.read_text())["rows"]]
+        result["rows"] = [
+            {key: row[key] for key in ("config", "median_s", "vs_first")}
+            for row in json.loads(report.read_text())["rows"]
+        ]
     shutil.rmtree(out / "model", ignore_errors=True)  # gigabytes of random weights
     return result
 
 
-STAGES = {"correctness": stage_correctness, "bench": stage_bench, "lm_eval": stage_lm_eval, "objective": stage_objective, "search": stage_search}
+STAGES = {
+    "correctness": stage_correctness,
+    "bench": stage_bench,
+    "lm_eval": stage_lm_eval,
+    "objective": stage_objective,
+    "search": stage_search,
+}
 
 
 # -- the summary ------------------------------------------------------------------------------------------
@@ -321,7 +363,16 @@ def targets(speedups: list[dict[str, Any]]) -> list[str]:
 
 
 def summary(environment: dict[str, Any], results: dict[str, dict[str, Any]]) -> str:
-    lines = [f"# GPU check: {environment['device']}", "", f"$ {environment['command']}", "", "```", json.dumps(environment, indent=1), "```", ""]
+    lines = [
+        f"# GPU check: {environment['device']}",
+        "",
+        f"$ {environment['command']}",
+        "",
+        "```",
+        json.dumps(environment, indent=1),
+        "```",
+        "",
+    ]
     lines += ["| stage | status | seconds | limit s |", "|---|---|---|---|"]
     lines += [f"| {name} | {r['status']} | {r.get('seconds', '-')} | {r['limit_s']} |" for name, r in results.items()]
     if "correctness" in results:
@@ -329,8 +380,15 @@ def summary(environment: dict[str, Any], results: dict[str, dict[str, Any]]) -> 
         lines += ["", "## Backends against the dense band reference", "", f"`auto` → {r.get('auto', '?')}; not runnable: {r.get('skipped') or 'none'}",
                   "", r.get("summary", ""), "", "Every case: `correctness/reference.md`."]  # fmt: skip
     if "bench" in results and "backends" in results["bench"]:
-        lines += ["", "## Bench: hybrid / original tokens/s in the same run (above 1: faster; memory: below 1 is less)", ""]
-        lines += ["| backend | T | config | prefill | decode ×1 | decode ×8 | prefill peak | KV bytes | status |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Bench: hybrid / original tokens/s in the same run (above 1: faster; memory: below 1 is less)",
+            "",
+        ]
+        lines += [
+            "| backend | T | config | prefill | decode ×1 | decode ×8 | prefill peak | KV bytes | status |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for backend, run in results["bench"]["backends"].items():
             name = f"{backend} (= auto)" if backend == results["bench"]["auto"] else backend
             for s in run["speedups"]:
@@ -340,10 +398,15 @@ def summary(environment: dict[str, Any], results: dict[str, dict[str, Any]]) -> 
                 )
             if not run["speedups"]:
                 error = (run.get("error") or "").splitlines()
-                lines.append(f"| {name} | - | - | - | - | - | - | - | {run['status']}{': ' + error[-1] if error else ''} |")
+                lines.append(
+                    f"| {name} | - | - | - | - | - | - | - | {run['status']}{': ' + error[-1] if error else ''} |"
+                )
         for backend, run in results["bench"]["backends"].items():
             met = targets(run["speedups"])
-            lines += ["", f"Targets at T = {TARGET_LENGTH}, {backend}: " + ("; ".join(met) if met else "T = 32768 not measured")]
+            lines += [
+                "",
+                f"Targets at T = {TARGET_LENGTH}, {backend}: " + ("; ".join(met) if met else "T = 32768 not measured"),
+            ]
     if "lm_eval" in results and "scores" in results["lm_eval"]:
         r = results["lm_eval"]
         verdict = "equal" if r["equal"] else "NOT equal"
@@ -356,7 +419,10 @@ def summary(environment: dict[str, Any], results: dict[str, dict[str, Any]]) -> 
     if "objective" in results and "rows" in results["objective"]:
         lines += ["", "## S() of a hybrid against the original's forward on the same requests (below 1: cheaper)", ""]
         lines += ["| configuration | median s | vs original |", "|---|---|---|"]
-        lines += [f"| `{row['config']}` | {row['median_s']:.2f} | {row['vs_first']:.2f} |" for row in results["objective"]["rows"]]
+        lines += [
+            f"| `{row['config']}` | {row['median_s']:.2f} | {row['vs_first']:.2f} |"
+            for row in results["objective"]["rows"]
+        ]
     if "search" in results and "command" in results["search"]:
         r = results["search"]
         if "evaluations" in r:
@@ -392,7 +458,9 @@ def environment_of(device: str, argv: list[str], plan: Plan) -> dict[str, Any]:
     from bosch_eval.bench.report import environment
     from bosch_eval.runtime.versions import versions
 
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+    ).stdout.strip()
     return {
         **environment(torch.device(device)), **versions("lm_eval", "accelerate", "bosch-eval"),
         "command": shlex.join(["python", "benchmarks/gpu_check.py", *argv]), "installed": os.environ.get("GPU_CHECK_INSTALLED", ""),
@@ -405,9 +473,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
     parser.add_argument("--quick", action="store_true", help="every stage at tiny sizes (for a CPU)")
-    parser.add_argument("--out", type=Path, default=ROOT / "results/gpu", help="results go to OUT/<device name>/ (default results/gpu)")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "results/gpu", help="results go to OUT/<device name>/ (default results/gpu)"
+    )
     parser.add_argument("--budget", type=float, help="seconds for all stages together (default 540; --quick 900)")
-    parser.add_argument("--stages", nargs="+", choices=list(STAGES), default=list(STAGES), help="stages to run (default: all)")
+    parser.add_argument(
+        "--stages", nargs="+", choices=list(STAGES), default=list(STAGES), help="stages to run (default: all)"
+    )
     parser.add_argument(
         "--pack", type=Path,
         help="after every stage, also write PACK/gpu_check.tar.gz (the whole result folder) and PACK/summary.md: two files, "
@@ -426,7 +498,9 @@ def main(argv: list[str] | None = None) -> int:
         if folder.exists() and any(folder.iterdir()):
             from bosch_eval.runtime.errors import SettingsError
 
-            raise SettingsError(f"--out: {folder} already holds a check; pass another --out (results are never overwritten)")
+            raise SettingsError(
+                f"--out: {folder} already holds a check; pass another --out (results are never overwritten)"
+            )
         folder.mkdir(parents=True)
         (folder / "environment.json").write_text(json.dumps(environment, indent=1) + "\n")
         budget = args.budget or plan.budget_s

@@ -22,11 +22,15 @@ LINE = re.compile(r"^import time:\s+\d+ \|\s+(\d+) \|( *)(\S+)$", re.MULTILINE)
 
 def start_once() -> tuple[int, int]:
     """Cumulative µs of the hook, and of every top-level import at interpreter start."""
-    report = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"], capture_output=True, text=True, check=True).stderr
+    report = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "pass"], capture_output=True, text=True, check=True
+    ).stderr
     rows = [(int(cumulative), len(indent), name) for cumulative, indent, name in LINE.findall(report)]
     hook = [cumulative for cumulative, _, name in rows if name == "bosch_eval.model_adapters.lm_eval_hook"]
     if not hook:
-        sys.exit("bosch_eval.model_adapters.lm_eval_hook was not imported at start: install the package (pip install -e .)")
+        sys.exit(
+            "bosch_eval.model_adapters.lm_eval_hook was not imported at start: install the package (pip install -e .)"
+        )
     top_level = min(indent for _, indent, _ in rows)
     return hook[0], sum(cumulative for cumulative, indent, _ in rows if indent == top_level)
 

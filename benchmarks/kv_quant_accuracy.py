@@ -48,9 +48,18 @@ def score(model: str, model_args: str, calib_len: int, samples_per_length: int) 
                   log_samples=False, bootstrap_iters=0)  # fmt: skip
     indices = ruler_indices(samples_per_length)
     ruler = lm_eval.simple_evaluate(
-        tasks=["niah_single_1"], metadata={"max_seq_lengths": list(RULER_LENGTHS)}, samples={"niah_single_1": indices}, **common
+        tasks=["niah_single_1"],
+        metadata={"max_seq_lengths": list(RULER_LENGTHS)},
+        samples={"niah_single_1": indices},
+        **common,
     )["results"]["niah_single_1"]
-    metadata = {"pretrained": model, "tokenizer": model, "calib_seed": 0, "seq_len": calib_len, "num_examples": DEFAULT_CALIB_EXAMPLES}
+    metadata = {
+        "pretrained": model,
+        "tokenizer": model,
+        "calib_seed": 0,
+        "seq_len": calib_len,
+        "num_examples": DEFAULT_CALIB_EXAMPLES,
+    }
     calib = lm_eval.simple_evaluate(
         tasks=["bosch_niah_calib"],
         task_manager=TaskManager(include_path=[str(TASKS_DIR)], include_defaults=False, metadata=metadata),
@@ -78,7 +87,9 @@ def main(argv: list[str] | None = None) -> None:
         rows[label] = {"model_args": model_args, **score(model, model_args, calib_len, args.ruler_samples)}
         print(label, rows[label], flush=True)
     report = {
-        "command": shlex.join([sys.executable, "benchmarks/kv_quant_accuracy.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": shlex.join(
+            [sys.executable, "benchmarks/kv_quant_accuracy.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
         "versions": versions("bosch-eval", "lm_eval", "torch", "transformers"),
         "calib_len": calib_len,
         "rows": rows,

@@ -46,7 +46,9 @@ def main() -> None:
     query = torch.randn(1, HEADS, 1, HEAD_DIM)
 
     def quantized_store(method: str) -> QuantizedKVStore:
-        store = QuantizedKVStore(KVQuantConfig(method=method, bits=2, window=args.kv_window, group_size=64), Selector(method, args.kv_window))
+        store = QuantizedKVStore(
+            KVQuantConfig(method=method, bits=2, window=args.kv_window, group_size=64), Selector(method, args.kv_window)
+        )
         store.update(keys, values)
         return store
 
@@ -76,15 +78,19 @@ def main() -> None:
             part()
             times[name].append(time.perf_counter() - start)
     median = {name: statistics.median(values[1:]) * 1e3 for name, values in times.items()}
-    print(f"T = {args.length}, W_lq = {args.kv_window}, 2 bits, {GROUPS} KV groups × {HEAD_DIM}, threads = {torch.get_num_threads()}")
+    print(
+        f"T = {args.length}, W_lq = {args.kv_window}, 2 bits, {GROUPS} KV groups × {HEAD_DIM}, threads = {torch.get_num_threads()}"
+    )
     for name, ms in median.items():
         print(f"{name:22s} {ms:8.2f} ms")
     unquantized_step = median["unquantized cat"] + median["sdpa"]
     for method in stores:
         for kind in ("eager", "fused"):
             rebuild = median[f"{method} {kind} rebuild"]
-            print(f"{method} {kind}: rebuild / cat = {rebuild / median['unquantized cat']:.2f}; "
-                  f"(rebuild + sdpa) / (cat + sdpa) = {(rebuild + median['sdpa']) / unquantized_step:.2f}")
+            print(
+                f"{method} {kind}: rebuild / cat = {rebuild / median['unquantized cat']:.2f}; "
+                f"(rebuild + sdpa) / (cat + sdpa) = {(rebuild + median['sdpa']) / unquantized_step:.2f}"
+            )
 
 
 if __name__ == "__main__":

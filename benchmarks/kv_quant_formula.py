@@ -23,14 +23,21 @@ def main() -> None:
         ("BOSCH rho=0.75 (W=T/32)", mask, None),
         ("BOSCH rho=0.75 + LogQuant 2-bit", mask, KVQuantConfig("logquant", 2, W_LQ, 64)),
     ]
-    print(f"$ python benchmarks/kv_quant_formula.py   (T={T}, W_lq={W_LQ}, group size 64, L={LAYERS}, G={GROUPS}, head dim {HEAD_DIM})")
+    print(
+        f"$ python benchmarks/kv_quant_formula.py   (T={T}, W_lq={W_LQ}, group size 64, L={LAYERS}, G={GROUPS}, head dim {HEAD_DIM})"
+    )
     print("| config | KV / 16-bit cache (fp16 states, fp16 scales) | KV / 32-bit cache (fp32) |")
     print("|---|---|---|")
     for label, bits, kv in configs:
         ratios = []
         for dtype_bytes in (2, 4):
             base = kv_cache_bytes_formula(None, KVLayout(LAYERS, GROUPS, HEAD_DIM), T, dtype_bytes=dtype_bytes)
-            ratios.append(kv_cache_bytes_formula(bits, KVLayout(LAYERS, GROUPS, HEAD_DIM), T, window=T // 32, kv_quant=kv, dtype_bytes=dtype_bytes) / base)
+            ratios.append(
+                kv_cache_bytes_formula(
+                    bits, KVLayout(LAYERS, GROUPS, HEAD_DIM), T, window=T // 32, kv_quant=kv, dtype_bytes=dtype_bytes
+                )
+                / base
+            )
         print(f"| {label} | {ratios[0]:.4f} | {ratios[1]:.4f} |")
 
 

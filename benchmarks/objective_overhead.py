@@ -93,7 +93,9 @@ def forward_batches(objective: Any) -> list[tuple[Any, Any]]:
         chunk = requests[start : start + lm.batch_size]
         inputs = [(context + continuation)[-(lm.max_length + 1) :][:-1] for context, continuation in chunk]
         ids = pad_and_concat(
-            max(map(len, inputs)), [torch.tensor(row, dtype=torch.long, device=lm.device) for row in inputs], padding_side="right"
+            max(map(len, inputs)),
+            [torch.tensor(row, dtype=torch.long, device=lm.device) for row in inputs],
+            padding_side="right",
         )
         positions = scored_positions([len(row) for row in inputs], [len(c) for _, c in chunk], lm.device)
         batches.append((ids, positions))
@@ -119,11 +121,15 @@ def bare_forward(objective: Any, batches: list[tuple[Any, Any]]) -> Callable[[],
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--examples", type=int, default=64, help="bosch_niah_calib documents (default 64, the paper's)")
-    parser.add_argument("--calib-len", type=int, default=None, help="tokens per document (default: the model's, else 1024)")
+    parser.add_argument(
+        "--calib-len", type=int, default=None, help="tokens per document (default: the model's, else 1024)"
+    )
     parser.add_argument("--window", type=int, default=None, help="SWA window (default: the model's, else 128)")
     parser.add_argument("--batch-size", type=int, default=1, help="lm-eval batch size (default 1, the search's)")
     parser.add_argument("--repeats", type=int, default=5, help="repetitions of every timed path (default 5)")
-    parser.add_argument("--defaults-repeats", type=int, default=2, help="repetitions of simple_evaluate with its defaults")
+    parser.add_argument(
+        "--defaults-repeats", type=int, default=2, help="repetitions of simple_evaluate with its defaults"
+    )
     args = parser.parse_args()
 
     import lm_eval
@@ -140,7 +146,9 @@ def main() -> None:
         calib_len = args.calib_len or defaults.calib_len or 1024
         window = args.window or defaults.window or 128
         objective = build_objective(
-            path, CalibrationSettings(examples=args.examples, length=calib_len), LoadSettings(window=window, dtype="float32", batch_size=args.batch_size)
+            path,
+            CalibrationSettings(examples=args.examples, length=calib_len),
+            LoadSettings(window=window, dtype="float32", batch_size=args.batch_size),
         )
         mask = half_swa_mask(objective.shape)
         objective(mask)  # warm-up; builds the requests the forward replays
@@ -157,7 +165,9 @@ def main() -> None:
         def simple(**settings: Any) -> Callable[[], None]:
             def run() -> None:
                 objective.lm.set_mask(mask)
-                lm_eval.simple_evaluate(model=objective.lm, tasks=list(objective.tasks), task_manager=manager, **settings)
+                lm_eval.simple_evaluate(
+                    model=objective.lm, tasks=list(objective.tasks), task_manager=manager, **settings
+                )
 
             return run
 
@@ -198,7 +208,9 @@ def main() -> None:
         pairs = list(zip(runs, times["forward"]))
         ratio = statistics.median(t / f for t, f in pairs)
         extra = statistics.median(t - f for t, f in pairs)
-        print(f"{name:36} {statistics.median(runs):9.3f} {ratio:10.3f} {extra:+8.3f}   {' '.join(f'{t:.3f}' for t in runs)}")
+        print(
+            f"{name:36} {statistics.median(runs):9.3f} {ratio:10.3f} {extra:+8.3f}   {' '.join(f'{t:.3f}' for t in runs)}"
+        )
     ratio = statistics.median(t / f for t, f in zip(times["objective"], times["forward"]))
     print(f"objective overhead: {100 * (ratio - 1):+.1f}% over the bare forward passes (target ≤ +20%)")
 

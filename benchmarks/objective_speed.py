@@ -68,12 +68,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2", help="a model name or path, or random:<bench preset>")
     parser.add_argument("--task", default="bosch_retrieval_calib", help="the calibration task S() scores")
-    parser.add_argument("--configs", nargs="+", required=True, help="model_args per configuration; the first is the reference")
+    parser.add_argument(
+        "--configs", nargs="+", required=True, help="model_args per configuration; the first is the reference"
+    )
     parser.add_argument("--examples", type=int, default=64)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--window", type=int, help="SWA window (default: the model's bosch_defaults.json; random:<preset>: T/32)")
+    parser.add_argument(
+        "--window", type=int, help="SWA window (default: the model's bosch_defaults.json; random:<preset>: T/32)"
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--work", type=Path, help="where random:<preset> checkpoints go (default: a temporary folder)")
     parser.add_argument("--out", type=Path, required=True, help="a .md file; the numbers go beside it as .json")
@@ -104,8 +108,15 @@ def measure(args: argparse.Namespace, model: str) -> list[dict[str, Any]]:
     dtypes = [source.pop("dtype", None) for source in sources]
     objectives = {}
     for dtype in dict.fromkeys(dtypes):
-        objectives[dtype] = build_objective(model, calibration, LoadSettings(window=args.window, device=args.device, batch_size=args.batch_size, dtype=dtype))
-    masks = [mask_of(source, objectives[dtype].shape, objectives[dtype].lm.head_mask.window) for source, dtype in zip(sources, dtypes, strict=True)]
+        objectives[dtype] = build_objective(
+            model,
+            calibration,
+            LoadSettings(window=args.window, device=args.device, batch_size=args.batch_size, dtype=dtype),
+        )
+    masks = [
+        mask_of(source, objectives[dtype].shape, objectives[dtype].lm.head_mask.window)
+        for source, dtype in zip(sources, dtypes, strict=True)
+    ]
 
     def s_call(dtype: str | None, mask: Any) -> tuple[float, float]:
         if args.device.startswith("cuda"):
@@ -132,7 +143,9 @@ def measure(args: argparse.Namespace, model: str) -> list[dict[str, Any]]:
 
 
 def write(args: argparse.Namespace, rows: list[dict[str, Any]], argv: list[str]) -> None:
-    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({torch.get_num_threads()} threads)"
+    device = (
+        torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({torch.get_num_threads()} threads)"
+    )
     lines = [
         f"# One S() call: {args.task}, {args.examples} examples x {args.seq_len} tokens, model {args.model}, "
         f"batch size {args.batch_size}, {device}",
@@ -147,7 +160,9 @@ def write(args: argparse.Namespace, rows: list[dict[str, Any]], argv: list[str])
               f"{', '.join(f'{score:.4f}' for score in row['scores'])} |" for row in rows]  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
-    args.out.with_suffix(".json").write_text(json.dumps({"device": device, "argv": argv, "rows": rows}, indent=1) + "\n")
+    args.out.with_suffix(".json").write_text(
+        json.dumps({"device": device, "argv": argv, "rows": rows}, indent=1) + "\n"
+    )
     print("\n".join(lines))
 
 

@@ -138,7 +138,11 @@ def worker(method: str, path: str, length: int, block_size: int) -> dict[str, An
         scores = None
     elif path == "streaming":
         ranking = compute_ranking(
-            method, model, tokenizer, RankingInputs(window, 1, length), compute=RankingCompute(block_size=block_size, dtype=torch.float64)
+            method,
+            model,
+            tokenizer,
+            RankingInputs(window, 1, length),
+            compute=RankingCompute(block_size=block_size, dtype=torch.float64),
         )
         scores = ranking.provenance["head_scores"]
     else:
@@ -171,6 +175,7 @@ def main() -> None:
           f"{platform.machine()}, threads={torch.get_num_threads()} (workers inherit OMP_NUM_THREADS)")  # fmt: skip
     print(f"{'method':<8} {'streaming MiB':>14} {'direct MiB':>11} {'direct/stream':>14} "
           f"{'stream s':>9} {'direct s':>9} {'max |Δscore|':>13}")  # fmt: skip
+
     def run(method: str, path: str) -> dict[str, Any]:
         command = [sys.executable, __file__, "--worker", method, path, "--length", str(args.length),
                    "--block-size", str(args.block_size)]  # fmt: skip

@@ -28,11 +28,18 @@ from tests.test_search_pipeline import Layered  # noqa: E402
 def planted_gaps() -> None:
     shape = ModelShape(num_layers=8, num_heads=16, num_kv_heads=8)
     print("| optimizer | κ | Ŝ gap, seeds 0/1/2 | distinct masks evaluated |\n|---|---|---|---|")
-    for optimizer, chunk, budget in [("oneplusone", None, 10), ("oneplusone", None, 40), ("nomad", 1, 20), ("nomad", 1, 60)]:
+    for optimizer, chunk, budget in [
+        ("oneplusone", None, 10),
+        ("oneplusone", None, 40),
+        ("nomad", 1, 20),
+        ("nomad", 1, 60),
+    ]:
         gaps, evaluations = [], []
         for seed in range(3):
             objective = Layered(seed)
-            settings = SearchSettings(ratio=0.5, optimizer=optimizer, chunk_layers=chunk, budget_per_layer=budget, seed=seed)
+            settings = SearchSettings(
+                ratio=0.5, optimizer=optimizer, chunk_layers=chunk, budget_per_layer=budget, seed=seed
+            )
             result = run_search(objective, shape, settings, progress=False)
             best = objective.best_for_counts([row.count(0) for row in result.mask.bits])
             gaps.append(f"{result.anchors.normalize(best) - result.anchors.normalize(result.score):.4f}")
@@ -65,10 +72,19 @@ def nomad_feasible_share(budget: int = 100) -> None:
     for _ in range(layers):
         ones = set(start.sample(range(groups), quota))
         x0 += [float(g in ones) for g in range(groups)]
-    params = ["BB_OUTPUT_TYPE OBJ", "BB_INPUT_TYPE * B", "DISPLAY_DEGREE 0", f"MAX_BB_EVAL {budget}", f"MAX_EVAL {budget * 100}", "SEED 0"]
+    params = [
+        "BB_OUTPUT_TYPE OBJ",
+        "BB_INPUT_TYPE * B",
+        "DISPLAY_DEGREE 0",
+        f"MAX_BB_EVAL {budget}",
+        f"MAX_EVAL {budget * 100}",
+        "SEED 0",
+    ]
     PyNomad.optimize(blackbox, x0, [0.0] * len(x0), [1.0] * len(x0), params)
     feasible = sum(all(sum(x[layer * groups : (layer + 1) * groups]) == quota for layer in range(layers)) for x in seen)
-    print(f"binary NOMAD, {layers} layers × {groups} groups, {quota} SWA each: {feasible} of {len(seen)} evaluated points meet every quota")
+    print(
+        f"binary NOMAD, {layers} layers × {groups} groups, {quota} SWA each: {feasible} of {len(seen)} evaluated points meet every quota"
+    )
 
 
 if __name__ == "__main__":

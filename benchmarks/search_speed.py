@@ -83,7 +83,19 @@ def mask_parallel(ratio: float, root: Path) -> tuple[float, float, bool]:
     rates, masks = [], []
     for processes in (2, 1):
         out = root / f"parallel-{processes}-r{ratio}"
-        command = [sys.executable, "-m", "bosch_eval.search", "--model", "toy", "--ratio", str(ratio), "--device", "cpu", "--out", str(out)]
+        command = [
+            sys.executable,
+            "-m",
+            "bosch_eval.search",
+            "--model",
+            "toy",
+            "--ratio",
+            str(ratio),
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ]
         if processes > 1:
             command[1:3] = [
                 "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes), "--num_machines", "1",
@@ -112,14 +124,20 @@ def main() -> None:
             runs[name].append(one_process(ratio, name, root / f"r{ratio}-{name}-{number}"))
         check_same_answers(runs)
         off = sum(run["wall_s"] for run in runs["off"]) / 2
-        print(f"\nrho {ratio}: every run found the same mask (S = {runs['off'][0]['score']:.4f} on the calibration task, in-sample); full S() values identical")
-        print("| setting | search wall time (mean of 2) | vs off | examples per S() call | layer computations skipped |")
+        print(
+            f"\nrho {ratio}: every run found the same mask (S = {runs['off'][0]['score']:.4f} on the calibration task, in-sample); full S() values identical"
+        )
+        print(
+            "| setting | search wall time (mean of 2) | vs off | examples per S() call | layer computations skipped |"
+        )
         print("|---|---|---|---|---|")
         for name, pair in runs.items():
             wall = sum(run["wall_s"] for run in pair) / 2
             work = pair[0]["work"]
             skipped = f"{work['layers_skipped_share']:.1%}" if "layers_skipped_share" in work else "-"
-            print(f"| {name} | {wall:.1f} s | {wall / off:.2f}x | {work['examples_per_call']:.1f} of {work['examples_per_full_call']} | {skipped} |")
+            print(
+                f"| {name} | {wall:.1f} s | {wall / off:.2f}x | {work['examples_per_call']:.1f} of {work['examples_per_full_call']} | {skipped} |"
+            )
         two, one, same = mask_parallel(ratio, root)
         print(
             f"mask-parallel racing: 2 processes {two:.2f} S() calls/s, 1 process {one:.2f} calls/s "

@@ -59,10 +59,14 @@ def main() -> None:
         flex.compile_policy = True  # a compile failure is an error here, not a silent eager run
 
     dtype = getattr(torch, args.dtype)
-    print(f"# torch {torch.__version__}, {platform.processor() or platform.machine()}, threads={torch.get_num_threads()}")
+    print(
+        f"# torch {torch.__version__}, {platform.processor() or platform.machine()}, threads={torch.get_num_threads()}"
+    )
     print(f"# H={args.heads} G={args.kv_heads} D={args.head_dim} batch=1 {args.dtype}, W = T/{args.t_over_w}")
     flex_header = "" if args.no_flex else f" {'flex/full':>10} {'flex/blocked':>13}"
-    print(f"{'T':>6} {'W':>5} {'block':>5} {'work W/T':>9} {'time SWA/full':>14} {'vs W/T':>7} {'target <=2x':>12} {'vs 2W/T':>8}{flex_header}")
+    print(
+        f"{'T':>6} {'W':>5} {'block':>5} {'work W/T':>9} {'time SWA/full':>14} {'vs W/T':>7} {'target <=2x':>12} {'vs 2W/T':>8}{flex_header}"
+    )
     for length in args.lengths:
         window = length // args.t_over_w
         generator = torch.Generator().manual_seed(length)
@@ -94,7 +98,11 @@ def main() -> None:
         work = window / length
         verdict = "ok" if ratio <= 2 * work else "MISSED"
         block = args.block or default_block_size(window)
-        flex_columns = "" if args.no_flex else f" {medians['flex'] / medians['full']:>10.4f} {medians['flex'] / medians['blocked']:>13.3f}"
+        flex_columns = (
+            ""
+            if args.no_flex
+            else f" {medians['flex'] / medians['full']:>10.4f} {medians['flex'] / medians['blocked']:>13.3f}"
+        )
         print(
             f"{length:>6} {window:>5} {block:>5} {work:>9.4f} {ratio:>14.4f} {ratio / work:>6.2f}x {verdict:>12} "
             f"{ratio / (2 * work):>7.2f}x{flex_columns}",

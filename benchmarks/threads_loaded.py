@@ -42,7 +42,17 @@ def measure(threads: int, busy: bool, args: argparse.Namespace) -> float:
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
     try:
         out = subprocess.run(
-            [sys.executable, "-c", CHILD.format(model=args.model, dtype=args.dtype, batch=args.batch, forwards=args.forwards, length=args.length)], env=env, capture_output=True, text=True, check=True
+            [
+                sys.executable,
+                "-c",
+                CHILD.format(
+                    model=args.model, dtype=args.dtype, batch=args.batch, forwards=args.forwards, length=args.length
+                ),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.split()
     finally:
         if spinner is not None:
@@ -55,7 +65,9 @@ def measure(threads: int, busy: bool, args: argparse.Namespace) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="toy", help="a model name bosch-eval resolves: toy, toy-l, smollm2, a path or hub id")
+    parser.add_argument(
+        "--model", default="toy", help="a model name bosch-eval resolves: toy, toy-l, smollm2, a path or hub id"
+    )
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
@@ -68,12 +80,16 @@ def main() -> None:
     for _ in range(args.rounds):
         for threads, busy in configs:
             times[(threads, busy)].append(measure(threads, busy, args))
-    print(f"{args.model}, {args.dtype}, {args.batch} × {args.length} tokens; {cores} usable cores, "
-          f"1-min load average before the run included: {os.getloadavg()[0]:.1f}")
+    print(
+        f"{args.model}, {args.dtype}, {args.batch} × {args.length} tokens; {cores} usable cores, "
+        f"1-min load average before the run included: {os.getloadavg()[0]:.1f}"
+    )
     print("| threads | beside a busy process | s per forward (median) | all rounds |")
     print("|---|---|---|---|")
     for (threads, busy), values in times.items():
-        print(f"| {threads} | {'yes' if busy else 'no'} | {statistics.median(values):.4f} | {', '.join(f'{v:.4f}' for v in values)} |")
+        print(
+            f"| {threads} | {'yes' if busy else 'no'} | {statistics.median(values):.4f} | {', '.join(f'{v:.4f}' for v in values)} |"
+        )
     for threads in sorted({1, cores}):
         ratio = statistics.median(times[(threads, True)]) / statistics.median(times[(threads, False)])
         print(f"{threads} thread(s): busy / idle = {ratio:.2f}")

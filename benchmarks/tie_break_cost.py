@@ -95,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write(args: argparse.Namespace, argv: list[str], row: dict[str, Any]) -> None:
-    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({torch.get_num_threads()} threads)"
+    device = (
+        torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({torch.get_num_threads()} threads)"
+    )
     lines = [
         f"# The tie-break's cost with the prefix cache: {args.search}, task {args.task}, dtype {args.dtype or 'the checkpoint'}, {device}",
         "",

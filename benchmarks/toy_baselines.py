@@ -61,7 +61,10 @@ def time_rankings(path: str, window: int, calib_len: int) -> tuple[dict[str, Hea
             seconds.append(time.perf_counter() - start)
         rankings[method] = runs[0]
         report[method] = {"seconds": [round(s, 1) for s in seconds], "deterministic": runs[0].scores == runs[1].scores}
-        print(f"{method}: {seconds[0]:.1f} s, {seconds[1]:.1f} s; same scores: {report[method]['deterministic']}", flush=True)
+        print(
+            f"{method}: {seconds[0]:.1f} s, {seconds[1]:.1f} s; same scores: {report[method]['deterministic']}",
+            flush=True,
+        )
     return rankings, report
 
 
@@ -90,16 +93,23 @@ def check_mask(mask: HeadMask, again: HeadMask, shape: ModelShape, ratio: float,
     return None
 
 
-def build_masks(rankings: dict[str, HeadRanking], shape: ModelShape, ratio: float, window: int) -> tuple[dict[str, list[HeadMask]], dict[str, str]]:
+def build_masks(
+    rankings: dict[str, HeadRanking], shape: ModelShape, ratio: float, window: int
+) -> tuple[dict[str, list[HeadMask]], dict[str, str]]:
     """Every baseline's mask(s) at ``ratio`` and the problems found (empty: all valid)."""
     masks, problems = {}, {}
     for name, ranking in rankings.items():
         masks[name] = [ranking.to_mask(ratio, window=window)]
-        problems[name] = check_mask(masks[name][0], ranking.to_mask(ratio, window=window), shape, ratio, whole_layers=False)
+        problems[name] = check_mask(
+            masks[name][0], ranking.to_mask(ratio, window=window), shape, ratio, whole_layers=False
+        )
     for name, seeds in HEURISTICS.items():
         built = [layer_heuristic_mask(name, shape, ratio, seed=seed).with_meta(window=window) for seed in seeds]
         masks[name.upper()] = built
-        found = [check_mask(m, layer_heuristic_mask(name, shape, ratio, seed=s), shape, ratio, whole_layers=True) for m, s in zip(built, seeds)]
+        found = [
+            check_mask(m, layer_heuristic_mask(name, shape, ratio, seed=s), shape, ratio, whole_layers=True)
+            for m, s in zip(built, seeds)
+        ]
         problems[name.upper()] = next((p for p in found if p), None)
     return masks, {name: problem for name, problem in problems.items() if problem}
 
@@ -109,7 +119,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("results/toy_model"))
     parser.add_argument("--ratios", type=float, nargs="+", default=[0.25, 0.5, 0.75, 0.875])
     parser.add_argument("--score-ratios", type=float, nargs="+", default=[0.5, 0.75])
-    parser.add_argument("--searches", type=Path, default=Path("results/toy_search"), help="BOSCH runs: <dir>/<variant>-r<ratio>/mask.json")
+    parser.add_argument(
+        "--searches",
+        type=Path,
+        default=Path("results/toy_search"),
+        help="BOSCH runs: <dir>/<variant>-r<ratio>/mask.json",
+    )
     args = parser.parse_args(argv)
     path = model_path()
     defaults = model_defaults(path)
@@ -121,7 +136,9 @@ def main(argv: list[str] | None = None) -> None:
     shape = rankings["dcam"].shape
     per_ratio = {ratio: build_masks(rankings, shape, ratio, window) for ratio in args.ratios}
     for ratio, (_, problems) in per_ratio.items():
-        print(f"ρ = {ratio}: " + (f"INVALID {problems}" if problems else "every mask valid and deterministic"), flush=True)
+        print(
+            f"ρ = {ratio}: " + (f"INVALID {problems}" if problems else "every mask valid and deterministic"), flush=True
+        )
 
     objective = build_objective("toy", CalibrationSettings(length=calib_len), LoadSettings(window=window))
     scores: dict[str, dict[str, float]] = {}
@@ -132,10 +149,15 @@ def main(argv: list[str] | None = None) -> None:
             if found.exists():
                 masks[f"BOSCH ({variant})" if variant != "bosch" else "BOSCH"] = [HeadMask.load(found)]
         scores[str(ratio)] = {name: statistics.mean(objective(mask) for mask in group) for name, group in masks.items()}
-        print(f"ρ = {ratio}: " + ", ".join(f"{name} {score:.3f}" for name, score in scores[str(ratio)].items()), flush=True)
+        print(
+            f"ρ = {ratio}: " + ", ".join(f"{name} {score:.3f}" for name, score in scores[str(ratio)].items()),
+            flush=True,
+        )
 
     report = {
-        "command": shlex.join([sys.executable, "benchmarks/toy_baselines.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": shlex.join(
+            [sys.executable, "benchmarks/toy_baselines.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
         "versions": versions("bosch-eval", "lm_eval", "torch", "transformers"),
         "window": window,
         "calib_len": calib_len,
@@ -158,10 +180,14 @@ def render(report: dict[str, Any], ratios: list[float]) -> str:
         "",
         "| ranker | run 1 (s) | run 2 (s) | same scores |",
         "|---|---|---|---|",
-        *(f"| {m} | {t['seconds'][0]} | {t['seconds'][1]} | {t['deterministic']} |" for m, t in report["ranker_seconds"].items()),
+        *(
+            f"| {m} | {t['seconds'][0]} | {t['seconds'][1]} | {t['deterministic']} |"
+            for m, t in report["ranker_seconds"].items()
+        ),
         "",
         f"Masks at ρ ∈ {ratios} from the six rankings, RAND (seeds 0–2), BME, INTR and the imported "
-        "DuoAttention-format pattern: " + (f"INVALID: {report['invalid']}" if report["invalid"] else "all valid and deterministic."),
+        "DuoAttention-format pattern: "
+        + (f"INVALID: {report['invalid']}" if report["invalid"] else "all valid and deterministic."),
         "",
     ]
     scores = report["bosch_niah_calib_acc"]
@@ -173,7 +199,10 @@ def render(report: dict[str, Any], ratios: list[float]) -> str:
             "",
             "| mask | " + " | ".join(f"ρ = {c}" for c in columns) + " |",
             "|---|" + "---|" * len(columns),
-            *(f"| {n} | " + " | ".join(f"{scores[c][n]:.3f}" if n in scores[c] else "-" for c in columns) + " |" for n in names),
+            *(
+                f"| {n} | " + " | ".join(f"{scores[c][n]:.3f}" if n in scores[c] else "-" for c in columns) + " |"
+                for n in names
+            ),
         ]
     return "\n".join(lines) + "\n"
 

@@ -42,7 +42,10 @@ def calibration_scores(
     own objective (same settings as ``bosch-eval search``, so the numbers compare)."""
     objective = build_objective(model, calibration, LoadSettings(window=window))
     shape = objective.shape
-    randoms = {str(ratio): [objective(mask) for mask in random_masks(shape, ratio, range(random_count), window)] for ratio in ratios}
+    randoms = {
+        str(ratio): [objective(mask) for mask in random_masks(shape, ratio, range(random_count), window)]
+        for ratio in ratios
+    }
     return {
         "full": objective(HeadMask.uniform(shape, full=True, window=window)),
         "all_swa": objective(HeadMask.uniform(shape, full=False, window=window)),
@@ -81,13 +84,19 @@ def ruler_scores(model: str, window: int, samples_per_length: int) -> dict[str, 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="checkpoint directory (the bundled one: bosch-eval toy-model --path)")
+    parser.add_argument(
+        "--model", required=True, help="checkpoint directory (the bundled one: bosch-eval toy-model --path)"
+    )
     parser.add_argument("--out", type=Path, required=True, help="directory for toy_model_checks.json/.md")
     parser.add_argument("--window", type=int, help="SWA window (default: the model's bosch_defaults.json)")
     parser.add_argument("--calib-len", type=int, help="calibration length in tokens (default: bosch_defaults.json)")
     parser.add_argument("--calib-examples", type=int, help="bosch_niah_calib examples (default: the search's, 64)")
-    parser.add_argument("--random-masks", type=int, default=20, help="random masks per ratio scored on the calibration set")
-    parser.add_argument("--random-ratios", type=float, nargs="+", default=[0.5, 0.75], help="SWA ratios of the random masks")
+    parser.add_argument(
+        "--random-masks", type=int, default=20, help="random masks per ratio scored on the calibration set"
+    )
+    parser.add_argument(
+        "--random-ratios", type=float, nargs="+", default=[0.5, 0.75], help="SWA ratios of the random masks"
+    )
     parser.add_argument("--ruler-samples", type=int, default=100, help="upstream niah_single_1 documents per length")
     args = parser.parse_args(argv)
     defaults = model_defaults(args.model)
@@ -97,12 +106,18 @@ def main(argv: list[str] | None = None) -> None:
 
     started = time.time()
     report = {
-        "command": shlex.join([sys.executable, "benchmarks/toy_model_checks.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": shlex.join(
+            [sys.executable, "benchmarks/toy_model_checks.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
         "versions": versions("bosch-eval", "lm_eval", "torch", "transformers"),
         "window": window,
         "calib_len": calib_len,
         "bosch_niah_calib": calibration_scores(
-            args.model, CalibrationSettings(length=calib_len, examples=args.calib_examples), window, args.random_ratios, args.random_masks
+            args.model,
+            CalibrationSettings(length=calib_len, examples=args.calib_examples),
+            window,
+            args.random_ratios,
+            args.random_masks,
         ),
         "niah_single_1": ruler_scores(args.model, window, args.ruler_samples),
     }

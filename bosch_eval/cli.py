@@ -48,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bosch-eval", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    toy = commands.add_parser("toy-model", help="the bundled toy models (small trained Qwen3s) and packaged ones (smollm2)")
+    toy = commands.add_parser(
+        "toy-model", help="the bundled toy models (small trained Qwen3s) and packaged ones (smollm2)"
+    )
     toy.add_argument("--path", action="store_true", required=True, help="print the directory to pass as pretrained=")
     toy.add_argument(
         "--name",
@@ -66,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
         + "\n".join(f"  {name}: {what}" for name, what in TASK_FAMILIES.items()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    tasks.add_argument("--path", action="store_true", required=True, help="print the directory to pass as --include_path")
+    tasks.add_argument(
+        "--path", action="store_true", required=True, help="print the directory to pass as --include_path"
+    )
     tasks.set_defaults(run=_tasks_dir)
 
     add_mask_parser(commands)

@@ -23,7 +23,9 @@ def _mask(args: argparse.Namespace) -> tuple[HeadMask, str]:
 
     if args.model is None:
         if args.mask is None:
-            raise MaskError("export: pass --model M (with --mask, --ranking or --layers, or a hybrid checkpoint) or --mask FILE")
+            raise MaskError(
+                "export: pass --model M (with --mask, --ranking or --layers, or a hybrid checkpoint) or --mask FILE"
+            )
         mask = HeadMask.load(args.mask)
         window = check_window(args.window, "--window") if args.window is not None else mask.window
         return mask.with_meta(window=window), args.mask
@@ -35,7 +37,9 @@ def _mask(args: argparse.Namespace) -> tuple[HeadMask, str]:
                 "pass --mask FILE, --ranking FILE --ratio R or --layers NAME --ratio R"
             )
         return resolve_mask(model.shape, MaskRequest(mask=model.saved_mask, window=args.window), model_name=args.model)
-    request = MaskRequest(mask=args.mask, ranking=args.ranking, layers=args.layers, ratio=args.ratio, seed=args.seed, window=args.window)
+    request = MaskRequest(
+        mask=args.mask, ranking=args.ranking, layers=args.layers, ratio=args.ratio, seed=args.seed, window=args.window
+    )
     return resolve_mask(model.shape, request, default_window=model.defaults.window, model_name=args.model)
 
 
@@ -49,7 +53,9 @@ def _export(args: argparse.Namespace) -> None:
         if args.model is None:
             raise ExportError("export --to transformers: pass --model M, the checkpoint whose weights are exported")
         out = export_transformers(resolve_model(args.model), mask, args.out, source)
-        print(f"{out}: transformers checkpoint (layer_types, sliding_window={mask.window}); load with AutoModelForCausalLM")
+        print(
+            f"{out}: transformers checkpoint (layer_types, sliding_window={mask.window}); load with AutoModelForCausalLM"
+        )
     else:
         out = write_serving(mask, args.out, args.window_convention)
         print(f"{out}: bosch-serving/1, window counted {args.window_convention}")
@@ -67,14 +73,18 @@ def add_export_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--to", required=True, choices=TARGETS, help="export target")
     parser.add_argument("out", help="checkpoint directory (transformers) or JSON file (serving) to write")
-    parser.add_argument("--model", help="HF id, checkpoint directory, 'toy' / 'toy-l' / 'smollm2', a .gguf file, or a hybrid checkpoint")
+    parser.add_argument(
+        "--model", help="HF id, checkpoint directory, 'toy' / 'toy-l' / 'smollm2', a .gguf file, or a hybrid checkpoint"
+    )
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--mask", help="a bosch-mask/1 file")
     source.add_argument("--ranking", help="a bosch-ranking/1 file (with --ratio)")
     source.add_argument("--layers", help=f"a layer heuristic: {', '.join(LAYER_HEURISTICS.names())} (with --ratio)")
     parser.add_argument("--ratio", type=float, help="SWA ratio for --ranking or --layers")
     parser.add_argument("--seed", type=int, help="seed for --layers rand")
-    parser.add_argument("--window", type=int, help="SWA window W (default: the mask's, or the model's bosch_defaults.json)")
+    parser.add_argument(
+        "--window", type=int, help="SWA window W (default: the mask's, or the model's bosch_defaults.json)"
+    )
     parser.add_argument(
         "--window-convention",
         default="inclusive",

@@ -63,14 +63,20 @@ def add_mask_parser(subparsers: Any) -> argparse.ArgumentParser:
     show.set_defaults(run=_mask_show)
     from_ranking = mask.add_parser("from-ranking", help="turn the most local groups of a ranking into SWA")
     from_ranking.add_argument("ranking", help="path of a bosch-ranking/1 JSON file")
-    from_ranking.add_argument("--ratio", type=float, required=True, help="share of KV groups to turn into SWA, in [0, 1]")
+    from_ranking.add_argument(
+        "--ratio", type=float, required=True, help="share of KV groups to turn into SWA, in [0, 1]"
+    )
     from_ranking.add_argument("--window", type=int, help="SWA window W (default: the ranking's)")
     from_ranking.add_argument("--out", required=True, help="where to write the bosch-mask/1 file")
     from_ranking.set_defaults(run=_mask_from_ranking)
-    from_layers = mask.add_parser("from-layers", help="turn whole layers into SWA by a layer heuristic (INTR, BME, RAND)")
+    from_layers = mask.add_parser(
+        "from-layers", help="turn whole layers into SWA by a layer heuristic (INTR, BME, RAND)"
+    )
     from_layers.add_argument("heuristic", help="a layer heuristic's name: intr, bme or rand (docs/masks.md)")
     from_layers.add_argument("--model", required=True, help="HF id or path, or toy / toy-l / smollm2: the mask's shape")
-    from_layers.add_argument("--ratio", type=float, required=True, help="share of KV groups to turn into SWA, in [0, 1]")
+    from_layers.add_argument(
+        "--ratio", type=float, required=True, help="share of KV groups to turn into SWA, in [0, 1]"
+    )
     from_layers.add_argument("--seed", type=int, help="rand's seed")
     from_layers.add_argument("--window", type=int, help="SWA window W (default: the model's)")
     from_layers.add_argument("--out", required=True, help="where to write the bosch-mask/1 file")

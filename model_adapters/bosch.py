@@ -112,7 +112,10 @@ def _head_mask(model: ResolvedModel, settings: AdapterSettings) -> tuple[HeadMas
     if checkpoint_mask is not None and (request.mask, request.ranking, request.layers) == (None, None, None):
         request = replace(request, mask=checkpoint_mask)
     head_mask, source = resolve_mask(model.shape, request, default_window=default_window, model_name=model.path)
-    if checkpoint_mask is not None and (head_mask.bits, head_mask.window) != (checkpoint_mask.bits, checkpoint_mask.window):
+    if checkpoint_mask is not None and (head_mask.bits, head_mask.window) != (
+        checkpoint_mask.bits,
+        checkpoint_mask.window,
+    ):
         raise MaskError(
             f"{source}: differs from the mask saved in {model.config_file} "
             f"(SWA ratio {head_mask.swa_ratio:.4g}, window {head_mask.window} vs saved "
@@ -130,7 +133,9 @@ def _kv_quant_config(model: ResolvedModel, settings: AdapterSettings) -> KVQuant
     else:
         quant = parse_kv_quant(*args, head_dim=ModelShape.head_dim_of(model.config))
     if quant is not None and settings.kv_cache != "hybrid":
-        raise SettingsError(f"kv_cache: kv_quant={quant.method} stores its KV in the hybrid cache; got kv_cache={settings.kv_cache!r}")
+        raise SettingsError(
+            f"kv_cache: kv_quant={quant.method} stores its KV in the hybrid cache; got kv_cache={settings.kv_cache!r}"
+        )
     return quant
 
 
@@ -149,7 +154,9 @@ def _rope_config(pretrained: str | torch.nn.Module, settings: AdapterSettings, l
     if settings.rope_scaling is None:
         return None
     if not isinstance(pretrained, str):
-        raise SettingsError("rope_scaling: needs pretrained= as a name or path (a loaded model's rotary embedding is already built)")
+        raise SettingsError(
+            "rope_scaling: needs pretrained= as a name or path (a loaded model's rotary embedding is already built)"
+        )
     if "config" in loader_args:
         raise SettingsError("rope_scaling: cannot be combined with an explicit config=")
     return scaled_config(
@@ -174,7 +181,11 @@ class BoschLM(HFLM):
         if isinstance(pretrained, (str, ResolvedModel)):  # a name, or one the caller resolved already
             trust = loader_args.get("trust_remote_code") is True
             # "toy": the bundled model; a missing model fails here
-            self.resolved = pretrained if isinstance(pretrained, ResolvedModel) else ResolvedModel.named(pretrained, trust_remote_code=trust)
+            self.resolved = (
+                pretrained
+                if isinstance(pretrained, ResolvedModel)
+                else ResolvedModel.named(pretrained, trust_remote_code=trust)
+            )
             pretrained = self.resolved.path
             check_causal_decoder(self.resolved.config, pretrained)
             loader_args["device"] = _load_device(loader_args.get("device"))
@@ -192,7 +203,9 @@ class BoschLM(HFLM):
         self.shard = shard_over_processes(self, ProcessShard(self._rank, self._world_size))
         warn_slow_cpu_bfloat16(self.model.dtype, str(self.device))
         if self.backend != "causal":
-            raise ModelError(f"bosch: hybrid attention needs a decoder-only (causal) model, got backend={self.backend!r}")
+            raise ModelError(
+                f"bosch: hybrid attention needs a decoder-only (causal) model, got backend={self.backend!r}"
+            )
         self.hybrid: HybridAttention = hybridize(self.model, head_mask, backend=settings.attn_backend, source=source)
         if settings.kv_cache == "captured" and (why := captured_refusal(self.model, self.kv_quant)) is not None:
             raise SettingsError(f"kv_cache=captured: {why}; use kv_cache=hybrid")
@@ -201,13 +214,19 @@ class BoschLM(HFLM):
         self.memoize_tokens = settings.memoize_tokens
         self.progress_bars = settings.progress_bars
         self._token_memo: dict[tuple[str, bool | None, int | None], array] = {}
-        self.truncation_policy = TruncationPolicy(settings.allow_truncation, self.model.name_or_path, self._max_length is not None)
+        self.truncation_policy = TruncationPolicy(
+            settings.allow_truncation, self.model.name_or_path, self._max_length is not None
+        )
         self.compressed = CompressedScoring(self.model, self.kv_quant) if self.kv_quant is not None else None
-        self.prefix_cache = PrefixActivations(self.model, settings.prefix_cache_mb << 20) if settings.prefix_cache_mb else None
+        self.prefix_cache = (
+            PrefixActivations(self.model, settings.prefix_cache_mb << 20) if settings.prefix_cache_mb else None
+        )
         if self.compressed is not None:
             self.scorer = ContinuationScorer(self.compressed)
         elif self.prefix_cache is not None:
-            self.scorer = ContinuationScorer(PrefixCachedLogits(self.model, self.prefix_cache, lambda: self.hybrid.spec))
+            self.scorer = ContinuationScorer(
+                PrefixCachedLogits(self.model, self.prefix_cache, lambda: self.hybrid.spec)
+            )
         else:
             self.scorer = ContinuationScorer(ForwardLogits(self.model))
 
@@ -278,7 +297,9 @@ class BoschLM(HFLM):
         return super().generate_until(requests, disable_tqdm=disable_tqdm or not self.progress_bars)
 
     # kv_cache=hybrid: generation on the deploy-mode cache (SWA groups keep only their window).
-    def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any) -> torch.Tensor:
+    def _model_generate(
+        self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any
+    ) -> torch.Tensor:
         if self.kv_cache == "captured":
             # Recaptured per call (each call's cache has its own buffers), bucketed capacity: a
             # compiled graph per bucket and batch size, so the recompile limit is raised to hold them.

@@ -32,7 +32,11 @@ from bosch_eval.models.transformers_compat import cache_argument
 
 
 def continuation_logits_through_cache(
-    model: torch.nn.Module, make_cache: Callable[[], Cache], row: Sequence[int], continuation_length: int, device: torch.device
+    model: torch.nn.Module,
+    make_cache: Callable[[], Cache],
+    row: Sequence[int],
+    continuation_length: int,
+    device: torch.device,
 ) -> torch.Tensor:
     """Logits ``[k, V]`` predicting the ``k`` continuation tokens of ``row`` (see module doc)."""
     n, k = len(row), continuation_length
@@ -41,7 +45,9 @@ def continuation_logits_through_cache(
     ids = torch.tensor([list(row)], dtype=torch.long, device=device)  # [1, n]
     cache = make_cache()
     context, chunk = ids[:, : n - k + 1], ids[:, n - k + 1 :]
-    logits = [model(input_ids=context, **{cache_argument(model): cache}, use_cache=True, logits_to_keep=1).logits[0]]  # [1, V]
+    logits = [
+        model(input_ids=context, **{cache_argument(model): cache}, use_cache=True, logits_to_keep=1).logits[0]
+    ]  # [1, V]
     if chunk.shape[1]:
         logits.append(model(input_ids=chunk, **{cache_argument(model): cache}, use_cache=True).logits[0])  # [k − 1, V]
     return torch.cat(logits, dim=0)

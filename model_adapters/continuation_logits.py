@@ -13,7 +13,9 @@ from collections.abc import Sequence
 import torch
 
 
-def scored_positions(input_lengths: Sequence[int], continuation_lengths: Sequence[int], device: torch.device) -> torch.Tensor:
+def scored_positions(
+    input_lengths: Sequence[int], continuation_lengths: Sequence[int], device: torch.device
+) -> torch.Tensor:
     """``[B, k_max]`` input positions whose logits predict each row's continuation.
 
     Row ``i`` scores positions ``inplen_i − contlen_i … inplen_i − 1``; rows with fewer

@@ -166,7 +166,13 @@ def register() -> None:
 def with_bundled_tasks(include_path: object, tasks_dir: str) -> object:
     """``include_path`` (None, a path or a list of them, as TaskManager takes it) with
     ``tasks_dir`` first, unless it is there already."""
-    paths = [] if include_path is None else list(include_path) if isinstance(include_path, (list, tuple)) else [include_path]
+    paths = (
+        []
+        if include_path is None
+        else list(include_path)
+        if isinstance(include_path, (list, tuple))
+        else [include_path]
+    )
     if any(os.path.realpath(str(path)) == os.path.realpath(tasks_dir) for path in paths):
         return include_path
     return [tasks_dir, *paths]
@@ -184,12 +190,16 @@ def discover_tasks(manager_module: ModuleType) -> None:
         import functools
         import inspect
 
-        from bosch_eval.runtime.lm_eval_session import bundled_tasks_dir  # torch, numpy: once lm-eval's TaskManager loads
+        from bosch_eval.runtime.lm_eval_session import (
+            bundled_tasks_dir,
+        )  # torch, numpy: once lm-eval's TaskManager loads
 
         manager = manager_module.TaskManager
         init = manager.__init__
         signature = inspect.signature(init)
-        if getattr(init, "bosch_tasks_added", False) or not {"include_path", "include_defaults"} <= set(signature.parameters):
+        if getattr(init, "bosch_tasks_added", False) or not {"include_path", "include_defaults"} <= set(
+            signature.parameters
+        ):
             _tasks_discovered = getattr(init, "bosch_tasks_added", False)
             return
         tasks_dir = bundled_tasks_dir()

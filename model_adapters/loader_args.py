@@ -46,7 +46,9 @@ RESERVED = {
 # from_pretrained arguments HFLM forwards through **kwargs that make sense with the adapter.
 FROM_PRETRAINED = ("device_map", "low_cpu_mem_usage", "quantization_config")
 # Keys HFLM or from_pretrained would take that the adapter cannot honour, and why.
-REFUSED = {"attn_implementation": "'attn_implementation' is the hybrid attention's; choose its kernel with attn_backend="}
+REFUSED = {
+    "attn_implementation": "'attn_implementation' is the hybrid attention's; choose its kernel with attn_backend="
+}
 
 
 @functools.cache
@@ -56,7 +58,9 @@ def hflm_parameters() -> frozenset[str]:
     from lm_eval.models.huggingface import HFLM  # lazy: lm-eval and torch load only when asked
 
     parameters = inspect.signature(HFLM.__init__).parameters.values()
-    return frozenset({p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD} - {"self"}) | set(FROM_PRETRAINED)
+    return frozenset({p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD} - {"self"}) | set(
+        FROM_PRETRAINED
+    )
 
 
 def loader_parameters(adapter: bool = True) -> set[str]:
@@ -78,10 +82,14 @@ def check_keys(keys: Any, where: str, adapter: bool = True) -> None:
             raise SettingsError(f"{where}: {REFUSED[key]}")
         if key not in known:
             taker = "the bosch adapter" if adapter else "lm-eval's HFLM"
-            offered = sorted(known - set(REFUSED) - ({"tp_plan"} if adapter else set()))  # tp_plan: adapter_settings refuses it
+            offered = sorted(
+                known - set(REFUSED) - ({"tp_plan"} if adapter else set())
+            )  # tp_plan: adapter_settings refuses it
             nearest = difflib.get_close_matches(key, offered, n=1)
             hint = f"; did you mean {nearest[0]!r}?" if nearest else ";"
-            raise SettingsError(f"{where}: model_arg {key!r} is not one {taker} takes{hint} It takes: {', '.join(offered)}")
+            raise SettingsError(
+                f"{where}: model_arg {key!r} is not one {taker} takes{hint} It takes: {', '.join(offered)}"
+            )
 
 
 def split_model_args(text: str, where: str) -> dict[str, str]:
@@ -114,7 +122,9 @@ def typed_model_args(args: str | Mapping[str, Any], where: str, adapter: bool = 
     return {key: handle_arg_string(value) if isinstance(value, str) else value for key, value in args.items()}
 
 
-def adapter_settings(model_args: Mapping[str, Any], where: str = "model_args") -> tuple[AdapterSettings, dict[str, Any]]:
+def adapter_settings(
+    model_args: Mapping[str, Any], where: str = "model_args"
+) -> tuple[AdapterSettings, dict[str, Any]]:
     """Split ``--model bosch`` keyword arguments into the adapter's settings and HFLM's arguments.
 
     Raises:

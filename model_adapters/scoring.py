@@ -66,7 +66,9 @@ class PrefixCachedLogits:
 
     def __call__(self, inputs: list[list[int]], continuation_lengths: list[int], device: torch.device) -> torch.Tensor:
         positions = scored_positions([len(row) for row in inputs], continuation_lengths, device)  # [B, k_max]
-        return self.cache.run(lambda ids: logits_at(self.model, ids, positions), _padded_ids(inputs, device), self.applied_spec())
+        return self.cache.run(
+            lambda ids: logits_at(self.model, ids, positions), _padded_ids(inputs, device), self.applied_spec()
+        )
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,9 @@ class ContinuationScorer:
 
     logits: ContinuationLogits
 
-    def loglikelihood_tokens(self, lm: HFLM, requests: Sequence[Request], disable_tqdm: bool, override_bs: int | None) -> list[tuple[float, bool]]:
+    def loglikelihood_tokens(
+        self, lm: HFLM, requests: Sequence[Request], disable_tqdm: bool, override_bs: int | None
+    ) -> list[tuple[float, bool]]:
         """``(log P(continuation | context), continuation is greedy)`` per request, in order."""
         collator = Collator(
             requests,
@@ -89,16 +93,25 @@ class ContinuationScorer:
         else:
             batches = collator.get_batched(n=override_bs if lm.batch_size == "auto" else lm.batch_size)
         results: list[tuple[float, bool]] = []
-        progress = tqdm(total=len(requests), disable=disable_tqdm or lm.rank != 0, desc="Running loglikelihood requests")
+        progress = tqdm(
+            total=len(requests), disable=disable_tqdm or lm.rank != 0, desc="Running loglikelihood requests"
+        )
         for batch in batches:
-            log_probs = self.log_probs(lm, [context + continuation for _, context, continuation in batch], [c for *_, c in batch])
+            log_probs = self.log_probs(
+                lm, [context + continuation for _, context, continuation in batch], [c for *_, c in batch]
+            )
             for (request, context, continuation), row in zip(batch, log_probs, strict=True):
                 row = row[: len(continuation)].unsqueeze(0)  # [1, k, V]
                 greedy = row.argmax(dim=-1)
-                for request, cont_tokens, cached in collator.get_cache(req_str=request, cxt_toks=context, cont_toks=continuation, logits=row):
+                for request, cont_tokens, cached in collator.get_cache(
+                    req_str=request, cxt_toks=context, cont_toks=continuation, logits=row
+                ):
                     target = torch.tensor(cont_tokens, dtype=torch.long, device=lm.device)[None]  # [1, k']
                     k = target.shape[1]  # same-context requests may score a shorter suffix of the continuation
-                    answer = (float(cached[:, -k:].gather(2, target[..., None]).sum()), bool((greedy[:, -k:] == target).all()))
+                    answer = (
+                        float(cached[:, -k:].gather(2, target[..., None]).sum()),
+                        bool((greedy[:, -k:] == target).all()),
+                    )
                     results.append(answer)
                     if request is not None:
                         lm.cache_hook.add_partial("loglikelihood", request, answer)
@@ -109,10 +122,14 @@ class ContinuationScorer:
     def log_probs(self, lm: Any, sequences: list[list[int]], continuations: list[list[int]]) -> torch.Tensor:
         """``[B, k_max, V]`` log-probabilities at the positions that predict each row's
         continuation (``sequences``: context + continuation; rows past their ``k`` are padding)."""
-        inputs = [row[-(lm.max_length + 1) :][:-1] for row in sequences]  # HFLM's causal input: left-truncated, last dropped
+        inputs = [
+            row[-(lm.max_length + 1) :][:-1] for row in sequences
+        ]  # HFLM's causal input: left-truncated, last dropped
         with (
             torch.no_grad(),
-            torch.autocast(device_type=lm.device.type, dtype=lm.mixed_precision_dtype, enabled=lm.mixed_precision_dtype is not None),
+            torch.autocast(
+                device_type=lm.device.type, dtype=lm.mixed_precision_dtype, enabled=lm.mixed_precision_dtype is not None
+            ),
         ):
             logits = self.logits(inputs, [len(c) for c in continuations], lm.device)
             return F.log_softmax(logits, dim=-1, dtype=lm.softmax_dtype)

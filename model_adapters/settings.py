@@ -41,7 +41,9 @@ def _path_or(kind: type) -> Callable[[str, Any], Any]:
     def convert(name: str, value: Any) -> Any:
         if isinstance(value, (str, Path, kind)):
             return value
-        raise SettingsError(f"{name}: expected a file path (quote a file named like a number: {name}='{value}'), got {value!r}")
+        raise SettingsError(
+            f"{name}: expected a file path (quote a file named like a number: {name}='{value}'), got {value!r}"
+        )
 
     return convert
 
@@ -118,9 +120,13 @@ class AdapterSettings:
         if self.kv_cache not in KV_CACHES:
             raise SettingsError(f"kv_cache: expected one of {list(KV_CACHES)}, got {self.kv_cache!r}")
         if self.prefix_cache_mb < 0:
-            raise SettingsError(f"prefix_cache_mb: expected a whole number of megabytes >= 0 (0 = no cache), got {self.prefix_cache_mb!r}")
+            raise SettingsError(
+                f"prefix_cache_mb: expected a whole number of megabytes >= 0 (0 = no cache), got {self.prefix_cache_mb!r}"
+            )
         if self.prefix_cache_mb and self.kv_quant not in (None, "none"):
-            raise SettingsError("prefix_cache_mb: not with kv_quant (compressed scoring runs its own prefill per request)")
+            raise SettingsError(
+                "prefix_cache_mb: not with kv_quant (compressed scoring runs its own prefill per request)"
+            )
         check_rope_args(self.rope_scaling, self.rope_factor, self.rope_original_max_positions, ROPE_ARGS)
 
     @classmethod

@@ -75,7 +75,9 @@ class TruncationPolicy:
             if task not in self.truncated:
                 log.warning(
                     "bosch: task %r: inputs longer than max_length %d are scored after left truncation "
-                    "(allow_truncation=true); its results carry bosch_truncated", task, max_length
+                    "(allow_truncation=true); its results carry bosch_truncated",
+                    task,
+                    max_length,
                 )
             docs.update(doc for doc, _, _ in rows)
             self.truncated[task] = (docs, max(longest, *(length for _, length, _ in rows)))

@@ -34,8 +34,18 @@ from bosch_eval.runtime.launch import launch_state, on_main_then_everywhere
 from bosch_eval.runtime.outdir_lock import OutputLock
 from bosch_eval.runtime.previous_results import keep_aside
 from bosch_eval.runtime.versions import versions
-from bosch_eval.search.defaults import DEFAULT_CALIB_EXAMPLES, DEFAULT_CALIB_LEN, DEFAULT_CALIB_TASK, DEFAULT_PREFIX_CACHE_MB
-from bosch_eval.search.guarded.incumbent_rankings import RankingLoad, computed_incumbents, file_incumbents, ranking_sources
+from bosch_eval.search.defaults import (
+    DEFAULT_CALIB_EXAMPLES,
+    DEFAULT_CALIB_LEN,
+    DEFAULT_CALIB_TASK,
+    DEFAULT_PREFIX_CACHE_MB,
+)
+from bosch_eval.search.guarded.incumbent_rankings import (
+    RankingLoad,
+    computed_incumbents,
+    file_incumbents,
+    ranking_sources,
+)
 from bosch_eval.search.journal.journal import Journal, JournalError, mask_key
 from bosch_eval.search.journal.journal_header import refuse_other_settings
 from bosch_eval.search.objective.objective import CalibrationObjective
@@ -180,7 +190,9 @@ def _target(model: str, settings: SearchSettings, calibration: CalibrationSettin
     return _Target(resolved, window, length)
 
 
-def _refuse_other_settings(out: Path, pinned: dict[str, Any], incumbents: bool, calibration: CalibrationSettings) -> None:
+def _refuse_other_settings(
+    out: Path, pinned: dict[str, Any], incumbents: bool, calibration: CalibrationSettings
+) -> None:
     """A resume under other settings refused before the model loads (the journal checks again, under the
     lock): the search's settings, and the calibration's tasks and metric (a journal of the paper's
     ``acc`` resumed under today's default metric is the common case)."""
@@ -223,7 +235,10 @@ def _with_incumbents(
     ranking_load = RankingLoad(target.model, target.path, inputs, device, load.model_args)
 
     def incumbents() -> list[tuple[str, str]]:
-        return [*file_incumbents(files, target.shape, settings.ratio), *computed_incumbents(methods, ranking_load, settings.ratio, out)]
+        return [
+            *file_incumbents(files, target.shape, settings.ratio),
+            *computed_incumbents(methods, ranking_load, settings.ratio, out),
+        ]
 
     given = on_main_then_everywhere(incumbents if state.is_main_process else None, SearchError, state.num_processes)
     settings = replace(settings, incumbents=(*settings.incumbents, *map(tuple, given)))
@@ -231,7 +246,9 @@ def _with_incumbents(
     return settings
 
 
-def _load_objective(target: _Target, calibration: CalibrationSettings, load: LoadSettings, run: RunOptions) -> CalibrationObjective:
+def _load_objective(
+    target: _Target, calibration: CalibrationSettings, load: LoadSettings, run: RunOptions
+) -> CalibrationObjective:
     """The model loaded once and the calibration task(s) built once: S(z)."""
     log.info("loading %s and building the calibration task(s) %s", target.model, ", ".join(calibration.tasks))
     started = time.perf_counter()
@@ -273,10 +290,16 @@ def _search(
     return replace(result, work=objective.work(), wall_s=result.wall_s + prior_wall_s)
 
 
-def _write_result(out: Path, result: SearchResult, target: _Target, calibration_json: dict[str, Any], sinks: int, processes: int) -> None:
+def _write_result(
+    out: Path, result: SearchResult, target: _Target, calibration_json: dict[str, Any], sinks: int, processes: int
+) -> None:
     """mask.json, with the search's provenance, and report.md (the main process's)."""
     provenance = dict(
-        result.provenance(), calibration=calibration_json, seed=result.settings.seed, versions=versions(*VERSIONED_PACKAGES), processes=processes
+        result.provenance(),
+        calibration=calibration_json,
+        seed=result.settings.seed,
+        versions=versions(*VERSIONED_PACKAGES),
+        processes=processes,
     )
     mask = result.mask.with_meta(window=target.window, sinks=sinks, model=target.model, provenance=provenance)
     mask.save(out / "mask.json")
@@ -298,14 +321,19 @@ def _tie_break_objective(
     return chooser, TieBreakFile(out, {"objective": chooser.describe(), "journal": header}, write=main_process)
 
 
-def _break_ties(result: SearchResult, chooser: CalibrationObjective, record: TieBreakFile, progress: bool) -> SearchResult:
+def _break_ties(
+    result: SearchResult, chooser: CalibrationObjective, record: TieBreakFile, progress: bool
+) -> SearchResult:
     """Score the found mask and the masks tied with it by ``chooser``: the result with the best
     of them as its mask, and how the tie-break ordered them."""
     found = mask_key(result.mask.bits)
     candidates = (found, *(result.ties.keys if result.ties is not None else ()))
     prefix_layer = shared_rows_layer(candidates)
     if prefix_layer is not None and chooser.relative_cost(prefix_layer) < 1.0:
-        log.info("search: tie-break: the prefix cache runs each candidate from layer %d (the rows below are shared in runs)", prefix_layer)
+        log.info(
+            "search: tie-break: the prefix cache runs each candidate from layer %d (the rows below are shared in runs)",
+            prefix_layer,
+        )
     chooser.vary_layers_from(prefix_layer)
     if chooser.racing:  # one example order for every candidate: the same batches, so the cache's states are reused
         chooser.fix_example_order(True)
@@ -364,19 +392,39 @@ def migrate_header(stored: dict[str, Any], current: Mapping[str, Any]) -> dict[s
         header["model"] = portable_name(header["model"])
     calibration = header.get("calibration")
     if isinstance(calibration, dict) and isinstance(calibration.get("metadata"), dict):
-        metadata = {key: portable_name(value) if isinstance(value, str) else value for key, value in calibration["metadata"].items()}
+        metadata = {
+            key: portable_name(value) if isinstance(value, str) else value
+            for key, value in calibration["metadata"].items()
+        }
         header["calibration"] = dict(calibration, metadata=metadata)
-    if "model_identity" in header and "model_identity" in current and same_model(header["model_identity"], current["model_identity"]):
+    if (
+        "model_identity" in header
+        and "model_identity" in current
+        and same_model(header["model_identity"], current["model_identity"])
+    ):
         header["model_identity"] = current["model_identity"]  # the same files, read by another transformers release
     if "model_identity" not in header and "model_identity" in current:
-        log.info("the journal pins the model %r by name only (an older bosch-eval); its files are pinned now", header.get("model"))
+        log.info(
+            "the journal pins the model %r by name only (an older bosch-eval); its files are pinned now",
+            header.get("model"),
+        )
         header["model_identity"] = current["model_identity"]
     if "dtype" not in header and "dtype" in current:
-        log.info("the journal does not pin the dtype (an older bosch-eval); its scores are taken as %s, this run's", current["dtype"])
+        log.info(
+            "the journal does not pin the dtype (an older bosch-eval); its scores are taken as %s, this run's",
+            current["dtype"],
+        )
         header["dtype"] = current["dtype"]
     settings, now = header.get("settings"), current.get("settings")
-    if isinstance(settings, dict) and "buckets" in settings and settings["buckets"] is None and isinstance(now, Mapping):
-        header["settings"] = settings = dict(settings, buckets=now.get("buckets"))  # the model is pinned: its default is the same
+    if (
+        isinstance(settings, dict)
+        and "buckets" in settings
+        and settings["buckets"] is None
+        and isinstance(now, Mapping)
+    ):
+        header["settings"] = settings = dict(
+            settings, buckets=now.get("buckets")
+        )  # the model is pinned: its default is the same
     if isinstance(settings, dict) and "local_calls" not in settings and isinstance(now, Mapping):
         # From before the guarded variant: no variant it could run reads these fields.
         header["settings"] = dict(settings, **{key: now.get(key) for key in GUARDED_FIELDS})
@@ -396,7 +444,9 @@ def _only_mask(
     started = time.perf_counter()
     book = ScoreBook(score_fn, shape, known, journal)
     swa, full = HeadMask.uniform(shape, full=False), HeadMask.uniform(shape, full=True)
-    anchors = Anchors(all_swa=book.score(swa.bits, "anchor"), all_full=book.score(full.bits, "anchor"), gamma=settings.gamma)
+    anchors = Anchors(
+        all_swa=book.score(swa.bits, "anchor"), all_full=book.score(full.bits, "anchor"), gamma=settings.gamma
+    )
     only = full if uniform_bit(settings.ratio) else swa
     method = "bosch" if settings.variant == "bosch" else f"bosch-{settings.variant}"
     return SearchResult(
@@ -428,7 +478,9 @@ class _AnchorLog:
     def race(self, mask: HeadMask, can_win: Callable[[float], bool]) -> float | RaceBound:
         return self.objective.race(mask, can_win)
 
-    def race_many(self, masks: list[HeadMask], rule_out: Callable[[list[tuple[float, float]]], set[int]]) -> list[float | RaceBound]:
+    def race_many(
+        self, masks: list[HeadMask], rule_out: Callable[[list[tuple[float, float]]], set[int]]
+    ) -> list[float | RaceBound]:
         return self.objective.race_many(masks, rule_out)
 
     def recall(self, mask: HeadMask) -> float | None:

@@ -89,7 +89,9 @@ def build_panel(
     panel = [PanelMask("full", "anchor", None, full), PanelMask("all-swa", "anchor", None, swa)]
     for layer in range(shape.num_layers if probes else 0):
         groups = {(layer, group) for group in range(shape.num_kv_heads)}
-        panel.append(PanelMask(f"probe-L{layer}", "probe", None, HeadMask.from_swa_groups(shape, groups, window=window)))
+        panel.append(
+            PanelMask(f"probe-L{layer}", "probe", None, HeadMask.from_swa_groups(shape, groups, window=window))
+        )
     cells = [(layer, group) for layer in range(shape.num_layers) for group in range(shape.num_kv_heads)]
     for ratio in ratios:
         for name, ranking in rankings.items():
@@ -100,7 +102,14 @@ def build_panel(
         count = ceil_count(ratio, len(cells))
         for index in range(random_count):
             swa_cells = set(random.Random(f"calib-check/{ratio}/{index}").sample(cells, count))
-            panel.append(PanelMask(f"random{index}-r{ratio}", "random", ratio, HeadMask.from_swa_groups(shape, swa_cells, window=window)))
+            panel.append(
+                PanelMask(
+                    f"random{index}-r{ratio}",
+                    "random",
+                    ratio,
+                    HeadMask.from_swa_groups(shape, swa_cells, window=window),
+                )
+            )
     for name, mask in (given or {}).items():
         nearest = min(ratios, key=lambda ratio: abs(ratio - mask.swa_ratio))
         panel.append(PanelMask(name, "given", nearest, mask.with_meta(window=window)))

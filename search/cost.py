@@ -110,13 +110,22 @@ def stage3_calls(
         if not 0 < ceil_count(ratio, shape.num_kv_heads) < pool:  # one mask: nothing to search
             continue
         layers = sum(1 for layer_ratio in layer_ratios if layer_ratio == ratio)
-        group_calls, group_exact = _ratio_group_calls(shape, ratio, layers, budget_per_layer, chunk_layers, optimizer, quota, pool)
+        group_calls, group_exact = _ratio_group_calls(
+            shape, ratio, layers, budget_per_layer, chunk_layers, optimizer, quota, pool
+        )
         calls, exact = calls + group_calls, exact + group_exact
     return calls, exact
 
 
 def _ratio_group_calls(
-    shape: ModelShape, ratio: float, layers: int, budget_per_layer: int, chunk_layers: int, optimizer: str, quota: str, pool: int
+    shape: ModelShape,
+    ratio: float,
+    layers: int,
+    budget_per_layer: int,
+    chunk_layers: int,
+    optimizer: str,
+    quota: str,
+    pool: int,
 ) -> tuple[int, int]:
     """Stage 3's calls (and NOMAD's share) for ``layers`` layers at one ratio, each choosing
     among ``pool`` groups: which layers they are does not matter, only how many (they are
@@ -159,10 +168,18 @@ def stage3_range(
     for bucket, count in zip(buckets, _bucket_counts(buckets, groups), strict=True):
         next_most, next_fewest = np.full_like(most, unreached), np.full_like(fewest, far)
         for layers in range(num_layers + 1):  # how many layers land in this bucket
-            searched = 0 < count < pool  # a layer that keeps every group full, or converts its whole pool: no sub-problem
-            calls, exact = _ratio_group_calls(shape, bucket, layers, budget_per_layer, chunk_layers, optimizer, quota, pool) if searched else (0, 0)
+            searched = (
+                0 < count < pool
+            )  # a layer that keeps every group full, or converts its whole pool: no sub-problem
+            calls, exact = (
+                _ratio_group_calls(shape, bucket, layers, budget_per_layer, chunk_layers, optimizer, quota, pool)
+                if searched
+                else (0, 0)
+            )
             came_from = _shifted(most, layers, layers * count, unreached)
-            np.maximum(next_most, np.where(came_from > unreached, came_from + calls * scale + exact, unreached), out=next_most)
+            np.maximum(
+                next_most, np.where(came_from > unreached, came_from + calls * scale + exact, unreached), out=next_most
+            )
             came_from = _shifted(fewest, layers, layers * count, far)
             np.minimum(next_fewest, np.where(came_from < far, came_from + calls, far), out=next_fewest)
         most, fewest = next_most, next_fewest
@@ -183,7 +200,12 @@ def _shifted(table: np.ndarray, layers: int, groups: int, fill: int) -> np.ndarr
 
 
 def estimate_calls(
-    shape: ModelShape, settings: SearchSettings, layer_ratios: Sequence[float] | None = None, *, rankings: int = 0, ranking_files: int = 0
+    shape: ModelShape,
+    settings: SearchSettings,
+    layer_ratios: Sequence[float] | None = None,
+    *,
+    rankings: int = 0,
+    ranking_files: int = 0,
 ) -> CallEstimate:
     """BOSCH's S() calls under ``settings``: a range before Stage 2 (over its buckets,
     :meth:`SearchSettings.buckets_for`), exact (up to repeats) once its ratios are known.
@@ -231,7 +253,9 @@ def render_cost(
     total_seconds = sum(row["seconds"] for row in costs.values())
     for stage, row in costs.items():
         per_call = row["seconds"] / row["calls"] if row["calls"] else 0.0
-        lines.append(f"| {stage} | {int(row['calls'])} | {int(row['pruned'])} | {row['seconds']:.1f} | {per_call:.3f} |")
+        lines.append(
+            f"| {stage} | {int(row['calls'])} | {int(row['pruned'])} | {row['seconds']:.1f} | {per_call:.3f} |"
+        )
     lines.append(f"| all | {total_calls} | {sum(int(r['pruned']) for r in costs.values())} | {total_seconds:.1f} | "
                  f"{total_seconds / max(total_calls, 1):.3f} |")  # fmt: skip
     lines += [
@@ -244,7 +268,9 @@ def render_cost(
     return lines + [""]
 
 
-def _prediction_after_stage2(costs: Mapping[str, Mapping[str, float]], estimate: CallEstimate, total_seconds: float) -> str:
+def _prediction_after_stage2(
+    costs: Mapping[str, Mapping[str, float]], estimate: CallEstimate, total_seconds: float
+) -> str:
     """Stage 3 (and the guarded variant's local search after it) timed at the seconds per call
     measured until then (what a user watching the run knows; the guarded variant's incumbents
     are among those calls); NOMAD's calls, never raced, at the seconds of an unraced call (an

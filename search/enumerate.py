@@ -46,7 +46,15 @@ DEFAULT_MAX_MASKS = 5000
 log = logging.getLogger("bosch_eval.search")
 
 # Rows of the score-distribution table: (label, share of masks scoring at least that much).
-QUANTILES = (("best", 0.0), ("top 1%", 0.01), ("top 5%", 0.05), ("top 10%", 0.10), ("top 25%", 0.25), ("median", 0.5), ("worst", 1.0))
+QUANTILES = (
+    ("best", 0.0),
+    ("top 1%", 0.01),
+    ("top 5%", 0.05),
+    ("top 10%", 0.10),
+    ("top 25%", 0.25),
+    ("median", 0.5),
+    ("worst", 1.0),
+)
 
 
 def masks_with_swa_count(shape: ModelShape, swa_groups: int) -> Iterator[tuple[tuple[int, ...], ...]]:
@@ -80,7 +88,9 @@ def place(name: str, key: str, scores: Mapping[str, float]) -> Placement:
         SearchError: if ``key`` was not enumerated (another SWA count or another shape).
     """
     if key not in scores:
-        raise SearchError(f"{name}: mask {key} is not among the {len(scores)} enumerated masks (another SWA count or shape?)")
+        raise SearchError(
+            f"{name}: mask {key} is not among the {len(scores)} enumerated masks (another SWA count or shape?)"
+        )
     score = scores[key]
     values = list(scores.values())
     higher = sum(value > score for value in values)
@@ -174,15 +184,29 @@ def _parse_places(items: Sequence[str], shape: ModelShape, swa_groups: int, mode
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bosch_eval.search.enumerate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="HF model id or local dir; 'toy' or 'toy-l' is a bundled model, 'smollm2' a packaged one; or a .gguf file")
-    parser.add_argument("--ratio", type=float, required=True, help="SWA ratio ρ: every mask with ⌈ρ·L·G⌉ SWA groups is scored")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="HF model id or local dir; 'toy' or 'toy-l' is a bundled model, 'smollm2' a packaged one; or a .gguf file",
+    )
+    parser.add_argument(
+        "--ratio", type=float, required=True, help="SWA ratio ρ: every mask with ⌈ρ·L·G⌉ SWA groups is scored"
+    )
     parser.add_argument("--out", required=True, help="output directory (journal.jsonl, optimum.md, optimum.json)")
     parser.add_argument("--resume", action="store_true", help="continue the enumeration journaled in --out")
     parser.add_argument("--window", type=int, help="SWA window W (default: the model's bosch_defaults.json)")
     parser.add_argument("--calib-len", type=int, help="bosch_niah_calib length in tokens (default: the model's)")
     parser.add_argument("--calib-examples", type=int, help="bosch_niah_calib examples (default 64)")
-    parser.add_argument("--place", action="append", default=[], metavar="NAME=MASK.json", help="report where this mask ranks (repeatable)")
-    parser.add_argument("--max-masks", type=int, default=DEFAULT_MAX_MASKS, help=f"refuse larger spaces (default {DEFAULT_MAX_MASKS})")
+    parser.add_argument(
+        "--place",
+        action="append",
+        default=[],
+        metavar="NAME=MASK.json",
+        help="report where this mask ranks (repeatable)",
+    )
+    parser.add_argument(
+        "--max-masks", type=int, default=DEFAULT_MAX_MASKS, help=f"refuse larger spaces (default {DEFAULT_MAX_MASKS})"
+    )
     parser.add_argument("--device", help="cpu or cuda (default: cuda when torch sees a GPU, else cpu)")
     return parser
 
@@ -201,11 +225,15 @@ def run(args: argparse.Namespace) -> None:
     total = math.comb(cells, swa_groups)
     # Everything that can be checked is checked before the model is loaded.
     if total > args.max_masks:
-        raise SearchError(f"--ratio {args.ratio}: C({cells}, {swa_groups}) = {total} masks, more than --max-masks {args.max_masks}")
+        raise SearchError(
+            f"--ratio {args.ratio}: C({cells}, {swa_groups}) = {total} masks, more than --max-masks {args.max_masks}"
+        )
     places = _parse_places(args.place, shape, swa_groups, args.model)
     window = resolve_window(args.window, default=model.defaults.window, source=args.model, flag="--window W")
     objective = build_objective(
-        model, CalibrationSettings(length=args.calib_len, examples=args.calib_examples), LoadSettings(window=window, device=args.device)
+        model,
+        CalibrationSettings(length=args.calib_len, examples=args.calib_examples),
+        LoadSettings(window=window, device=args.device),
     )
     header = {
         "model": args.model,
@@ -216,7 +244,14 @@ def run(args: argparse.Namespace) -> None:
     out = Path(args.out)
     with OutputLock(out, "search", JournalError):  # one process writes an output directory at a time
         journal = Journal(out / "journal.jsonl", header, resume=args.resume)
-        log.info("%s: %d masks with %d of %d KV groups SWA (%d already evaluated)", args.model, total, swa_groups, cells, journal.masks_evaluated)
+        log.info(
+            "%s: %d masks with %d of %d KV groups SWA (%d already evaluated)",
+            args.model,
+            total,
+            swa_groups,
+            cells,
+            journal.masks_evaluated,
+        )
         scores = enumerate_scores(objective, shape, swa_groups, journal)
         _write_summary(out, header, cells, scores, places)
 

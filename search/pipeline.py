@@ -92,21 +92,33 @@ class SearchSettings:
             raise SearchError(f"refine: expected an integer >= 0 (coordinate-descent passes), got {self.refine!r}")
         if self.refine and not variant.stage2:
             stage3_variants = [name for name, other in VARIANTS.items() if other.stage2]
-            raise SearchError(f"refine: runs after Stage 3, so only with variant {' or '.join(map(repr, stage3_variants))}, got variant {self.variant!r}")
+            raise SearchError(
+                f"refine: runs after Stage 3, so only with variant {' or '.join(map(repr, stage3_variants))}, got variant {self.variant!r}"
+            )
         if not is_int(self.local_calls) or self.local_calls < 0:
-            raise SearchError(f"local_calls: expected an integer >= 0 (S() calls of the local search), got {self.local_calls!r}")
+            raise SearchError(
+                f"local_calls: expected an integer >= 0 (S() calls of the local search), got {self.local_calls!r}"
+            )
         names = [pair[0] for pair in self.incumbents if isinstance(pair, tuple) and len(pair) == 2]
-        if len(names) != len(self.incumbents) or not all(isinstance(name, str) and isinstance(key, str) for name, key in self.incumbents):
+        if len(names) != len(self.incumbents) or not all(
+            isinstance(name, str) and isinstance(key, str) for name, key in self.incumbents
+        ):
             raise SearchError(f"incumbents: expected (name, mask key) pairs of strings, got {self.incumbents!r}")
         if len(set(names)) != len(names):
             raise SearchError(f"incumbents: expected distinct names, got {names}")
         if self.incumbents and not variant.incumbents:
             guarded = [name for name, other in VARIANTS.items() if other.incumbents]
-            raise SearchError(f"incumbents: scored only by variant {' or '.join(map(repr, guarded))}, got variant {self.variant!r}")
+            raise SearchError(
+                f"incumbents: scored only by variant {' or '.join(map(repr, guarded))}, got variant {self.variant!r}"
+            )
 
     def chunk_layers_for(self, shape: ModelShape) -> int:
         """``chunk_layers``, or the paper's default for the model's G."""
-        return self.chunk_layers if self.chunk_layers is not None else default_chunk_layers(shape.num_kv_heads, self.max_variables)
+        return (
+            self.chunk_layers
+            if self.chunk_layers is not None
+            else default_chunk_layers(shape.num_kv_heads, self.max_variables)
+        )
 
     def buckets_for(self, shape: ModelShape) -> tuple[float, ...]:
         """``buckets``, or Stage 2's default for the model's G (:func:`stage2.default_buckets`).
@@ -260,7 +272,14 @@ def run_search(
     started = time.perf_counter()
     resumed = resumed if resumed is not None else Resumed()
     book = ScoreBook(
-        score_fn, shape, resumed.scores, journal, racing=racing, bounds=resumed.bounds, examples=resumed.examples, best_possible=scale.best_possible
+        score_fn,
+        shape,
+        resumed.scores,
+        journal,
+        racing=racing,
+        bounds=resumed.bounds,
+        examples=resumed.examples,
+        best_possible=scale.best_possible,
     )
     full = HeadMask.uniform(shape, full=True).bits
     swa = HeadMask.uniform(shape, full=False).bits
@@ -297,7 +316,15 @@ def run_search(
 
 
 # The fields a search result takes as its variant recorded them.
-VARIANT_RECORDS = ("subproblems", "stage1_scores", "stage1_probes", "stage2", "stage3_score", "stage3_evaluations", "guard")
+VARIANT_RECORDS = (
+    "subproblems",
+    "stage1_scores",
+    "stage1_probes",
+    "stage2",
+    "stage3_score",
+    "stage3_evaluations",
+    "guard",
+)
 
 
 def _method_name(variant: str) -> str:
@@ -353,7 +380,9 @@ def _check_incumbents(settings: SearchSettings, shape: ModelShape) -> None:
     target = ceil_count(settings.ratio, shape.num_layers * shape.num_kv_heads)
     for name, key in settings.incumbents:
         rows = key.split("/")
-        if len(rows) != shape.num_layers or any(len(row) != shape.num_kv_heads or set(row) - {"0", "1"} for row in rows):
+        if len(rows) != shape.num_layers or any(
+            len(row) != shape.num_kv_heads or set(row) - {"0", "1"} for row in rows
+        ):
             raise SearchError(
                 f"incumbents: {name}: expected a mask key of {shape.num_layers} rows of {shape.num_kv_heads} digits 0/1 "
                 f"joined by '/', got {key[:80]!r}"

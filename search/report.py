@@ -72,15 +72,25 @@ def _work_rows(result: SearchResult) -> list[str]:
         f"{result.pruned} stopped early by racing, with a bound instead of a score) |"
     ]
     if result.work.get("calls"):
-        rows.append(f"| calibration examples forwarded per S() call | {result.work['examples_per_call']:g} of {result.work['examples_per_full_call']:g} |")
+        rows.append(
+            f"| calibration examples forwarded per S() call | {result.work['examples_per_call']:g} of {result.work['examples_per_full_call']:g} |"
+        )
     if "layers_skipped_share" in result.work:
-        rows.append(f"| decoder-layer computations skipped by the prefix cache | {result.work['layers_skipped_share']:.1%} |")
+        rows.append(
+            f"| decoder-layer computations skipped by the prefix cache | {result.work['layers_skipped_share']:.1%} |"
+        )
     if result.stage3_score is not None:
-        rows.append(f"| S after Stage 3, before refinement | {result.stage3_score:.4f} ({result.stage3_evaluations} masks evaluated by then) |")
+        rows.append(
+            f"| S after Stage 3, before refinement | {result.stage3_score:.4f} ({result.stage3_evaluations} masks evaluated by then) |"
+        )
     if result.ties is not None:
-        rows.append(f"| masks the calibration set cannot tell from the found one (as many SWA groups, the same S) | {_ties(result.ties)} |")
+        rows.append(
+            f"| masks the calibration set cannot tell from the found one (as many SWA groups, the same S) | {_ties(result.ties)} |"
+        )
     if result.tie_break is not None:
-        rows.append(f"| tie-break on {', '.join(result.tie_break.tasks)} ({TIE_BREAK_FILE}) | {result.tie_break.message()} |")
+        rows.append(
+            f"| tie-break on {', '.join(result.tie_break.tasks)} ({TIE_BREAK_FILE}) | {result.tie_break.message()} |"
+        )
     return rows
 
 
@@ -92,7 +102,11 @@ def _stages_1_and_2(result: SearchResult) -> list[str]:
     if result.stage1_probes:
         lines += ["Stage 1 measured each layer alone from the full model (every group of that layer SWA, "
                   "⌈ρG⌉ = G): the `guarded` variant's deviation from Algorithm 1.", ""]  # fmt: skip
-    header = "| layer | S, that layer alone SWA (Stage 1 probe) |" if result.stage1_probes else "| layer | s_best (Stage 1) |"
+    header = (
+        "| layer | S, that layer alone SWA (Stage 1 probe) |"
+        if result.stage1_probes
+        else "| layer | s_best (Stage 1) |"
+    )
     rule = "|---|---|"
     if stage2 is not None:
         header += " drop d_l | weight w_l | ratio r_l |"
@@ -170,7 +184,10 @@ def _guard(guard: Guard) -> list[str]:
         value = guard.scores[key]
         shown = f"≤ {value.score:.4f} (stopped early by racing)" if isinstance(value, RaceBound) else f"{value:.4f}"
         lines.append(f"| {name}{' (the best)' if name == guard.best else ''} | {key.count('0')} | {shown} |")
-    runs = [f"from {lineage.origin}: S {lineage.score:.4f} ({lineage.calls} S() calls at most)" for lineage in guard.lineages]
+    runs = [
+        f"from {lineage.origin}: S {lineage.score:.4f} ({lineage.calls} S() calls at most)"
+        for lineage in guard.lineages
+    ]
     lines += ["", f"Local search {'; '.join(runs)}.", "", f"The search {guard.message()}.", ""]
     return lines
 

@@ -45,10 +45,14 @@ class Stage1Saturation:
         )
 
 
-def stage1_saturation(stage1_scores: Sequence[float], all_full: float, higher_is_better: bool = True) -> Stage1Saturation:
+def stage1_saturation(
+    stage1_scores: Sequence[float], all_full: float, higher_is_better: bool = True
+) -> Stage1Saturation:
     """Which layers' Stage-1 best is at least as good as S(full) (in the metric's direction)."""
     no_drop = tuple(
-        layer for layer, score in enumerate(stage1_scores) if (score >= all_full if higher_is_better else score <= all_full)
+        layer
+        for layer, score in enumerate(stage1_scores)
+        if (score >= all_full if higher_is_better else score <= all_full)
     )
     return Stage1Saturation(no_drop, len(stage1_scores))
 
@@ -112,4 +116,6 @@ def search_ties(search: str | Path) -> tuple[str, TopTies]:
         elif "bound" in record:
             bounds.setdefault(record["key"], record["bound"])
     found = mask_key(HeadMask.load(search / "mask.json").bits)
-    return found, top_ties(scores, {key: bound for key, bound in bounds.items() if key not in scores}, found, scores[found])
+    return found, top_ties(
+        scores, {key: bound for key, bound in bounds.items() if key not in scores}, found, scores[found]
+    )

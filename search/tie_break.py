@@ -205,7 +205,9 @@ class TieBreakFile:
 
     def append(self, key: str, value: float | RaceBound) -> None:
         if self.write:
-            record = {"bound": value.score, "examples": value.examples} if isinstance(value, RaceBound) else {"score": value}
+            record = (
+                {"bound": value.score, "examples": value.examples} if isinstance(value, RaceBound) else {"score": value}
+            )
             self._append({"key": key, **record})
 
     def _append(self, record: Mapping[str, Any]) -> None:

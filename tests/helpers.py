@@ -30,7 +30,9 @@ if TYPE_CHECKING:
 # -- batches and lm-eval requests ----------------------------------------------------------------------
 
 
-def left_padded_batch(vocab: int, lengths: list[int], seed: int = 1, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def left_padded_batch(
+    vocab: int, lengths: list[int], seed: int = 1, device: str | torch.device = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Input ids and attention mask of rows with different lengths, left-padded, on ``device``
     (drawn on the CPU: the same batch on every device)."""
     generator = torch.Generator().manual_seed(seed)
@@ -52,14 +54,19 @@ def requests() -> list[Instance]:
         ("A needle", " hides in the haystack: 7 3 1. The quick brown fox jumps over the lazy dog."),
     ]
     # By keyword: lm-eval 0.5 reorders Instance's fields and requires task_name and doc_id (0.4 reads them from metadata).
-    return [Instance(request_type="loglikelihood", doc={}, arguments=pair, idx=idx, task_name=None, doc_id=None) for idx, pair in enumerate(pairs)]
+    return [
+        Instance(request_type="loglikelihood", doc={}, arguments=pair, idx=idx, task_name=None, doc_id=None)
+        for idx, pair in enumerate(pairs)
+    ]
 
 
 def generation_requests() -> list[Instance]:
     prompts = ["The quick brown fox", "A needle hides in the haystack: the special magic number is", "What"]
     kwargs = {"until": ["\n\n"], "max_gen_toks": 24, "do_sample": False}
     return [
-        Instance(request_type="generate_until", doc={}, arguments=(prompt, kwargs), idx=idx, task_name=None, doc_id=None)
+        Instance(
+            request_type="generate_until", doc={}, arguments=(prompt, kwargs), idx=idx, task_name=None, doc_id=None
+        )
         for idx, prompt in enumerate(prompts)
     ]
 
@@ -190,7 +197,11 @@ def score_masks(model_dir: str, task_dir: str) -> dict[str, Any]:
     objective = build_objective(
         model_dir,
         CalibrationSettings(
-            tasks=(PPL_TASK,), include_path=task_dir, examples=CALIB_METADATA["num_examples"], length=CALIB_METADATA["seq_len"], metric="perplexity"
+            tasks=(PPL_TASK,),
+            include_path=task_dir,
+            examples=CALIB_METADATA["num_examples"],
+            length=CALIB_METADATA["seq_len"],
+            metric="perplexity",
         ),
         # batch 1: a document's score does not depend on its shard's other documents
         LoadSettings(dtype="float32", batch_size=1, window=WINDOW),

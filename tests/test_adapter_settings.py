@@ -29,12 +29,16 @@ FIXTURE_TASKS = Path(__file__).parent / "fixtures" / "tasks"
 @pytest.fixture
 def no_weights():
     """Fails the test if any weight loads."""
-    with mock.patch.object(AutoModelForCausalLM, "from_pretrained", side_effect=AssertionError("weights loaded")) as loader:
+    with mock.patch.object(
+        AutoModelForCausalLM, "from_pretrained", side_effect=AssertionError("weights loaded")
+    ) as loader:
         yield loader
 
 
 class TestTypos:
-    @pytest.mark.parametrize(("key", "nearest"), [("maks", "mask"), ("windw", "window"), ("kv_bit", "kv_bits"), ("revison", "revision")])
+    @pytest.mark.parametrize(
+        ("key", "nearest"), [("maks", "mask"), ("windw", "window"), ("kv_bit", "kv_bits"), ("revison", "revision")]
+    )
     def test_a_typo_is_named_with_its_nearest_key_before_weights_load(self, tiny_model_dir, no_weights, key, nearest):
         with pytest.raises(SettingsError) as err:
             BoschLM(pretrained=str(tiny_model_dir), device="cpu", layers="intr", ratio=0.5, window=4, **{key: "16"})
@@ -48,7 +52,9 @@ class TestTypos:
 
     def test_the_stock_lm_eval_path_refuses_before_weights_load(self, tiny_model_dir, no_weights):
         with pytest.raises(SettingsError, match=r"model_arg 'windw' .* did you mean 'window'\?"):
-            get_model("bosch").create_from_arg_string(f"pretrained={tiny_model_dir},layers=intr,ratio=0.5,windw=16", {"device": "cpu"})
+            get_model("bosch").create_from_arg_string(
+                f"pretrained={tiny_model_dir},layers=intr,ratio=0.5,windw=16", {"device": "cpu"}
+            )
         no_weights.assert_not_called()
 
     def test_a_key_far_from_every_valid_one_gets_no_guess(self):
@@ -66,7 +72,9 @@ class TestTypos:
         )  # fmt: skip
         assert result.returncode != 0
         (line,) = [line for line in result.stderr.splitlines() if line.startswith("lm_eval: error:")]
-        assert line.startswith("lm_eval: error: model_args: model_arg 'windw' is not one the bosch adapter takes; did you mean 'window'? It takes: ")
+        assert line.startswith(
+            "lm_eval: error: model_args: model_arg 'windw' is not one the bosch adapter takes; did you mean 'window'? It takes: "
+        )
         assert result.stderr.rstrip().endswith(line) and "Traceback" not in result.stderr
         assert "Qwen3ForCausalLM" not in result.stderr
 
@@ -94,10 +102,15 @@ class TestSettings:
             "assert get_model('bosch') is bosch_eval.model_adapters.bosch.BoschLM\n"
             "print(hflm_parameters.cache_info().currsize)"
         )
-        assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "0"
+        assert (
+            subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+            == "0"
+        )
 
     def test_strings_are_converted_explicitly(self):
-        settings = AdapterSettings(window="16", sink="2", ratio="0.5", memoize_tokens="True", progress_bars="false", prefix_cache_mb="8")
+        settings = AdapterSettings(
+            window="16", sink="2", ratio="0.5", memoize_tokens="True", progress_bars="false", prefix_cache_mb="8"
+        )
         assert (settings.window, settings.sink, settings.ratio) == (16, 2, 0.5)
         assert (settings.memoize_tokens, settings.progress_bars, settings.prefix_cache_mb) == (True, False, 8)
 

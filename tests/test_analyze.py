@@ -72,9 +72,14 @@ def test_cli_replace_and_windows_write_compare_entries(tmp_path):
     mask([[0, 1, 1, 1], [1, 1, 1, 0]]).save(m)
     r = tmp_path / "r.json"
     HeadRanking(((0.5, 0.1, 0.2, 0.3), (0.0, 0.05, 0.8, 0.9)), "higher", "fisher", 4, window=4).save(r)
-    assert main(["analyze", "replace", "--mask", str(m), "--ranking", str(r), "--k", "1", "--out", str(tmp_path / "rep")]) == 0
+    assert (
+        main(["analyze", "replace", "--mask", str(m), "--ranking", str(r), "--k", "1", "--out", str(tmp_path / "rep")])
+        == 0
+    )
     assert HeadMask.load(tmp_path / "rep" / "mask+1fisher.json").bits == ((1, 1, 1, 1), (1, 1, 0, 0))
-    assert main(["analyze", "windows", "--mask", str(m), "--windows", "8", "16", "--out", str(tmp_path / "w.yaml")]) == 0
+    assert (
+        main(["analyze", "windows", "--mask", str(m), "--windows", "8", "16", "--out", str(tmp_path / "w.yaml")]) == 0
+    )
     for entries in ("rep/entries.yaml", "w.yaml"):  # both are valid leaderboard entries
         lb = tmp_path / f"lb-{entries.replace('/', '-')}"
         lb.write_text("model: toy\ntasks: [t]\n" + (tmp_path / entries).read_text())

@@ -36,8 +36,15 @@ def hybrid(backend: str, sinks: int, by_kind: bool = False):
     its heads permuted so that each kind is one run, as deploy mode runs it)."""
     model = random_model("qwen3", num_layers=4, seed=11)
     shape = ModelShape.from_config(model.config)
-    rows = [[1] * shape.num_kv_heads, [0] * shape.num_kv_heads, [g % 2 for g in range(shape.num_kv_heads)], [1, 0, 0, 1]]
-    hybridize(model, HeadMask.from_rows(rows, shape.num_heads, window=WINDOW, sinks=sinks), backend=backend, by_kind=by_kind)
+    rows = [
+        [1] * shape.num_kv_heads,
+        [0] * shape.num_kv_heads,
+        [g % 2 for g in range(shape.num_kv_heads)],
+        [1, 0, 0, 1],
+    ]
+    hybridize(
+        model, HeadMask.from_rows(rows, shape.num_heads, window=WINDOW, sinks=sinks), backend=backend, by_kind=by_kind
+    )
     return model
 
 
@@ -88,11 +95,15 @@ def test_greedy_generation_of_each_row_equals_the_row_alone(backend, sinks, cach
     def generate(input_ids, attention_mask):
         past = {"past_key_values": HybridCache.for_model(model)} if cache == "hybrid" else {}
         with torch.no_grad():
-            return model.generate(input_ids=input_ids, attention_mask=attention_mask, **settings, **past)[:, input_ids.shape[1] :]
+            return model.generate(input_ids=input_ids, attention_mask=attention_mask, **settings, **past)[
+                :, input_ids.shape[1] :
+            ]
 
     batched = generate(ids, attention)
     for index, row in enumerate(tokens):
-        assert torch.equal(batched[index], generate(row[None], torch.ones(1, len(row), dtype=torch.long))[0]), f"row {index}"
+        assert torch.equal(batched[index], generate(row[None], torch.ones(1, len(row), dtype=torch.long))[0]), (
+            f"row {index}"
+        )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -102,7 +102,22 @@ def test_cli_refuses_bad_settings_before_loading_the_weights(tmp_path, capsys):
     with mock.patch("bosch_eval.bench.cli._bench_model", side_effect=AssertionError("loaded the weights")):
         assert main(["bench", "--model", "random:attn-heavy", "--backend", "fast", "--out", str(tmp_path)]) == 2
         assert "--backend: expected one of ['auto', 'sdpa', 'blocked', 'flex'" in capsys.readouterr().err
-        assert main(["bench", "--model", "random:attn-heavy", "--backend", "flash_attention_2", "--device", "cpu", "--out", str(tmp_path)]) == 2
+        assert (
+            main(
+                [
+                    "bench",
+                    "--model",
+                    "random:attn-heavy",
+                    "--backend",
+                    "flash_attention_2",
+                    "--device",
+                    "cpu",
+                    "--out",
+                    str(tmp_path),
+                ]
+            )
+            == 2
+        )
         assert "needs a CUDA model" in capsys.readouterr().err
         for flag, value in (("--repeats", "0"), ("--warmup", "-1"), ("--decode-batch", "0")):
             with pytest.raises(SystemExit):
@@ -132,8 +147,12 @@ def test_warm_up_runs_first_and_is_not_counted_and_rows_report_medians(monkeypat
     original, hybrid = run_bench(model, [("r", 0.75)], BenchPlan([64], 2, repeats=3, profile=False))
     assert calls == ["original", "hybrid"] * 4  # one warm-up each, then three interleaved repeats
     # Medians (2 and 4 s), not means (4 and 19 s) and not the warm-up's 100 s.
-    assert original.prefill_tokens_per_s == pytest.approx(64 / 2.0) and hybrid.prefill_tokens_per_s == pytest.approx(64 / 4.0)
-    assert original.decode_tokens_per_s == pytest.approx(10 / 2.0) and hybrid.decode_tokens_per_s == pytest.approx(10 / 4.0)
+    assert original.prefill_tokens_per_s == pytest.approx(64 / 2.0) and hybrid.prefill_tokens_per_s == pytest.approx(
+        64 / 4.0
+    )
+    assert original.decode_tokens_per_s == pytest.approx(10 / 2.0) and hybrid.decode_tokens_per_s == pytest.approx(
+        10 / 4.0
+    )
     assert original.decode_batch_tokens_per_s == pytest.approx(8 * 5 / 2.0)
     assert (original.prefill_peak_bytes, hybrid.prefill_peak_bytes) == (200, 400)
     assert original.attention_share is None and hybrid.decode_peak_bytes is None and hybrid.backend == "blocked"
@@ -144,7 +163,12 @@ def test_no_warm_up_when_asked_and_progress_after_each_length(monkeypatch):
     fake, calls = _scripted_measure({"original": [1.0, 1.0], "hybrid": [2.0, 2.0]})
     monkeypatch.setattr(bench, "measure", fake)
     seen = []
-    run_bench(model, [("r", 0.5)], BenchPlan([32, 64], 1, repeats=1, warmup=0, profile=False), progress=lambda rows: seen.append([r.length for r in rows]))
+    run_bench(
+        model,
+        [("r", 0.5)],
+        BenchPlan([32, 64], 1, repeats=1, warmup=0, profile=False),
+        progress=lambda rows: seen.append([r.length for r in rows]),
+    )
     assert calls == ["original", "hybrid"] * 2 and seen == [[32, 32], [32, 32, 64, 64]]
 
 
@@ -156,7 +180,9 @@ def test_measure_decodes_at_batch_1_then_batch_8_on_the_prefilled_cache(monkeypa
         hybridize(model, balanced_mask(bench.ModelShape.from_config(model.config), 0.5, 4), window=4)
         cache = HybridCache.for_model(model)
     shapes, timed = [], []
-    model.register_forward_pre_hook(lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    model.register_forward_pre_hook(
+        lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
     real_stopwatch = bench.stopwatch
 
     def spy(device):
@@ -219,7 +245,6 @@ def test_speedups_are_tokens_per_second_over_the_same_runs_original():
     assert speedups(rows)[0]["prefill_peak"] is None
 
 
-
 @pytest.mark.parametrize("reset_works", [True, False], ids=["linux-peak-rss", "sampled-rss"])
 def test_peak_memory_sees_a_transient_allocation(monkeypatch, reset_works):
     if not reset_works:
@@ -260,7 +285,9 @@ def test_decode_peak_holds_the_cache_and_sees_quantization_shrink_it():
     ids = torch.randint(0, model.config.vocab_size, (1, 512), generator=torch.Generator().manual_seed(0))
     with bench.configured(model, None, 16) as cache:
         original = bench.decode_peak(model, ids, None, cache)
-    with bench.configured(model, None, 16, KVQuantConfig("kivi", bits=2, window=16, group_size=model.config.head_dim)) as cache:
+    with bench.configured(
+        model, None, 16, KVQuantConfig("kivi", bits=2, window=16, group_size=model.config.head_dim)
+    ) as cache:
         quantized = bench.decode_peak(model, ids, None, cache)
     held = 4 * model.config.num_key_value_heads * 2 * model.config.head_dim * 4  # bytes per token over all layers, fp32
     assert original >= 512 * held  # the cache itself
@@ -277,7 +304,9 @@ def test_compiled_decoding_runs_the_original_on_a_static_cache_and_refuses_kv_qu
 
     model = random_model("qwen3", num_layers=4)
     calls, caches = [], []
-    monkeypatch.setattr(torch, "compile", lambda module, **kwargs: lambda **inputs: calls.append(kwargs) or module(**inputs))
+    monkeypatch.setattr(
+        torch, "compile", lambda module, **kwargs: lambda **inputs: calls.append(kwargs) or module(**inputs)
+    )
     real_measure = bench.measure
 
     def recording(model, ids, decode_tokens, chunk, cache, decode_batch=8, forward=None):
@@ -285,9 +314,15 @@ def test_compiled_decoding_runs_the_original_on_a_static_cache_and_refuses_kv_qu
         return real_measure(model, ids, decode_tokens, chunk, cache, decode_batch, forward)
 
     monkeypatch.setattr(bench, "measure", recording)
-    rows = run_bench(model, [("r", 0.75)], BenchPlan([32], 2, repeats=1, warmup=0, profile=False, decode_batch=2, compile_decode=True))
+    rows = run_bench(
+        model,
+        [("r", 0.75)],
+        BenchPlan([32], 2, repeats=1, warmup=0, profile=False, decode_batch=2, compile_decode=True),
+    )
     assert [row.compiled_decode for row in rows] == [True, True]
-    assert isinstance(caches[0], StaticCache) and isinstance(caches[1], HybridCache) and caches[1].is_compileable  # captured
+    assert (
+        isinstance(caches[0], StaticCache) and isinstance(caches[1], HybridCache) and caches[1].is_compileable
+    )  # captured
     assert caches[1].layers[1].full.keys.shape[2] == 32 + 2 * (2 + 1)  # allocated once for the whole run
     # 2 configs × 2 decodes × (2 timed steps + the one that records the cache's graph); CUDA graphs need a GPU.
     assert len(calls) == 2 * 2 * 3 and all(kwargs == {"dynamic": False, "mode": None} for kwargs in calls)

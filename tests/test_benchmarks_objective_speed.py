@@ -18,7 +18,11 @@ SHAPE = ModelShape(num_layers=4, num_heads=4, num_kv_heads=2)
 
 
 def test_a_configuration_is_model_args():
-    assert objective_speed.parse_config("dtype=bfloat16,layers=bme,ratio=0.75") == {"dtype": "bfloat16", "layers": "bme", "ratio": "0.75"}
+    assert objective_speed.parse_config("dtype=bfloat16,layers=bme,ratio=0.75") == {
+        "dtype": "bfloat16",
+        "layers": "bme",
+        "ratio": "0.75",
+    }
     assert objective_speed.parse_config("") == {}
 
 

@@ -17,7 +17,9 @@ import threads_loaded  # noqa: E402
 def test_a_run_prints_every_configuration_and_the_ratios(monkeypatch, capsys):
     monkeypatch.setattr(threads_loaded.os, "sched_getaffinity", lambda pid: {0, 1})
     asked = []
-    monkeypatch.setattr(threads_loaded, "measure", lambda threads, busy, args: asked.append((threads, busy)) or threads + busy)
+    monkeypatch.setattr(
+        threads_loaded, "measure", lambda threads, busy, args: asked.append((threads, busy)) or threads + busy
+    )
     argv = ["--model", "toy", "--length", "16", "--batch", "2", "--rounds", "2", "--forwards", "1"]
     monkeypatch.setattr(sys, "argv", ["threads_loaded.py", *argv])
     threads_loaded.main()

@@ -51,7 +51,9 @@ def test_ruler_scores_full_attention_and_every_group_swa(monkeypatch):
         "pretrained=m,layers=intr,ratio=0.0,window=32,dtype=float32",
         "pretrained=m,layers=intr,ratio=1.0,window=32,dtype=float32",
     ]
-    assert asked[0]["samples"] == {"niah_single_1": [0, 1, 500, 501]} and asked[0]["metadata"] == {"max_seq_lengths": [512, 1024]}
+    assert asked[0]["samples"] == {"niah_single_1": [0, 1, 500, 501]} and asked[0]["metadata"] == {
+        "max_seq_lengths": [512, 1024]
+    }
 
 
 def test_a_run_writes_its_command_and_every_check(tiny_model_dir, tmp_path, monkeypatch, capsys):
@@ -70,4 +72,7 @@ def test_a_run_writes_its_command_and_every_check(tiny_model_dir, tmp_path, monk
 @pytest.mark.slow  # RULER's niah_single_1 built and run twice through lm-eval: about a minute
 def test_a_whole_run_through_lm_eval(long_tiny_model, tmp_path):
     _, report = run(long_tiny_model, tmp_path)
-    assert set(report["niah_single_1"]) == {"full", "all_swa"} and set(report["niah_single_1"]["full"]) == {"512", "1024"}
+    assert set(report["niah_single_1"]) == {"full", "all_swa"} and set(report["niah_single_1"]["full"]) == {
+        "512",
+        "1024",
+    }

@@ -49,7 +49,9 @@ def test_all_full_mask_scores_like_hflm(lms):
     expected = hf.loglikelihood(requests())
     got = bosch.loglikelihood(requests())
     assert [greedy for _, greedy in got] == [greedy for _, greedy in expected]
-    torch.testing.assert_close(torch.tensor([ll for ll, _ in got]), torch.tensor([ll for ll, _ in expected]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor([ll for ll, _ in got]), torch.tensor([ll for ll, _ in expected]), atol=1e-5, rtol=0
+    )
 
 
 def test_logits_are_built_only_for_scored_positions(lms):
@@ -105,7 +107,9 @@ def test_generation_on_the_hybrid_cache_equals_the_dynamic_cache(tiny_model_dir,
     mask = HeadMask.from_rows([[0, 1, 0, 1], [0, 0, 0, 0], [1, 1, 0, 1]], 8, window=3)
     hybrid = BoschLM(**args, mask=mask)
     dynamic = BoschLM(**args, mask=mask, kv_cache="dynamic")
-    captured = BoschLM(**args, mask=mask, kv_cache="captured")  # on a CPU generate does not compile: the captured cache eagerly
+    captured = BoschLM(
+        **args, mask=mask, kv_cache="captured"
+    )  # on a CPU generate does not compile: the captured cache eagerly
     assert hybrid.kv_cache == "hybrid" and hybrid.get_model_info()["bosch_kv_cache"] == "hybrid"
     generated = hybrid.generate_until(generation_requests())
     assert generated == dynamic.generate_until(generation_requests()) == captured.generate_until(generation_requests())
@@ -117,7 +121,12 @@ class TestMaskSources:
         mask.save(tmp_path / "mask.json")
         lm = BoschLM(pretrained=str(tiny_model_dir), device="cpu", mask=str(tmp_path / "mask.json"))
         assert lm.head_mask.bits == mask.bits and lm.hybrid.window == 6
-        assert BoschLM(pretrained=str(tiny_model_dir), device="cpu", mask=str(tmp_path / "mask.json"), window=3).hybrid.window == 3
+        assert (
+            BoschLM(
+                pretrained=str(tiny_model_dir), device="cpu", mask=str(tmp_path / "mask.json"), window=3
+            ).hybrid.window
+            == 3
+        )
 
     def test_ranking_file(self, tiny_model_dir, tmp_path):
         scores = [[float(layer * 4 + g) for g in range(4)] for layer in range(3)]
@@ -137,15 +146,31 @@ class TestMaskSources:
             ({}, MaskError, r"expected exactly one mask source .* got none"),
             ({"layers": "intr", "ratio": 0.5, "mask": "m.json"}, MaskError, r"got \['layers', 'mask'\]"),
             ({"layers": "intr", "window": 4}, MaskError, r"ratio: layers= needs ratio=R"),
-            ({"layers": "intr", "ratio": 1.5, "window": 4}, MaskError, r"ratio: expected an SWA ratio in \[0, 1\], got 1.5"),
+            (
+                {"layers": "intr", "ratio": 1.5, "window": 4},
+                MaskError,
+                r"ratio: expected an SWA ratio in \[0, 1\], got 1.5",
+            ),
             ({"layers": "top", "ratio": 0.5, "window": 4}, MaskError, r"unknown layer heuristic 'top'"),
             ({"layers": "intr", "ratio": 0.5}, MaskError, r"layers=intr: field 'window' is missing"),
             ({"layers": "bme", "ratio": 0.5, "seed": 3, "window": 4}, MaskError, r"seed: only layers=rand is random"),
             ({"mask": "missing.json"}, MaskError, r"missing.json: no such file"),
-            ({"layers": "intr", "ratio": 0.5, "window": 4, "attn_backend": "xformers"}, SettingsError, r"attn_backend: expected one of"),
+            (
+                {"layers": "intr", "ratio": 0.5, "window": 4, "attn_backend": "xformers"},
+                SettingsError,
+                r"attn_backend: expected one of",
+            ),
             ({"layers": "intr", "ratio": 0.5, "window": 0}, MaskError, r"window: expected a positive integer"),
-            ({"layers": "intr", "ratio": 0.5, "window": 4, "kv_cache": "paged"}, SettingsError, r"kv_cache: expected one of"),
-            ({"layers": "intr", "ratio": 0.5, "window": 4, "tp_plan": "auto"}, SettingsError, r"tp_plan='auto': tensor parallelism is not supported"),
+            (
+                {"layers": "intr", "ratio": 0.5, "window": 4, "kv_cache": "paged"},
+                SettingsError,
+                r"kv_cache: expected one of",
+            ),
+            (
+                {"layers": "intr", "ratio": 0.5, "window": 4, "tp_plan": "auto"},
+                SettingsError,
+                r"tp_plan='auto': tensor parallelism is not supported",
+            ),
         ],
     )
     def test_bad_arguments(self, tiny_model_dir, args, error, message):
@@ -154,7 +179,9 @@ class TestMaskSources:
 
     def test_mask_for_another_model(self, tiny_model_dir, tmp_path):
         HeadMask.uniform(ModelShape(3, 8, 2), full=True, window=4).save(tmp_path / "other.json")
-        with pytest.raises(MaskError, match=r"other.json: field 'num_kv_heads' is 2, but the model .* has num_kv_heads=4"):
+        with pytest.raises(
+            MaskError, match=r"other.json: field 'num_kv_heads' is 2, but the model .* has num_kv_heads=4"
+        ):
             BoschLM(pretrained=str(tiny_model_dir), device="cpu", mask=str(tmp_path / "other.json"))
 
 
@@ -264,7 +291,9 @@ class TestDevice:
 def test_an_encoder_is_refused_as_not_a_causal_decoder(tmp_path):
     from transformers import BertConfig
 
-    BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64).save_pretrained(tmp_path)
+    BertConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+    ).save_pretrained(tmp_path)
     # config.json only: the refusal comes before any weight loads
     with pytest.raises(ModelError, match=r"model_type 'bert' is an encoder .* not a causal decoder"):
         BoschLM(pretrained=str(tmp_path), device="cpu", mask="full")
@@ -290,13 +319,19 @@ class TestInputsLongerThanTheModel:
     def test_loglikelihood_is_refused(self, tiny_model_dir):
         lm = self.lm(tiny_model_dir)
         length = len(lm.tok_encode(self.LONG[0] + self.LONG[1])) - 1
-        with pytest.raises(ModelError, match=rf"task 'long_task': 1 request\(s\) .* the longest context \+ continuation {length} tokens > 16 \(max_length 16.*allow_truncation=true"):
+        with pytest.raises(
+            ModelError,
+            match=rf"task 'long_task': 1 request\(s\) .* the longest context \+ continuation {length} tokens > 16 \(max_length 16.*allow_truncation=true",
+        ):
             lm.loglikelihood(_instances("loglikelihood", [self.LONG, ("short", " one")]))
 
     def test_generation_is_refused(self, tiny_model_dir):
         lm = self.lm(tiny_model_dir)
         kwargs = {"until": ["\n"], "max_gen_toks": 4, "do_sample": False}
-        with pytest.raises(ModelError, match=r"task 'long_task': 1 request\(s\) .* the longest context \d+ tokens > 12 \(max_length 16.*less the tokens to generate"):
+        with pytest.raises(
+            ModelError,
+            match=r"task 'long_task': 1 request\(s\) .* the longest context \d+ tokens > 12 \(max_length 16.*less the tokens to generate",
+        ):
             lm.generate_until(_instances("generate_until", [(self.LONG[0], kwargs)]))
 
     def test_inputs_that_fit_are_scored_and_marked_clean(self, tiny_model_dir):
@@ -313,14 +348,20 @@ class TestInputsLongerThanTheModel:
         length = len(lm.tok_encode(self.LONG[0] + self.LONG[1])) - 1
         info = lm.get_model_info()
         assert info["bosch_allow_truncation"] is True
-        assert info["bosch_truncated"] == {"long_task": {"documents": 1, "longest_input_tokens": length, "max_length": 16}}
+        assert info["bosch_truncated"] == {
+            "long_task": {"documents": 1, "longest_input_tokens": length, "max_length": 16}
+        }
         assert json.dumps(info["bosch_truncated"])  # lands in the results JSON
         assert sum("left truncation" in r.getMessage() for r in caplog.records) == 1  # warned once
 
     def test_an_empty_context_counts_the_prefix_token_as_lm_eval_does(self, tiny_model_dir):
         lm = self.lm(tiny_model_dir)
         fits, too_long = "word " * 3, "word " * 40
-        assert len(lm.tok_encode(fits, add_special_tokens=False)) < 16 < len(lm.tok_encode(too_long, add_special_tokens=False)) - 1
+        assert (
+            len(lm.tok_encode(fits, add_special_tokens=False))
+            < 16
+            < len(lm.tok_encode(too_long, add_special_tokens=False)) - 1
+        )
         assert len(lm.loglikelihood(_instances("loglikelihood", [("", fits)]))) == 1
         with pytest.raises(ModelError, match="task 'long_task': 1 request"):
             lm.loglikelihood(_instances("loglikelihood", [("", too_long)]))
@@ -330,7 +371,9 @@ class TestInputsLongerThanTheModel:
         lm = self.lm(tiny_model_dir)
         before = set(vars(lm))
         lm.loglikelihood(_instances("loglikelihood", [("short", " one")]))
-        lm.generate_until(_instances("generate_until", [("short", {"until": ["\n"], "max_gen_toks": 2, "do_sample": False})]))
+        lm.generate_until(
+            _instances("generate_until", [("short", {"until": ["\n"], "max_gen_toks": 2, "do_sample": False})])
+        )
         assert set(vars(lm)) == before
 
     def test_rolling_windows_always_fit(self, tiny_model_dir):
@@ -340,5 +383,8 @@ class TestInputsLongerThanTheModel:
 
 def test_perplexity_with_kv_quant_is_refused_naming_the_task(tiny_model_dir):
     lm = BoschLM(pretrained=str(tiny_model_dir), device="cpu", mask="full", kv_quant="logquant", kv_window=4)
-    with pytest.raises(ModelError, match=r"task 'wikitext': perplexity \(loglikelihood_rolling\) with kv_quant=logquant would not measure"):
+    with pytest.raises(
+        ModelError,
+        match=r"task 'wikitext': perplexity \(loglikelihood_rolling\) with kv_quant=logquant would not measure",
+    ):
         lm.loglikelihood_rolling(_instances("loglikelihood_rolling", [("some text",)], task="wikitext"))

@@ -30,7 +30,15 @@ class TestPanel:
         panel = build_panel(SHAPE, 32, [0.5, 0.75], {"syn": ranking()}, random_count=3)
         names = [item.name for item in panel]
         assert names[:6] == ["full", "all-swa", "probe-L0", "probe-L1", "probe-L2", "probe-L3"]
-        assert names[6:13] == ["syn-r0.5", "intr-r0.5", "bme-r0.5", "rand-r0.5", "random0-r0.5", "random1-r0.5", "random2-r0.5"]
+        assert names[6:13] == [
+            "syn-r0.5",
+            "intr-r0.5",
+            "bme-r0.5",
+            "rand-r0.5",
+            "random0-r0.5",
+            "random1-r0.5",
+            "random2-r0.5",
+        ]
         for item in panel:
             assert item.mask.window == 32
             if item.ratio is not None:
@@ -53,7 +61,9 @@ class TestPanel:
         assert len({json.dumps(mask) for mask in randoms}) == 4
 
     def test_a_given_mask_joins_the_nearest_ratio(self):
-        given = HeadMask.from_swa_groups(SHAPE, {(0, 0), (1, 1), (2, 2), (3, 3), (3, 0), (2, 0), (1, 0), (0, 1)}, window=16)
+        given = HeadMask.from_swa_groups(
+            SHAPE, {(0, 0), (1, 1), (2, 2), (3, 3), (3, 0), (2, 0), (1, 0), (0, 1)}, window=16
+        )
         panel = build_panel(SHAPE, 32, [0.5, 0.875], {}, random_count=2, given={"mine": given})
         assert (panel[-1].name, panel[-1].ratio, panel[-1].mask.window) == ("mine", 0.5, 32)
 
@@ -101,9 +111,13 @@ class TestVerdicts:
 
     def test_a_calibration_whose_favourite_fails_on_dev_is_flagged_despite_the_correlation(self):
         # 43 masks ranked alike on both tasks, except the calibration's favourite, which the dev task scores 0
-        panel, calib, dev = panel_scores(lambda i: 0.85 if i == 42 else i / 100, lambda i: 0.0 if i == 42 else i / 100, random_count=40)
+        panel, calib, dev = panel_scores(
+            lambda i: 0.85 if i == 42 else i / 100, lambda i: 0.0 if i == 42 else i / 100, random_count=40
+        )
         (summary,) = summarize(panel, calib, dev)
-        assert summary.spearman >= 0.8 and summary.top_regret == pytest.approx(0.46)  # the best dev mask (i = 46) scores 0.46
+        assert summary.spearman >= 0.8 and summary.top_regret == pytest.approx(
+            0.46
+        )  # the best dev mask (i = 46) scores 0.46
         assert summary.verdict == "not predictive at the top"
 
     def test_equal_favourites_count_by_their_mean_dev_score(self):
@@ -126,7 +140,9 @@ class TestVerdicts:
 
     def test_floor_tied_masks_are_left_out_of_the_correlation(self):
         # 8 of the ratio's 23 masks sit at the floor on both sides; the others are ranked otherwise on dev
-        panel, calib, dev = panel_scores(lambda i: 0.0 if i < 12 else i / 40, lambda i: 0.0 if i < 12 else ((i * 7) % 24 + 1) / 40)
+        panel, calib, dev = panel_scores(
+            lambda i: 0.0 if i < 12 else i / 40, lambda i: 0.0 if i < 12 else ((i * 7) % 24 + 1) / 40
+        )
         (summary,) = summarize(panel, calib, dev)
         names = [item.name for item in panel if item.ratio == 0.5]
         off = [name for name in names if calib[name] > 0 or dev[name] > 0]
@@ -184,7 +200,9 @@ def test_several_calibration_metrics_share_one_evaluation_and_each_gets_its_verd
     evaluations: list[HeadMask] = []
 
     def kept(mask: HeadMask) -> float:  # fewer SWA groups, then full groups in lower layers, score higher
-        return 1.0 - mask.swa_ratio + 0.001 * sum(bit / (layer + 1) for layer, row in enumerate(mask.bits) for bit in row)
+        return (
+            1.0 - mask.swa_ratio + 0.001 * sum(bit / (layer + 1) for layer, row in enumerate(mask.bits) for bit in row)
+        )
 
     class Objective:  # "acc" agrees with dev, "anti" orders masks the other way round
         def scores(self, mask: HeadMask, metrics: list[str]) -> dict[str, float]:
@@ -198,7 +216,14 @@ def test_several_calibration_metrics_share_one_evaluation_and_each_gets_its_verd
     assert list(sides) == ["calib", "calib:anti", "calib:half"]  # the headline keeps the journal's old side
     scores = score_panel(panel, {**sides, "dev": kept}, tmp_path / "scores.jsonl")
     assert len(evaluations) == len(panel)  # one evaluation per mask, both metrics read from it
-    settings = {"calib": "c", "calib_metadata": {}, "dev": "d", "dev_metadata": {}, "calib_metric": metrics, "dev_metric": "score"}
+    settings = {
+        "calib": "c",
+        "calib_metadata": {},
+        "dev": "d",
+        "dev_metadata": {},
+        "calib_metric": metrics,
+        "dev_metric": "score",
+    }
     report = make_report(panel, scores, settings, "cmd")
     assert report["status"] == "complete"
     (headline,), (other,) = report["ratios"], report["by_metric"]["anti"]["ratios"]
@@ -222,9 +247,13 @@ def test_a_partial_check_reports_the_probes_and_only_the_ratios_whose_masks_are_
         return score
 
     def on_scores(scores: dict[str, dict[str, float]]) -> None:
-        reports.append(make_report(panel, scores, {"calib": "c", "calib_metadata": {}, "dev": "d", "dev_metadata": {}}, "cmd"))
+        reports.append(
+            make_report(panel, scores, {"calib": "c", "calib_metadata": {}, "dev": "d", "dev_metadata": {}}, "cmd")
+        )
 
-    score_panel(panel, {"calib": objective("calib"), "dev": objective("dev")}, tmp_path / "scores.jsonl", on_scores=on_scores)
+    score_panel(
+        panel, {"calib": objective("calib"), "dev": objective("dev")}, tmp_path / "scores.jsonl", on_scores=on_scores
+    )
     assert reports[0] is None and reports[3] is None  # nothing, then one anchor, until both anchors have both sides
     first_ratio = 2 * (2 + SHAPE.num_layers + sum(item.ratio == 0.5 for item in panel))
     before, at = reports[first_ratio - 1], reports[first_ratio]  # reports[k]: after k scores
@@ -246,7 +275,13 @@ def test_calib_check_end_to_end_on_the_toy_model(tmp_path: Path, capsys: pytest.
     assert main(argv) == 0
     report = json.loads((out / "check.json").read_text())
     assert [row["ratio"] for row in report["ratios"]] == [0.5]
-    assert report["ratios"][0]["verdict"] in {"not solvable", "dev cannot judge", "saturated", "predictive", "not predictive"}
+    assert report["ratios"][0]["verdict"] in {
+        "not solvable",
+        "dev cannot judge",
+        "saturated",
+        "predictive",
+        "not predictive",
+    }
     assert {m["name"] for m in report["masks"]} >= {"full", "all-swa", "probe-L3", "intr-r0.5", "random1-r0.5"}
     assert "Spearman calib~dev" in (out / "report.md").read_text()
     lines = (out / "scores.jsonl").read_text()
@@ -256,7 +291,9 @@ def test_calib_check_end_to_end_on_the_toy_model(tmp_path: Path, capsys: pytest.
     other = [item if item != "2" else "3" for item in argv]  # --random 3
     from unittest import mock
 
-    with mock.patch("bosch_eval.search.objective.objective_loading.build_objective", side_effect=AssertionError("loaded the model")):
+    with mock.patch(
+        "bosch_eval.search.objective.objective_loading.build_objective", side_effect=AssertionError("loaded the model")
+    ):
         assert main(other) == 2  # refused before the model loads
     assert "made with other settings (random)" in capsys.readouterr().err
     check = (out / "check.json").read_text()
@@ -310,7 +347,9 @@ def test_the_calibration_metric_reaches_the_calibration_objective(tmp_path: Path
 def test_a_negative_sink_count_is_refused_before_the_model_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     from unittest import mock
 
-    with mock.patch("bosch_eval.search.objective.objective_loading.build_objective", side_effect=AssertionError("loaded the model")):
+    with mock.patch(
+        "bosch_eval.search.objective.objective_loading.build_objective", side_effect=AssertionError("loaded the model")
+    ):
         assert main(["calib-check", "--model", "toy", "--sink", "-1", "--out", str(tmp_path / "check")]) == 2
     assert "--sink: expected an integer >= 0" in capsys.readouterr().err
 
@@ -404,11 +443,15 @@ class TestDevScoresFrom:
         [({"dev_metadata": {"dev_samples": 24}}, "dev_metadata"), ({"sink": 0}, "sink"), ({"dtype": None}, "dtype"),
          ({"ranking": {"apl": {"sha256": "b" * 64}}}, "ranking apl")],
     )  # fmt: skip
-    def test_a_check_whose_dev_side_differs_is_refused_naming_the_setting(self, tmp_path: Path, changes: dict, named: str) -> None:
+    def test_a_check_whose_dev_side_differs_is_refused_naming_the_setting(
+        self, tmp_path: Path, changes: dict, named: str
+    ) -> None:
         from bosch_eval.search.cli.calib_check_cli import check_dev_source
 
         source = self.source(tmp_path, **changes)
-        with pytest.raises(CalibCheckError, match=rf"{source}/settings.json was made with other dev settings \({named}\)"):
+        with pytest.raises(
+            CalibCheckError, match=rf"{source}/settings.json was made with other dev settings \({named}\)"
+        ):
             check_dev_source(source, self.settings())
 
     def test_only_masks_the_source_scored_alike_take_its_dev_scores(self, tmp_path: Path) -> None:
@@ -429,17 +472,34 @@ class TestDevScoresFrom:
     def test_a_directory_that_is_no_check_is_refused(self, tmp_path: Path) -> None:
         from bosch_eval.search.cli.calib_check_cli import check_dev_source
 
-        with pytest.raises(CalibCheckError, match=r"settings.json does not exist; expected the output directory of a calib-check"):
+        with pytest.raises(
+            CalibCheckError, match=r"settings.json does not exist; expected the output directory of a calib-check"
+        ):
             check_dev_source(tmp_path, self.settings())
         (self.source(tmp_path) / "scores.jsonl").unlink()  # settings pinned, nothing scored
-        with pytest.raises(CalibCheckError, match=r"scores.jsonl does not exist; expected the output directory of a calib-check"):
+        with pytest.raises(
+            CalibCheckError, match=r"scores.jsonl does not exist; expected the output directory of a calib-check"
+        ):
             check_dev_source(tmp_path / "source", self.settings())
 
-    def test_a_bad_source_is_refused_before_the_model_loads(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def test_a_bad_source_is_refused_before_the_model_loads(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
         from unittest import mock
 
-        argv = ["calib-check", "--model", "toy", "--dev-scores-from", str(tmp_path / "nothing"), "--out", str(tmp_path / "check")]
-        with mock.patch("bosch_eval.search.objective.objective_loading.build_objective", side_effect=AssertionError("loaded the model")):
+        argv = [
+            "calib-check",
+            "--model",
+            "toy",
+            "--dev-scores-from",
+            str(tmp_path / "nothing"),
+            "--out",
+            str(tmp_path / "check"),
+        ]
+        with mock.patch(
+            "bosch_eval.search.objective.objective_loading.build_objective",
+            side_effect=AssertionError("loaded the model"),
+        ):
             assert main(argv) == 2
         assert "--dev-scores-from: " in capsys.readouterr().err
         assert not (tmp_path / "check" / "settings.json").exists()
@@ -457,5 +517,11 @@ class TestDevScoresFrom:
         for _ in range(2):
             copy_dev_scores(source, journal, {"full", "all-swa"})
         lines = [json.loads(line) for line in journal.read_text().splitlines()]
-        assert lines == [{"side": "dev", "name": "all-swa", "score": 0.3}, {"side": "dev", "name": "full", "score": 0.8}]
-        assert score_panel([], {"calib": None, "dev": None}, journal) == {"calib": {}, "dev": {"all-swa": 0.3, "full": 0.8}}
+        assert lines == [
+            {"side": "dev", "name": "all-swa", "score": 0.3},
+            {"side": "dev", "name": "full", "score": 0.8},
+        ]
+        assert score_panel([], {"calib": None, "dev": None}, journal) == {
+            "calib": {},
+            "dev": {"all-swa": 0.3, "full": 0.8},
+        }

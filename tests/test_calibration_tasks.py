@@ -19,7 +19,24 @@ from bosch_eval.tasks.niah import calibration, dev_split, eval_suite, retrieval_
 from bosch_eval.tasks.niah.haystack import count_tokens
 from tests.helpers import TaskYaml
 
-FUNCTION_WORDS = {"a", "and", "at", "for", "in", "is", "it", "of", "the", "to", "was", "with", "from", "by", "what", "are"}
+FUNCTION_WORDS = {
+    "a",
+    "and",
+    "at",
+    "for",
+    "in",
+    "is",
+    "it",
+    "of",
+    "the",
+    "to",
+    "was",
+    "with",
+    "from",
+    "by",
+    "what",
+    "are",
+}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +58,11 @@ def needles_of(doc: dict) -> list[tuple[str, str]]:
     names = "|".join(words.RETRIEVAL_GIVEN_NAMES)
     found = []
     for template in retrieval_calib.NEEDLES:
-        pattern = re.escape(template).replace(r"\{key\}", rf"(?P<key>(?:{names}) \w+)").replace(r"\{value\}", r"(?P<value>\d{5})")
+        pattern = (
+            re.escape(template)
+            .replace(r"\{key\}", rf"(?P<key>(?:{names}) \w+)")
+            .replace(r"\{value\}", r"(?P<value>\d{5})")
+        )
         found += [(match.start(), match["key"], match["value"]) for match in re.finditer(pattern, doc["input"])]
     return [(key, value) for _, key, value in sorted(found)]
 
@@ -67,7 +88,9 @@ class TestRetrievalCalibration:
     def test_the_prompt_ends_with_the_start_of_the_answer(self, tokenizer):
         for doc in retrieval_calib.examples.__wrapped__(tokenizer, 1024, 3, 0, retrieval_calib.KINDS, 1):
             lead = "are" if doc["kind"] == "multivalue" else "is"
-            assert doc["input"].endswith(f"\nAnswer: The {'two permit numbers' if lead == 'are' else 'permit number'} of {doc['key']} {lead}")
+            assert doc["input"].endswith(
+                f"\nAnswer: The {'two permit numbers' if lead == 'are' else 'permit number'} of {doc['key']} {lead}"
+            )
 
     def test_kinds_from_metadata(self):
         assert retrieval_calib.kinds_setting({}) == retrieval_calib.DEFAULT_KINDS
@@ -124,19 +147,25 @@ class TestDevSplit:
     def test_the_test_seed_is_refused(self, tokenizer, tmp_path):
         tokenizer.save_pretrained(tmp_path)
         for test_seed in (0, 5, 6):  # the default test draw and the studies' fresh ones
-            with pytest.raises(ValueError, match=rf"bosch_niah_dev: metadata 'dev_seed' = {test_seed} draws bosch_niah's test"):
+            with pytest.raises(
+                ValueError, match=rf"bosch_niah_dev: metadata 'dev_seed' = {test_seed} draws bosch_niah's test"
+            ):
                 dev_split.dataset(tokenizer=str(tmp_path), dev_lengths=[512], dev_samples=1, dev_seed=test_seed)
 
     def test_chosen_variants_are_the_same_documents_in_the_usual_order(self, tokenizer, tmp_path):
         tokenizer.save_pretrained(tmp_path)
         every = dev_split.dataset(tokenizer=str(tmp_path), dev_lengths=[1024], dev_samples=2)["test"]
-        some = dev_split.dataset(tokenizer=str(tmp_path), dev_lengths=[1024], dev_samples=2, dev_variants="single_2,single_1")["test"]
+        some = dev_split.dataset(
+            tokenizer=str(tmp_path), dev_lengths=[1024], dev_samples=2, dev_variants="single_2,single_1"
+        )["test"]
         assert some["variant"] == ["bosch_niah_single_1", "bosch_niah_single_2"] * 2
         assert some["input"] == [doc["input"] for doc in every if doc["variant"] in set(some["variant"])]
 
     def test_the_uuid_formats_are_drawn_when_named(self, tokenizer, tmp_path):
         tokenizer.save_pretrained(tmp_path)
-        split = dev_split.dataset(tokenizer=str(tmp_path), dev_lengths=[1024], dev_samples=2, dev_variants=["multikey_3", "single_3"])["test"]
+        split = dev_split.dataset(
+            tokenizer=str(tmp_path), dev_lengths=[1024], dev_samples=2, dev_variants=["multikey_3", "single_3"]
+        )["test"]
         assert split["variant"] == ["bosch_niah_single_3", "bosch_niah_multikey_3"] * 2
         assert all(re.fullmatch(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", target) for target in split["target"])
         test_doc = eval_suite.example("bosch_niah_single_3", tokenizer, 1024, 0, eval_suite.DEFAULT_SEED)
@@ -144,7 +173,12 @@ class TestDevSplit:
 
     def test_the_generation_split_holds_the_same_documents_as_the_eval_tasks_do(self, tokenizer, tmp_path):
         tokenizer.save_pretrained(tmp_path)
-        metadata = {"tokenizer": str(tmp_path), "dev_lengths": [512, 1024], "dev_samples": 2, "dev_variants": ["single_3", "single_1"]}
+        metadata = {
+            "tokenizer": str(tmp_path),
+            "dev_lengths": [512, 1024],
+            "dev_samples": 2,
+            "dev_variants": ["single_3", "single_1"],
+        }
         prefill = dev_split.dataset(**metadata)["test"]
         generated = dev_split.generation_dataset(**metadata)["test"]
         assert generated["variant"] == prefill["variant"] and generated["max_length"] == prefill["max_length"]
@@ -154,7 +188,9 @@ class TestDevSplit:
         doc = generated[1]  # single_3: a UUID
         assert eval_suite.process_results(doc, [f": {doc['outputs'][0]}."])["score"] == (doc["max_length"], 1.0)
         assert eval_suite.process_results(doc, ["I do not know."])["score"] == (doc["max_length"], 0.0)
-        with pytest.raises(ValueError, match=r"^bosch_niah_dev_gen: metadata 'dev_seed' = 0 draws bosch_niah's test documents"):
+        with pytest.raises(
+            ValueError, match=r"^bosch_niah_dev_gen: metadata 'dev_seed' = 0 draws bosch_niah's test documents"
+        ):
             dev_split.generation_dataset(**metadata, dev_seed=0)
 
     @pytest.mark.parametrize("value", [[], ["single_4"], "uuid", [1]])
@@ -206,7 +242,9 @@ class TestCalibrationDiagnosisVariants:
             assert len(needles) == 2 and (doc["key"], doc["target"]) in needles  # the distractor has the same kind
             assert doc["input"].startswith(calibration.INSTRUCTIONS[haystack])
             assert (words.CALIB_NOISE[0] in doc["input"]) == (haystack == "noise")
-        assert {doc["format"] for doc in docs} == {f"{kind} in {haystack}" for haystack, kind in calibration.MIXED_FORMATS}
+        assert {doc["format"] for doc in docs} == {
+            f"{kind} in {haystack}" for haystack, kind in calibration.MIXED_FORMATS
+        }
         assert len({doc["depth"] // (1 / 12) for doc in docs}) == 12  # still stratified over the depths
 
     def test_unknown_values_are_refused(self, tokenizer, tmp_path):
@@ -217,14 +255,18 @@ class TestCalibrationDiagnosisVariants:
 
     def test_an_unknown_query_style_is_refused(self, tokenizer, tmp_path):
         tokenizer.save_pretrained(tmp_path)
-        with pytest.raises(ValueError, match=r"bosch_niah_calib: metadata 'calib_query' must be one of \['plain', 'repeat'\]"):
+        with pytest.raises(
+            ValueError, match=r"bosch_niah_calib: metadata 'calib_query' must be one of \['plain', 'repeat'\]"
+        ):
             calibration.dataset(tokenizer=str(tmp_path), seq_len=1024, num_examples=1, calib_query="echo")
 
 
 @pytest.mark.slow  # indexes every lm-eval task (~7 s CPU)
 def test_lm_eval_finds_the_new_tasks():
     manager = TaskManager(include_path=str(TASKS_DIR))
-    assert {"bosch_retrieval_calib", "bosch_niah_calib_uuid", "bosch_niah_dev", "bosch_niah_dev_gen"} <= set(manager.all_subtasks)
+    assert {"bosch_retrieval_calib", "bosch_niah_calib_uuid", "bosch_niah_dev", "bosch_niah_dev_gen"} <= set(
+        manager.all_subtasks
+    )
 
 
 class TestTiebreak:
@@ -246,7 +288,9 @@ class TestTiebreak:
     def test_prob_is_the_answers_probability_whatever_the_accuracy(self):
         doc = {"num_examples": 64}
         for loglikelihood, greedy in [(-0.5, True), (-0.5, False), (-40.0, False)]:
-            assert tiebreak.process_results(doc, [(loglikelihood, greedy)])["prob"] == pytest.approx(math.exp(loglikelihood))
+            assert tiebreak.process_results(doc, [(loglikelihood, greedy)])["prob"] == pytest.approx(
+                math.exp(loglikelihood)
+            )
 
     @pytest.mark.slow
     def test_the_search_objective_races_on_it_and_keeps_acc(self):
@@ -295,4 +339,3 @@ def test_the_uuid_calibration_task_is_the_uuid_values_of_the_calibration_set(tok
     assert docs == calibration.examples.__wrapped__(tokenizer, 1024, 3, 0, values="uuid")
     built = calibration.dataset(tokenizer=str(tmp_path), seq_len=1024, num_examples=3, calib_values="uuid")["test"]
     assert [doc["target"] for doc in built] == [doc["target"] for doc in docs]
-

@@ -35,7 +35,9 @@ def greedy(model, cache, ids, attention, steps: int, forward=None) -> tuple[torc
     tokens, every = [logits.argmax(-1)], [logits]
     for _ in range(steps):
         attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
-        logits = step(input_ids=tokens[-1], attention_mask=attention, past_key_values=cache, use_cache=True).logits[:, -1:]
+        logits = step(input_ids=tokens[-1], attention_mask=attention, past_key_values=cache, use_cache=True).logits[
+            :, -1:
+        ]
         tokens.append(logits.argmax(-1))
         every.append(logits)
     return torch.cat(tokens, dim=1), every
@@ -64,7 +66,9 @@ def test_every_sdpa_format_backend_prefills_the_captured_cache_as_the_eager_one(
     model = hybrid_model(sinks=2, by_kind=False, backend=backend)
     ids, attention = left_padded_batch(model.config.vocab_size, [9, 4], seed=5)
     want, want_logits = greedy(model, HybridCache.for_model(model), ids, attention, STEPS)
-    got, logits = greedy(model, HybridCache.for_model(model, max_cache_len=9 + STEPS, captured=True), ids, attention, STEPS)
+    got, logits = greedy(
+        model, HybridCache.for_model(model, max_cache_len=9 + STEPS, captured=True), ids, attention, STEPS
+    )
     assert torch.equal(got, want)
     for step, reference in zip(logits, want_logits, strict=True):
         torch.testing.assert_close(step, reference, **FP32)
@@ -115,7 +119,12 @@ def test_a_prompt_past_the_capacity_is_an_error_naming_it():
     model = hybrid_model(sinks=0, by_kind=True)
     ids, attention = left_padded_batch(model.config.vocab_size, [12], seed=2)
     with pytest.raises(ValueError, match="max_cache_len=8: a captured cache cannot hold 12 positions"):
-        model(input_ids=ids, attention_mask=attention, past_key_values=HybridCache.for_model(model, max_cache_len=8, captured=True), use_cache=True)
+        model(
+            input_ids=ids,
+            attention_mask=attention,
+            past_key_values=HybridCache.for_model(model, max_cache_len=8, captured=True),
+            use_cache=True,
+        )
 
 
 def test_what_cannot_be_captured_is_refused_before_any_step():
@@ -173,7 +182,17 @@ def test_one_compiled_graph_serves_every_step(counted):
 def test_capacities_are_bucketed_four_to_an_octave():
     from bosch_eval.caches.captured import bucketed_capacity
 
-    assert [bucketed_capacity(n) for n in (1, 7, 8, 9, 1000, 1024, 1025, 1281, 32769)] == [1, 7, 8, 10, 1024, 1024, 1280, 1536, 40960]
+    assert [bucketed_capacity(n) for n in (1, 7, 8, 9, 1000, 1024, 1025, 1281, 32769)] == [
+        1,
+        7,
+        8,
+        10,
+        1024,
+        1024,
+        1280,
+        1536,
+        40960,
+    ]
     assert all(n <= bucketed_capacity(n) <= 1.25 * n for n in range(1, 5000))
     assert {bucketed_capacity(n) for n in range(1025, 2049)} == {1280, 1536, 1792, 2048}
 
@@ -193,7 +212,9 @@ def test_generate_compiles_its_decode_steps_on_the_captured_cache(counted):
     config = CompileConfig(backend="eager", fullgraph=True, dynamic=False, mode=None)
     config._compile_all_devices = True  # transformers' switch for compiling on a CPU
     counters.clear()
-    got = model.generate(**common, **{argument: HybridCache.for_model(model, max_cache_len=32, captured=True)}, compile_config=config)
+    got = model.generate(
+        **common, **{argument: HybridCache.for_model(model, max_cache_len=32, captured=True)}, compile_config=config
+    )
     assert torch.equal(got, want)
     assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
 
@@ -207,7 +228,9 @@ def test_one_compiled_query_attends_by_group_as_transformers_does_eagerly(monkey
     model = random_model("qwen3", num_layers=1, seed=2)
     module = next(m for m in model.modules() if hasattr(m, "num_key_value_groups"))
     generator = torch.Generator().manual_seed(0)
-    query, key, value = (torch.randn(2, heads, length, 16, generator=generator) for heads, length in ((8, 1), (4, 40), (4, 40)))
+    query, key, value = (
+        torch.randn(2, heads, length, 16, generator=generator) for heads, length in ((8, 1), (4, 40), (4, 40))
+    )
     mask = torch.rand(2, 1, 1, 40, generator=generator) > 0.3
     eager = sdpa_full_attention(module, query, key, value, mask, scaling=0.25)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)

@@ -88,7 +88,9 @@ def test_gradients_match_the_dense_band_reference(backend):
         return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
     expected = gradients(lambda m: reference_logits(m, mask, ids, attention, grad=True))
-    got = gradients(lambda m: (hybridize(m, mask, backend=backend), m(input_ids=ids, attention_mask=attention).logits)[1])
+    got = gradients(
+        lambda m: (hybridize(m, mask, backend=backend), m(input_ids=ids, attention_mask=attention).logits)[1]
+    )
     assert expected.keys() == got.keys() and len(got) > 10
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-7, msg=name)

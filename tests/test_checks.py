@@ -20,8 +20,17 @@ def _isinstance_targets(node: ast.AST, type_name: str) -> set[str]:
     but not ``bool`` (``isinstance(x, (str, int, bool))`` lets bools through: no exclusion)."""
     found = set()
     for call in ast.walk(node):
-        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "isinstance" and len(call.args) == 2:
-            kinds = {kind.id for kind in (call.args[1].elts if isinstance(call.args[1], ast.Tuple) else [call.args[1]]) if isinstance(kind, ast.Name)}
+        if (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Name)
+            and call.func.id == "isinstance"
+            and len(call.args) == 2
+        ):
+            kinds = {
+                kind.id
+                for kind in (call.args[1].elts if isinstance(call.args[1], ast.Tuple) else [call.args[1]])
+                if isinstance(kind, ast.Name)
+            }
             if type_name in kinds and (type_name == "bool" or "bool" not in kinds):
                 found.add(ast.dump(call.args[0]))
     return found
@@ -83,4 +92,3 @@ class TestOneHome:
 
     def test_the_checks_module_is_found_by_the_detector(self):
         assert bool_excluding_checks((REPO / CHECKS_MODULE).read_text(encoding="utf-8")) != []
-

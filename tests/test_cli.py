@@ -36,7 +36,10 @@ def test_from_ranking_writes_mask_and_show_prints_it(ranking_file, tmp_path, cap
 
 def test_from_layers_writes_the_heuristics_mask_for_the_models_shape(tmp_path):
     out = tmp_path / "mask.json"
-    assert main(["mask", "from-layers", "bme", "--model", "toy", "--ratio", "0.75", "--window", "32", "--out", str(out)]) == 0
+    assert (
+        main(["mask", "from-layers", "bme", "--model", "toy", "--ratio", "0.75", "--window", "32", "--out", str(out)])
+        == 0
+    )
     mask = HeadMask.load(out)
     # toy: 4 layers x 4 groups; BME keeps one layer full, the begin block (docs/masks.md)
     assert mask.bits == ((1, 1, 1, 1), (0, 0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0))
@@ -47,8 +50,14 @@ def test_from_layers_writes_the_heuristics_mask_for_the_models_shape(tmp_path):
     ("argv", "message"),
     [
         (["mask", "show", "nope.json"], "nope.json: no such file"),
-        (["mask", "from-layers", "nope", "--model", "toy", "--ratio", "0.5", "--out", "x.json"], "unknown layer heuristic 'nope'"),
-        (["mask", "from-ranking", "RANKING", "--ratio", "1.2", "--out", "x.json"], "expected an SWA ratio in [0, 1], got 1.2"),
+        (
+            ["mask", "from-layers", "nope", "--model", "toy", "--ratio", "0.5", "--out", "x.json"],
+            "unknown layer heuristic 'nope'",
+        ),
+        (
+            ["mask", "from-ranking", "RANKING", "--ratio", "1.2", "--out", "x.json"],
+            "expected an SWA ratio in [0, 1], got 1.2",
+        ),
     ],
 )
 def test_errors_exit_2_with_message(ranking_file, tmp_path, capsys, argv, message):

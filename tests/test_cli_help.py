@@ -56,7 +56,13 @@ def subcommands() -> list[str]:
 
 
 def test_building_the_parser_loads_no_heavy_library() -> None:
-    out = subprocess.run([sys.executable, "-c", IMPORTS.format(heavy=set(HEAVY))], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", IMPORTS.format(heavy=set(HEAVY))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert json.loads(out.stdout) == []
 
 
@@ -67,7 +73,9 @@ def test_the_cli_defers_only_modules_that_load_a_heavy_library(module: str) -> N
     free of torch, lm-eval and numpy, it would belong at the top of the CLI module."""
     code = IMPORT_ONE.format(module=module, heavy=set(HEAVY))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert json.loads(out.stdout), f"{module} loads none of {HEAVY}: import it at the top of {cli_deferred_modules()[module]}"
+    assert json.loads(out.stdout), (
+        f"{module} loads none of {HEAVY}: import it at the top of {cli_deferred_modules()[module]}"
+    )
 
 
 @pytest.mark.slow

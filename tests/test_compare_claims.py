@@ -33,7 +33,10 @@ def test_the_p_value_is_two_sided_and_near_one_without_a_difference():
 
 
 def _entry(name: str, values: list[float]) -> EntryRuns:
-    run = RunResults(results={"t": {"acc,none": sum(values) / len(values)}}, samples={"t": [{"doc_id": i, "acc": v} for i, v in enumerate(values)]})
+    run = RunResults(
+        results={"t": {"acc,none": sum(values) / len(values)}},
+        samples={"t": [{"doc_id": i, "acc": v} for i, v in enumerate(values)]},
+    )
     return EntryRuns(name, [run], {}, MASK)
 
 
@@ -52,7 +55,9 @@ def test_claims_pair_the_claimant_with_each_rival_best_first_and_skip_the_refere
     assert close.difference == pytest.approx(1 / n) and close.verdict == "not resolved"
     assert weak.difference == pytest.approx(0.4) and weak.verdict == "higher" and weak.p_holm < 0.05
     # The smaller p of two is doubled, the other kept at least as large.
-    assert weak.p_holm == pytest.approx(min(1.0, 2 * weak.p_value)) and close.p_holm == pytest.approx(max(weak.p_holm, close.p_value))
+    assert weak.p_holm == pytest.approx(min(1.0, 2 * weak.p_value)) and close.p_holm == pytest.approx(
+        max(weak.p_holm, close.p_value)
+    )
     assert weak.n_docs == n
 
     write_claims(tmp_path, "bosch", claims, {"command": "bosch-eval compare ..."})

@@ -13,7 +13,15 @@ import pytest
 from bosch_eval.cli import main
 from bosch_eval.compare import runner
 from bosch_eval.compare.entries import parse_entry
-from bosch_eval.compare.leaderboard import Cell, EntryRuns, Row, build_rows, pareto_labels, plot_pareto, write_leaderboard
+from bosch_eval.compare.leaderboard import (
+    Cell,
+    EntryRuns,
+    Row,
+    build_rows,
+    pareto_labels,
+    plot_pareto,
+    write_leaderboard,
+)
 from bosch_eval.compare.results import RunResults, read_run
 from bosch_eval.compare.spec import build_spec
 from bosch_eval.masks.head_mask import HeadMask
@@ -38,7 +46,12 @@ class TestTruncatedFlag:
     def test_the_cell_its_group_and_the_headline_are_marked(self, tmp_path):
         results = {"grp": {"acc,none": 0.6}, "long": {"acc,none": 0.5}, "short": {"acc,none": 0.7}}
         run = RunResults(results=results, group_subtasks={"grp": ["long"]}, truncated={"long": INFO})
-        rows = build_rows([EntryRuns("original", [run], {}, HeadMask.from_rows([[1, 1]], 2, window=4))], "original", 4, tasks=["grp", "short"])
+        rows = build_rows(
+            [EntryRuns("original", [run], {}, HeadMask.from_rows([[1, 1]], 2, window=4))],
+            "original",
+            4,
+            tasks=["grp", "short"],
+        )
         cells = rows[0].cells
         assert cells["long"].truncated and cells["grp"].truncated and not cells["short"].truncated
         write_leaderboard(rows, list(results), tmp_path, HEADER, ["grp", "short"])
@@ -47,7 +60,11 @@ class TestTruncatedFlag:
         assert "| original | 0.000 | 1.0000 | 0.500 *truncated* |" in table  # the subtask
         assert "*truncated*: some of the task's documents were longer than the model's max_length" in table
         with open(tmp_path / "leaderboard.csv") as handle:
-            assert {r["task"]: r["truncated"] for r in csv.DictReader(handle)} == {"grp": "True", "long": "True", "short": "False"}
+            assert {r["task"]: r["truncated"] for r in csv.DictReader(handle)} == {
+                "grp": "True",
+                "long": "True",
+                "short": "False",
+            }
         saved = json.loads((tmp_path / "leaderboard.json").read_text())["rows"][0]["cells"]
         assert [saved[n]["truncated"] for n in ("grp", "long", "short")] == [True, True, False]
         assert pareto_labels(rows, ["grp", "short"]) == {(1.0, 0.65): "original (truncated)"}
@@ -84,9 +101,13 @@ def test_a_truncated_task_is_marked_in_the_leaderboard(tmp_path, capsys):
     rows = {r["entry"]: r["cells"] for r in json.loads((out / "leaderboard.json").read_text())["rows"]}
     assert {name: (c["bosch_niah_dev"]["truncated"], c["bosch_niah_calib"]["truncated"]) for name, c in rows.items()} == {
         "original": (True, False), "intr": (True, False)}  # fmt: skip
-    lines = [line for line in (out / "leaderboard.md").read_text().splitlines() if line.startswith(("| original", "| intr"))]
+    lines = [
+        line for line in (out / "leaderboard.md").read_text().splitlines() if line.startswith(("| original", "| intr"))
+    ]
     # the headline and bosch_niah_dev are marked, bosch_niah_calib (the last column) is not
-    assert len(lines) == 2 and all(line.count("*truncated*") == 2 and "truncated" not in line.split("|")[-2] for line in lines)
+    assert len(lines) == 2 and all(
+        line.count("*truncated*") == 2 and "truncated" not in line.split("|")[-2] for line in lines
+    )
 
 
 @pytest.mark.slow
@@ -104,8 +125,15 @@ def test_compare_shows_its_own_bar_only_and_the_device_line_before_it(tmp_path, 
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(tqdm, "tqdm", Bar)
-    fields = {"model": "toy", "model_args": "batch_size=4", "tasks": ["bosch_niah_calib"], "metadata": {"seq_len": 128, "num_examples": 4}}
-    assert runner.run_compare(build_spec(fields, [parse_entry("original=")], "test"), tmp_path, progress=True) == ["original"]
+    fields = {
+        "model": "toy",
+        "model_args": "batch_size=4",
+        "tasks": ["bosch_niah_calib"],
+        "metadata": {"seq_len": 128, "num_examples": 4},
+    }
+    assert runner.run_compare(build_spec(fields, [parse_entry("original=")], "test"), tmp_path, progress=True) == [
+        "original"
+    ]
     assert "device line" in events and events.index("device line") < events.index("bar compare")
     err = capfd.readouterr().err
     assert "compare 1/1 original" in err and "Running loglikelihood requests" not in err

@@ -69,8 +69,14 @@ def test_a_packed_folder_reads_as_the_original(tmp_path: Path):
     before = read_run(tmp_path / "run")
     assert pack(tmp_path) == 3  # samples, results, the shared store
     after = read_run(tmp_path / "run")
-    assert after.results == before.results and not list(tmp_path.rglob("*.json")) and not list(tmp_path.rglob("*.jsonl"))
-    assert doc_values(after.samples["t"], "acc") == doc_values(before.samples["t"], "acc") == {(None, 0): 1.0, (None, 1): 0.0}
+    assert (
+        after.results == before.results and not list(tmp_path.rglob("*.json")) and not list(tmp_path.rglob("*.jsonl"))
+    )
+    assert (
+        doc_values(after.samples["t"], "acc")
+        == doc_values(before.samples["t"], "acc")
+        == {(None, 0): 1.0, (None, 1): 0.0}
+    )
     assert pack(tmp_path) == 0  # packed once is packed
 
 
@@ -80,10 +86,14 @@ def test_environment_and_configs_are_stored_once_and_named(tmp_path: Path):
     write_run(tmp_path / "b")
     pack(tmp_path)
     store = SharedStore(tmp_path)
-    assert list(store.entries["environments"].values()) == [ENVIRONMENT] and list(store.entries["configs"].values()) == [CONFIG]
+    assert list(store.entries["environments"].values()) == [ENVIRONMENT] and list(
+        store.entries["configs"].values()
+    ) == [CONFIG]
     for folder in (tmp_path / "a" / "runs" / "x", tmp_path / "b"):
         results = json.loads(gzip.decompress(next(folder.glob("results_*.json.gz")).read_bytes()))
-        assert results["pretty_env_info"].startswith(f"see {Path('../../..') if folder.name == 'x' else Path('..')}/{SHARED_FILE}#")
+        assert results["pretty_env_info"].startswith(
+            f"see {Path('../../..') if folder.name == 'x' else Path('..')}/{SHARED_FILE}#"
+        )
         assert store.resolve(results["pretty_env_info"], folder) == ENVIRONMENT
         assert store.resolve(results["configs"]["t"], folder) == CONFIG
 

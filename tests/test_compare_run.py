@@ -50,7 +50,9 @@ def test_resume_after_a_kill_evaluates_only_the_rest(tmp_path, monkeypatch):
         runner.run_compare(spec(), tmp_path, progress=False)
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["original"]
     original_files = sorted(p.name for p in (tmp_path / "runs" / "original").rglob("*"))
-    assert any(n.startswith("results_") for n in original_files) and any(n.startswith("samples_") for n in original_files)
+    assert any(n.startswith("results_") for n in original_files) and any(
+        n.startswith("samples_") for n in original_files
+    )
 
     with pytest.raises(EntryError, match="already finished"):  # nothing finished is overwritten
         runner.run_compare(spec(), tmp_path, progress=False)
@@ -85,7 +87,9 @@ def test_a_run_killed_mid_task_resumes_at_its_last_batch(tmp_path, monkeypatch):
 
     def run(out, entry_list=entries, **kwargs):
         batches.clear()
-        runner.run_compare(build_spec(dict(fields), [parse_entry(e) for e in entry_list], "test"), out, progress=False, **kwargs)
+        runner.run_compare(
+            build_spec(dict(fields), [parse_entry(e) for e in entry_list], "test"), out, progress=False, **kwargs
+        )
         return len(batches)
 
     def answers(out):
@@ -119,7 +123,9 @@ def test_cli_leaderboard(tmp_path, capsys):
     rows = json.loads((out / "leaderboard.json").read_text())["rows"]
     assert rows[1]["cells"]["bosch_niah_calib"]["ci"] is not None
     assert (out / "leaderboard.csv").is_file()
-    assert not (out / "pareto.png").exists() and "no task is held out" in table  # its one task is bosch's calibration task
+    assert (
+        not (out / "pareto.png").exists() and "no task is held out" in table
+    )  # its one task is bosch's calibration task
 
     # A finished lm-eval output directory joins as an entry, nothing is re-run (--resume).
     import shutil
@@ -148,7 +154,24 @@ def test_bad_entries_fail_naming_the_entry(tmp_path, entry, message, capsys):
 
 
 def test_unknown_task_is_an_error(tmp_path, capsys):
-    assert main(["compare", "--model", "toy", "--model-args", "device=cpu", "--tasks", "no_such_task_xyz", "--entry", "original=", "--out", str(tmp_path)]) == 2
+    assert (
+        main(
+            [
+                "compare",
+                "--model",
+                "toy",
+                "--model-args",
+                "device=cpu",
+                "--tasks",
+                "no_such_task_xyz",
+                "--entry",
+                "original=",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 2
+    )
     assert "no_such_task_xyz" in capsys.readouterr().err
 
 
@@ -164,7 +187,17 @@ def test_mask_for_another_model_is_an_error(tmp_path, capsys):
 
 
 def _cli(out, *extra, tasks=("bosch_niah_calib",), model_args="device=cpu,batch_size=4", entries=("original=",)):
-    args = ["compare", "--model", "toy", "--model-args", model_args, "--tasks", *tasks, "--metadata", json.dumps(FIELDS["metadata"])]
+    args = [
+        "compare",
+        "--model",
+        "toy",
+        "--model-args",
+        model_args,
+        "--tasks",
+        *tasks,
+        "--metadata",
+        json.dumps(FIELDS["metadata"]),
+    ]
     return [*args, *(a for e in entries for a in ("--entry", e)), "--out", str(out), *extra]
 
 
@@ -187,7 +220,9 @@ def test_a_run_whose_inputs_changed_is_refused_unless_asked_and_then_kept_aside(
 
     all_swa = HeadMask.from_rows([[0] * 4] * 4, 8, window=32)
     all_swa.save(mask)
-    with pytest.raises(EntryError, match=rf"run 'bosch' \(entry 'bosch'\): mask file {mask} changed \(sha256 .*--new-settings"):
+    with pytest.raises(
+        EntryError, match=rf"run 'bosch' \(entry 'bosch'\): mask file {mask} changed \(sha256 .*--new-settings"
+    ):
         runner.run_compare(local(), out, resume=True, progress=False)
     assert (out / "runs" / "bosch" / "run.json").read_text() == old_run
     with caplog.at_level("WARNING"):
@@ -237,7 +272,10 @@ def test_a_failed_compare_pins_no_settings(tmp_path, monkeypatch, capsys):
         main(_cli(out, model_args="device=cpu,batch_size=64"))
     monkeypatch.setattr(lm_eval.evaluator, "simple_evaluate", real)
     assert main(_cli(out)) == 0  # the corrected command, on the same --out
-    assert json.loads((out / "compare.json").read_text())["settings"]["model_args"] == {"device": "cpu", "batch_size": "4"}
+    assert json.loads((out / "compare.json").read_text())["settings"]["model_args"] == {
+        "device": "cpu",
+        "batch_size": "4",
+    }
     assert main(_cli(out, "--resume", "--limit", "2")) == 2  # a finished run pins them
     assert "other settings (limit: None → 2)" in capsys.readouterr().err
 
@@ -260,7 +298,9 @@ def test_two_compares_on_one_out(tmp_path, monkeypatch, capsys):
         deadline = time.monotonic() + 120
         while not (out / ".partial").is_dir():
             if first.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the first compare never started a run: {first.stderr.read() if first.poll() is not None else 'timeout'}")
+                pytest.fail(
+                    f"the first compare never started a run: {first.stderr.read() if first.poll() is not None else 'timeout'}"
+                )
             time.sleep(0.02)
         first.send_signal(signal.SIGSTOP)  # A holds --out and stands still
         in_progress = sorted(p.name for p in (out / ".partial").iterdir())

@@ -88,7 +88,9 @@ class TestKVBytes:
         cache = HybridCache.for_model(model)
         with torch.no_grad():
             model(input_ids=torch.randint(0, 300, (2, length)), past_key_values=cache, use_cache=True)
-        expected = kv_cache_bytes_formula(mask.bits, KVLayout(3, 4, model.config.head_dim), length, window=window, dtype_bytes=4, batch=2)
+        expected = kv_cache_bytes_formula(
+            mask.bits, KVLayout(3, 4, model.config.head_dim), length, window=window, dtype_bytes=4, batch=2
+        )
         assert kv_cache_bytes(cache) == expected
         original = 2 * 3 * 4 * length * model.config.head_dim * 4 * 2
         assert relative_kv_bytes(mask, window, length) == pytest.approx(kv_cache_bytes(cache) / original)
@@ -104,7 +106,9 @@ class TestKVBytes:
         mask = HeadMask.from_rows([[0, 1]], 2, window=4)
         args = {"kv_quant": "logquant", "kv_bits": "2", "kv_window": "8", "kv_group_size": "16"}
         quant = parse_kv_quant("logquant", "2", "8", "16", head_dim=32)
-        expected = kv_cache_bytes_formula([[0, 1]], KVLayout(1, 2, 32), 100, window=4, kv_quant=quant) / kv_cache_bytes_formula(None, KVLayout(1, 2, 32), 100)
+        expected = kv_cache_bytes_formula(
+            [[0, 1]], KVLayout(1, 2, 32), 100, window=4, kv_quant=quant
+        ) / kv_cache_bytes_formula(None, KVLayout(1, 2, 32), 100)
         assert entry_kv_bytes(args, mask, 4, 100, head_dim=32) == pytest.approx(expected)
         assert entry_kv_bytes(args, mask, 4, 100, head_dim=32) < entry_kv_bytes({}, mask, 4, 100)
         assert entry_kv_bytes({"kv_quant": "none"}, mask, 4, 100) == entry_kv_bytes({}, mask, 4, 100)
@@ -181,7 +185,9 @@ def test_each_seed_of_an_entry_is_reported(tmp_path):
     from bosch_eval.compare.leaderboard import write_leaderboard
 
     mask = HeadMask.from_rows([[1, 0]], 2, window=4)
-    seeds = EntryRuns("rand", [_run(0.25, [1, 0]), _run(0.75, [1, 1])], {}, mask, run_names=["rand@seed=0", "rand@seed=1"])
+    seeds = EntryRuns(
+        "rand", [_run(0.25, [1, 0]), _run(0.75, [1, 1])], {}, mask, run_names=["rand@seed=0", "rand@seed=1"]
+    )
     rows = build_rows([EntryRuns("original", [_run(1.0, [1, 1])], {}, mask), seeds], "original", 4, tasks=["t"])
     header = {"command": "bosch-eval compare ...", "versions": {}, "reference": "original", "kv_length": 4}
     write_leaderboard(rows, ["t"], tmp_path, header, ["t"])
@@ -196,9 +202,13 @@ def test_a_seeds_score_on_its_calibration_task_is_marked_in_sample(tmp_path):
     from bosch_eval.compare.leaderboard import write_leaderboard
 
     searched = HeadMask.from_rows([[0, 1]], 2, window=4, provenance={"calibration": {"tasks": ["t"]}})
-    seeds = EntryRuns("bosch", [_run(0.25, [1, 0]), _run(0.75, [1, 1])], {}, searched, run_names=["bosch@seed=0", "bosch@seed=1"])
+    seeds = EntryRuns(
+        "bosch", [_run(0.25, [1, 0]), _run(0.75, [1, 1])], {}, searched, run_names=["bosch@seed=0", "bosch@seed=1"]
+    )
     rows = build_rows([seeds], "original", 4, tasks=["t"])
-    write_leaderboard(rows, ["t"], tmp_path, {"command": "c", "versions": {}, "reference": "original", "kv_length": 4}, ["t"])
+    write_leaderboard(
+        rows, ["t"], tmp_path, {"command": "c", "versions": {}, "reference": "original", "kv_length": 4}, ["t"]
+    )
     table = (tmp_path / "leaderboard.md").read_text().split("Each run of the entries run with several seeds:")[1]
     assert "| bosch@seed=0 | 0.250 *in-sample* |" in table
 
@@ -227,7 +237,10 @@ def test_a_group_and_the_headline_over_it_get_paired_cis():
     def run(a, b, c):
         results = {"g": {"acc,none": (sum(a) / len(a) + sum(b) / len(b)) / 2}, "x": {"acc,none": sum(c) / len(c)}}
         results |= {name: {"acc,none": sum(v) / len(v)} for name, v in (("a", a), ("b", b))}
-        samples = {name: [{"doc_id": i, "acc": v} for i, v in enumerate(values)] for name, values in (("a", a), ("b", b), ("x", c))}
+        samples = {
+            name: [{"doc_id": i, "acc": v} for i, v in enumerate(values)]
+            for name, values in (("a", a), ("b", b), ("x", c))
+        }
         return RunResults(results=results, samples=samples, group_subtasks={"g": ["a", "b"]})
 
     mask = HeadMask.from_rows([[1, 1]], 2, window=4)
@@ -255,7 +268,10 @@ def test_headline_counts_each_asked_task_once(tmp_path):
     main, sub = (tmp_path / "leaderboard.md").read_text().split("Subtasks and subgroups:")
     assert "| bosch | 0.500 | 0.5000 | 0.750 | 1.000 | 0.500 | 0.800 *in-sample* |" in main
     assert "bosch_niah_single" not in main and "| 0.900 | 0.100 |" in sub
-    assert json.loads((tmp_path / "leaderboard.json").read_text())["headline_columns"] == ["niah_single_1", "bosch_niah"]
+    assert json.loads((tmp_path / "leaderboard.json").read_text())["headline_columns"] == [
+        "niah_single_1",
+        "bosch_niah",
+    ]
 
 
 def test_niah_columns_say_which_value_format_they_ask(tmp_path):
@@ -268,7 +284,10 @@ def test_niah_columns_say_which_value_format_they_ask(tmp_path):
     write_leaderboard(rows, names, tmp_path, header, ["niah_single_1", "bosch_niah_single"])
     main, sub = (tmp_path / "leaderboard.md").read_text().split("Subtasks and subgroups:")
     assert "| niah_single_1 (numbers in noise) | bosch_niah_single |" in main
-    assert "| bosch_niah_single_1 (numbers in noise) | bosch_niah_single_2 (numbers in prose) | bosch_niah_single_3 (UUIDs in prose) |" in sub
+    assert (
+        "| bosch_niah_single_1 (numbers in noise) | bosch_niah_single_2 (numbers in prose) | bosch_niah_single_3 (UUIDs in prose) |"
+        in sub
+    )
     formats = json.loads((tmp_path / "leaderboard.json").read_text())["formats"]
     assert formats == {"niah_single_1": "numbers in noise", "bosch_niah_single_1": "numbers in noise",
                        "bosch_niah_single_2": "numbers in prose", "bosch_niah_single_3": "UUIDs in prose"}  # fmt: skip
@@ -304,7 +323,9 @@ def test_a_doc_seed_draws_other_documents_and_the_same_ones_again():
         spec = CompareSpec(model="toy", tasks=["niah_single_1", "bosch_niah_single_1"], entries=[parse_entry("original=")],
                            metadata={"max_seq_lengths": [256], "num_samples": 3}, doc_seed=doc_seed)  # fmt: skip
         _, _, leaves = _build_tasks(spec, resolve_model("toy"))
-        return {name: [doc["input"] for task in tasks.values() for doc in task.eval_docs] for name, tasks in leaves.items()}
+        return {
+            name: [doc["input"] for task in tasks.values() for doc in task.eval_docs] for name, tasks in leaves.items()
+        }
 
     default, five, again = documents(None), documents(5), documents(5)
     assert five == again
@@ -327,7 +348,9 @@ class TestEntryKeys:
 
     @pytest.mark.parametrize(("text", "key"), [("x=mask=m.json,kv_bit=4", "kv_bit"), ("x=foo=1", "foo")])
     def test_a_key_the_adapter_does_not_take_is_refused(self, text, key):
-        with pytest.raises(EntryError, match=rf"entry 'x': model_arg '{key}' is not one the bosch adapter takes.* It takes: .*kv_bits"):
+        with pytest.raises(
+            EntryError, match=rf"entry 'x': model_arg '{key}' is not one the bosch adapter takes.* It takes: .*kv_bits"
+        ):
             parse_entry(text)
 
     def test_every_adapter_key_is_accepted(self):
@@ -344,7 +367,9 @@ class TestEntryKeys:
         # A made-up key (issue 30 adds sink= this way), added to the adapter's settings only.
         with pytest.raises(EntryError, match="'new_knob'"):
             parse_entry("x=mask=m.json,new_knob=4")
-        knob = field(default=0, metadata={settings.CONVERT: lambda name, value: int(value), settings.MASK_SOURCE: False})
+        knob = field(
+            default=0, metadata={settings.CONVERT: lambda name, value: int(value), settings.MASK_SOURCE: False}
+        )
         widened = make_dataclass("Widened", [("new_knob", int, knob)], bases=(settings.AdapterSettings,), frozen=True)
         monkeypatch.setattr(loader_args, "AdapterSettings", widened)
         assert parse_entry("x=mask=m.json,new_knob=4").load_args == {"new_knob": "4"}
@@ -364,7 +389,9 @@ class TestEntryKeys:
         from bosch_eval.compare.spec import build_spec
 
         entries = [parse_entry("original=")]
-        assert build_spec({"model": "toy", "tasks": ["t"], "model_args": "device=cpu,dtype=float32"}, entries, "cli").model_args
+        assert build_spec(
+            {"model": "toy", "tasks": ["t"], "model_args": "device=cpu,dtype=float32"}, entries, "cli"
+        ).model_args
         with pytest.raises(EntryError, match="cli: model_args: model_arg 'kv_bit' is not one the bosch adapter takes"):
             build_spec({"model": "toy", "tasks": ["t"], "model_args": "kv_bit=4"}, entries, "cli")
         with pytest.raises(EntryError, match="model_arg 'mask' chooses a mask, so it goes in an entry"):
@@ -394,7 +421,9 @@ class TestRunInputs:
         (tmp_path / "README.md").write_text("another card")
         assert changed(before, run_inputs({}, mask, model_identity(str(tmp_path)))) == []
         (tmp_path / "model.safetensors").write_bytes(b"retrained")
-        assert changed(before, run_inputs({}, mask, model_identity(str(tmp_path)))) == ["the model changed (files model.safetensors)"]
+        assert changed(before, run_inputs({}, mask, model_identity(str(tmp_path)))) == [
+            "the model changed (files model.safetensors)"
+        ]
 
     def test_mask_and_ranking_files_are_pinned_by_content(self, tmp_path):
         from bosch_eval.compare.inputs import changed, run_inputs
@@ -443,7 +472,9 @@ class TestHeadline:
         rows = build_rows(entries, "original", 4, tasks=["t1", "t2"])
         ref, ent = entries[0].runs[0].samples, entries[1].runs[0].samples
         d512 = np.array([e["512"] - r["512"] for e, r in zip(ent["t1"], ref["t1"]) if e["doc"]["max_length"] == 512])
-        d1024 = np.array([e["1024"] - r["1024"] for e, r in zip(ent["t1"], ref["t1"]) if e["doc"]["max_length"] == 1024])
+        d1024 = np.array(
+            [e["1024"] - r["1024"] for e, r in zip(ent["t1"], ref["t1"]) if e["doc"]["max_length"] == 1024]
+        )
         d2 = np.array([e["acc"] - r["acc"] for e, r in zip(ent["t2"], ref["t2"])])
         diff, low, high = rows[1].headline_ci
         assert diff == pytest.approx((d512.mean() + d1024.mean()) / 4 + d2.mean() / 2)
@@ -452,7 +483,9 @@ class TestHeadline:
         rng = np.random.default_rng(1)
         draw = lambda d: rng.choice(d, d.size).mean()  # noqa: E731
         boot = [(draw(d512) + draw(d1024)) / 4 + draw(d2) / 2 for _ in range(4000)]
-        assert low == pytest.approx(np.percentile(boot, 2.5), abs=0.02) and high == pytest.approx(np.percentile(boot, 97.5), abs=0.02)
+        assert low == pytest.approx(np.percentile(boot, 2.5), abs=0.02) and high == pytest.approx(
+            np.percentile(boot, 97.5), abs=0.02
+        )
 
     def test_tied_points_share_one_label(self):
         from bosch_eval.compare.leaderboard import Cell, Row, pareto_labels
@@ -484,7 +517,9 @@ class TestKVLength:
         from bosch_eval.compare.entries import parse_entry
         from bosch_eval.compare.spec import build_spec
 
-        return build_spec({"model": "toy", "tasks": tasks, "metadata": metadata or {}}, [parse_entry("original=")], "test")
+        return build_spec(
+            {"model": "toy", "tasks": tasks, "metadata": metadata or {}}, [parse_entry("original=")], "test"
+        )
 
     def test_our_tasks_default_to_the_models_calibration_length(self) -> None:
         from bosch_eval.compare.cli import kv_length_of

@@ -34,7 +34,9 @@ def gzip_in_place(path: Path) -> Path:
 
 class TestReadRunGzip:
     def test_gzipped_samples_read_as_the_plain_file(self, tmp_path: Path) -> None:
-        (tmp_path / "results_2026-01-01T00-00-00.json").write_text(json.dumps({"results": {"my_task": {"acc,none": 0.5}}}))
+        (tmp_path / "results_2026-01-01T00-00-00.json").write_text(
+            json.dumps({"results": {"my_task": {"acc,none": 0.5}}})
+        )
         rows = [{"doc_id": 0, "acc": 1.0}, {"doc_id": 1, "acc": 0.0}]
         samples = tmp_path / "samples_my_task_2026-01-01T00-00-00.jsonl"
         samples.write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -46,8 +48,15 @@ class TestReadRunGzip:
         """Two tasks' results files, one per subdirectory as lm-eval writes them: merged the same way."""
         first = {"results": {"a": {"acc,none": 0.5}}, "config": {"model_args": "pretrained=toy"},
                  "configs": {"a": {}}, "group_subtasks": {"a": []}}  # fmt: skip
-        second = {"results": {"b": {"score,none": 0.25}}, "config": {"bosch_truncated": {"b": {"documents": 3}}}, "configs": {"b": {}}}
-        for name, data in (("x/results_2026-01-01T00-00-00.json", first), ("y/results_2026-01-01T00-00-01.json", second)):
+        second = {
+            "results": {"b": {"score,none": 0.25}},
+            "config": {"bosch_truncated": {"b": {"documents": 3}}},
+            "configs": {"b": {}},
+        }
+        for name, data in (
+            ("x/results_2026-01-01T00-00-00.json", first),
+            ("y/results_2026-01-01T00-00-01.json", second),
+        ):
             (tmp_path / name).parent.mkdir()
             (tmp_path / name).write_text(json.dumps(data))
         plain = read_run(tmp_path)
@@ -56,7 +65,9 @@ class TestReadRunGzip:
         packed = read_run(tmp_path)
         merged = lambda run: (run.results, run.config, run.group_subtasks, run.truncated)  # noqa: E731
         assert merged(packed) == merged(plain)
-        assert packed.results == {"a": {"acc,none": 0.5}, "b": {"score,none": 0.25}} and packed.truncated == {"b": {"documents": 3}}
+        assert packed.results == {"a": {"acc,none": 0.5}, "b": {"score,none": 0.25}} and packed.truncated == {
+            "b": {"documents": 3}
+        }
 
     def test_a_results_gz_that_is_not_gzip_is_named(self, tmp_path: Path) -> None:
         (tmp_path / "results_1.json.gz").write_text(json.dumps({"results": {"t": {"acc,none": 0.5}}}))
@@ -92,7 +103,9 @@ class TestJournalGzip:
 
     def test_a_new_search_on_it_is_refused(self, packed: tuple[Path, list[dict]]) -> None:
         path, _ = packed
-        with pytest.raises(JournalError, match=r"journal\.jsonl\.gz: a gzipped journal of a finished search; pass --resume"):
+        with pytest.raises(
+            JournalError, match=r"journal\.jsonl\.gz: a gzipped journal of a finished search; pass --resume"
+        ):
             Journal(path, HEADER, resume=False)
         assert not path.exists()
 
@@ -144,7 +157,10 @@ def _comparison(out: str, config: str | None = None) -> tuple[str, str]:
 
 
 # Written by today's leaderboard code, their runs pin their inputs, their samples are committed.
-CURRENT = [_comparison("results/calibration/tiebreak/vs_static_r0.5"), _comparison("results/calibration/tiebreak/vs_static_r0.75")]
+CURRENT = [
+    _comparison("results/calibration/tiebreak/vs_static_r0.5"),
+    _comparison("results/calibration/tiebreak/vs_static_r0.75"),
+]
 # toy_sinks/run pins its inputs too; the others predate pinned inputs (a resume evaluates them again)
 # and the leaderboard's `truncated` field; toy_l/leaderboard and leaderboard_toy never committed samples.
 COMPARISONS = [*CURRENT, _comparison("results/toy_sinks/run", "results/toy_sinks/sinks.yaml"),
@@ -187,7 +203,9 @@ class TestCommittedComparison:  # about 0.5 s per test: the fast lane
             assert (tmp_path / name).read_bytes() == (Path(out) / name).read_bytes(), name
 
     @pytest.mark.parametrize(("config", "out"), COMPARISONS)
-    def test_gzipped_runs_give_the_leaderboard_of_the_unpacked_ones(self, config: str, out: str, tmp_path: Path) -> None:
+    def test_gzipped_runs_give_the_leaderboard_of_the_unpacked_ones(
+        self, config: str, out: str, tmp_path: Path
+    ) -> None:
         copy = tmp_path / "out"
         shutil.copytree(Path(out) / "runs", copy / "runs")
         shutil.copy(Path(out) / "leaderboard.json", copy)
@@ -233,7 +251,11 @@ def test_stripped_samples_regenerate_with_their_doc_hash(monkeypatch: pytest.Mon
     spec = load_spec(config)
     path = resolve_model(spec.model)
     manager = task_manager(spec.tasks, spec.include_path, {"pretrained": path, "tokenizer": path} | dict(spec.metadata))
-    docs = {name: list(task.eval_docs) for task_name in spec.tasks for name, task in load_task(manager, task_name)["tasks"].items()}
+    docs = {
+        name: list(task.eval_docs)
+        for task_name in spec.tasks
+        for name, task in load_task(manager, task_name)["tasks"].items()
+    }
     checked = 0
     for packed in sorted(Path(out).glob("runs/*/*/samples_*.jsonl.gz")):
         task = packed.name[len("samples_") :].rsplit("_", 1)[0]

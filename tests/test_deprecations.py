@@ -31,7 +31,11 @@ DEPRECATIONS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
 
 
 def deprecations(record: list[warnings.WarningMessage]) -> list[str]:
-    return [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in record if issubclass(w.category, DEPRECATIONS)]
+    return [
+        f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})"
+        for w in record
+        if issubclass(w.category, DEPRECATIONS)
+    ]
 
 
 @pytest.fixture
@@ -72,7 +76,9 @@ class TestCallSites:
     def test_compressed_scoring(self, hybrid_model):
         with warnings.catch_warnings(record=True) as record:
             warnings.simplefilter("always")
-            continuation_logits_through_cache(hybrid_model, lambda: HybridCache.for_model(hybrid_model), list(range(3, 15)), 3, torch.device("cpu"))
+            continuation_logits_through_cache(
+                hybrid_model, lambda: HybridCache.for_model(hybrid_model), list(range(3, 15)), 3, torch.device("cpu")
+            )
         assert deprecations(record) == []
 
     def test_generate_with_the_adapter_cache_name(self, hybrid_model):
@@ -80,7 +86,9 @@ class TestCallSites:
         cache = {cache_argument(hybrid_model): HybridCache.for_model(hybrid_model)}
         with warnings.catch_warnings(record=True) as record:
             warnings.simplefilter("always")
-            hybrid_model.generate(torch.randint(3, 300, (1, 6)), max_new_tokens=3, do_sample=False, pad_token_id=0, **cache)
+            hybrid_model.generate(
+                torch.randint(3, 300, (1, 6)), max_new_tokens=3, do_sample=False, pad_token_id=0, **cache
+            )
         assert [w for w in deprecations(record) if "past_key_values" in w or "cache_params" in w] == []
 
 
@@ -100,10 +108,16 @@ def test_package_never_names_the_old_cache_argument():
 
 
 @pytest.mark.parametrize(
-    ("module", "raises"), [("bosch_eval.bench.runner", True), ("bosch_eval.model_adapters.bosch", True), ("lm_eval.models.huggingface", False)]
+    ("module", "raises"),
+    [
+        ("bosch_eval.bench.runner", True),
+        ("bosch_eval.model_adapters.bosch", True),
+        ("lm_eval.models.huggingface", False),
+    ],
 )
 def test_pyproject_makes_our_deprecations_errors(module, raises):
     """The configured filter: a deprecation attributed to our module fails, a third party's warns."""
+
     def emit():
         warnings.warn_explicit("old API", FutureWarning, f"{module.replace('.', '/')}.py", 1, module=module)
 

@@ -19,7 +19,10 @@ NO_CUDA = "this torch (test) was built without CUDA"
 @pytest.fixture
 def no_cuda():
     """A machine where CUDA cannot be used, whatever this one has."""
-    with mock.patch.object(device_module, "_cuda_problem", return_value=NO_CUDA), mock.patch("torch.cuda.is_available", return_value=False):
+    with (
+        mock.patch.object(device_module, "_cuda_problem", return_value=NO_CUDA),
+        mock.patch("torch.cuda.is_available", return_value=False),
+    ):
         device_module._say_picked.cache_clear()
         yield
     device_module._say_picked.cache_clear()
@@ -41,7 +44,10 @@ class TestPickDevice:
             pick_device("cuda", "--device")
 
     def test_a_gpu_index_past_the_count(self):
-        with mock.patch.object(device_module, "_cuda_problem", return_value=None), mock.patch("torch.cuda.device_count", return_value=1):
+        with (
+            mock.patch.object(device_module, "_cuda_problem", return_value=None),
+            mock.patch("torch.cuda.device_count", return_value=1),
+        ):
             with pytest.raises(DeviceError, match=r"device 'cuda:3': torch sees 1 CUDA device\(s\) \(cuda:0..cuda:0\)"):
                 pick_device("cuda:3")
 
@@ -78,7 +84,9 @@ class TestSlowCpuBfloat16:
     @staticmethod
     def cpu_with(native: bool):  # noqa: ANN205
         return mock.patch.multiple(
-            "torch.cpu", _is_amx_tile_supported=mock.Mock(return_value=False), _is_avx512_bf16_supported=mock.Mock(return_value=native)
+            "torch.cpu",
+            _is_amx_tile_supported=mock.Mock(return_value=False),
+            _is_avx512_bf16_supported=mock.Mock(return_value=native),
         )
 
     def test_bf16_on_a_cpu_without_amx_or_avx512_bf16_is_named_with_the_faster_dtype(self):

@@ -127,7 +127,8 @@ def code_files() -> list[Path]:
     files = []
     for root in CODE_ROOTS:
         files += [
-            path for path in (REPO / root).rglob("*")
+            path
+            for path in (REPO / root).rglob("*")
             if path.is_file() and path.suffix in CODE_SUFFIXES and "__pycache__" not in path.parts
         ]
     return sorted(files)
@@ -142,8 +143,10 @@ def code_files() -> list[Path]:
         ("Export: running a mask outside bosch-eval", "export-running-a-mask-outside-bosch-eval"),
         ("`--model bosch` arguments", "--model-bosch-arguments"),
         ("How `lm_eval` finds `bosch`", "how-lm_eval-finds-bosch"),
-        ("Is the calibration set fit for the search? (`bosch-eval calib-check`)",
-         "is-the-calibration-set-fit-for-the-search-bosch-eval-calib-check"),
+        (
+            "Is the calibration set fit for the search? (`bosch-eval calib-check`)",
+            "is-the-calibration-set-fit-for-the-search-bosch-eval-calib-check",
+        ),
         ("KV-cache quantization (`bench --kv-quant`, CPU)", "kv-cache-quantization-bench---kv-quant-cpu"),
         ("Rankings: `bosch-ranking/1`", "rankings-bosch-ranking1"),
         ("See [the search](search.md)", "see-the-search"),

@@ -69,7 +69,9 @@ class TestWholeLayers:
 
     def test_mixed_layer_is_refused_naming_it(self):
         mask = HeadMask.from_rows([[0, 0], [1, 0]], 4, window=8)
-        with pytest.raises(ExportError, match=r"mask.json: layer 1 mixes full and SWA KV groups \(\[1, 0\]\).*--to serving"):
+        with pytest.raises(
+            ExportError, match=r"mask.json: layer 1 mixes full and SWA KV groups \(\[1, 0\]\).*--to serving"
+        ):
             whole_layer_types(mask, "mask.json")
 
 
@@ -121,7 +123,9 @@ class TestFamilies:
 
     def test_sinks_are_refused(self):
         mask = HeadMask.from_rows([[0, 0], [1, 1]], 4, window=8, sinks=4)
-        with pytest.raises(ExportError, match="mask.json: field 'sinks' is 4; transformers' sliding_attention layers have no"):
+        with pytest.raises(
+            ExportError, match="mask.json: field 'sinks' is 4; transformers' sliding_attention layers have no"
+        ):
             sliding_config(None, mask, 8, "mask.json")
 
     def test_non_empty_output_is_refused(self, tmp_path):
@@ -143,7 +147,21 @@ def test_stock_hf_on_export_scores_as_bosch_with_the_mask(family, tmp_path):
     source = resolve_model("toy") if family == "toy" else save_random_checkpoint(tmp_path / "source", family)
     mask = alternating_mask(ModelShape.from_config(AutoConfig.from_pretrained(source)))
     mask.save(tmp_path / "mask.json")
-    assert main(["export", "--to", "transformers", str(tmp_path / "out"), "--model", str(source), "--mask", str(tmp_path / "mask.json")]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--to",
+                "transformers",
+                str(tmp_path / "out"),
+                "--model",
+                str(source),
+                "--mask",
+                str(tmp_path / "mask.json"),
+            ]
+        )
+        == 0
+    )
     task_manager = TaskManager(include_path=str(FIXTURE_TASKS), include_defaults=False)
     tasks = ["bosch_test_choice", "bosch_test_continuation"]
     runs = {}
@@ -205,13 +223,30 @@ class TestServing:
 class TestCli:
     def test_serving_from_a_layer_heuristic(self, tmp_path, capsys):
         out = tmp_path / "serve.json"
-        assert main(["export", "--to", "serving", str(out), "--model", "toy", "--layers", "intr", "--ratio", "0.5"]) == 0
+        assert (
+            main(["export", "--to", "serving", str(out), "--model", "toy", "--layers", "intr", "--ratio", "0.5"]) == 0
+        )
         data = json.loads(out.read_text())
         assert data["model"] == "toy" and data["method"] == "intr" and data["layers"][0]["window"] == 32
 
     def test_llama_is_refused_with_the_reason(self, tmp_path, capsys):
         source = save_random_checkpoint(tmp_path / "llama", "llama")
-        code = main(["export", "--to", "transformers", str(tmp_path / "out"), "--model", str(source), "--layers", "intr", "--ratio", "0.5", "--window", "4"])
+        code = main(
+            [
+                "export",
+                "--to",
+                "transformers",
+                str(tmp_path / "out"),
+                "--model",
+                str(source),
+                "--layers",
+                "intr",
+                "--ratio",
+                "0.5",
+                "--window",
+                "4",
+            ]
+        )
         assert code == 2
         assert "LlamaConfig has no field 'layer_types'" in capsys.readouterr().err
         assert not (tmp_path / "out").exists()

@@ -112,7 +112,9 @@ def test_a_new_importer_is_one_new_file(drop_in, tiny_model_dir: Path, tmp_path:
     command = add_import_parser(parser.add_subparsers(dest="command"))
     assert "scores-tsv: per-head scores, higher = more local (ranking)" in " ".join(command.format_help().split())
     out = tmp_path / "ranking.json"
-    args = parser.parse_args(["import", "--format", "scores-tsv", str(path), "--model", str(tiny_model_dir), "--out", str(out)])
+    args = parser.parse_args(
+        ["import", "--format", "scores-tsv", str(path), "--model", str(tiny_model_dir), "--out", str(out)]
+    )
     with pytest.raises(MaskError, match="4 lines, one per layer, but the model"):  # the tiny model: L=3, G=4
         args.run(args)
     path.write_text("1\t2\t3\t4\n5\t6\t7\t8\n9\t10\t11\t12\n")
@@ -124,7 +126,10 @@ def test_a_new_attention_backend_is_one_new_file(drop_in) -> None:
     drop_in("Add an attention backend", kernels, BACKENDS)
     assert backend_names() == ["auto", "sdpa", "blocked", "flex", "flash_attention_2", "sdpa-fp32"]
     model = random_model("qwen3", num_layers=2)
-    rows = [[g % 2 for g in range(model.config.num_key_value_heads)], [1 - g % 2 for g in range(model.config.num_key_value_heads)]]
+    rows = [
+        [g % 2 for g in range(model.config.num_key_value_heads)],
+        [1 - g % 2 for g in range(model.config.num_key_value_heads)],
+    ]
     mask = HeadMask.from_rows(rows, model.config.num_attention_heads, window=3, sinks=1)
     ids = torch.randint(3, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
     logits = {}
@@ -137,7 +142,9 @@ def test_a_new_attention_backend_is_one_new_file(drop_in) -> None:
     query, key, value = (torch.randn(1, heads, 8, 16, generator=generator, dtype=torch.bfloat16) for heads in (4, 2, 2))
     attention, local = model.model.layers[0].self_attn, LocalWindow(3, 1)
     low = BACKENDS["sdpa-fp32"].swa(attention, query, key, value, None, local, scaling=0.25, dropout=0.0)
-    exact = masked_swa_attention(attention, query.float(), key.float(), value.float(), None, local, scaling=0.25, dropout=0.0)
+    exact = masked_swa_attention(
+        attention, query.float(), key.float(), value.float(), None, local, scaling=0.25, dropout=0.0
+    )
     assert low.dtype == torch.bfloat16 and torch.equal(low, exact.bfloat16())
 
 
@@ -156,7 +163,9 @@ def test_a_new_kv_quant_method_is_one_new_file(drop_in, tiny_model_dir: Path) ->
     assert "(logquant, kivi, kivi-sink)" in " ".join(bench.format_help().split())
     scores = {}
     for method in ("kivi-sink", "kivi"):
-        lm = BoschLM.create_from_arg_string(f"pretrained={tiny_model_dir},mask=full,kv_quant={method},kv_window=1", {"device": "cpu", "batch_size": 2})
+        lm = BoschLM.create_from_arg_string(
+            f"pretrained={tiny_model_dir},mask=full,kv_quant={method},kv_window=1", {"device": "cpu", "batch_size": 2}
+        )
         assert lm.kv_quant == KVQuantConfig(method, bits=2, window=1, group_size=16)  # the tiny model's head dim: 16
         scores[method] = [score for score, _ in lm.loglikelihood(requests())]
     assert scores["kivi-sink"] != scores["kivi"]  # scored through the cache, position 0 unquantized

@@ -40,7 +40,9 @@ def tiles_of(block_mask) -> tuple[torch.Tensor, torch.Tensor]:
         listed = torch.arange(indices.shape[-1]) < counts[..., None]  # indices: a permutation per row
         return torch.zeros(indices.shape, dtype=torch.bool).scatter(-1, indices.long(), listed)
 
-    return dense(block_mask.kv_num_blocks, block_mask.kv_indices), dense(block_mask.full_kv_num_blocks, block_mask.full_kv_indices)
+    return dense(block_mask.kv_num_blocks, block_mask.kv_indices), dense(
+        block_mask.full_kv_num_blocks, block_mask.full_kv_indices
+    )
 
 
 def test_tile_arithmetic_equals_the_predicate_tile_by_tile_on_every_small_case():

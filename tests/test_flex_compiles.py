@@ -36,7 +36,9 @@ def every_swa_count() -> HeadMask:
 
 @functools.cache
 def model_with_every_swa_count():
-    model = random_model("qwen3", num_layers=LAYERS, seed=1, num_attention_heads=HEADS, num_key_value_heads=GROUPS, head_dim=16)
+    model = random_model(
+        "qwen3", num_layers=LAYERS, seed=1, num_attention_heads=HEADS, num_key_value_heads=GROUPS, head_dim=16
+    )
     hybridize(model, every_swa_count(), backend="flex")
     return model
 
@@ -47,7 +49,9 @@ def counted(monkeypatch):
     torch._dynamo.reset()
     counter = CompileCounter()
     policy = {"dynamic": CUDA_POLICY}
-    compiled = functools.cache(lambda dynamic: torch.compile(flex._flex_attention(), dynamic=dynamic, backend=counter, fullgraph=True))
+    compiled = functools.cache(
+        lambda dynamic: torch.compile(flex._flex_attention(), dynamic=dynamic, backend=counter, fullgraph=True)
+    )
     monkeypatch.setattr(flex, "_compiled_flex", compiled)
     monkeypatch.setattr(flex, "_shape_policy", lambda device: policy["dynamic"])
     monkeypatch.setattr(flex, "compile_failure", lambda device, dtype: None)
@@ -59,7 +63,11 @@ def counted(monkeypatch):
 
 def prefill(model, length: int, cache: str, chunk: int | None = None) -> None:
     ids = torch.randint(3, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length))
-    past = {"hybrid": lambda: HybridCache.for_model(model), "dynamic": lambda: DynamicCache(config=model.config), "none": lambda: None}[cache]()
+    past = {
+        "hybrid": lambda: HybridCache.for_model(model),
+        "dynamic": lambda: DynamicCache(config=model.config),
+        "none": lambda: None,
+    }[cache]()
     with torch.no_grad():
         for part in ids.split(chunk or length, dim=1):
             model(input_ids=part, past_key_values=past, use_cache=past is not None)

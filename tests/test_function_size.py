@@ -41,8 +41,13 @@ def test_the_limits_are_counted_as_stated():
     eight_with_self = "class C:\n    def m(self, a, b, c, d, e, *f, g, **h):\n        pass\n"
     long = "def g():\n" + "    x = 1\n" * 80  # 81 lines with its def
     short = "def h():\n" + "    x = 1\n" * 79
-    assert oversized(nine + eight_with_self + long + short) == {"f": "line 1: 9 parameters, 2 lines", "g": "line 6: 0 parameters, 81 lines"}
+    assert oversized(nine + eight_with_self + long + short) == {
+        "f": "line 1: 9 parameters, 2 lines",
+        "g": "line 6: 0 parameters, 81 lines",
+    }
 
 
 def test_no_function_over_eight_parameters_or_eighty_lines():
-    assert package_oversized() == {}, "split it into helpers with one job, or group its parameters in a frozen dataclass"
+    assert package_oversized() == {}, (
+        "split it into helpers with one job, or group its parameters in a frozen dataclass"
+    )

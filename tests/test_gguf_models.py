@@ -67,7 +67,9 @@ class TestConversion:
         assert converted_tokenizer.model_max_length == 256  # max_position_embeddings, not the "no limit" 10^30
         assert json.loads((directory / SOURCE_FILE).read_text())["sha256"] == file_digest(path)
 
-    def test_the_checkpoint_is_the_same_bytes_offline(self, source: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_the_checkpoint_is_the_same_bytes_offline(
+        self, source: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         # A GPU machine without network (HF_HUB_OFFLINE=1) once wrote another tokenizer_config.json,
         # so its runs named another model and a resume here refused them.
         online = tmp_path / "online"
@@ -124,10 +126,17 @@ class TestConversion:
             for thread in threads:
                 thread.join()
         assert len(calls) == 1 and len(results) == 2 and results[0] == results[1]
-        assert sorted(path.name for path in cache.iterdir()) == sorted([Path(results[0]).name, Path(results[0]).name + ".lock"])
+        assert sorted(path.name for path in cache.iterdir()) == sorted(
+            [Path(results[0]).name, Path(results[0]).name + ".lock"]
+        )
 
-    def test_a_failed_conversion_leaves_nothing_and_a_killed_ones_leftovers_are_removed(self, source: tuple, cache: Path) -> None:
-        with mock.patch.object(gguf_models, "_convert", side_effect=KeyboardInterrupt), pytest.raises(KeyboardInterrupt):
+    def test_a_failed_conversion_leaves_nothing_and_a_killed_ones_leftovers_are_removed(
+        self, source: tuple, cache: Path
+    ) -> None:
+        with (
+            mock.patch.object(gguf_models, "_convert", side_effect=KeyboardInterrupt),
+            pytest.raises(KeyboardInterrupt),
+        ):
             resolve_model(str(source[0]))
         assert [path.name for path in cache.iterdir() if not path.name.endswith(".lock")] == []
         # A SIGKILLed conversion leaves its temporary directory; the next one removes it.
@@ -151,7 +160,9 @@ class TestBadInput:
         with pytest.raises(ModelError, match=r"model '.*nothing\.gguf': no such GGUF file"):
             resolve_model(str(tmp_path / "nothing.gguf"))
 
-    @pytest.mark.parametrize("content", [b"not a gguf file at all", b"GGUF\x03\x00\x00\x00"], ids=["foreign", "truncated"])
+    @pytest.mark.parametrize(
+        "content", [b"not a gguf file at all", b"GGUF\x03\x00\x00\x00"], ids=["foreign", "truncated"]
+    )
     def test_a_file_that_is_not_a_gguf(self, tmp_path: Path, content: bytes) -> None:
         path = tmp_path / "broken.gguf"
         path.write_bytes(content)
@@ -162,12 +173,16 @@ class TestBadInput:
     def test_an_architecture_transformers_does_not_load(self, tmp_path: Path) -> None:
         model, tokenizer = tiny_llama()
         path = write_gguf(tmp_path / "encoder.gguf", model, tokenizer, arch="bert")
-        with pytest.raises(ModelError, match=rf"{path}: architecture 'bert' is not one .* it knows \[.*'llama'.*'qwen3'"):
+        with pytest.raises(
+            ModelError, match=rf"{path}: architecture 'bert' is not one .* it knows \[.*'llama'.*'qwen3'"
+        ):
             resolve_model(str(path))
 
     def test_without_the_gguf_package(self, source: tuple) -> None:
         with mock.patch("transformers.utils.import_utils.is_gguf_available", return_value=False):
-            with pytest.raises(ModelError, match=r"needs the package gguf>=0\.10; install it with: pip install 'gguf>=0\.10'"):
+            with pytest.raises(
+                ModelError, match=r"needs the package gguf>=0\.10; install it with: pip install 'gguf>=0\.10'"
+            ):
                 resolve_model(str(source[0]))
 
     def test_without_the_package_that_ships_smollm2(self) -> None:
@@ -200,7 +215,9 @@ class TestPackagedModel:
 
     def test_defaults_follow_the_table(self, packaged: str, monkeypatch: pytest.MonkeyPatch) -> None:
         directory = resolve_model(packaged)
-        chosen = PackagedGguf("tiny_gguf_package", "tiny.gguf", "tiny-gguf-package", defaults={"window": 64, "calib_len": 512})
+        chosen = PackagedGguf(
+            "tiny_gguf_package", "tiny.gguf", "tiny-gguf-package", defaults={"window": 64, "calib_len": 512}
+        )
         monkeypatch.setitem(PACKAGED_GGUF, packaged, chosen)
         with mock.patch.object(gguf_models, "_convert", side_effect=AssertionError("converted again")):
             assert resolve_model(packaged) == directory
@@ -275,6 +292,8 @@ def test_the_real_smollm2(monkeypatch: pytest.MonkeyPatch) -> None:
         logits = model(ids).logits
     assert tokenizer.decode(logits[0, -1].argmax()) == " Paris"
     gguf_file = gguf_models.packaged_gguf_file("smollm2")
-    direct = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name, dtype=torch.float32).eval()
+    direct = AutoModelForCausalLM.from_pretrained(
+        str(gguf_file.parent), gguf_file=gguf_file.name, dtype=torch.float32
+    ).eval()
     with torch.no_grad():
         torch.testing.assert_close(direct(ids).logits, logits, rtol=0, atol=1e-5)

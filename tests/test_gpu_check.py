@@ -29,7 +29,9 @@ import gpu_check  # noqa: E402
 
 def test_dense_band_reference_runs_on_the_inputs_device():
     """The meta device stands in for CUDA: any tensor the oracle made on the CPU would be refused."""
-    module = types.SimpleNamespace(reference_mask=HeadMask.from_rows([[0, 1]], 4, window=3, sinks=1), layer_idx=0, num_key_value_groups=2)
+    module = types.SimpleNamespace(
+        reference_mask=HeadMask.from_rows([[0, 1]], 4, window=3, sinks=1), layer_idx=0, num_key_value_groups=2
+    )
     query, key = torch.randn(1, 4, 6, 8, device="meta"), torch.randn(1, 2, 6, 8, device="meta")
     out, _ = dense_band_reference(module, query, key, key, torch.ones(1, 1, 6, 6, dtype=torch.bool, device="meta"), 0.3)
     assert out.device.type == "meta" and out.shape == (1, 6, 4, 8)
@@ -37,7 +39,9 @@ def test_dense_band_reference_runs_on_the_inputs_device():
 
 def test_a_correct_backend_passes_and_a_wrong_window_fails(monkeypatch):
     def one_key_too_many(module, query, key, value, attention_mask, local, **kwargs):
-        return masked_swa_attention(module, query, key, value, attention_mask, LocalWindow(local.window + 1, local.sinks), **kwargs)
+        return masked_swa_attention(
+            module, query, key, value, attention_mask, LocalWindow(local.window + 1, local.sinks), **kwargs
+        )
 
     monkeypatch.setitem(BACKENDS.members, "bosch_test_wrong_window", Backend(swa=one_key_too_many))
     floors = {"qwen3": backend_reference.bf16_floor("qwen3", torch.device("cpu"))}
@@ -65,11 +69,17 @@ def test_flex_runs_eagerly_then_with_its_decode_compiled_then_the_others():
     assert [run[0] for run in runs] == ["flex", "flex --compile", "blocked", "sdpa"]
     assert runs[0][2:] == ((32768, 8192), ("0.75", "0.5"), ())
     assert runs[1][1:] == ("flex", (32768,), ("0.75",), ("--compile",))
-    assert [run[0] for run in gpu_check.bench_runs(["flash_attention_2", "sdpa"], gpu_check.FULL)] == ["flash_attention_2", "sdpa"]
+    assert [run[0] for run in gpu_check.bench_runs(["flash_attention_2", "sdpa"], gpu_check.FULL)] == [
+        "flash_attention_2",
+        "sdpa",
+    ]
 
 
 def test_slug_names_a_folder():
-    assert gpu_check.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3" and gpu_check.slug("cpu (x86_64)") == "cpu-x86-64"
+    assert (
+        gpu_check.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+        and gpu_check.slug("cpu (x86_64)") == "cpu-x86-64"
+    )
 
 
 def test_a_stage_past_its_limit_is_killed_with_its_children(tmp_path):
@@ -91,15 +101,31 @@ def test_a_stage_past_its_limit_is_killed_with_its_children(tmp_path):
     while not child_ended() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert child_ended()
-    assert gpu_check.run_limited([sys.executable, "-c", "import sys; sys.exit(3)"], 30, tmp_path / "x.log")["status"] == "failed (exit 3)"
+    assert (
+        gpu_check.run_limited([sys.executable, "-c", "import sys; sys.exit(3)"], 30, tmp_path / "x.log")["status"]
+        == "failed (exit 3)"
+    )
 
 
 def _speedup(label, length, **ratios):
-    return {"label": label, "length": length, "prefill": 1.0, "decode_batch_1": 1.0, "decode_batch_8": 1.0, "prefill_peak": 1.0, **ratios}
+    return {
+        "label": label,
+        "length": length,
+        "prefill": 1.0,
+        "decode_batch_1": 1.0,
+        "decode_batch_8": 1.0,
+        "prefill_peak": 1.0,
+        **ratios,
+    }
 
 
 def test_targets_are_read_at_32k_only():
-    lines = gpu_check.targets([_speedup("ρ=0.75", 32768, prefill=1.3, decode_batch_8=1.2, prefill_peak=None), _speedup("ρ=0.75", 8192, prefill=9.0)])
+    lines = gpu_check.targets(
+        [
+            _speedup("ρ=0.75", 32768, prefill=1.3, decode_batch_8=1.2, prefill_peak=None),
+            _speedup("ρ=0.75", 8192, prefill=9.0),
+        ]
+    )
     assert lines == [
         "ρ=0.75 prefill 1.30× (target >= 1.25): met",
         "ρ=0.75 decode_batch_1 1.00× (target >= 1.0): met",
@@ -126,7 +152,10 @@ def test_summary_shows_every_stage_and_a_failed_backend(tmp_path):
     text = gpu_check.summary({"device": "NVIDIA H100", "command": "python benchmarks/gpu_check.py"}, results)
     assert "| sdpa (= auto) | 32768 | ρ=0.75 | 0.40 | 1.00 | 1.00 | 1.00 | 0.270 | ok |" in text
     assert "| flex | - | - | - | - | - | - | - | failed (exit 1): torch.OutOfMemoryError: CUDA out of memory |" in text
-    assert "ρ=0.75 prefill 0.40× (target >= 1.25): NOT met" in text and "Targets at T = 32768, flex: T = 32768 not measured" in text
+    assert (
+        "ρ=0.75 prefill 0.40× (target >= 1.25): NOT met" in text
+        and "Targets at T = 32768, flex: T = 32768 not measured" in text
+    )
     assert "on the device against the CPU: equal" in text and "| t/acc | 0.5 | 0.5 | 0.5 |" in text
     assert "timed out after 80 s; 12 masks scored in the journal before it stopped" in text
     assert "| `dtype=bfloat16,layers=bme,ratio=0.75` | 1.50 | 0.75 |" in text
@@ -149,16 +178,26 @@ def test_quick_check_on_cpu_runs_every_stage_and_packs_them(tmp_path):
     assert {name: stage["status"] for name, stage in stages.items()} == dict.fromkeys(gpu_check.STAGES, "ok")
     assert stages["correctness"]["summary"].startswith("float32: 12 of 12 within tolerance")
     bench = stages["bench"]["backends"]
-    assert list(bench)[:2] == ["flex", "flex --compile"] and len(bench["flex --compile"]["speedups"]) == 1  # ρ = 0.75 at the longest length
-    assert all(len(run["speedups"]) == 4 for name, run in bench.items() if name != "flex --compile")  # 2 ratios × 2 lengths
+    assert (
+        list(bench)[:2] == ["flex", "flex --compile"] and len(bench["flex --compile"]["speedups"]) == 1
+    )  # ρ = 0.75 at the longest length
+    assert all(
+        len(run["speedups"]) == 4 for name, run in bench.items() if name != "flex --compile"
+    )  # 2 ratios × 2 lengths
     assert stages["lm_eval"]["equal"] and stages["search"]["evaluations"] > 0
     assert [row["config"] for row in stages["objective"]["rows"]] == [
-        "dtype=bfloat16,mask=full", "dtype=bfloat16,layers=bme,ratio=0.75", "dtype=bfloat16,layers=bme,ratio=0.5"]
+        "dtype=bfloat16,mask=full",
+        "dtype=bfloat16,layers=bme,ratio=0.75",
+        "dtype=bfloat16,layers=bme,ratio=0.5",
+    ]
     environment = json.loads((folder / "environment.json").read_text())
     assert environment["device"].startswith("cpu") and environment["torch"] and "--quick" in environment["command"]
     assert (tmp_path / "pack" / "summary.md").read_text() == (folder / "summary.md").read_text()
     with tarfile.open(tmp_path / "pack" / "gpu_check.tar.gz") as archive:
-        assert f"{folder.name}/bench/flex/bench.json" in archive.getnames() and f"{folder.name}/bench/flex--compile/bench.json" in archive.getnames()
+        assert (
+            f"{folder.name}/bench/flex/bench.json" in archive.getnames()
+            and f"{folder.name}/bench/flex--compile/bench.json" in archive.getnames()
+        )
     again = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_check.py"), "--device", "cpu", "--out", str(tmp_path / "out")],
                            capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert again.returncode == 2 and "already holds a check" in again.stderr

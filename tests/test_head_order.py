@@ -20,7 +20,12 @@ from tests.helpers import left_padded_batch
 ROWS = [[1, 1, 1, 1], [0, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 0]]
 OTHER = [[0, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 1], [0, 0, 0, 0]]
 # Every family with separate q/k/v/o projections, at 4 KV groups (qwen2: biases on q/k/v).
-FAMILIES = {"qwen3": {}, "llama": {"num_key_value_heads": 4}, "qwen2": {"num_attention_heads": 8, "num_key_value_heads": 4}, "mistral": {}}
+FAMILIES = {
+    "qwen3": {},
+    "llama": {"num_key_value_heads": 4},
+    "qwen2": {"num_attention_heads": 8, "num_key_value_heads": 4},
+    "mistral": {},
+}
 FP32 = {"atol": 1e-5, "rtol": 0}
 
 
@@ -126,7 +131,10 @@ def test_bf16_within_the_unpatched_models_own_bf16_error():
     real = attention.bool()
     with hybridize(model, mask, backend="blocked"):
         exact = model(input_ids=ids, attention_mask=attention).logits[real]
-    floor = (model.to(torch.bfloat16)(input_ids=ids, attention_mask=attention).logits.float() - model.float()(input_ids=ids, attention_mask=attention).logits)[real]
+    floor = (
+        model.to(torch.bfloat16)(input_ids=ids, attention_mask=attention).logits.float()
+        - model.float()(input_ids=ids, attention_mask=attention).logits
+    )[real]
     model.to(torch.bfloat16)
     with hybridize(model, mask, backend="blocked", by_kind=True):
         error = (model(input_ids=ids, attention_mask=attention).logits.float()[real] - exact).abs().max()

@@ -94,7 +94,11 @@ def test_sinks_covering_the_sequence_are_full_attention(backend):
     model = random_model("qwen3")
     ids, _ = left_padded_batch(model.config.vocab_size, [40])
     full = logits(model, ids)
-    hybridize(model, HeadMask.uniform(ModelShape.from_config(model.config), full=False, window=WINDOW, sinks=40), backend=backend)
+    hybridize(
+        model,
+        HeadMask.uniform(ModelShape.from_config(model.config), full=False, window=WINDOW, sinks=40),
+        backend=backend,
+    )
     torch.testing.assert_close(logits(model, ids), full, atol=1e-5, rtol=0)
     hybrid_state(model).set_mask(hybrid_state(model).mask, sinks=2)  # and fewer sinks are not
     assert (logits(model, ids) - full).abs().max() > 1e-3
@@ -217,7 +221,9 @@ def test_cuda_backends_match_dense_band_reference_in_bf16(family, backend, monke
     model = random_model(family, seed=3).to("cuda")
     ids, attention = left_padded_batch(model.config.vocab_size, [40, 26, 9], seed=4, device="cuda")
     for sinks in (0, 3):
-        rows = slice(0, 1) if backend == "flash_attention_2" and sinks else slice(None)  # flash + sinks: no left padding
+        rows = (
+            slice(0, 1) if backend == "flash_attention_2" and sinks else slice(None)
+        )  # flash + sinks: no left padding
         mask = random_mask(model, sinks, sinks)
         expected = reference_logits(model.float(), mask, ids[rows], attention[rows])
         with hybridize(model.to(torch.bfloat16), mask, backend=backend):

@@ -26,7 +26,11 @@ MASKS = {
 
 def hybrid_model(rows, backend="blocked", source="random", sinks=0):
     """A 4-layer, 8-head, 4-KV-group model: random weights, or the bundled toy model (same shape)."""
-    model = random_model("qwen3", num_layers=4, seed=5) if source == "random" else AutoModelForCausalLM.from_pretrained(model_path())
+    model = (
+        random_model("qwen3", num_layers=4, seed=5)
+        if source == "random"
+        else AutoModelForCausalLM.from_pretrained(model_path())
+    )
     hybridize(model, HeadMask.from_rows(rows, 8, window=WINDOW, sinks=sinks), backend=backend)
     return model
 
@@ -82,16 +86,28 @@ def test_cache_bytes_equal_the_formula_and_the_memory_held(length, sinks):
     head_dim, dtype_size, batch = model.config.head_dim, 4, 2
     expected = sum(
         (row.count(1) * length + row.count(0) * (min(length, sinks) + min(max(length - sinks, 0), WINDOW - 1)))
-        * 2 * head_dim * dtype_size * batch
+        * 2
+        * head_dim
+        * dtype_size
+        * batch
         for row in MASKS["mixed"]
     )
     assert kv_cache_bytes(cache) == expected
-    formula = kv_cache_bytes_formula(MASKS["mixed"], KVLayout(4, 4, head_dim), length, window=WINDOW, dtype_bytes=dtype_size, batch=batch, sinks=sinks)
+    formula = kv_cache_bytes_formula(
+        MASKS["mixed"],
+        KVLayout(4, 4, head_dim),
+        length,
+        window=WINDOW,
+        dtype_bytes=dtype_size,
+        batch=batch,
+        sinks=sinks,
+    )
     assert formula == expected
     # ... and the buffers allocated: the full groups at exactly the prefill's length (no capacity
     # asked for), the SWA groups' S + W slots; none is a view that pins the model's states.
     allocated = sum(
-        (row.count(1) * length + row.count(0) * (sinks + WINDOW)) * 2 * head_dim * dtype_size * batch for row in MASKS["mixed"]
+        (row.count(1) * length + row.count(0) * (sinks + WINDOW)) * 2 * head_dim * dtype_size * batch
+        for row in MASKS["mixed"]
     )
     assert allocated_bytes(cache) == allocated
     for layer in cache.layers:
@@ -110,7 +126,9 @@ def test_chunked_prefill_equals_one_shot(backend, monkeypatch):
     with torch.no_grad():
         expected = model(input_ids=ids).logits
         cache = HybridCache.for_model(model)
-        chunks = [model(input_ids=chunk, past_key_values=cache, use_cache=True).logits for chunk in ids.split(10, dim=1)]
+        chunks = [
+            model(input_ids=chunk, past_key_values=cache, use_cache=True).logits for chunk in ids.split(10, dim=1)
+        ]
     torch.testing.assert_close(torch.cat(chunks, dim=1), expected, atol=1e-5, rtol=0)
 
 
@@ -180,10 +198,18 @@ def test_per_row_sinks_are_searched_for_only_until_found():
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     cache = HybridCache.for_model(model)
     with torch.no_grad(), _OpNames() as prefill:
-        logits = model(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=cache, use_cache=True).logits
+        logits = model(
+            input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=cache, use_cache=True
+        ).logits
     assert "aten.searchsorted" in prefill.names
     assert all(layer.slots_final for layer in cache.layers if isinstance(layer, HybridHeadLayer))
     attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
     with torch.no_grad(), _OpNames() as step:
-        model(input_ids=logits[:, -1:].argmax(-1), attention_mask=attention, position_ids=positions[:, -1:] + 1, past_key_values=cache, use_cache=True)
+        model(
+            input_ids=logits[:, -1:].argmax(-1),
+            attention_mask=attention,
+            position_ids=positions[:, -1:] + 1,
+            past_key_values=cache,
+            use_cache=True,
+        )
     assert not {"aten.cumsum", "aten.searchsorted", "aten.gather"} & set(step.names)

@@ -41,7 +41,9 @@ def test_decode_steps_write_in_place():
     before = buffers(cache)
     for _ in range(20):
         attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
-        logits = model(input_ids=logits[:, -1:].argmax(-1), attention_mask=attention, past_key_values=cache, use_cache=True).logits
+        logits = model(
+            input_ids=logits[:, -1:].argmax(-1), attention_mask=attention, past_key_values=cache, use_cache=True
+        ).logits
     assert buffers(cache) == before
     assert all(layer.ring.keys.shape[2] == 2 + WINDOW for layer in cache.layers if isinstance(layer, HybridHeadLayer))
     # Without a capacity the full groups double when outgrown: a few reallocations, not one per step.
@@ -86,6 +88,8 @@ def test_beam_search_on_the_cache_equals_beam_search_recomputing(by_kind):
     model = hybrid_model(sinks=2, by_kind=by_kind)
     ids, attention = left_padded_batch(model.config.vocab_size, [10, 4], seed=5)
     settings = {"max_new_tokens": 16, "min_new_tokens": 16, "num_beams": 3, "do_sample": False, "pad_token_id": 0}
-    cached = model.generate(input_ids=ids, attention_mask=attention, past_key_values=HybridCache.for_model(model), **settings)
+    cached = model.generate(
+        input_ids=ids, attention_mask=attention, past_key_values=HybridCache.for_model(model), **settings
+    )
     recomputed = model.generate(input_ids=ids, attention_mask=attention, use_cache=False, **settings)
     assert torch.equal(cached, recomputed)

@@ -30,7 +30,9 @@ def eager_flex(monkeypatch):
 
 def mixed_mask(model, seed: int = 0, sinks: int = 0) -> HeadMask:
     shape = ModelShape.from_config(model.config)
-    rows = torch.randint(0, 2, (shape.num_layers, shape.num_kv_heads), generator=torch.Generator().manual_seed(seed)).tolist()
+    rows = torch.randint(
+        0, 2, (shape.num_layers, shape.num_kv_heads), generator=torch.Generator().manual_seed(seed)
+    ).tolist()
     rows[0] = [g % 2 for g in range(shape.num_kv_heads)]
     return HeadMask.from_rows(rows, shape.num_heads, window=WINDOW, sinks=sinks)
 
@@ -142,7 +144,9 @@ class TestRestore:
 class TestSpec:
     def test_built_once_immutable_and_swapped_as_a_whole(self):
         model = random_model("qwen3")
-        spec = HybridSpec.build(mixed_mask(model), sinks=2, backend="blocked", on=RunsOn(shape=ModelShape.from_config(model.config)))
+        spec = HybridSpec.build(
+            mixed_mask(model), sinks=2, backend="blocked", on=RunsOn(shape=ModelShape.from_config(model.config))
+        )
         assert (spec.local, spec.backend) == (LocalWindow(WINDOW, 2), "blocked")
         with pytest.raises(dataclasses.FrozenInstanceError):
             spec.backend = "sdpa"
@@ -169,14 +173,23 @@ class TestSpec:
         with pytest.raises(SettingsError, match="'flash_attention_2' needs a CUDA model"):
             HybridSpec.build(mask, backend="flash_attention_2")
         with pytest.raises(MaskError, match="field 'num_layers'"):
-            HybridSpec.build(HeadMask.uniform(ModelShape(shape.num_layers + 1, shape.num_heads, shape.num_kv_heads), full=True, window=4), on=RunsOn(shape=shape))
+            HybridSpec.build(
+                HeadMask.uniform(
+                    ModelShape(shape.num_layers + 1, shape.num_heads, shape.num_kv_heads), full=True, window=4
+                ),
+                on=RunsOn(shape=shape),
+            )
         with pytest.raises(SettingsError, match="a concrete backend"):
             HybridSpec(mask, LocalWindow(4), "auto")
 
     def test_a_spec_for_another_shape_is_refused_by_the_model(self):
         model = random_model("qwen3")
         shape = ModelShape.from_config(model.config)
-        wrong = HybridSpec(HeadMask.uniform(ModelShape(shape.num_layers, shape.num_heads, 2), full=False, window=4), LocalWindow(4), "sdpa")
+        wrong = HybridSpec(
+            HeadMask.uniform(ModelShape(shape.num_layers, shape.num_heads, 2), full=False, window=4),
+            LocalWindow(4),
+            "sdpa",
+        )
         with pytest.raises(MaskError, match="num_kv_heads"):
             apply_spec(model, wrong)
         assert not hasattr(model, "bosch_hybrid")
@@ -184,7 +197,9 @@ class TestSpec:
 
 class TestCacheOwnership:
     def generate(self, model, cache, ids):
-        return model.generate(input_ids=ids, past_key_values=cache, max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0)
+        return model.generate(
+            input_ids=ids, past_key_values=cache, max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0
+        )
 
     def test_a_cache_refuses_another_window(self):
         model = random_model("qwen3", num_layers=4, seed=5)
@@ -223,7 +238,11 @@ class TestAuto:
         choice._cuda_choice.cache_clear()
 
     def test_cpu_runs_the_measured_choice(self):
-        assert HybridSpec.build(HeadMask.uniform(ModelShape(2, 4, 2), full=False, window=4)).backend == choice.CPU_CHOICE == "blocked"
+        assert (
+            HybridSpec.build(HeadMask.uniform(ModelShape(2, 4, 2), full=False, window=4)).backend
+            == choice.CPU_CHOICE
+            == "blocked"
+        )
 
     def test_cuda_with_flash_attn_runs_flash(self, monkeypatch):
         monkeypatch.setattr(flash, "flash_unavailable", lambda device: None)
@@ -246,5 +265,7 @@ class TestAuto:
 
     def test_the_reason_travels_with_the_spec(self, monkeypatch):
         monkeypatch.setattr(flex, "compile_failure", lambda device, dtype: None)
-        spec = HybridSpec.build(HeadMask.uniform(ModelShape(2, 4, 2), full=False, window=4), on=RunsOn("cuda:0", torch.bfloat16))
+        spec = HybridSpec.build(
+            HeadMask.uniform(ModelShape(2, 4, 2), full=False, window=4), on=RunsOn("cuda:0", torch.bfloat16)
+        )
         assert spec.backend == "flex" and "compiled FlexAttention" in spec.backend_reason

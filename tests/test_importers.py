@@ -97,7 +97,9 @@ class TestDuo:
         assert "seed" not in sidecar
         # Its streaming heads (sink_size first + recent_size last tokens) are our window with sinks.
         assert (ranking.window, ranking.sinks) == (256, 128)
-        assert import_duo(tmp_path / "full_attention_heads.tsv", SHAPE, window=64).window == 64  # an explicit window wins
+        assert (
+            import_duo(tmp_path / "full_attention_heads.tsv", SHAPE, window=64).window == 64
+        )  # an explicit window wins
         (tmp_path / "config.json").unlink()
         bare = import_duo(tmp_path / "full_attention_heads.tsv", SHAPE)
         assert (bare.window, bare.sinks) == (None, 0)  # no sidecar: nothing guessed
@@ -202,7 +204,7 @@ class TestRetrievalJson:
 
     def test_bare_numbers_are_scores(self, tmp_path):
         path = tmp_path / "razor.json"
-        path.write_text(json.dumps({f"{l}-{h}": l + h / 10 for l in range(3) for h in range(4)}))
+        path.write_text(json.dumps({f"{layer}-{h}": layer + h / 10 for layer in range(3) for h in range(4)}))
         assert import_retrieval_json(path, SHAPE).scores[2] == pytest.approx((2.0, 2.1, 2.2, 2.3))
 
     @pytest.mark.parametrize(
@@ -222,7 +224,7 @@ class TestRetrievalJson:
         ids=["missing-key", "layers", "heads", "nan", "non-numeric", "empty-list", "bad-key"],
     )
     def test_malformed_files_name_file_and_key(self, tmp_path, change, expected):
-        data = {f"{l}-{h}": [0.5] for l in range(3) for h in range(8)}
+        data = {f"{layer}-{h}": [0.5] for layer in range(3) for h in range(8)}
         change(data)
         path = tmp_path / "head_score.json"
         path.write_text(json.dumps(data))  # json.dumps writes NaN, json.loads reads it back
@@ -251,7 +253,10 @@ class TestRoundTripAndUse:
         assert HeadMask.load(tmp_path / "mask.json") == mask
 
     def test_unknown_format(self, tmp_path):
-        with pytest.raises(MaskError, match=r"format: unknown pattern format 'csv', expected one of \['duo', 'prulong', 'retrieval-json'\]"):
+        with pytest.raises(
+            MaskError,
+            match=r"format: unknown pattern format 'csv', expected one of \['duo', 'prulong', 'retrieval-json'\]",
+        ):
             import_pattern("csv", tmp_path / "x", SHAPE)
 
     @pytest.mark.parametrize("ratio", [0.25, 0.5, 0.75, 0.875])
@@ -266,12 +271,14 @@ class TestRoundTripAndUse:
         argv = ["import", "--format", "duo", str(pattern), "--model", str(config_dir), "--out", str(out)]
         args = parser.parse_args(argv)
         args.run(args)
-        mask, source = resolve_mask(shape, MaskRequest(ranking=str(out), ratio=ratio, window=8), model_name=str(config_dir))
+        mask, source = resolve_mask(
+            shape, MaskRequest(ranking=str(out), ratio=ratio, window=8), model_name=str(config_dir)
+        )
         assert source == str(out)
         mask.check_fits(shape)
         assert mask.num_swa_groups == ceil_count(ratio, 12) and mask.window == 8
         # DuoAttention's least-gated groups go SWA first.
-        by_gate = sorted((GATES[l][g], (l, g)) for l in range(3) for g in range(4))
+        by_gate = sorted((GATES[layer][g], (layer, g)) for layer in range(3) for g in range(4))
         assert swa_cells(mask) == {cell for _, cell in by_gate[: ceil_count(ratio, 12)]}
 
 

@@ -48,7 +48,20 @@ def seed_rule(length: int, window: int, method: str) -> list[int]:
 
 
 def lengths_for(window: int) -> list[int]:
-    return sorted({1, window, 2 * window, 2 * window + 1, 3 * window - 1, 3 * window, 3 * window + 1, 4 * window, 7 * window + 3, 16 * window})
+    return sorted(
+        {
+            1,
+            window,
+            2 * window,
+            2 * window + 1,
+            3 * window - 1,
+            3 * window,
+            3 * window + 1,
+            4 * window,
+            7 * window + 3,
+            16 * window,
+        }
+    )
 
 
 class TestSelection:
@@ -103,7 +116,10 @@ class TestArguments:
             (dict(kv_quant="logquant", kv_window=-4), "kv_window: expected a positive integer"),
             (dict(kv_quant="logquant", kv_window="x"), "kv_window: expected an integer"),
             (dict(kv_quant="logquant"), "kv_window: kv_quant=logquant needs kv_window"),
-            (dict(kv_quant="kivi", kv_window=8, kv_group_size=6), "kv_group_size: 6 does not divide the head dim 16; expected one of [1, 2, 4, 8, 16]"),
+            (
+                dict(kv_quant="kivi", kv_window=8, kv_group_size=6),
+                "kv_group_size: 6 does not divide the head dim 16; expected one of [1, 2, 4, 8, 16]",
+            ),
             (dict(kv_quant="none", kv_bits=2), "kv_bits: only used with kv_quant=logquant|kivi"),
         ],
     )
@@ -150,7 +166,9 @@ class TestCache:
         assert all(layer.store.key_codes is None for layer in cache.layers if isinstance(layer, QuantizedFullLayer))
 
     @pytest.mark.parametrize("method", ["logquant", "kivi"])
-    @pytest.mark.parametrize("window, prefill", [(2, 5), (3, 9), (4, 1), (4, 8), (4, 11), (4, 12), (4, 13), (4, 17)])  # 2W, 3W − 1, 3W, 3W + 1
+    @pytest.mark.parametrize(
+        "window, prefill", [(2, 5), (3, 9), (4, 1), (4, 8), (4, 11), (4, 12), (4, 13), (4, 17)]
+    )  # 2W, 3W − 1, 3W, 3W + 1
     def test_stored_index_sets_follow_the_rule_after_prefill_and_decode(self, method, window, prefill):
         model = quantized_model(MIXED)
         length = 13 * window + 1
@@ -191,7 +209,10 @@ class TestCache:
         assert (values - plain_values).abs().max() <= (plain_values.amax() - plain_values.amin()) / 15 / 2 + 1e-5
 
     @pytest.mark.parametrize("rows", [ALL_FULL, MIXED], ids=["full", "mixed"])
-    @pytest.mark.parametrize("method, bits, window, length", [("logquant", 2, 4, 3), ("logquant", 2, 4, 12), ("logquant", 4, 4, 45), ("kivi", 2, 3, 41)])
+    @pytest.mark.parametrize(
+        "method, bits, window, length",
+        [("logquant", 2, 4, 3), ("logquant", 2, 4, 12), ("logquant", 4, 4, 45), ("kivi", 2, 3, 41)],
+    )
     @pytest.mark.parametrize("sinks", [0, 3])
     def test_bytes_equal_the_formula(self, rows, method, bits, window, length, sinks):
         model = quantized_model(rows)
@@ -201,32 +222,55 @@ class TestCache:
         ids = torch.randint(3, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(7))
         with torch.no_grad():
             model(input_ids=ids, past_key_values=cache, use_cache=True)
-        expected = kv_cache_bytes_formula(rows, KVLayout(4, 4, model.config.head_dim), length, window=8, kv_quant=config, dtype_bytes=4, sinks=sinks)
+        expected = kv_cache_bytes_formula(
+            rows, KVLayout(4, 4, model.config.head_dim), length, window=8, kv_quant=config, dtype_bytes=4, sinks=sinks
+        )
         assert kv_cache_bytes(cache) == expected
 
     def test_quantized_bytes_are_below_full_precision(self):
         full = kv_cache_bytes_formula(None, KVLayout(2, 8, 128), 8192, dtype_bytes=2)
-        logquant = kv_cache_bytes_formula(None, KVLayout(2, 8, 128), 8192, kv_quant=KVQuantConfig("logquant", 2, 128, 64), dtype_bytes=2)
+        logquant = kv_cache_bytes_formula(
+            None, KVLayout(2, 8, 128), 8192, kv_quant=KVQuantConfig("logquant", 2, 128, 64), dtype_bytes=2
+        )
         assert logquant / full < 0.2
 
     @pytest.mark.parametrize("rows", [ALL_FULL, MIXED], ids=["full", "mixed"])
     def test_greedy_generation_with_4_bit_window_covering_everything_equals_plain(self, rows):
         model = quantized_model(rows)
         ids, attention = left_padded_batch(model.config.vocab_size, [11, 5, 17], seed=2)
-        kwargs = dict(input_ids=ids, attention_mask=attention, max_new_tokens=24, min_new_tokens=24, do_sample=False, pad_token_id=0)
+        kwargs = dict(
+            input_ids=ids,
+            attention_mask=attention,
+            max_new_tokens=24,
+            min_new_tokens=24,
+            do_sample=False,
+            pad_token_id=0,
+        )
         plain = model.generate(past_key_values=HybridCache.for_model(model), **kwargs)
-        quant = model.generate(past_key_values=HybridCache.for_model(model, KVQuantConfig("logquant", 4, 14, 16)), **kwargs)
+        quant = model.generate(
+            past_key_values=HybridCache.for_model(model, KVQuantConfig("logquant", 4, 14, 16)), **kwargs
+        )
         assert torch.equal(plain, quant)
 
     def test_generation_with_quantization_runs_and_quantizes(self):
         model = quantized_model(MIXED)
         ids, attention = left_padded_batch(model.config.vocab_size, [11, 5, 17], seed=2)
         cache = HybridCache.for_model(model, KVQuantConfig("logquant", 2, 4, 16))
-        out = model.generate(input_ids=ids, attention_mask=attention, past_key_values=cache, max_new_tokens=20, do_sample=False, pad_token_id=0)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=attention,
+            past_key_values=cache,
+            max_new_tokens=20,
+            do_sample=False,
+            pad_token_id=0,
+        )
         assert out.shape[1] == 17 + 20
         assert cache.layers[0].store.key_codes is not None and cache.layers[0].store.key_codes.dtype == torch.uint8
 
-    @pytest.mark.parametrize("method, bits, dtype", [("logquant", 2, torch.float32), ("kivi", 2, torch.float32), ("logquant", 4, torch.bfloat16)])
+    @pytest.mark.parametrize(
+        "method, bits, dtype",
+        [("logquant", 2, torch.float32), ("kivi", 2, torch.float32), ("logquant", 4, torch.bfloat16)],
+    )
     def test_fused_rebuild_equals_the_eager_rebuild(self, method, bits, dtype, monkeypatch):
         """The compiled one-pass rebuild (what a decode step uses) against the store's eager
         rebuild, after a prefill and through decode steps that release more tokens: full-precision
@@ -242,7 +286,9 @@ class TestCache:
         for t in range(23, 40):
             new_keys, new_values = states[0, :, :, t : t + 1], states[1, :, :, t : t + 1]
             fused = store._rebuild(new_keys, new_values)
-            assert fused_module.enabled, f"the compiled rebuild failed and the store fell back to the eager one: {fused_module.disabled_reason}"
+            assert fused_module.enabled, (
+                f"the compiled rebuild failed and the store fell back to the eager one: {fused_module.disabled_reason}"
+            )
             monkeypatch.setattr(fused_module, "enabled", False)
             eager = store._rebuild(new_keys, new_values)
             monkeypatch.setattr(fused_module, "enabled", True)
@@ -270,7 +316,11 @@ class TestCache:
         with caplog.at_level(logging.WARNING, logger="bosch_eval.caches.kv_quant.fused"):
             got = store._rebuild(new_keys, new_values)
         assert all(torch.equal(a, b) for a, b in zip(got, eager))
-        assert not fused_module.enabled and "rebuilding with eager PyTorch" in caplog.text and "No working C++ compiler" in caplog.text
+        assert (
+            not fused_module.enabled
+            and "rebuilding with eager PyTorch" in caplog.text
+            and "No working C++ compiler" in caplog.text
+        )
         assert fused_module.disabled_reason == "RuntimeError: InvalidCxxCompiler: No working C++ compiler found"
 
     @staticmethod
@@ -285,7 +335,10 @@ class TestCache:
 
 class TestMethods:
     def test_unknown_methods_are_named(self):
-        with pytest.raises(SettingsError, match=r"kv_quant: unknown KV-quantization method 'kiwi', expected one of \['kivi', 'logquant'\] \(did you mean 'kivi'\?\)"):
+        with pytest.raises(
+            SettingsError,
+            match=r"kv_quant: unknown KV-quantization method 'kiwi', expected one of \['kivi', 'logquant'\] \(did you mean 'kivi'\?\)",
+        ):
             Selector("kiwi", 4)
 
     def test_a_method_is_one_new_module_of_the_package(self, tmp_path, monkeypatch):
@@ -310,7 +363,9 @@ class TestMethods:
             sys.modules.pop(f"{methods.__name__}.bosch_test_kivi_indexed", None)
         in_place = prefill_and_decode(model, ids, HybridCache.for_model(model, KVQuantConfig("kivi", 2, 4, 16)), 13)
         assert torch.equal(indexed, in_place)
-        assert not torch.equal(in_place, prefill_and_decode(model, ids, HybridCache.for_model(model), 13))  # tokens were quantized
+        assert not torch.equal(
+            in_place, prefill_and_decode(model, ids, HybridCache.for_model(model), 13)
+        )  # tokens were quantized
 
 
 def test_bench_measures_quantized_configs_and_matches_the_formula():
@@ -323,7 +378,10 @@ def test_bench_measures_quantized_configs_and_matches_the_formula():
     assert [r.label for r in rows] == ["original", "r", "lq", "r+lq"]
     assert all(r.kv_cache_bytes == r.kv_bytes_formula for r in rows)
     original, hybrid, lq, both = rows
-    assert both.kv_cache_bytes < lq.kv_cache_bytes < original.kv_cache_bytes and both.kv_cache_bytes < hybrid.kv_cache_bytes
+    assert (
+        both.kv_cache_bytes < lq.kv_cache_bytes < original.kv_cache_bytes
+        and both.kv_cache_bytes < hybrid.kv_cache_bytes
+    )
     assert lq.kv_quant == "logquant-2bit-W4" and lq.swa_ratio == 0.0
     table = ratio_table(rows, budget_bytes=10**6, weight_bytes=0)
     assert f"| logquant-2bit-W4 | {lq.kv_bytes_formula} | {max_batch(10**6, 0, lq.kv_bytes_formula)} |" in table

@@ -28,8 +28,15 @@ def test_window_covering_everything_scores_like_no_quantization(tiny_model_dir):
     quant = BoschLM(pretrained=str(tiny_model_dir), mask="full", kv_quant="logquant", kv_bits=2, kv_window=64, **ARGS)
     expected, got = plain.loglikelihood(requests()), quant.loglikelihood(requests())
     assert [g for _, g in got] == [g for _, g in expected]
-    torch.testing.assert_close(torch.tensor([ll for ll, _ in got]), torch.tensor([ll for ll, _ in expected]), atol=1e-4, rtol=0)
-    assert quant.get_model_info()["bosch_kv_quant"] == {"method": "logquant", "bits": 2, "window": 64, "group_size": 16}  # head dim 16
+    torch.testing.assert_close(
+        torch.tensor([ll for ll, _ in got]), torch.tensor([ll for ll, _ in expected]), atol=1e-4, rtol=0
+    )
+    assert quant.get_model_info()["bosch_kv_quant"] == {
+        "method": "logquant",
+        "bits": 2,
+        "window": 64,
+        "group_size": 16,
+    }  # head dim 16
 
 
 def test_scoring_goes_through_the_compressed_cache(tiny_model_dir):
@@ -57,7 +64,9 @@ def test_scoring_goes_through_the_compressed_cache(tiny_model_dir):
 def test_generation_with_window_covering_everything_equals_plain(tiny_model_dir):
     mask = HeadMask.from_rows([[0, 1, 0, 1], [0, 0, 0, 0], [1, 1, 0, 1]], 8, window=3)
     plain = BoschLM(pretrained=str(tiny_model_dir), mask=mask, **ARGS)
-    quant = BoschLM(pretrained=str(tiny_model_dir), mask=mask, kv_quant="logquant", kv_bits=4, kv_window=64, kv_group_size=8, **ARGS)
+    quant = BoschLM(
+        pretrained=str(tiny_model_dir), mask=mask, kv_quant="logquant", kv_bits=4, kv_window=64, kv_group_size=8, **ARGS
+    )
     assert quant.generate_until(generation_requests()) == plain.generate_until(generation_requests())
 
 
@@ -68,7 +77,10 @@ def test_generation_with_window_covering_everything_equals_plain(tiny_model_dir)
         (dict(kv_quant="logquant", kv_bits=8, kv_window=8), r"kv_bits: expected one of \[2, 4\], got 8"),
         (dict(kv_quant="logquant", kv_window=0), r"kv_window: expected a positive integer"),
         (dict(kv_quant="logquant", kv_window=8, kv_group_size=5), r"kv_group_size: 5 does not divide the head dim"),
-        (dict(kv_quant="logquant", kv_window=8, kv_cache="dynamic"), r"kv_cache: kv_quant=logquant stores its KV in the hybrid cache"),
+        (
+            dict(kv_quant="logquant", kv_window=8, kv_cache="dynamic"),
+            r"kv_cache: kv_quant=logquant stores its KV in the hybrid cache",
+        ),
     ],
 )
 def test_bad_arguments(tiny_model_dir, args, message):
@@ -96,7 +108,8 @@ def test_lm_eval_cli_style_string_arguments(tiny_model_dir):
     from lm_eval.api.registry import get_model
 
     lm = get_model("bosch").create_from_arg_string(
-        f"pretrained={tiny_model_dir},mask=full,kv_quant=logquant,kv_bits=2,kv_window=4,kv_group_size=16", {"device": "cpu", "batch_size": 2}
+        f"pretrained={tiny_model_dir},mask=full,kv_quant=logquant,kv_bits=2,kv_window=4,kv_group_size=16",
+        {"device": "cpu", "batch_size": 2},
     )
     assert lm.kv_quant == KVQuantConfig("logquant", 2, 4, 16)
     pair = ("A needle hides in the haystack:", " 7 3 1.")

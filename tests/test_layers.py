@@ -120,7 +120,11 @@ def test_the_folders_place_modules_in_their_layers():
         "bosch_eval/train/__main__.py": CLI,
     }
     assert {name: place(REPO / name)[0].number for name in expected} == expected
-    assert place(REPO / "bosch_eval/compare/cli.py")[1] == place(REPO / "bosch_eval/compare/runner.py")[1] == "bosch_eval/compare/"
+    assert (
+        place(REPO / "bosch_eval/compare/cli.py")[1]
+        == place(REPO / "bosch_eval/compare/runner.py")[1]
+        == "bosch_eval/compare/"
+    )
 
 
 @pytest.mark.parametrize("path", MODULES, ids=relative)
@@ -180,13 +184,17 @@ def search_room(path: Path) -> str | None:
 
 def test_search_rooms_import_only_the_rooms_before_them():
     rooms = {search_room(path) for path in MODULES} - {None}
-    assert rooms == set(SEARCH_ROOMS) | {"cli"}, "a new room of search/: add it to SEARCH_ROOMS and docs/architecture.md"
+    assert rooms == set(SEARCH_ROOMS) | {"cli"}, (
+        "a new room of search/: add it to SEARCH_ROOMS and docs/architecture.md"
+    )
     wrong = []
     for path in MODULES:
         room = search_room(path)
         if room not in SEARCH_ROOMS:
             continue
-        allowed = set(SEARCH_ROOMS[: SEARCH_ROOMS.index(room) + 1]) - ({"rankers"} if room in ("journal", "objective", "stages") else set())
+        allowed = set(SEARCH_ROOMS[: SEARCH_ROOMS.index(room) + 1]) - (
+            {"rankers"} if room in ("journal", "objective", "stages") else set()
+        )
         for line, name in imported_names(path):
             located = locate(name)
             if located is None or not relative(located[0]).startswith("search/"):
@@ -216,7 +224,9 @@ def core_folder(path: Path) -> str | None:
 
 
 def test_the_drawing_orders_the_core_folders():
-    assert sorted(CORE_ORDER) == sorted(LAYERS[0].folders), f"{TABLE}: the core's folders drawn {CORE_ORDER}, the layers table's core {LAYERS[0].folders}"
+    assert sorted(CORE_ORDER) == sorted(LAYERS[0].folders), (
+        f"{TABLE}: the core's folders drawn {CORE_ORDER}, the layers table's core {LAYERS[0].folders}"
+    )
 
 
 def test_core_folders_import_only_the_folders_below_them():
@@ -291,7 +301,9 @@ def test_import_cycles_are_found():
 
 def test_no_two_modules_import_each_other():
     cycles = [[relative(path) for path in cycle] for cycle in import_cycles(import_graph())]
-    assert not cycles, f"modules that import each other, through a chain of imports (docs/architecture.md#the-cores-folders): {cycles}"
+    assert not cycles, (
+        f"modules that import each other, through a chain of imports (docs/architecture.md#the-cores-folders): {cycles}"
+    )
 
 
 def imports_ours(node: ast.AST) -> bool:
@@ -383,11 +395,13 @@ def test_imports_of_ours_inside_functions_say_why():
     start free of torch) or a heavy dependency deferred on purpose, and a comment says which:
     on its line, or heading its run of imports."""
     silent = sorted(f"{relative(item.path)}:{item.line}" for item in DEFERRED if not item.reason)
-    assert not silent, f"imports of ours inside functions with no comment saying why; move them to the top, or say why (docs/architecture.md#the-cores-folders): {silent}"
+    assert not silent, (
+        f"imports of ours inside functions with no comment saying why; move them to the top, or say why (docs/architecture.md#the-cores-folders): {silent}"
+    )
 
 
 def test_at_most_ten_deferred_imports_outside_the_cli():
     others = sorted(f"{relative(item.path)}:{item.line}" for item in DEFERRED if item.reason and not item.is_the_clis)
-    assert len(others) <= MOST_DEFERRED, f"{len(others)} imports of ours inside functions outside the CLI (at most {MOST_DEFERRED}): {others}"
-
-
+    assert len(others) <= MOST_DEFERRED, (
+        f"{len(others)} imports of ours inside functions outside the CLI (at most {MOST_DEFERRED}): {others}"
+    )

@@ -51,9 +51,8 @@ def pth_file() -> Path:
 def test_hook_is_active_at_start_and_imports_nothing_heavy(pth_file, tmp_path):
     state = python_json(
         "import json, sys; print(json.dumps({'hook': 'bosch_eval.model_adapters.lm_eval_hook' in sys.modules,"
-        " 'heavy': sorted(m for m in sys.modules if m.split('.')[0] in %r"
-        " or m.startswith(('bosch_eval.model_adapters.', 'bosch_eval.models')) and m != %r)}))"
-        % (HEAVY, lm_eval_hook.__name__),
+        f" 'heavy': sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}"
+        f" or m.startswith(('bosch_eval.model_adapters.', 'bosch_eval.models')) and m != {lm_eval_hook.__name__!r})}}))",
         cwd=tmp_path,
     )
     assert state["hook"], f"{pth_file} did not import bosch_eval.model_adapters.lm_eval_hook at interpreter start"
@@ -173,13 +172,19 @@ class TestLmEvalCommand:
     @pytest.mark.slow
     def test_argv_is_rewritten_at_interpreter_start(self, pth_file, tmp_path):
         script = self.fake_lm_eval(tmp_path, "import json, sys; print(json.dumps(sys.argv[1:]))")
-        result = subprocess.run([str(script), "--model", "bosch", "--model_args", "pretrained=toy"], capture_output=True, text=True, check=True)
+        result = subprocess.run(
+            [str(script), "--model", "bosch", "--model_args", "pretrained=toy"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         assert json.loads(result.stdout) == ["--model", "bosch", "--model_args", f"pretrained={self.TOY}"]
 
     @pytest.mark.slow
     def test_our_errors_end_in_one_line_and_others_keep_the_traceback(self, pth_file, tmp_path):
         script = self.fake_lm_eval(
-            tmp_path, "import sys\nfrom bosch_eval.runtime.errors import SettingsError\nraise (SettingsError if sys.argv[1] == 'ours' else KeyError)('kv_cache: expected one of')"
+            tmp_path,
+            "import sys\nfrom bosch_eval.runtime.errors import SettingsError\nraise (SettingsError if sys.argv[1] == 'ours' else KeyError)('kv_cache: expected one of')",
         )
         ours = subprocess.run([str(script), "ours"], capture_output=True, text=True)
         assert ours.returncode == 1 and ours.stderr == "lm_eval: error: kv_cache: expected one of\n"
@@ -195,23 +200,37 @@ class TestTaskDiscovery:
     def fake_manager_module(self, signature: str = "include_path=None, include_defaults=True, metadata=None"):
         """A module whose TaskManager records what it was given (no lm-eval index is built)."""
         namespace: dict = {}
-        exec(f"class TaskManager:\n    def __init__(self, verbosity=None, {signature}):\n        self.given = dict(locals())\n", namespace)
+        exec(
+            f"class TaskManager:\n    def __init__(self, verbosity=None, {signature}):\n        self.given = dict(locals())\n",
+            namespace,
+        )
         return type("module", (), {"TaskManager": namespace["TaskManager"]})
 
     def test_our_folder_comes_first_once(self):
         ours = bundled_tasks_dir()
         assert lm_eval_hook.with_bundled_tasks(None, ours) == [ours]
-        assert lm_eval_hook.with_bundled_tasks("mine", ours) == [ours, "mine"]  # later paths win a name clash: the user's
+        assert lm_eval_hook.with_bundled_tasks("mine", ours) == [
+            ours,
+            "mine",
+        ]  # later paths win a name clash: the user's
         assert lm_eval_hook.with_bundled_tasks(["a", "b"], ours) == [ours, "a", "b"]
-        assert lm_eval_hook.with_bundled_tasks(("a", Path(ours) / "."), ours) == ("a", Path(ours) / ".")  # there already
+        assert lm_eval_hook.with_bundled_tasks(("a", Path(ours) / "."), ours) == (
+            "a",
+            Path(ours) / ".",
+        )  # there already
 
     def test_a_manager_with_lm_evals_defaults_gets_our_folder(self, monkeypatch):
         monkeypatch.setattr(lm_eval_hook, "_tasks_discovered", False)
         module = self.fake_manager_module()
         lm_eval_hook.discover_tasks(module)
         assert module.TaskManager(include_path="mine").given["include_path"] == [bundled_tasks_dir(), "mine"]
-        assert module.TaskManager(None, ["mine"], False).given["include_path"] == ["mine"]  # only lm-eval's defaults get ours
-        assert lm_eval_hook._tasks_discovered and lm_eval_hook.missing_tasks_hint(ValueError("Tasks not found: bosch_x")) is None
+        assert module.TaskManager(None, ["mine"], False).given["include_path"] == [
+            "mine"
+        ]  # only lm-eval's defaults get ours
+        assert (
+            lm_eval_hook._tasks_discovered
+            and lm_eval_hook.missing_tasks_hint(ValueError("Tasks not found: bosch_x")) is None
+        )
 
     def test_a_manager_without_those_arguments_is_left_alone_and_the_hint_applies(self, monkeypatch):
         monkeypatch.setattr(lm_eval_hook, "_tasks_discovered", False)
@@ -220,7 +239,10 @@ class TestTaskDiscovery:
         lm_eval_hook.discover_tasks(module)
         assert module.TaskManager.__init__ is init and not lm_eval_hook._tasks_discovered
         hint = lm_eval_hook.missing_tasks_hint(ValueError("Tasks not found: arc_easyy, bosch_niah_calib"))
-        assert hint == 'hint: bosch_niah_calib is a bosch-eval task; lm-eval finds those with --include_path "$(bosch-eval tasks --path)"'
+        assert (
+            hint
+            == 'hint: bosch_niah_calib is a bosch-eval task; lm-eval finds those with --include_path "$(bosch-eval tasks --path)"'
+        )
         assert lm_eval_hook.missing_tasks_hint(ValueError("Tasks not found: arc_easyy")) is None
         assert lm_eval_hook.missing_tasks_hint(KeyError("Tasks not found: bosch_niah")) is None
 
@@ -254,7 +276,10 @@ class TestTaskDiscovery:
         assert result.returncode != 0
         *_, error, hint = result.stderr.rstrip().splitlines()
         assert error == "ValueError: Tasks not found: bosch_niah_calib"
-        assert hint == 'hint: bosch_niah_calib is a bosch-eval task; lm-eval finds those with --include_path "$(bosch-eval tasks --path)"'
+        assert (
+            hint
+            == 'hint: bosch_niah_calib is a bosch-eval task; lm-eval finds those with --include_path "$(bosch-eval tasks --path)"'
+        )
 
 
 def run_lm_eval(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -262,4 +287,6 @@ def run_lm_eval(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedP
     executable = Path(sys.executable).parent / "lm_eval"
     assert executable.exists(), f"no {executable}: lm-eval is not installed in this environment"
     environment = {**os.environ, "OMP_NUM_THREADS": "1", **env}
-    return subprocess.run([str(executable), *args], capture_output=True, text=True, cwd=cwd, env=environment, timeout=600, check=False)
+    return subprocess.run(
+        [str(executable), *args], capture_output=True, text=True, cwd=cwd, env=environment, timeout=600, check=False
+    )

@@ -285,7 +285,9 @@ class TestFabricatedMetrics:
     def test_lm_eval_averages_groups_over_leaf_tasks(self, loaded: dict[str, Any]):
         """Why ``weighted_score`` exists. If this fails, lm-eval reads subgroup results: revisit tasks/longbench."""
         groups, metrics = loaded["groups"], self.task_metrics()
-        naive = Group("naive", aggregate_metric_list=[AggMetricConfig("score", filter_list=["none"], weight_by_size=False)])
+        naive = Group(
+            "naive", aggregate_metric_list=[AggMetricConfig("score", filter_list=["none"], weight_by_size=False)]
+        )
         for category in PAPER_CATEGORIES:
             naive.add(groups[category])
             metrics[category] = groups[category].aggregate(metrics)

@@ -7,7 +7,15 @@ import json
 import pytest
 
 from bosch_eval.attention.local_window import LocalWindow
-from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError, ModelShape, ceil_count, check_ratio, uniform_bit
+from bosch_eval.masks.head_mask import (
+    HeadMask,
+    HeadRanking,
+    MaskError,
+    ModelShape,
+    ceil_count,
+    check_ratio,
+    uniform_bit,
+)
 from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS, layer_heuristic_mask
 
 SHAPE = ModelShape(num_layers=3, num_heads=8, num_kv_heads=4)
@@ -101,7 +109,9 @@ class TestHeadMask:
 
     def test_mask_made_for_another_model(self):
         mask = HeadMask.from_json(mask_json())
-        with pytest.raises(MaskError, match=r"m.json: field 'num_kv_heads' is 4, but the model \(other\) has num_kv_heads=2"):
+        with pytest.raises(
+            MaskError, match=r"m.json: field 'num_kv_heads' is 4, but the model \(other\) has num_kv_heads=2"
+        ):
             mask.check_fits(ModelShape(3, 8, 2), source="m.json", model="other")
 
 
@@ -155,7 +165,13 @@ class TestHeadRanking:
         ],
     )
     def test_bad_rankings(self, tmp_path, changes, message):
-        data = {"format": "bosch-ranking/1", "method": "dcam", "more_local": "higher", "num_heads": 4, "scores": [[0.1, 0.2]]}
+        data = {
+            "format": "bosch-ranking/1",
+            "method": "dcam",
+            "more_local": "higher",
+            "num_heads": 4,
+            "scores": [[0.1, 0.2]],
+        }
         data.update(changes)
         with pytest.raises(MaskError, match=message):
             HeadRanking.load(write(tmp_path, data, "ranking.json"))
@@ -185,7 +201,9 @@ class TestLayerHeuristics:
         assert layer_heuristic_mask("rand", shape, 0.5, 1) != layer_heuristic_mask("rand", shape, 0.5, 2)
 
     def test_unknown_heuristic(self):
-        with pytest.raises(MaskError, match=r"layers: unknown layer heuristic 'middle', expected one of \['bme', 'intr', 'rand'\]"):
+        with pytest.raises(
+            MaskError, match=r"layers: unknown layer heuristic 'middle', expected one of \['bme', 'intr', 'rand'\]"
+        ):
             layer_heuristic_mask("middle", SHAPE, 0.5, 0)
         with pytest.raises(MaskError, match=r"unknown layer heuristic 'inter', .* \(did you mean 'intr'\?\)$"):
             layer_heuristic_mask("inter", SHAPE, 0.5, 0)

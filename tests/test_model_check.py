@@ -12,7 +12,15 @@ import pytest
 
 from bosch_eval.cli import main
 from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
-from bosch_eval.models.model_check import ModelError, check_length, check_model_exists, max_positions, model_config, model_path, resolve_model
+from bosch_eval.models.model_check import (
+    ModelError,
+    check_length,
+    check_model_exists,
+    max_positions,
+    model_config,
+    model_path,
+    resolve_model,
+)
 
 
 class TestExistence:
@@ -34,7 +42,9 @@ class TestExistence:
         monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
         monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
         monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
-        with pytest.raises(ModelError, match=r"model 'no-org/no-such-model': not a local directory, .*local Hugging Face cache"):
+        with pytest.raises(
+            ModelError, match=r"model 'no-org/no-such-model': not a local directory, .*local Hugging Face cache"
+        ):
             check_model_exists("no-org/no-such-model")
 
 
@@ -43,7 +53,21 @@ class TestEveryCommandResolvesToy:
         scores = {f"{layer}-{head}": [float(layer * 8 + head)] for layer in range(4) for head in range(8)}
         (tmp_path / "heads.json").write_text(json.dumps(scores))
         out = tmp_path / "ranking.json"
-        assert main(["import", "--format", "retrieval-json", str(tmp_path / "heads.json"), "--model", "toy", "--out", str(out)]) == 0
+        assert (
+            main(
+                [
+                    "import",
+                    "--format",
+                    "retrieval-json",
+                    str(tmp_path / "heads.json"),
+                    "--model",
+                    "toy",
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         assert json.loads(out.read_text())["num_kv_heads"] == 4
 
     def test_bench(self, tmp_path: Path) -> None:
@@ -51,15 +75,24 @@ class TestEveryCommandResolvesToy:
         assert main([*argv, "--out", str(tmp_path)]) == 0
         assert json.loads((tmp_path / "bench.json").read_text())["rows"]
 
-    def test_bench_refuses_a_mask_for_another_model_before_loading(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def test_bench_refuses_a_mask_for_another_model_before_loading(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
         HeadMask.uniform(ModelShape(3, 8, 4), full=True, window=8).save(tmp_path / "other.json")
         with mock.patch("bosch_eval.bench.cli._bench_model", side_effect=AssertionError("loaded the weights")):
-            assert main(["bench", "--model", "toy", "--mask", str(tmp_path / "other.json"), "--out", str(tmp_path)]) == 2
+            assert (
+                main(["bench", "--model", "toy", "--mask", str(tmp_path / "other.json"), "--out", str(tmp_path)]) == 2
+            )
         assert "field 'num_layers' is 3" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", [["search", "--ratio", "0.5"], ["rank", "--method", "dcam"], ["import", "--format", "duo", "x.tsv"], ["bench"]])
-def test_a_missing_model_is_reported_as_missing(command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "command",
+    [["search", "--ratio", "0.5"], ["rank", "--method", "dcam"], ["import", "--format", "duo", "x.tsv"], ["bench"]],
+)
+def test_a_missing_model_is_reported_as_missing(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     argv = [*command, "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "out")]
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -76,7 +109,9 @@ class TestLength:
     def test_a_length_past_the_maximum_names_length_model_and_maximum(self) -> None:
         config = model_config(str(model_path()))
         check_length(2048, "toy", config, "--calib-len", "--ignore-max-positions")
-        with pytest.raises(ModelError, match=r"--calib-len 4096: longer than model 'toy' .*= 2048.*--ignore-max-positions"):
+        with pytest.raises(
+            ModelError, match=r"--calib-len 4096: longer than model 'toy' .*= 2048.*--ignore-max-positions"
+        ):
             check_length(4096, "toy", config, "--calib-len", "--ignore-max-positions")
 
 
@@ -91,7 +126,9 @@ class TestAdapterValidatesBeforeLoading:
             ({"layers": "intr", "ratio": 0.5}, r"field 'window' is missing"),
         ],
     )
-    def test_errors_before_weights(self, tiny_model_dir: Path, tmp_path: Path, args: dict, message: str, monkeypatch) -> None:
+    def test_errors_before_weights(
+        self, tiny_model_dir: Path, tmp_path: Path, args: dict, message: str, monkeypatch
+    ) -> None:
         from lm_eval.models.huggingface import HFLM
 
         from bosch_eval.model_adapters.bosch import BoschLM

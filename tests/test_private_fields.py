@@ -14,7 +14,13 @@ def private_writes(source: str) -> list[str]:
     """``obj._field = ...`` (or ``+=``, or a tuple target) where ``obj`` is not ``self`` or ``cls``."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, (ast.AugAssign, ast.AnnAssign))
+            else []
+        )
         for target in targets:
             for leaf in ast.walk(target):
                 if not isinstance(leaf, ast.Attribute) or not isinstance(leaf.ctx, ast.Store):
@@ -27,7 +33,10 @@ def private_writes(source: str) -> list[str]:
 
 
 def test_the_scan_finds_a_write_from_outside():
-    assert private_writes("lm._rank = 0\nself._x = 1\na, b._y = 1, 2\nobj.__class__ = C\n") == ["line 1: lm._rank", "line 3: b._y"]
+    assert private_writes("lm._rank = 0\nself._x = 1\na, b._y = 1, 2\nobj.__class__ = C\n") == [
+        "line 1: lm._rank",
+        "line 3: b._y",
+    ]
 
 
 def test_no_module_writes_another_objects_private_fields():

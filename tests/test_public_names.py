@@ -136,14 +136,19 @@ def test_the_installed_start_up_line_is_setup_pys():
 def test_each_documented_python_dash_m_module_runs(module):
     """``python -m`` needs a module, or a package with a ``__main__``."""
     spec = importlib.util.find_spec(module)
-    assert spec is not None and (spec.submodule_search_locations is None or importlib.util.find_spec(f"{module}.__main__"))
+    assert spec is not None and (
+        spec.submodule_search_locations is None or importlib.util.find_spec(f"{module}.__main__")
+    )
 
 
 def test_the_lm_eval_model_is_the_adapter_class_the_hook_registers():
     from bosch_eval.model_adapters.bosch import BoschLM
 
     module, _, name = lm_eval_hook.MODEL_TARGET.partition(":")
-    assert entry_point_target(lm_eval_hook.MODEL_TARGET) is BoschLM and (BoschLM.__module__, BoschLM.__name__) == (module, name)
+    assert entry_point_target(lm_eval_hook.MODEL_TARGET) is BoschLM and (BoschLM.__module__, BoschLM.__name__) == (
+        module,
+        name,
+    )
     assert dict(pyproject_entry_points())["lm_eval.models:bosch"] == lm_eval_hook.MODEL_TARGET
 
 

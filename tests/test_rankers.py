@@ -262,9 +262,13 @@ class TestGroups:
         assert {name: cls.more_local for name, cls in RANKERS.items()} == MORE_LOCAL
 
     def test_unknown_option_lists_the_valid_ones(self) -> None:
-        with pytest.raises(SettingsError, match=r"unknown option\(s\) \['blok'\]; valid options are \['block', 'gamma'"):
+        with pytest.raises(
+            SettingsError, match=r"unknown option\(s\) \['blok'\]; valid options are \['block', 'gamma'"
+        ):
             make_ranker("proxy", ModelShape(1, 2, 1), 8, {"blok": 3})
-        with pytest.raises(SettingsError, match=r"method: unknown ranker 'lapl', expected one of \['apl', 'dcam', .*did you mean 'apl'"):
+        with pytest.raises(
+            SettingsError, match=r"method: unknown ranker 'lapl', expected one of \['apl', 'dcam', .*did you mean 'apl'"
+        ):
             make_ranker("lapl", ModelShape(1, 2, 1), 8)
 
 
@@ -348,7 +352,11 @@ class TestRealModel:
     def test_streaming_equals_direct(self, real, method: str) -> None:
         model, tokenizer = real
         ranking = compute_ranking(
-            method, model, tokenizer, RankingInputs(WINDOW, EXAMPLES, CALIB_LEN), compute=RankingCompute(block_size=37, dtype=torch.float64)
+            method,
+            model,
+            tokenizer,
+            RankingInputs(WINDOW, EXAMPLES, CALIB_LEN),
+            compute=RankingCompute(block_size=37, dtype=torch.float64),
         )
         expected = oracle_head_scores(method, model, tokenizer)
         np.testing.assert_allclose(np.array(ranking.provenance["head_scores"]), expected, atol=TOL, rtol=0)
@@ -378,7 +386,10 @@ class TestRealModel:
 
     def test_deterministic_for_a_seed(self, real) -> None:
         model, tokenizer = real
-        run = lambda method, seed: compute_ranking(method, model, tokenizer, RankingInputs(WINDOW, 1, CALIB_LEN, seed=seed)).scores  # noqa: E731
+
+        def run(method: str, seed: int):
+            return compute_ranking(method, model, tokenizer, RankingInputs(WINDOW, 1, CALIB_LEN, seed=seed)).scores
+
         assert run("dcam", 0) == run("dcam", 0)
         assert run("dcam", 0) != run("dcam", 1)
         assert run("razor", 3) == run("razor", 3)
@@ -439,7 +450,9 @@ class TestRankCommand:
             scores[task] = ranking.scores
         assert scores["bosch_niah_calib"] != scores["bosch_retrieval_calib"]  # other texts, other statistics
 
-    def test_model_args_load_through_lm_eval_with_the_same_result(self, model_with_defaults: Path, tmp_path: Path) -> None:
+    def test_model_args_load_through_lm_eval_with_the_same_result(
+        self, model_with_defaults: Path, tmp_path: Path
+    ) -> None:
         common = ["--method", "dcam", "--model", str(model_with_defaults), "--calib-examples", "1"]
         rank([*common, "--out", str(tmp_path / "plain.json")])
         rank([*common, "--model-args", "revision=main,trust_remote_code=False", "--out", str(tmp_path / "hflm.json")])
@@ -459,11 +472,15 @@ class TestRankCommand:
             rank(["--method", "dcam", "--model", str(model_with_defaults), "--proxy-gamma", "0.5", "--out", out])
         with pytest.raises(SettingsError, match="--calib-len 100: .*raise the sequence length"):
             rank(["--method", "dcam", "--model", str(model_with_defaults), "--calib-len", "100", "--out", out])
-        with pytest.raises(ModelError, match=r"--calib-len 1024: longer than model .* \(max_position_embeddings = 512\)"):
+        with pytest.raises(
+            ModelError, match=r"--calib-len 1024: longer than model .* \(max_position_embeddings = 512\)"
+        ):
             rank(["--method", "dcam", "--model", str(model_with_defaults), "--calib-len", "1024", "--out", out])
 
     def test_an_unknown_method_is_named_before_anything_loads(self, tmp_path: Path) -> None:
-        with pytest.raises(SettingsError, match=r"--method: unknown ranker 'fishr', expected one of \[.*\] \(did you mean 'fisher'\?\)"):
+        with pytest.raises(
+            SettingsError, match=r"--method: unknown ranker 'fishr', expected one of \[.*\] \(did you mean 'fisher'\?\)"
+        ):
             rank(["--method", "fishr", "--model", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "r.json")])
 
     def test_a_new_ranker_is_one_new_file(
@@ -499,7 +516,10 @@ class TestRankCommand:
         np.testing.assert_allclose(np.array(ranking.provenance["head_scores"]), lag_sums / rows, rtol=1e-4)
 
     def test_toy_resolves_to_the_bundled_checkpoint(self, tmp_path: Path) -> None:
-        with mock.patch.dict("bosch_eval.models.model_check.BUNDLED_MODELS", toy=tmp_path), pytest.raises(ModelError, match="model 'toy': .*missing"):
+        with (
+            mock.patch.dict("bosch_eval.models.model_check.BUNDLED_MODELS", toy=tmp_path),
+            pytest.raises(ModelError, match="model 'toy': .*missing"),
+        ):
             resolve_model("toy")
         (tmp_path / "model.safetensors").write_bytes(b"")
         with mock.patch.dict("bosch_eval.models.model_check.BUNDLED_MODELS", toy=tmp_path):

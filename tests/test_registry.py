@@ -31,7 +31,10 @@ class TestMembers:
         colours: Registry[int] = Registry("colour", field="paint", error=MaskError)
         colours.register("red", 1)
         colours.register("blue", 2)
-        with pytest.raises(MaskError, match=r"^paint: unknown colour 'bleu', expected one of \['blue', 'red'\] \(did you mean 'blue'\?\)$"):
+        with pytest.raises(
+            MaskError,
+            match=r"^paint: unknown colour 'bleu', expected one of \['blue', 'red'\] \(did you mean 'blue'\?\)$",
+        ):
             colours["bleu"]
         with pytest.raises(MaskError, match=r"^--paint: unknown colour 'green', expected one of \['blue', 'red'\]$"):
             colours.lookup("green", field="--paint")
@@ -98,7 +101,7 @@ class TestPackageDiscovery:
         )
         for module in ("alpha", "zulu", "mike"):
             write_member(plugin_package, module, module)
-        import bosch_test_plugins.mike  # imported on its own: the first modules still come first
+        import bosch_test_plugins.mike  # noqa: F401 (imported on its own: the first modules still come first)
         from bosch_test_plugins import PARTS
 
         assert list(PARTS.members) == ["zulu", "mike"]
@@ -117,7 +120,9 @@ class TestPackageDiscovery:
         write_member(plugin_package, "first", "one")
         from bosch_test_plugins import PARTS
 
-        with pytest.raises(SettingsError, match=r"part: unknown part 'oen', expected one of \['one'\] \(did you mean 'one'\?\)"):
+        with pytest.raises(
+            SettingsError, match=r"part: unknown part 'oen', expected one of \['one'\] \(did you mean 'one'\?\)"
+        ):
             PARTS["oen"]
 
     def test_a_broken_module_is_an_error_not_a_missing_member(self, plugin_package: Path) -> None:
@@ -208,5 +213,7 @@ def test_the_first_modules_members_are_listed_first_whatever_was_imported_first(
         "print(list(BACKENDS.names()))"
     )
     direct = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    plain = subprocess.run([sys.executable, "-c", code.split("\n", 1)[1]], capture_output=True, text=True, check=True).stdout
+    plain = subprocess.run(
+        [sys.executable, "-c", code.split("\n", 1)[1]], capture_output=True, text=True, check=True
+    ).stdout
     assert direct == plain and direct.strip() == "['sdpa', 'blocked', 'flex', 'flash_attention_2']"

@@ -21,12 +21,19 @@ def tracked_bytes() -> dict[str, int]:
     """Each tracked file's size as git stores it (a symbolic link: the length of its target's name)."""
     if shutil.which("git") is None or not (REPO / ".git").exists():
         pytest.fail(f"{REPO} is not a git checkout with git on PATH: the tracked file list comes from `git ls-files`")
-    listed = subprocess.run(["git", "ls-files", "--cached", "-z"], cwd=REPO, capture_output=True, text=True, check=True, timeout=60).stdout
-    return {path: (REPO / path).lstat().st_size for path in listed.split("\0") if path and ((REPO / path).is_symlink() or (REPO / path).is_file())}
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "-z"], cwd=REPO, capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    return {
+        path: (REPO / path).lstat().st_size
+        for path in listed.split("\0")
+        if path and ((REPO / path).is_symlink() or (REPO / path).is_file())
+    }
 
 
 def test_tracked_files_fit_in_25_mb():
     sizes = tracked_bytes()
     largest = sorted(sizes.items(), key=lambda item: -item[1])[:5]
-    assert sum(sizes.values()) <= MOST_TRACKED_BYTES, f"tracked files hold {sum(sizes.values()):,} bytes; the largest: {largest}"
-
+    assert sum(sizes.values()) <= MOST_TRACKED_BYTES, (
+        f"tracked files hold {sum(sizes.values()):,} bytes; the largest: {largest}"
+    )

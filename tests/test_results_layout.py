@@ -37,20 +37,31 @@ def opens_with_table(text: str) -> bool:
 
 def test_no_python_file_under_results():
     found = [path.relative_to(REPO).as_posix() for path in RESULTS.rglob("*.py")]
-    assert not found, f"{found}: a study step is a command of the package or a tested script of benchmarks/ (results/README.md)"
+    assert not found, (
+        f"{found}: a study step is a command of the package or a tested script of benchmarks/ (results/README.md)"
+    )
 
 
 def test_the_walk_sees_the_recorded_commands():
-    assert {path.relative_to(RESULTS).as_posix() for path in shell_scripts()} >= {"smollm2/commands.sh", "toy_optimum/make.sh"}
+    assert {path.relative_to(RESULTS).as_posix() for path in shell_scripts()} >= {
+        "smollm2/commands.sh",
+        "toy_optimum/make.sh",
+    }
 
 
 @pytest.mark.parametrize("script", shell_scripts(), ids=lambda path: path.relative_to(RESULTS).as_posix())
 def test_recorded_commands_run_no_untested_code(script: Path):
     text = script.read_text(encoding="utf-8")
-    inline = [f"{script.name}:{number}" for number, line in enumerate(text.splitlines(), 1) if INLINE_PYTHON.search(line)]
-    assert not inline, f"{inline}: Python inline in a recorded command; move it into benchmarks/ with a test, or into the CLI"
+    inline = [
+        f"{script.name}:{number}" for number, line in enumerate(text.splitlines(), 1) if INLINE_PYTHON.search(line)
+    ]
+    assert not inline, (
+        f"{inline}: Python inline in a recorded command; move it into benchmarks/ with a test, or into the CLI"
+    )
     for called in SCRIPT_CALL.findall(text):
-        assert called.startswith("benchmarks/") and (REPO / called).is_file(), f"{script}: runs {called}; expected a script of benchmarks/"
+        assert called.startswith("benchmarks/") and (REPO / called).is_file(), (
+            f"{script}: runs {called}; expected a script of benchmarks/"
+        )
         assert Path(called).stem in other_tests_text(), (
             f"{script}: runs {called}, which no test in tests/ imports or names"
         )
@@ -58,15 +69,21 @@ def test_recorded_commands_run_no_untested_code(script: Path):
 
 def other_tests_text() -> str:
     """Every other test module's source."""
-    return "\n".join(path.read_text(encoding="utf-8") for path in TESTS.glob("test_*.py") if path.name != Path(__file__).name)
+    return "\n".join(
+        path.read_text(encoding="utf-8") for path in TESTS.glob("test_*.py") if path.name != Path(__file__).name
+    )
 
 
 @pytest.mark.parametrize("readme", study_readmes(), ids=lambda path: path.parent.name)
 def test_a_study_readme_opens_with_a_table_and_stays_short(readme: Path):
     text = readme.read_text(encoding="utf-8")
-    assert opens_with_table(text), f"{readme}: expected '# title', then (after any '>' notice) a table of what was measured"
+    assert opens_with_table(text), (
+        f"{readme}: expected '# title', then (after any '>' notice) a table of what was measured"
+    )
     lines = len(text.splitlines())
-    assert lines < MAX_README_LINES, f"{readme}: {lines} lines; expected under {MAX_README_LINES} (move long prose to notes/)"
+    assert lines < MAX_README_LINES, (
+        f"{readme}: {lines} lines; expected under {MAX_README_LINES} (move long prose to notes/)"
+    )
 
 
 def test_the_table_check_can_fail():

@@ -227,8 +227,14 @@ def test_a_resumed_finished_search_keeps_its_wall_time(finished: tuple[Path, Pat
     ("extra", "message"),
     [
         (["--buckets", "0", "0.3", "1"], r"--buckets: 0\.3 × 4 KV groups per layer = 1\.2 is not a whole number"),
-        (["--ratio", "0.75", "--buckets", "0.25", "0.5"], r"--buckets: ratio 0\.75 asks for 9 SWA groups, but buckets \[0\.25, 0\.5\] give 3 to 6"),
-        (["--calib-len", "1024"], r"--calib-len 1024: longer than model .* \(max_position_embeddings = 512\).*--ignore-max-positions"),
+        (
+            ["--ratio", "0.75", "--buckets", "0.25", "0.5"],
+            r"--buckets: ratio 0\.75 asks for 9 SWA groups, but buckets \[0\.25, 0\.5\] give 3 to 6",
+        ),
+        (
+            ["--calib-len", "1024"],
+            r"--calib-len 1024: longer than model .* \(max_position_embeddings = 512\).*--ignore-max-positions",
+        ),
     ],
 )
 def test_settings_the_config_refutes_fail_before_the_weights_load(
@@ -267,6 +273,8 @@ def test_a_ratio_that_allows_one_mask_spends_only_the_anchors(
     assert provenance["evaluations"] == 2  # S(all SWA) and S(full); one of them is the answer
     assert HeadMask.load(tmp_path / "run" / "mask.json").num_swa_groups == swa_groups
     assert provenance["score"] == provenance["anchors"]["all_swa" if ratio == "1" else "all_full"]
+
+
 def test_new_search_options_reach_the_search(finished: tuple[Path, Path, Path], tmp_path: Path) -> None:
     model_dir, task_dir, _ = finished
     out = tmp_path / "run"
@@ -279,7 +287,6 @@ def test_new_search_options_reach_the_search(finished: tuple[Path, Path, Path], 
     assert any(sub["stage"] == "refine" for sub in provenance["subproblems"])
 
 
-
 @pytest.mark.parametrize(
     ("model_args", "message"),
     [
@@ -290,7 +297,9 @@ def test_new_search_options_reach_the_search(finished: tuple[Path, Path, Path], 
         ("revison=main", "did you mean 'revision'?"),
     ],
 )
-def test_bad_model_args_fail_before_anything_loads(finished: tuple[Path, Path, Path], tmp_path: Path, capsys, model_args, message) -> None:
+def test_bad_model_args_fail_before_anything_loads(
+    finished: tuple[Path, Path, Path], tmp_path: Path, capsys, model_args, message
+) -> None:
     model_dir, task_dir, _ = finished
     assert main(search_args(model_dir, task_dir, tmp_path / "out", "--model-args", model_args)) == 2
     assert message in capsys.readouterr().err
@@ -300,12 +309,19 @@ def test_bad_model_args_fail_before_anything_loads(finished: tuple[Path, Path, P
 def test_model_args_reach_the_loader_and_pin_the_journal(finished: tuple[Path, Path, Path], capsys) -> None:
     # The finished search had none: a resume that loads another revision must not reuse its scores.
     model_dir, task_dir, out = finished
-    assert main(search_args(model_dir, task_dir, out, "--resume", "--model-args", "revision=main,trust_remote_code=False")) == 2
+    assert (
+        main(search_args(model_dir, task_dir, out, "--resume", "--model-args", "revision=main,trust_remote_code=False"))
+        == 2
+    )
     assert "header field 'model_args'" in capsys.readouterr().err
 
 
 def test_model_args_are_typed_as_lm_eval_types_them() -> None:
     from bosch_eval.model_adapters.loader_args import parse_model_args
 
-    assert parse_model_args("parallelize=True,revision=v2,max_batch_size=8") == {"parallelize": True, "revision": "v2", "max_batch_size": 8}
+    assert parse_model_args("parallelize=True,revision=v2,max_batch_size=8") == {
+        "parallelize": True,
+        "revision": "v2",
+        "max_batch_size": 8,
+    }
     assert parse_model_args(None) == {}

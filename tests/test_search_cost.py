@@ -51,7 +51,9 @@ def test_a_guarded_search_makes_at_most_the_calls_predicted(ratio: float, seed: 
     assert sum(made.values()) <= after.high <= estimate_calls(SHAPE, settings).high
 
 
-@pytest.mark.parametrize(("ratio", "seed", "variant"), [(0.5, 0, "bosch"), (0.75, 1, "bosch"), (0.5, 2, "bosch"), (0.625, 3, "nested")])
+@pytest.mark.parametrize(
+    ("ratio", "seed", "variant"), [(0.5, 0, "bosch"), (0.75, 1, "bosch"), (0.5, 2, "bosch"), (0.625, 3, "nested")]
+)
 def test_a_search_makes_at_most_the_calls_predicted_after_stage_2(ratio: float, seed: int, variant: str) -> None:
     settings = SearchSettings(ratio=ratio, seed=seed, budget_per_layer=10, variant=variant)
     result = run_search(ExampleObjective(seed=seed), SHAPE, settings, progress=False)
@@ -153,20 +155,33 @@ class TestThreeKVGroups:
         from transformers import AutoConfig
 
         AutoConfig.for_model(
-            "llama", num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576, max_position_embeddings=8192
+            "llama",
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            hidden_size=576,
+            max_position_embeddings=8192,
         ).save_pretrained(tmp_path)
         text = render_estimate(str(tmp_path), SearchSettings(ratio=0.75, variant="bosch"), 10.0)
-        assert "L=30 × G=3" in text and "Stage-2 buckets 0, 0.3333, 0.6667, 1, 16 layers per Stage-3 sub-problem" in text
+        assert (
+            "L=30 × G=3" in text and "Stage-2 buckets 0, 0.3333, 0.6667, 1, 16 layers per Stage-3 sub-problem" in text
+        )
         assert "35–2232 S() calls (2 anchors + 30 Stage 1 [3 of 3 groups per layer] + 3–2200 Stage 3, by" in text
         assert "0.10–6.20 h at 10 s per call" in text
         # The default, guarded: every registered ranker computed on the default calibration set, and
         # its mask scored with the layer heuristics'; then the local search's 100 calls.
         guarded = render_estimate(str(tmp_path), SearchSettings(ratio=0.75), 10.0)
         rankers = len(RANKERS.names())
-        assert f"(2 anchors + {3 + rankers} incumbents + 30 Stage 1 [3 of 3 groups per layer] + 3–2200 Stage 3 + 100 local search" in guarded
+        assert (
+            f"(2 anchors + {3 + rankers} incumbents + 30 Stage 1 [3 of 3 groups per layer] + 3–2200 Stage 3 + 100 local search"
+            in guarded
+        )
         assert f"; before the incumbents, {rankers} ranking(s) computed on the calibration set" in guarded
         # `--rankings` alone computes none; calibrated on a task the rankers cannot read, none either.
-        for settings, tasks in ((SearchSettings(ratio=0.75, rankings=()), ("bosch_niah_calib",)), (SearchSettings(ratio=0.75), ("mine",))):
+        for settings, tasks in (
+            (SearchSettings(ratio=0.75, rankings=()), ("bosch_niah_calib",)),
+            (SearchSettings(ratio=0.75), ("mine",)),
+        ):
             alone = render_estimate(str(tmp_path), settings, None, tasks)
             assert "+ 3 incumbents +" in alone and "ranking(s) computed" not in alone
         nested = render_estimate(str(tmp_path), SearchSettings(ratio=0.5, variant="nested"), None)

@@ -58,7 +58,12 @@ def test_two_processes_find_the_one_process_mask(tiny_model_dir: Path, tmp_path:
     provenance = json.loads((launched / "mask.json").read_text())["provenance"]
     assert provenance["processes"] == PROCESSES
     # The main process alone locked --out (the lock file is emptied on release, never deleted).
-    assert sorted(path.name for path in launched.iterdir()) == [".bosch-search.lock", "journal.jsonl", "mask.json", "report.md"]
+    assert sorted(path.name for path in launched.iterdir()) == [
+        ".bosch-search.lock",
+        "journal.jsonl",
+        "mask.json",
+        "report.md",
+    ]
     assert (launched / ".bosch-search.lock").read_text() == ""
 
 
@@ -80,7 +85,10 @@ def test_two_processes_race_masks_in_parallel_to_the_one_process_journal(tmp_pat
 
     def records(out: Path) -> list[dict]:
         lines = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()[1:]]
-        return [{k: v for k, v in record.items() if k in ("key", "values", "score", "bound", "examples")} for record in lines]
+        return [
+            {k: v for k, v in record.items() if k in ("key", "values", "score", "bound", "examples")}
+            for record in lines
+        ]
 
     assert HeadMask.load(launched / "mask.json").bits == HeadMask.load(tmp_path / "one" / "mask.json").bits
     assert records(launched) == records(tmp_path / "one")

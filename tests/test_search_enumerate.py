@@ -98,7 +98,9 @@ class TestCommandLine:
     def test_place_with_other_swa_count_refused(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         mask = tmp_path / "m.json"
         HeadMask.uniform(ModelShape(4, 8, 4), full=True, window=32).save(mask)
-        assert main(["--model", "toy", "--ratio", "0.875", "--out", str(tmp_path / "o"), "--place", f"full={mask}"]) == 2
+        assert (
+            main(["--model", "toy", "--ratio", "0.875", "--out", str(tmp_path / "o"), "--place", f"full={mask}"]) == 2
+        )
         assert "--place full: " in capsys.readouterr().err
         assert not (tmp_path / "o").exists()
 

@@ -55,12 +55,18 @@ def test_an_incumbent_that_is_the_optimum_is_returned() -> None:
 
 def test_the_stages_mask_is_returned_where_it_beats_every_incumbent() -> None:
     objective = planted()
-    weak = mask_key(HeadMask.from_swa_groups(SHAPE, {(3, 0), (3, 1), (3, 2), (1, 0), (0, 3), (0, 0), (1, 3), (2, 0)}).bits)
-    result = run_search(objective, SHAPE, SearchSettings(ratio=0.5, incumbents=(("weak", weak),), local_calls=0), progress=False)
+    weak = mask_key(
+        HeadMask.from_swa_groups(SHAPE, {(3, 0), (3, 1), (3, 2), (1, 0), (0, 3), (0, 0), (1, 3), (2, 0)}).bits
+    )
+    result = run_search(
+        objective, SHAPE, SearchSettings(ratio=0.5, incumbents=(("weak", weak),), local_calls=0), progress=False
+    )
     guard = result.guard
     assert guard is not None and guard.source == "the stages" and mask_key(result.mask.bits) == guard.stages_key
     assert result.score == guard.stages_score == pytest.approx(1.0)  # planted()'s optimum at 8 SWA groups
-    assert guard.gain(result.score) > 0 and guard.scores[weak] == score_of(objective, HeadMask.from_rows([[int(c) for c in row] for row in weak.split("/")], 8))
+    assert guard.gain(result.score) > 0 and guard.scores[weak] == score_of(
+        objective, HeadMask.from_rows([[int(c) for c in row] for row in weak.split("/")], 8)
+    )
     # Each layer heuristic is scored and named.
     names = set(guard.incumbents)
     assert names == {"weak", "intr", "bme", "rand:0"}
@@ -77,7 +83,12 @@ class Additive:
         self.total = sum(map(sum, self.weights))
 
     def __call__(self, mask: HeadMask) -> float:
-        lost = sum(w for row, bits in zip(self.weights, mask.bits, strict=True) for w, bit in zip(row, bits, strict=True) if not bit)
+        lost = sum(
+            w
+            for row, bits in zip(self.weights, mask.bits, strict=True)
+            for w, bit in zip(row, bits, strict=True)
+            if not bit
+        )
         return 1.0 - lost / self.total
 
     def best(self, swa: int) -> float:
@@ -119,7 +130,9 @@ def test_never_below_any_incumbent(seed: int) -> None:
         assert guard is not None
         exact = [score for score in guard.scores.values() if not isinstance(score, RaceBound)]
         assert result.score >= max(exact) and result.score >= guard.stages_score
-        assert result.stage1_scores is not None and result.score >= result.stage1_scores[0]  # 2 of 4 per layer: the ratio
+        assert (
+            result.stage1_scores is not None and result.score >= result.stage1_scores[0]
+        )  # 2 of 4 per layer: the ratio
         # A raced incumbent stops only below the best one.
         assert all(bound.score <= guard.best_score for bound in guard.scores.values() if isinstance(bound, RaceBound))
         assert result.score == ExampleObjective(seed=seed)(result.mask)
@@ -155,7 +168,9 @@ def test_the_tie_break_metric_returns_the_incumbent_that_accuracy_ties_with_the_
     ordered = run_search(SaturatedAccuracy(favourite, tiebreak=True), SHAPE, settings, progress=False)
     guard = ordered.guard
     assert guard is not None and mask_key(ordered.mask.bits) == favourite and guard.source == "incumbent razor"
-    assert ordered.score == pytest.approx(1.0) and ordered.score > guard.stages_score  # only the favourite is sure of every answer
+    assert (
+        ordered.score == pytest.approx(1.0) and ordered.score > guard.stages_score
+    )  # only the favourite is sure of every answer
     exact = [score for score in guard.scores.values() if not isinstance(score, RaceBound)]
     assert ordered.score >= max(exact)  # S(search) >= S(every incumbent), under the new objective
 
@@ -182,7 +197,9 @@ def test_the_best_possible_score_ends_each_sub_problem_with_the_same_mask(varian
     assert reference.score == result.score == best
     assert result.mask.bits == reference.mask.bits and result.guard == reference.guard
     assert set(stopped.calls) < set(whole.calls)
-    assert "A sub-problem ends at its first mask with S = 1.0000" in render_report(result, "synthetic", 8, {"tasks": ["t"]})
+    assert "A sub-problem ends at its first mask with S = 1.0000" in render_report(
+        result, "synthetic", 8, {"tasks": ["t"]}
+    )
     if variant == "guarded":  # the local search from the stages' mask, at the best S already, asks nothing
         assert result.guard.lineages[0].origin == "the stages" and result.guard.stages_score == best
         assert result.costs["local"]["calls"] <= 20 < reference.costs["local"]["calls"] == 40
@@ -227,8 +244,20 @@ def test_a_killed_racing_search_resumes_to_the_same_mask(tmp_path: Path) -> None
             run_search(ExampleObjective(seed=1, kill_after=kill_after), SHAPE, settings, resumed=Resumed.of(journal),
                        journal=journal, progress=False, racing=True)  # fmt: skip
     journal = Journal(path, {"m": 1}, resume=True)
-    resumed = run_search(ExampleObjective(seed=1), SHAPE, settings, resumed=Resumed.of(journal), journal=journal, progress=False, racing=True)
-    assert resumed.mask.bits == reference.mask.bits and resumed.score == reference.score and resumed.guard == reference.guard
+    resumed = run_search(
+        ExampleObjective(seed=1),
+        SHAPE,
+        settings,
+        resumed=Resumed.of(journal),
+        journal=journal,
+        progress=False,
+        racing=True,
+    )
+    assert (
+        resumed.mask.bits == reference.mask.bits
+        and resumed.score == reference.score
+        and resumed.guard == reference.guard
+    )
 
 
 def test_the_report_names_the_incumbent_the_gain_and_the_stages_alone() -> None:
@@ -252,7 +281,9 @@ def test_bad_incumbents_are_named() -> None:
         SearchSettings(ratio=0.5, local_calls=-1)
     with pytest.raises(SearchError, match=r"^incumbents: a: expected a mask key of 4 rows of 4 digits 0/1"):
         validate_for_shape(SearchSettings(ratio=0.5, incumbents=(("a", "111/000"),)), SHAPE)
-    with pytest.raises(SearchError, match=r"^incumbents: a has 4 SWA groups, expected at least 8 \(⌈ρ·L·G⌉ at ratio 0.5\)$"):
+    with pytest.raises(
+        SearchError, match=r"^incumbents: a has 4 SWA groups, expected at least 8 \(⌈ρ·L·G⌉ at ratio 0.5\)$"
+    ):
         validate_for_shape(SearchSettings(ratio=0.5, incumbents=(("a", "1111/0000/1111/1111"),)), SHAPE)
 
 
@@ -281,7 +312,9 @@ def test_stage1_probes_each_layer_alone_when_every_group_turns_swa() -> None:
     result = run_search(objective, THREE, SearchSettings(ratio=0.75, local_calls=0), progress=False)
     assert result.stage1_probes
     stage1 = [sub for sub in result.subproblems if sub.stage == "stage1"]
-    assert [sub.layers for sub in stage1] == [(layer,) for layer in range(5, -1, -1)] and all(sub.evaluations == 1 for sub in stage1)
+    assert [sub.layers for sub in stage1] == [(layer,) for layer in range(5, -1, -1)] and all(
+        sub.evaluations == 1 for sub in stage1
+    )
     assert result.stage1_scores == pytest.approx([1.0 - w for w in LayerUse.WEIGHTS])
     # Stage 2 allocates from each layer's own drop: the least used layers get the most SWA groups.
     assert result.stage2 is not None and list(result.stage2.drops) == pytest.approx(LayerUse.WEIGHTS)

@@ -31,7 +31,9 @@ def test_rankings_on_the_calibration_set_are_incumbents_and_a_resume_reads_them(
     provenance = HeadMask.load(tmp_path / "mask.json").provenance
     assert dict(map(tuple, provenance["search"]["incumbents"]))["dcam"] == guard.incumbents["dcam"]
     before = (tmp_path / "rankings" / "dcam.json").stat().st_mtime_ns
-    again = search_model("toy", settings, tmp_path, calibration=CALIBRATION, load=LOAD, run=RunOptions(progress=False), resume=True)
+    again = search_model(
+        "toy", settings, tmp_path, calibration=CALIBRATION, load=LOAD, run=RunOptions(progress=False), resume=True
+    )
     assert again.mask.bits == result.mask.bits and again.new_evaluations == 0
     assert (tmp_path / "rankings" / "dcam.json").stat().st_mtime_ns == before  # read back, not computed again
 
@@ -42,9 +44,13 @@ def test_at_every_ratio_the_search_scores_at_least_every_ranking_and_heuristic(t
     result = search_model("toy", settings, tmp_path, calibration=CALIBRATION, load=LOAD, run=RunOptions(progress=False))
     guard = result.guard
     assert guard is not None and {"dcam", "apl", "qada", "intr", "bme", "rand:0"} <= set(guard.incumbents)
-    exact = [score for score in guard.scores.values() if isinstance(score, float)]  # racing stops only masks below the best
+    exact = [
+        score for score in guard.scores.values() if isinstance(score, float)
+    ]  # racing stops only masks below the best
     assert len(exact) >= 1 and result.score >= max(exact) and result.score >= guard.stages_score
-    assert result.mask.num_swa_groups == HeadRanking.load(tmp_path / "rankings" / "apl.json").to_mask(ratio).num_swa_groups
+    assert (
+        result.mask.num_swa_groups == HeadRanking.load(tmp_path / "rankings" / "apl.json").to_mask(ratio).num_swa_groups
+    )
 
 
 def test_a_ranker_named_for_tasks_the_rankers_cannot_read_is_refused(tmp_path: Path) -> None:

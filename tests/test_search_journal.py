@@ -31,7 +31,13 @@ class TestMaskKey:
 
     @pytest.mark.parametrize(
         ("bits", "message"),
-        [([], "non-empty"), ([[]], "non-empty"), ([[1, 0], [1]], "row 1"), ([[1, 2]], r"\[0\]\[1\]"), ([[1.0]], r"\[0\]\[0\]")],
+        [
+            ([], "non-empty"),
+            ([[]], "non-empty"),
+            ([[1, 0], [1]], "row 1"),
+            ([[1, 2]], r"\[0\]\[1\]"),
+            ([[1.0]], r"\[0\]\[0\]"),
+        ],
     )
     def test_rejects(self, bits: list, message: str) -> None:
         with pytest.raises(ValueError, match=message):
@@ -139,7 +145,9 @@ class TestResumeAfterAKill:
         path = tmp_path / "j.jsonl"
         good = self.journal_with(path, 2)
         path.write_bytes(good + b'{"key": "k0", "score": 0.5}\n{"key": "k9", "score": 0.0}\n')
-        with pytest.raises(JournalError, match=r"line 4: mask k0 appears twice with different scores \(0\.0 and 0\.5\)"):
+        with pytest.raises(
+            JournalError, match=r"line 4: mask k0 appears twice with different scores \(0\.0 and 0\.5\)"
+        ):
             Journal(path, HEADER, resume=True)
 
     def test_duplicate_record_with_an_equal_score_is_recovered(self, tmp_path: Path, caplog) -> None:
@@ -245,11 +253,19 @@ class TestRefusals:
         changed = {"model": "toy", "settings": {"seed": 1, "buckets": [0, 0.25, 0.5, 0.75, 1]}}
         before = path.read_bytes()
         # Unasked, a resume under other settings would replace the finished result: refused, naming every field.
-        with pytest.raises(JournalError, match=r"other settings \(settings\.seed: 0 → 1; settings\.buckets: .*--new-settings"):
+        with pytest.raises(
+            JournalError, match=r"other settings \(settings\.seed: 0 → 1; settings\.buckets: .*--new-settings"
+        ):
             Journal(path, changed, resume=True, reusable=("settings",))
         assert path.read_bytes() == before
         told: list[tuple[dict, bytes]] = []  # the old header, and the file when the caller is told (not yet rewritten)
-        journal = Journal(path, changed, resume=True, reusable=("settings",), on_new_settings=lambda old: told.append((old, path.read_bytes())))
+        journal = Journal(
+            path,
+            changed,
+            resume=True,
+            reusable=("settings",),
+            on_new_settings=lambda old: told.append((old, path.read_bytes())),
+        )
         assert told == [(header, before)]
         assert journal.lookup("1") == 0.5
         assert "settings.seed: 0 → 1" in caplog.text and "settings.buckets: [0, 0.5, 1] → [0, 0.25" in caplog.text
@@ -285,8 +301,12 @@ class TestRefusals:
 
     @pytest.mark.parametrize(
         ("args", "fields", "message"),
-        [(("", 0.5), {}, "non-empty string"), (("1", "0.5"), {}, "must be a number"), (("1", True), {}, "must be a number"),
-         (("1", 0.5), {"when": object()}, "not JSON-serializable")],
+        [
+            (("", 0.5), {}, "non-empty string"),
+            (("1", "0.5"), {}, "must be a number"),
+            (("1", True), {}, "must be a number"),
+            (("1", 0.5), {"when": object()}, "not JSON-serializable"),
+        ],
     )
     def test_bad_records(self, tmp_path: Path, args: tuple, fields: dict, message: str) -> None:
         journal = Journal(tmp_path / "j.jsonl", HEADER, resume=False)

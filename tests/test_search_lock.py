@@ -30,7 +30,9 @@ class TestOutputLock:
     def test_held_then_released(self, tmp_path: Path) -> None:
         with OutputLock(tmp_path / "out", "search", JournalError):
             assert holder(tmp_path / "out")["pid"] == os.getpid()
-            with pytest.raises(JournalError, match=rf"another search \(PID {os.getpid()} on host .*\) is running on this --out"):
+            with pytest.raises(
+                JournalError, match=rf"another search \(PID {os.getpid()} on host .*\) is running on this --out"
+            ):
                 OutputLock(tmp_path / "out", "search", JournalError).acquire()
         assert holder(tmp_path / "out") is None
         with OutputLock(tmp_path / "out", "search", JournalError):  # free again
@@ -84,7 +86,9 @@ def test_two_searches_on_one_out(tiny_model_dir: Path, tmp_path: Path) -> None:
         second = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
         first.send_signal(signal.SIGCONT)
         assert second.returncode == 2
-        assert f"another search (PID {first.pid} on host" in second.stderr and "is running on this --out" in second.stderr
+        assert (
+            f"another search (PID {first.pid} on host" in second.stderr and "is running on this --out" in second.stderr
+        )
         stdout, stderr = first.communicate(timeout=300)
     finally:
         first.kill()

@@ -109,7 +109,11 @@ class TestChooseMethod:
         [
             (SubProblem(n=8, k=4, budget=69, seed=0), "exhaustive", r"C\(8, 4\) = 70 .* budget of 69"),
             (SubProblem(n=51, k=4, budget=69, seed=0), "nomad", "at most 50 variables.*'oneplusone'"),
-            (SubProblem(n=8, k=4, budget=69, seed=0), "cma", r"^optimizer method: expected one of \['auto', 'exhaustive', 'nomad', 'oneplusone'\], got 'cma'$"),
+            (
+                SubProblem(n=8, k=4, budget=69, seed=0),
+                "cma",
+                r"^optimizer method: expected one of \['auto', 'exhaustive', 'nomad', 'oneplusone'\], got 'cma'$",
+            ),
         ],
     )
     def test_explicit_methods_that_cannot_run_say_why(self, problem: SubProblem, method: str, message: str) -> None:
@@ -140,7 +144,9 @@ class TestExhaustive:
         result = minimize(loss, SubProblem(n=n, k=k, budget=math.comb(n, k), seed=seed))
         candidates = points_with_ones(n, k)
         brute = min(candidates, key=loss.loss)
-        assert result == OptimizerResult(best=brute, best_loss=loss.loss(brute), evaluations=math.comb(n, k), method="exhaustive")
+        assert result == OptimizerResult(
+            best=brute, best_loss=loss.loss(brute), evaluations=math.comb(n, k), method="exhaustive"
+        )
         assert loss.calls == candidates  # each candidate once, in lexicographic order
 
     def test_ties_keep_the_first_candidate(self) -> None:

@@ -29,7 +29,8 @@ def best_possible(objective: RetrievalObjective, swa_groups: int) -> float:
     """Brute force over every mask with exactly ``swa_groups`` SWA groups."""
     cells = [(layer, group) for layer in range(SHAPE.num_layers) for group in range(SHAPE.num_kv_heads)]
     return max(
-        score_of(objective, HeadMask.from_swa_groups(SHAPE, set(swa))) for swa in itertools.combinations(cells, swa_groups)
+        score_of(objective, HeadMask.from_swa_groups(SHAPE, set(swa)))
+        for swa in itertools.combinations(cells, swa_groups)
     )
 
 
@@ -74,7 +75,9 @@ def test_layer_variant_converts_whole_layers() -> None:
 
 def test_multi_variant_searches_layers_jointly() -> None:
     objective = planted()
-    result = run_search(objective, SHAPE, SearchSettings(ratio=0.5, variant="multi", budget_per_layer=60), progress=False)
+    result = run_search(
+        objective, SHAPE, SearchSettings(ratio=0.5, variant="multi", budget_per_layer=60), progress=False
+    )
     assert result.mask.num_swa_groups == 8
     assert len(result.subproblems) == 1 and result.subproblems[0].variables == 16  # default chunk 8 ≥ L layers (G = 4)
     assert result.score >= 0.8 * best_possible(objective, 8)
@@ -112,9 +115,15 @@ def test_bad_settings_are_named() -> None:
         SearchSettings(ratio=0.5, optimizer="cma")
     with pytest.raises(ValueError, match="ratio"):
         SearchSettings(ratio=1.5)
-    with pytest.raises(SearchError, match=r"^variant: unknown search variant 'singel', expected one of \['bosch', 'guarded', 'layer', 'multi', 'nested', 'single'\] \(did you mean 'single'\?\)$"):
+    with pytest.raises(
+        SearchError,
+        match=r"^variant: unknown search variant 'singel', expected one of \['bosch', 'guarded', 'layer', 'multi', 'nested', 'single'\] \(did you mean 'single'\?\)$",
+    ):
         SearchSettings(ratio=0.5, variant="singel")
-    with pytest.raises(SearchError, match=r"refine: runs after Stage 3, so only with variant 'bosch' or 'nested' or 'guarded', got variant 'multi'"):
+    with pytest.raises(
+        SearchError,
+        match=r"refine: runs after Stage 3, so only with variant 'bosch' or 'nested' or 'guarded', got variant 'multi'",
+    ):
         SearchSettings(ratio=0.5, variant="multi", refine=1)
 
 
@@ -155,7 +164,9 @@ def test_resume_after_interruption_reevaluates_nothing(tmp_path: Path) -> None:
     assert len(journal) == 20
     known = {record["key"]: record["score"] for record in journal.records}
     resumed_objective = planted()
-    resumed = run_search(resumed_objective, SHAPE, settings, resumed=Resumed(scores=known), journal=journal, progress=False)
+    resumed = run_search(
+        resumed_objective, SHAPE, settings, resumed=Resumed(scores=known), journal=journal, progress=False
+    )
     assert resumed.mask.bits == reference.mask.bits
     assert not set(resumed_objective.calls) & set(known)  # nothing journaled was evaluated again
     keys = [record["key"] for record in Journal(path, header, resume=True).records]
@@ -219,7 +230,9 @@ def stage3_alone(score_fn, shape: ModelShape, ratios: list[float], **settings) -
         all_swa=book.score(HeadMask.uniform(shape, full=False).bits, "anchor"),
         all_full=book.score(HeadMask.uniform(shape, full=True).bits, "anchor"),
     )
-    stage_settings = StageSettings(**{**dict(budget_per_layer=100, optimizer="auto", alpha=100.0, seed=0, chunk_layers=4), **settings})
+    stage_settings = StageSettings(
+        **{**dict(budget_per_layer=100, optimizer="auto", alpha=100.0, seed=0, chunk_layers=4), **settings}
+    )
     return stage3(book, anchors, shape, LayerQuotas(ratios), stage_settings, progress=False).bits, book, anchors
 
 
@@ -241,7 +254,9 @@ class TestPerLayerQuotas:
     def test_bosch_default_keeps_quotas_with_every_optimizer(self) -> None:
         shape = ModelShape(num_layers=8, num_heads=16, num_kv_heads=8)
         for optimizer in ("auto", "oneplusone"):
-            result = run_search(Layered(), shape, SearchSettings(ratio=0.5, optimizer=optimizer, budget_per_layer=30), progress=False)
+            result = run_search(
+                Layered(), shape, SearchSettings(ratio=0.5, optimizer=optimizer, budget_per_layer=30), progress=False
+            )
             expected = [round(r * 8) for r in result.stage2.ratios]
             assert [row.count(0) for row in result.mask.bits] == expected
 
@@ -266,7 +281,10 @@ class TestChunkLayers:
         calls = []
         shape = ModelShape(num_layers=8, num_heads=16, num_kv_heads=8)
         for settings, message in [
-            (SearchSettings(ratio=0.5, buckets=(0.0, 0.3, 1.0)), r"--buckets: 0\.3 × 8 KV groups per layer = 2\.4 is not a whole number"),
+            (
+                SearchSettings(ratio=0.5, buckets=(0.0, 0.3, 1.0)),
+                r"--buckets: 0\.3 × 8 KV groups per layer = 2\.4 is not a whole number",
+            ),
             (SearchSettings(ratio=0.5, optimizer="nomad"), "--chunk-layers 1"),
             (SearchSettings(ratio=0.5, optimizer="nomad", quota="chunk", chunk_layers=8), "64 variables"),
         ]:
@@ -300,11 +318,15 @@ class TestLowerIsBetter:
         def perplexity(mask: HeadMask) -> float:
             return 1.0 / score_of(planted(), mask)
 
-        lower = run_search(perplexity, SHAPE, SearchSettings(ratio=0.5), progress=False, scale=ScoreScale(higher_is_better=False))
+        lower = run_search(
+            perplexity, SHAPE, SearchSettings(ratio=0.5), progress=False, scale=ScoreScale(higher_is_better=False)
+        )
         assert lower.mask.bits == higher.mask.bits
         assert lower.anchors.b < lower.anchors.all_full < lower.anchors.a
         with pytest.raises(SearchError, match="not above"):
-            run_search(perplexity, SHAPE, SearchSettings(ratio=0.5), progress=False, scale=ScoreScale(higher_is_better=True))
+            run_search(
+                perplexity, SHAPE, SearchSettings(ratio=0.5), progress=False, scale=ScoreScale(higher_is_better=True)
+            )
 
 
 class TestRefine:
@@ -324,13 +346,18 @@ class TestRefine:
 
     def joint_optimum(self) -> float:
         rows = [(r0, r1) for r0 in itertools.combinations(range(4), 1) for r1 in itertools.combinations(range(4), 2)]
-        return max(self.score(HeadMask.from_swa_groups(self.SHAPE2, {(0, a) for a in r0} | {(1, b) for b in r1})) for r0, r1 in rows)
+        return max(
+            self.score(HeadMask.from_swa_groups(self.SHAPE2, {(0, a) for a in r0} | {(1, b) for b in r1}))
+            for r0, r1 in rows
+        )
 
     def run(self, passes: int) -> tuple[Bits, float, int]:
         bits, book, anchors = stage3_alone(self.score, self.SHAPE2, [0.25, 0.5])
         settings = StageSettings(budget_per_layer=100, optimizer="auto", alpha=100.0, seed=0, chunk_layers=4)
         if passes:
-            outcome = refine(book, anchors, self.SHAPE2, bits, LayerQuotas([0.25, 0.5]), settings, passes, progress=False)
+            outcome = refine(
+                book, anchors, self.SHAPE2, bits, LayerQuotas([0.25, 0.5]), settings, passes, progress=False
+            )
             bits = outcome.bits
             self.subproblems = outcome.subproblems
         return bits, book.known[mask_key(bits)], len(book.known)
@@ -364,21 +391,32 @@ class Layered:
         rng = random.Random(seed)
         self.unary = [[scale * rng.uniform(0.2, 1.0) for _ in range(8)] for scale in self.SCALE]
         self.pairs = [
-            {(i, j): scale * rng.uniform(-0.5, 0.5) for i, j in itertools.combinations(range(8), 2) if rng.random() < 0.3}
+            {
+                (i, j): scale * rng.uniform(-0.5, 0.5)
+                for i, j in itertools.combinations(range(8), 2)
+                if rng.random() < 0.3
+            }
             for scale in self.SCALE
         ]
         self.total = sum(self.layer_cost(layer, range(8)) for layer in range(8))
 
     def layer_cost(self, layer: int, swa: Iterable[int]) -> float:
         swa = set(swa)
-        return sum(self.unary[layer][g] for g in swa) + sum(v for (i, j), v in self.pairs[layer].items() if i in swa and j in swa)
+        return sum(self.unary[layer][g] for g in swa) + sum(
+            v for (i, j), v in self.pairs[layer].items() if i in swa and j in swa
+        )
 
     def __call__(self, mask: HeadMask) -> float:
-        cost = sum(self.layer_cost(layer, [g for g, bit in enumerate(row) if not bit]) for layer, row in enumerate(mask.bits))
+        cost = sum(
+            self.layer_cost(layer, [g for g, bit in enumerate(row) if not bit]) for layer, row in enumerate(mask.bits)
+        )
         return 1.0 - 0.95 * cost / self.total
 
     def best_for_counts(self, counts: Sequence[int]) -> float:
-        cost = sum(min(self.layer_cost(layer, ones) for ones in itertools.combinations(range(8), k)) for layer, k in enumerate(counts))
+        cost = sum(
+            min(self.layer_cost(layer, ones) for ones in itertools.combinations(range(8), k))
+            for layer, k in enumerate(counts)
+        )
         return 1.0 - 0.95 * cost / self.total
 
 
@@ -390,7 +428,9 @@ class Layered:
         pytest.param("nomad", 1, 60, 0.01, marks=pytest.mark.slow),  # a whole NOMAD search: ~25 s CPU
     ],
 )
-def test_planted_optimum_at_8_layers_of_8_groups(optimizer: str, chunk_layers: int | None, budget: int, bound: float) -> None:
+def test_planted_optimum_at_8_layers_of_8_groups(
+    optimizer: str, chunk_layers: int | None, budget: int, bound: float
+) -> None:
     """Sub-problems too large to enumerate at this κ: the (1+1)-EA (4-layer Stage-3 chunks,
     per-layer quotas) and NOMAD (one layer per sub-problem) must end within ``bound`` Ŝ of
     the best mask with the per-layer counts Stage 2 chose.
@@ -401,7 +441,9 @@ def test_planted_optimum_at_8_layers_of_8_groups(optimizer: str, chunk_layers: i
     0.0345/0.0229/0.0283: both fail these bounds."""
     objective = Layered()
     shape = ModelShape(num_layers=8, num_heads=16, num_kv_heads=8)
-    settings = SearchSettings(ratio=0.5, optimizer=optimizer, chunk_layers=chunk_layers, budget_per_layer=budget, seed=0)
+    settings = SearchSettings(
+        ratio=0.5, optimizer=optimizer, chunk_layers=chunk_layers, budget_per_layer=budget, seed=0
+    )
     result = run_search(objective, shape, settings, progress=False)
     stage3_methods = {sub.method for sub in result.subproblems if sub.stage == "stage3"}
     assert stage3_methods == {"nomad" if optimizer == "nomad" else "oneplusone"}
@@ -416,7 +458,14 @@ class TestThreeKVGroups:
     from k/3 and every layer ends with exactly the quota Stage 3 converts."""
 
     SHAPE = ModelShape(num_layers=6, num_heads=9, num_kv_heads=3)
-    WEIGHTS = [[0.04, 0.03, 0.05], [0.02, 0.001, 0.03], [0.002, 0.01, 0.003], [0.001, 0.002, 0.02], [0.0, 0.001, 0.002], [0.001, 0.0, 0.0]]
+    WEIGHTS = [
+        [0.04, 0.03, 0.05],
+        [0.02, 0.001, 0.03],
+        [0.002, 0.01, 0.003],
+        [0.001, 0.002, 0.02],
+        [0.0, 0.001, 0.002],
+        [0.001, 0.0, 0.0],
+    ]
 
     def test_a_search_uses_thirds_and_meets_the_budget(self) -> None:
         settings = SearchSettings(ratio=0.75, budget_per_layer=10)
@@ -429,8 +478,15 @@ class TestThreeKVGroups:
 
     def test_quarters_named_for_three_groups_are_refused_before_any_evaluation(self) -> None:
         calls = []
-        with pytest.raises(SearchError, match=r"--buckets: 0\.25 × 3 KV groups per layer = 0\.75 is not a whole number"):
-            run_search(lambda mask: calls.append(mask) or 1.0, self.SHAPE, SearchSettings(ratio=0.75, buckets=(0.0, 0.25, 0.5, 0.75, 1.0)), progress=False)
+        with pytest.raises(
+            SearchError, match=r"--buckets: 0\.25 × 3 KV groups per layer = 0\.75 is not a whole number"
+        ):
+            run_search(
+                lambda mask: calls.append(mask) or 1.0,
+                self.SHAPE,
+                SearchSettings(ratio=0.75, buckets=(0.0, 0.25, 0.5, 0.75, 1.0)),
+                progress=False,
+            )
         assert calls == []
 
 
@@ -444,7 +500,12 @@ class AdditiveObjective:
         self.total = sum(map(sum, self.weights))
 
     def __call__(self, mask: HeadMask) -> float:
-        kept = sum(w for row, bits in zip(self.weights, mask.bits, strict=True) for w, bit in zip(row, bits, strict=True) if bit)
+        kept = sum(
+            w
+            for row, bits in zip(self.weights, mask.bits, strict=True)
+            for w, bit in zip(row, bits, strict=True)
+            if bit
+        )
         return 0.05 + 0.95 * kept / self.total
 
 
@@ -480,7 +541,12 @@ def test_nested_refinement_stays_within_stage_one_groups() -> None:
     objective = AdditiveObjective(SHAPE, 5)
     result = run_search(objective, SHAPE, SearchSettings(ratio=0.625, variant="nested", refine=2), progress=False)
     stage1 = run_search(objective, SHAPE, SearchSettings(ratio=0.625, variant="single"), progress=False).mask.bits
-    assert all(stage1[layer][group] == 0 for layer, row in enumerate(result.mask.bits) for group, bit in enumerate(row) if not bit)
+    assert all(
+        stage1[layer][group] == 0
+        for layer, row in enumerate(result.mask.bits)
+        for group, bit in enumerate(row)
+        if not bit
+    )
     assert result.score == result.stage3_score  # Stage 3 already found the best nested mask: nothing to refine
 
 
@@ -489,7 +555,9 @@ def test_stage3_refuses_a_quota_larger_than_its_pool() -> None:
     book = ScoreBook(AdditiveObjective(SHAPE, 0), SHAPE, {})
     anchors = Anchors(all_swa=0.05, all_full=1.0)
     pool = HeadMask.from_swa_groups(SHAPE, {(layer, 0) for layer in range(4)}).bits  # one group per layer
-    with pytest.raises(ValueError, match=r"^stage 3: layer 3 has quota 2 at ratio 0.5 but only groups \[0\] to convert$"):
+    with pytest.raises(
+        ValueError, match=r"^stage 3: layer 3 has quota 2 at ratio 0.5 but only groups \[0\] to convert$"
+    ):
         stage3(book, anchors, SHAPE, LayerQuotas([0.5] * 4, pool), settings, progress=False)
 
 
@@ -497,12 +565,16 @@ def test_stage3_converts_only_pool_groups_even_where_others_cost_less() -> None:
     objective = AdditiveObjective(SHAPE, 6)
     # The pool: the three heaviest groups of each layer, the ones an unlimited Stage 3 avoids.
     heaviest = {layer: sorted(range(4), key=lambda group: objective.weights[layer][group])[1:] for layer in range(4)}
-    pool = HeadMask.from_swa_groups(SHAPE, {(layer, group) for layer, groups in heaviest.items() for group in groups}).bits
+    pool = HeadMask.from_swa_groups(
+        SHAPE, {(layer, group) for layer, groups in heaviest.items() for group in groups}
+    ).bits
     settings = StageSettings(budget_per_layer=100, optimizer="auto", alpha=100.0, seed=0, chunk_layers=4)
     anchors = Anchors(all_swa=0.05, all_full=1.0)
     ratios = [0.25, 0.5, 0.75, 0.0]
     free = stage3(ScoreBook(objective, SHAPE, {}), anchors, SHAPE, LayerQuotas(ratios), settings, progress=False).bits
-    kept = stage3(ScoreBook(objective, SHAPE, {}), anchors, SHAPE, LayerQuotas(ratios, pool), settings, progress=False).bits
+    kept = stage3(
+        ScoreBook(objective, SHAPE, {}), anchors, SHAPE, LayerQuotas(ratios, pool), settings, progress=False
+    ).bits
     assert free != kept  # without the pool, each layer's lightest group turns SWA first
     for layer, ratio in enumerate(ratios):
         swa = [group for group in range(4) if kept[layer][group] == 0]
@@ -514,7 +586,9 @@ def test_the_report_of_a_nested_search_counts_its_smaller_pool() -> None:
 
     shape = ModelShape(num_layers=4, num_heads=3, num_kv_heads=3)
     objective = AdditiveObjective(shape, 7)
-    result = run_search(objective, shape, SearchSettings(ratio=0.5, variant="nested", budget_per_layer=8), progress=False)
+    result = run_search(
+        objective, shape, SearchSettings(ratio=0.5, variant="nested", budget_per_layer=8), progress=False
+    )
     report = render_report(result, "m", 128, {})
     assert "Variant `nested`" in report
     # Stage 1: 4 layers × C(3, 2); Stage 3 over Stage 1's 2 groups per layer with buckets 0, ⅓, ⅔:
@@ -528,8 +602,15 @@ def test_a_search_result_is_built_once_and_frozen():
     import dataclasses
 
     objective = planted()
-    result = run_search(objective, SHAPE, SearchSettings(ratio=0.5, variant="bosch", budget_per_layer=4), progress=False)
+    result = run_search(
+        objective, SHAPE, SearchSettings(ratio=0.5, variant="bosch", budget_per_layer=4), progress=False
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.mask = HeadMask.uniform(SHAPE, full=True)  # type: ignore[misc]
-    assert result.stage1_scores is not None and result.stage2 is not None and result.subproblems and result.ties is not None
+    assert (
+        result.stage1_scores is not None
+        and result.stage2 is not None
+        and result.subproblems
+        and result.ties is not None
+    )
     assert isinstance(result.subproblems, tuple)

@@ -16,7 +16,12 @@ from tests.helpers import SHAPE, ExampleObjective
 
 def test_the_log_names_the_best_complete_mask_and_labels_partial_ones(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="bosch_eval.search"):
-        result = run_search(ExampleObjective(seed=5), SHAPE, SearchSettings(ratio=0.5, seed=5, budget_per_layer=10, variant="bosch"), racing=True)
+        result = run_search(
+            ExampleObjective(seed=5),
+            SHAPE,
+            SearchSettings(ratio=0.5, seed=5, budget_per_layer=10, variant="bosch"),
+            racing=True,
+        )
     lines = [r.getMessage() for r in caplog.records if "best complete" in r.getMessage()]
     stage1 = [line for line in lines if line.startswith("stage 1")]
     # Stage 1's first sub-problems score masks with fewer than the 8 SWA groups of its result.
@@ -25,6 +30,7 @@ def test_the_log_names_the_best_complete_mask_and_labels_partial_ones(caplog: py
     complete = float(re.search(r"best complete \(8 SWA groups\) ([\d.]+)", lines[-1]).group(1))
     # The final S is the best complete mask's; partial masks score higher, and are labelled so.
     assert complete == pytest.approx(result.score, abs=5e-5) and max(partial) > result.score + 0.1
+
 
 def test_the_bar_shows_the_best_complete_mask_apart_from_partial_ones() -> None:
     book = ScoreBook(lambda mask: 0.0, SHAPE)
@@ -58,7 +64,9 @@ class Deepening:
 
 
 def eta_seconds(caplog: pytest.LogCaptureFixture) -> list[float]:
-    return [float(re.search(r"ETA (\d+) s", r.getMessage()).group(1)) for r in caplog.records if "ETA" in r.getMessage()]
+    return [
+        float(re.search(r"ETA (\d+) s", r.getMessage()).group(1)) for r in caplog.records if "ETA" in r.getMessage()
+    ]
 
 
 def masks_of(count: int, start: int) -> list[tuple[tuple[int, ...], ...]]:
@@ -77,7 +85,10 @@ def test_the_eta_uses_the_time_per_mask_evaluated_in_this_run(caplog: pytest.Log
     deep = Deepening()
     book = ScoreBook(deep, SHAPE, known={mask_key(bits): 0.5 for bits in journaled})
     plan = [(7, None), (17, None)]
-    with caplog.at_level(logging.INFO, logger="bosch_eval.search"), StageProgress("stage 3", plan, book, enabled=True, complete_swa=8) as bar:
+    with (
+        caplog.at_level(logging.INFO, logger="bosch_eval.search"),
+        StageProgress("stage 3", plan, book, enabled=True, complete_swa=8) as bar,
+    ):
         for bits in journaled:
             book.score(bits, "stage3")  # from the journal: no call
         book.score(HeadMask.uniform(SHAPE, full=True).bits, "stage3")  # evaluated now, 0.2 s
@@ -95,7 +106,10 @@ def test_the_eta_of_a_stage_that_goes_down_the_layers_counts_their_cost(caplog: 
     deep = Deepening()
     book = ScoreBook(deep, SHAPE)
     plan = [(6, 3), (6, 2), (6, 1), (6, 0)]
-    with caplog.at_level(logging.INFO, logger="bosch_eval.search"), StageProgress("stage 1", plan, book, enabled=True, complete_swa=8) as bar:
+    with (
+        caplog.at_level(logging.INFO, logger="bosch_eval.search"),
+        StageProgress("stage 1", plan, book, enabled=True, complete_swa=8) as bar,
+    ):
         for number, (asks, lowest) in enumerate(plan[:2]):
             with book.varying_from(lowest):
                 for bits in masks_of(asks, 6 * number):
@@ -115,11 +129,26 @@ def test_every_count_of_masks_evaluated_agrees(tmp_path) -> None:  # noqa: ANN00
 
     path = tmp_path / "journal.jsonl"
     settings = SearchSettings(ratio=0.5, seed=5, budget_per_layer=10)
-    result = run_search(ExampleObjective(seed=5), SHAPE, settings, journal=Journal(path, {"s": 1}, resume=False), progress=False, racing=True)
+    result = run_search(
+        ExampleObjective(seed=5),
+        SHAPE,
+        settings,
+        journal=Journal(path, {"s": 1}, resume=False),
+        progress=False,
+        racing=True,
+    )
     assert result.pruned > 0 and len(path.read_text().splitlines()) - 1 > result.evaluations  # more lines than masks
     with pytest.raises(JournalError, match=f"holds {result.evaluations} masks evaluated"):
         Journal(path, {"s": 1}, resume=False)
     journal = Journal(path, {"s": 1}, resume=True)
     assert journal.masks_evaluated == result.evaluations
-    again = run_search(ExampleObjective(seed=5), SHAPE, settings, resumed=Resumed.of(journal), journal=journal, progress=False, racing=True)
+    again = run_search(
+        ExampleObjective(seed=5),
+        SHAPE,
+        settings,
+        resumed=Resumed.of(journal),
+        journal=journal,
+        progress=False,
+        racing=True,
+    )
     assert again.evaluations == result.evaluations and again.new_evaluations == 0

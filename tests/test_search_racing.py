@@ -90,7 +90,9 @@ class TestRaceMany:
             return sum(values) / len(values)
 
         racer = Racer({"t": len(per_mask[0])}, True, score_chunks, exact, chunk)
-        outcomes = racer.race_many(masks, lambda intervals: ruled_out([-b for b, _ in intervals], [-w for _, w in intervals]))
+        outcomes = racer.race_many(
+            masks, lambda intervals: ruled_out([-b for b, _ in intervals], [-w for _, w in intervals])
+        )
         return outcomes, scored
 
     def test_a_kill_inside_a_round_loses_at_most_the_mask_being_scored(self) -> None:
@@ -169,7 +171,9 @@ def test_a_fixed_example_order_gives_every_race_the_same_chunks() -> None:
             asked[-1] += [indices for _, _, indices in items]
             return [{e: values[e] for e in indices} for _, _, indices in items]
 
-        racer = Racer({"t": len(values)}, True, score_chunks, lambda tally: sum(tally.in_document_order("t")) / len(values), 2)
+        racer = Racer(
+            {"t": len(values)}, True, score_chunks, lambda tally: sum(tally.in_document_order("t")) / len(values), 2
+        )
         racer.order.fixed = fixed
         outcomes = []
         for mask in masks:
@@ -230,7 +234,14 @@ class TestOptimizers:
 class TestSearch:
     @pytest.mark.parametrize(
         ("ratio", "seed", "variant"),
-        [(0.5, 0, "bosch"), (0.75, 1, "bosch"), (0.75, 2, "bosch"), (0.5, 5, "bosch"), (0.625, 3, "nested"), (0.375, 4, "nested")],
+        [
+            (0.5, 0, "bosch"),
+            (0.75, 1, "bosch"),
+            (0.75, 2, "bosch"),
+            (0.5, 5, "bosch"),
+            (0.625, 3, "nested"),
+            (0.375, 4, "nested"),
+        ],
     )
     def test_same_mask_and_scores_with_fewer_examples(self, ratio: float, seed: int, variant: str) -> None:
         plain_fn, raced_fn = ExampleObjective(seed=seed), ExampleObjective(seed=seed)
@@ -261,7 +272,14 @@ class TestSearch:
     def test_every_full_score_equals_the_unraced_score(self, tmp_path) -> None:  # noqa: ANN001
         objective = ExampleObjective(seed=4)
         journal = Journal(tmp_path / "journal.jsonl", {"model": "synthetic"}, resume=False)
-        run_search(objective, SHAPE, SearchSettings(ratio=0.75, budget_per_layer=10), journal=journal, progress=False, racing=True)
+        run_search(
+            objective,
+            SHAPE,
+            SearchSettings(ratio=0.75, budget_per_layer=10),
+            journal=journal,
+            progress=False,
+            racing=True,
+        )
         fresh = ExampleObjective(seed=4)
         for record in journal.records:
             bits = tuple(tuple(int(c) for c in row) for row in record["key"].split("/"))
@@ -287,7 +305,9 @@ class TestSearch:
 def resumed_search(path, objective: ExampleObjective, settings: SearchSettings, resume: bool = True):  # noqa: ANN001, ANN201
     """A racing search journaled at ``path``, given what the journal holds (as the search CLI does)."""
     journal = Journal(path, {"m": 1}, resume=resume)
-    return run_search(objective, SHAPE, settings, resumed=Resumed.of(journal), journal=journal, progress=False, racing=True)
+    return run_search(
+        objective, SHAPE, settings, resumed=Resumed.of(journal), journal=journal, progress=False, racing=True
+    )
 
 
 def journal_records(path) -> list[str]:  # noqa: ANN001
@@ -324,7 +344,9 @@ class TestResume:
         )  # fmt: skip
 
     @pytest.mark.parametrize("kill_after", [1, 2, 3, 7, 19, 60])
-    def test_killed_again_and_again_it_ends_with_the_uninterrupted_journal(self, uninterrupted, tmp_path, kill_after) -> None:  # noqa: ANN001
+    def test_killed_again_and_again_it_ends_with_the_uninterrupted_journal(
+        self, uninterrupted, tmp_path, kill_after
+    ) -> None:  # noqa: ANN001
         result, records, examples = uninterrupted
         path = tmp_path / "journal.jsonl"
         scored, runs, resume = 0, 0, False

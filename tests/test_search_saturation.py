@@ -53,7 +53,12 @@ def test_the_search_warns_when_stage_1_scored_its_own_mask_higher(caplog):
 
     shape = ModelShape(num_layers=4, num_heads=3, num_kv_heads=3)
     with caplog.at_level(logging.WARNING, logger="bosch_eval.search"):
-        result = run_search(_saturated_at_two_of_three, shape, SearchSettings(ratio=0.5, budget_per_layer=8, variant="bosch"), progress=False)
+        result = run_search(
+            _saturated_at_two_of_three,
+            shape,
+            SearchSettings(ratio=0.5, budget_per_layer=8, variant="bosch"),
+            progress=False,
+        )
     assert result.score == 0.75 and result.mask.num_swa_groups == 6  # the paper's mask, still returned
     warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stage 1's mask")]
     assert warnings == ["stage 1's mask (8 SWA groups, S=1.0000) scores better than the mask returned (6 SWA groups, "
@@ -61,7 +66,12 @@ def test_the_search_warns_when_stage_1_scored_its_own_mask_higher(caplog):
                         "`--variant nested` keeps every layer within Stage 1's groups, `--variant single` returns "
                         "Stage 1's mask"]  # fmt: skip
     # The nested variant on the same objective: no layer above Stage 1's two groups, nothing lost.
-    nested = run_search(_saturated_at_two_of_three, shape, SearchSettings(ratio=0.5, budget_per_layer=8, variant="nested"), progress=False)
+    nested = run_search(
+        _saturated_at_two_of_three,
+        shape,
+        SearchSettings(ratio=0.5, budget_per_layer=8, variant="nested"),
+        progress=False,
+    )
     assert nested.score == 1.0 and nested.mask.num_swa_groups == 6
 
 
@@ -99,7 +109,10 @@ def test_top_ties_counts_other_masks_of_the_found_ratio_at_its_score():
         "the calibration set cannot tell them apart"
     )
     alone = top_ties({"11/00": 0.9, "00/11": 0.8}, {}, "11/00", 0.9)
-    assert (alone.scored, alone.may_tie) == (0, 0) and alone.message() == "0 other mask(s) with as many SWA groups reach the same S"
+    assert (alone.scored, alone.may_tie) == (
+        0,
+        0,
+    ) and alone.message() == "0 other mask(s) with as many SWA groups reach the same S"
 
 
 def test_the_search_reports_the_masks_tied_with_the_one_it_returns(caplog):
@@ -120,7 +133,11 @@ def test_the_search_reports_the_masks_tied_with_the_one_it_returns(caplog):
     settings = SearchSettings(ratio=0.5, budget_per_layer=8, buckets=(0.0, 2 / 3))
     with caplog.at_level(logging.WARNING, logger="bosch_eval.search"):
         result = run_search(score, shape, settings, progress=False)
-    tied = [bits for bits, s in asked.items() if s == result.score and sum(row.count(0) for row in bits) == result.mask.num_swa_groups]
+    tied = [
+        bits
+        for bits, s in asked.items()
+        if s == result.score and sum(row.count(0) for row in bits) == result.mask.num_swa_groups
+    ]
     assert result.ties is not None and result.ties.scored == len(tied) - 1 > 0 and result.ties.may_tie == 0
     assert result.provenance()["ties"] == {"scored": len(tied) - 1, "may_tie": 0}
     warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("search: ")]

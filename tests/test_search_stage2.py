@@ -146,7 +146,9 @@ class TestBudget:
     @pytest.mark.parametrize("seed", range(100))
     def test_met_whenever_the_step_divides_the_target(self, seed: int) -> None:
         rng = random.Random(1000 + seed)
-        groups, buckets, step = rng.choice([(8, QUARTERS, 2), (2, (0.0, 0.5, 1.0), 1), (1, (0.0, 1.0), 1), (4, (0.0, 0.5, 1.0), 2)])
+        groups, buckets, step = rng.choice(
+            [(8, QUARTERS, 2), (2, (0.0, 0.5, 1.0), 1), (1, (0.0, 1.0), 1), (4, (0.0, 0.5, 1.0), 2)]
+        )
         layers = rng.randint(1, 30)
         result = assign_layer_ratios([rng.random() for _ in range(layers)], 1.0, rng.random(), groups, buckets)
         if result.target_groups % step == 0:

@@ -17,7 +17,16 @@ from bosch_eval.search.objective.racing import RaceBound
 from bosch_eval.search.objective.scoring import SearchError
 from bosch_eval.search.pipeline import SearchSettings, run_search
 from bosch_eval.search.saturation import search_ties
-from bosch_eval.search.tie_break import TIE_BREAK_FILE, TieBreak, TieBreakFile, best_key, break_ties, layer_computations, shared_rows_layer, tie_key_bits
+from bosch_eval.search.tie_break import (
+    TIE_BREAK_FILE,
+    TieBreak,
+    TieBreakFile,
+    best_key,
+    break_ties,
+    layer_computations,
+    shared_rows_layer,
+    tie_key_bits,
+)
 from tests.helpers import DOT_TASK, search_args, write_tasks
 
 SHAPE = ModelShape(num_layers=4, num_heads=3, num_kv_heads=3)
@@ -30,7 +39,9 @@ def saturated(mask: HeadMask) -> float:
 
 def prefers_high_groups(mask: HeadMask) -> float:
     """A second task with one best mask among any set: full groups weigh 2^(layer·G + group)."""
-    return sum(2.0 ** (layer * 3 + group) for layer, row in enumerate(mask.bits) for group, bit in enumerate(row) if bit)
+    return sum(
+        2.0 ** (layer * 3 + group) for layer, row in enumerate(mask.bits) for group, bit in enumerate(row) if bit
+    )
 
 
 def test_the_tie_break_returns_the_tied_mask_the_second_task_scores_best():
@@ -40,7 +51,9 @@ def test_the_tie_break_returns_the_tied_mask_the_second_task_scores_best():
         asked[mask_key(mask.bits)] = saturated(mask)
         return asked[mask_key(mask.bits)]
 
-    result = run_search(score, SHAPE, SearchSettings(ratio=0.5, budget_per_layer=8, buckets=(0.0, 2 / 3)), progress=False)
+    result = run_search(
+        score, SHAPE, SearchSettings(ratio=0.5, budget_per_layer=8, buckets=(0.0, 2 / 3)), progress=False
+    )
     found = mask_key(result.mask.bits)
     assert result.ties is not None and result.ties.scored > 1
     tied = {key for key, s in asked.items() if s == result.score and key.count("0") == found.count("0")}
@@ -107,7 +120,10 @@ def test_the_found_mask_wins_a_second_tie_and_lower_can_be_better():
         "tasks": ["second"], "candidates": 2, "stopped_early": 0, "found_mask": "11/00", "found_score": 0.5, "chosen_score": 0.75,
         "file": TIE_BREAK_FILE,
     }  # fmt: skip
-    assert tie_break.message() == "another of the 2 masks at the search's S is returned: 0.7500 against the found mask's 0.5000"
+    assert (
+        tie_break.message()
+        == "another of the 2 masks at the search's S is returned: 0.7500 against the found mask's 0.5000"
+    )
     assert tie_key_bits("110/001") == ((1, 1, 0), (0, 0, 1)) and mask_key(tie_key_bits("110/001")) == "110/001"
 
 
@@ -145,7 +161,10 @@ class TestTieBreakFile:
         record = TieBreakFile(tmp_path, {"tasks": ["second"]}, write=True)
         record.append("11/00", 0.5)
         record.append("00/11", RaceBound(0.25, 16))
-        assert TieBreakFile(tmp_path, {"tasks": ["second"]}, write=True).scores == {"11/00": 0.5, "00/11": RaceBound(0.25, 16)}
+        assert TieBreakFile(tmp_path, {"tasks": ["second"]}, write=True).scores == {
+            "11/00": 0.5,
+            "00/11": RaceBound(0.25, 16),
+        }
 
     def test_a_header_cut_short_by_a_kill_is_written_again(self, tmp_path: Path):
         (tmp_path / TIE_BREAK_FILE).write_text('{"format": "bosch-tie')
@@ -155,7 +174,9 @@ class TestTieBreakFile:
 
     def test_a_file_made_under_another_objective_is_refused_naming_it(self, tmp_path: Path):
         TieBreakFile(tmp_path, {"tasks": ["second"]}, write=True).append("11/00", 0.5)
-        with pytest.raises(SearchError, match=rf"{TIE_BREAK_FILE}: its tie-break scores were made under other settings"):
+        with pytest.raises(
+            SearchError, match=rf"{TIE_BREAK_FILE}: its tie-break scores were made under other settings"
+        ):
             TieBreakFile(tmp_path, {"tasks": ["third"]}, write=True)
 
     def test_a_line_cut_short_by_a_kill_is_dropped_and_the_file_goes_on(self, tmp_path: Path):
@@ -182,7 +203,9 @@ class TestTieBreakFile:
 
 
 @pytest.mark.slow  # a search on a tiny checkpoint (~20 s)
-def test_a_finished_search_resumed_with_tie_break_tasks_scores_only_its_candidates(tiny_model_dir: Path, tmp_path: Path):
+def test_a_finished_search_resumed_with_tie_break_tasks_scores_only_its_candidates(
+    tiny_model_dir: Path, tmp_path: Path
+):
     """The tiny model's perplexities never tie, so the only candidate is the found mask: it is
     scored once on the second task, recorded in mask.json, report.md and tiebreak.jsonl, and a
     second resume scores nothing."""
@@ -209,7 +232,9 @@ def test_a_finished_search_resumed_with_tie_break_tasks_scores_only_its_candidat
 
 
 @pytest.mark.slow  # loads a tiny checkpoint (~10 s)
-def test_an_unknown_tie_break_task_fails_before_the_search_scores_anything(tiny_model_dir: Path, tmp_path: Path, capsys):
+def test_an_unknown_tie_break_task_fails_before_the_search_scores_anything(
+    tiny_model_dir: Path, tmp_path: Path, capsys
+):
     task_dir = write_tasks(tmp_path / "tasks")
     out = tmp_path / "run"
     assert main(search_args(tiny_model_dir, task_dir, out, "--tie-break-tasks", "no_such_task")) != 0
@@ -232,13 +257,27 @@ def test_the_toy_models_tied_masks_are_all_candidates_and_the_choice_is_recorded
     """On 8 calibration examples the toy model's search ties masks at its S: each is scored on
     the second task once, in key order after the found mask, and mask.json names the choice."""
     out = tmp_path / "run"
-    args = ["search", "--model", "toy", "--ratio", "0.5", "--calib-examples", "8", "--calib-len", "256", "--budget-per-layer", "4"]
+    args = [
+        "search",
+        "--model",
+        "toy",
+        "--ratio",
+        "0.5",
+        "--calib-examples",
+        "8",
+        "--calib-len",
+        "256",
+        "--budget-per-layer",
+        "4",
+    ]
     assert main([*args, "--tie-break-tasks", "bosch_retrieval_calib", "--out", str(out)]) == 0
     provenance = json.loads((out / "mask.json").read_text())["provenance"]
     ties = provenance["ties"]["scored"]
     assert ties > 0 and provenance["tie_break"]["candidates"] == ties + 1
     keys = [json.loads(line)["key"] for line in (out / TIE_BREAK_FILE).read_text().splitlines()[1:]]
-    assert keys[0] == provenance["tie_break"]["found_mask"] and keys[1:] == sorted(keys[1:]) and len(set(keys)) == ties + 1
+    assert (
+        keys[0] == provenance["tie_break"]["found_mask"] and keys[1:] == sorted(keys[1:]) and len(set(keys)) == ties + 1
+    )
     chosen = mask_key(HeadMask.load(out / "mask.json").bits)
     assert chosen in keys and chosen.count("0") == keys[0].count("0")
 

@@ -27,7 +27,11 @@ BAD = {"window": 0, "sink": -1, "ratio": 2.0}
 
 
 def string_constants(path: Path) -> set[str]:
-    return {node.value for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    return {
+        node.value
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    }
 
 
 @pytest.mark.parametrize("setting", sorted(HOMES))
@@ -39,7 +43,9 @@ def test_the_setting_is_checked_in_one_module(setting: str):
         for path in (ROOT / package).rglob("*.py")
         if any(words in text for text in string_constants(path))
     )
-    assert holders == [home], f"{setting} is validated in {holders}; its one home is {home} ({HOMES[setting][0].__name__})"
+    assert holders == [home], (
+        f"{setting} is validated in {holders}; its one home is {home} ({HOMES[setting][0].__name__})"
+    )
 
 
 @pytest.mark.parametrize("setting", sorted(HOMES))

@@ -21,7 +21,9 @@ def test_sink_overrides_the_masks_own_and_survives_mask_swaps(tiny_model_dir, tm
     lm = BoschLM(pretrained=str(tiny_model_dir), device="cpu", mask=str(tmp_path / "mask.json"), sink=5)
     info = lm.get_model_info()
     assert lm.hybrid.local == LocalWindow(6, 5) and info["bosch_sinks"] == 5 and info["bosch_sink_rule"] == SINK_RULE
-    lm.set_mask(HeadMask.from_rows([[0, 0, 0, 0], [0, 1, 1, 1], [1, 1, 1, 1]], 8, window=6))  # sink= from construction still wins
+    lm.set_mask(
+        HeadMask.from_rows([[0, 0, 0, 0], [0, 1, 1, 1], [1, 1, 1, 1]], 8, window=6)
+    )  # sink= from construction still wins
     assert lm.hybrid.local == LocalWindow(6, 5)
 
 
@@ -53,7 +55,9 @@ def test_a_comparisons_sink_is_in_every_runs_mask_and_kv_bytes(tiny_model_dir, t
     plan = {item.entry.name: item.mask for item in plan_runs(load_spec(config))}
     assert plan["intr"].sinks == 4 and plan["own"].sinks == 1
     swa = plan["intr"].swa_ratio
-    assert entry_kv_bytes({}, plan["intr"], 9, 100) == pytest.approx(swa * 12 / 100 + (1 - swa))  # 8 + 4 cached positions of 100
+    assert entry_kv_bytes({}, plan["intr"], 9, 100) == pytest.approx(
+        swa * 12 / 100 + (1 - swa)
+    )  # 8 + 4 cached positions of 100
 
 
 @pytest.mark.slow

@@ -52,35 +52,58 @@ class TestJournalMasks:
 
     def test_the_tie_count_is_the_searchs_own(self) -> None:
         line = journal_masks.ties_line(SMOLLM2 / "search" / "bosch-r0.75")
-        assert line == "bosch-r0.75: S = 1.0000, 68 SWA groups; 143 other masks tie, 0 stopped early by racing could at best tie"
+        assert (
+            line
+            == "bosch-r0.75: S = 1.0000, 68 SWA groups; 143 other masks tie, 0 stopped early by racing could at best tie"
+        )
 
     def test_a_copy_of_the_scores_resumes_with_every_score_and_bound_and_no_values(self, tmp_path: Path) -> None:
         search = SMOLLM2 / "search" / "bosch-r0.875"
         kept = journal_masks.copy_scores(search, tmp_path)
         original = list(read_records(search / "journal.jsonl"))
         copied = list(read_records(tmp_path / "journal.jsonl"))
-        assert kept == len(copied) == len(original) - sum("values" in record for record in original) and copied[0] == original[0]
+        assert (
+            kept == len(copied) == len(original) - sum("values" in record for record in original)
+            and copied[0] == original[0]
+        )
         journal = Journal(tmp_path / "journal.jsonl", original[0]["header"], resume=True)
         before = Journal(tmp_path / "before" / "journal.jsonl", original[0]["header"], resume=False)
         for record in original[1:]:
             if "score" in record:
                 before.append(record["key"], record["score"], stage=record["stage"], seconds=record["seconds"])
             elif "bound" in record:
-                before.append_bound(record["key"], record["bound"], record["examples"], stage=record["stage"], seconds=record["seconds"])
-        assert Resumed.of(journal).scores == Resumed.of(before).scores and Resumed.of(journal).bounds == Resumed.of(before).bounds
+                before.append_bound(
+                    record["key"], record["bound"], record["examples"], stage=record["stage"], seconds=record["seconds"]
+                )
+        assert (
+            Resumed.of(journal).scores == Resumed.of(before).scores
+            and Resumed.of(journal).bounds == Resumed.of(before).bounds
+        )
         assert journal.bounds and not journal.examples
 
     def test_a_copy_adds_the_masks_of_another_search_of_the_same_objective(self, tmp_path: Path) -> None:
         search, other = SMOLLM2 / "search" / "bosch-r0.75", SMOLLM2 / "search" / "guarded-r0.875"
         journal_masks.copy_scores(search, tmp_path, [other])
         copied = {record["key"]: record for record in list(read_records(tmp_path / "journal.jsonl"))[1:]}
-        probes = [record for record in read_records(other / "journal.jsonl") if "score" in record and sorted(record["key"].split("/"))[1] == "111" and "000" in record["key"]]  # one layer all SWA
-        own = {record["key"]: record for record in list(read_records(search / "journal.jsonl"))[1:] if "values" not in record}
+        probes = [
+            record
+            for record in read_records(other / "journal.jsonl")
+            if "score" in record and sorted(record["key"].split("/"))[1] == "111" and "000" in record["key"]
+        ]  # one layer all SWA
+        own = {
+            record["key"]: record
+            for record in list(read_records(search / "journal.jsonl"))[1:]
+            if "values" not in record
+        }
         assert len(probes) == 30 and all(copied[record["key"]]["score"] == record["score"] for record in probes)
         added = [record for record in probes if record["key"] not in own]  # each mask once: its own record first
-        assert added and all(copied[record["key"]] == {k: v for k, v in record.items() if k != "wall_s"} for record in added)
+        assert added and all(
+            copied[record["key"]] == {k: v for k, v in record.items() if k != "wall_s"} for record in added
+        )
         assert all(copied[key] == record for key, record in own.items())
-        assert max(r.get("wall_s", 0) for r in copied.values()) == max(r.get("wall_s", 0) for r in own.values())  # its own search time
+        assert max(r.get("wall_s", 0) for r in copied.values()) == max(
+            r.get("wall_s", 0) for r in own.values()
+        )  # its own search time
 
     def test_a_search_of_another_objective_is_refused(self, tmp_path: Path) -> None:
         other = REPO / "results" / "toy_l" / "search" / "bosch-r0.75"
@@ -109,14 +132,22 @@ def test_the_probe_guided_masks_come_back(tmp_path: Path) -> None:
     probe_guided.main([str(tmp_path)])
     for ratio in ("0.75", "0.875"):
         name = f"mask-r{ratio}.json"
-        assert (tmp_path / "probe_guided" / name).read_bytes() == (SMOLLM2 / "check" / "probe_guided" / name).read_bytes()
+        assert (tmp_path / "probe_guided" / name).read_bytes() == (
+            SMOLLM2 / "check" / "probe_guided" / name
+        ).read_bytes()
 
 
 def test_the_tie_break_order_against_dev_is_the_readmes() -> None:
-    report = order_within_ties.order_within_ties(SMOLLM2 / "check_sinks" / "bosch_niah_calib", SMOLLM2 / "check_tiebreak" / "bosch_niah_calib", "0.5")
-    assert report.startswith("ratio 0.5: 9 of ") and report.endswith("Spearman, tie-break ~ dev, among the tied masks: -0.17")
+    report = order_within_ties.order_within_ties(
+        SMOLLM2 / "check_sinks" / "bosch_niah_calib", SMOLLM2 / "check_tiebreak" / "bosch_niah_calib", "0.5"
+    )
+    assert report.startswith("ratio 0.5: 9 of ") and report.endswith(
+        "Spearman, tie-break ~ dev, among the tied masks: -0.17"
+    )
     with pytest.raises(SystemExit, match="no calibration score of a mask at ratio 0.6"):
-        order_within_ties.order_within_ties(SMOLLM2 / "check_sinks" / "bosch_niah_calib", SMOLLM2 / "check_tiebreak" / "bosch_niah_calib", "0.6")
+        order_within_ties.order_within_ties(
+            SMOLLM2 / "check_sinks" / "bosch_niah_calib", SMOLLM2 / "check_tiebreak" / "bosch_niah_calib", "0.6"
+        )
 
 
 class TestPairedRuns:
@@ -152,15 +183,22 @@ class TestPairedRuns:
 
 
 class TestAvailableEntries:
-    def test_entries_whose_mask_is_missing_are_left_for_later(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def test_entries_whose_mask_is_missing_are_left_for_later(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
         (tmp_path / "m.json").write_text("{}")
         spec = {"entries": ["original=", f"here=mask={tmp_path / 'm.json'}", f"later=mask={tmp_path / 'nope.json'}"]}
         (tmp_path / "in.yaml").write_text(yaml.safe_dump(spec))
         available_entries.main([str(tmp_path / "in.yaml"), str(tmp_path / "out.yaml")])
-        assert [e.split("=")[0] for e in yaml.safe_load((tmp_path / "out.yaml").read_text())["entries"]] == ["original", "here"]
+        assert [e.split("=")[0] for e in yaml.safe_load((tmp_path / "out.yaml").read_text())["entries"]] == [
+            "original",
+            "here",
+        ]
         assert "entry 'later' left for a later call" in capsys.readouterr().err
 
-    def test_a_claimant_left_out_leaves_no_claims_field(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def test_a_claimant_left_out_leaves_no_claims_field(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
         spec = {"claimant": "later", "entries": ["original=", f"later=mask={tmp_path / 'nope.json'}"]}
         (tmp_path / "in.yaml").write_text(yaml.safe_dump(spec))
         available_entries.main([str(tmp_path / "in.yaml"), str(tmp_path / "out.yaml")])
@@ -171,9 +209,21 @@ class TestAvailableEntries:
         for run in ("original", "intr", "rand@seed=1"):
             (tmp_path / "runs" / run).mkdir(parents=True)
             (tmp_path / "runs" / run / "run.json").write_text("{}")
-        spec = {"seeds": [0, 1], "entries": ["original=", "intr=layers=intr,ratio=0.5", "bme=layers=bme,ratio=0.5", "rand=layers=rand,ratio=0.5"]}
+        spec = {
+            "seeds": [0, 1],
+            "entries": [
+                "original=",
+                "intr=layers=intr,ratio=0.5",
+                "bme=layers=bme,ratio=0.5",
+                "rand=layers=rand,ratio=0.5",
+            ],
+        }
         kept = available_entries.narrow(spec, tmp_path, "in.yaml")
-        assert kept == ["original=", "intr=layers=intr,ratio=0.5", {"name": "rand", "args": "layers=rand,ratio=0.5", "seeds": [1]}]
+        assert kept == [
+            "original=",
+            "intr=layers=intr,ratio=0.5",
+            {"name": "rand", "args": "layers=rand,ratio=0.5", "seeds": [1]},
+        ]
 
 
 def test_calibration_scores_tables_every_mask_and_score() -> None:
@@ -182,7 +232,10 @@ def test_calibration_scores_tables_every_mask_and_score() -> None:
     scores = {"calib": lambda mask: mask.num_swa_groups / 2, "dev": lambda mask: 1 - mask.num_swa_groups / 4}
     table = calibration_scores.score_table(masks, scores)
     assert table == {"full": {"calib": 0.0, "dev": 1.0}, "swa": {"calib": 1.0, "dev": 0.5}}
-    assert calibration_scores.markdown_table(table, ["dev", "calib"])[2:] == ["| full | 1.000 | 0.000 |", "| swa | 0.500 | 1.000 |"]
+    assert calibration_scores.markdown_table(table, ["dev", "calib"])[2:] == [
+        "| full | 1.000 | 0.000 |",
+        "| swa | 0.500 | 1.000 |",
+    ]
 
 
 def test_the_diagnosis_scores_the_committed_toy_l_masks(at_repo_root: None) -> None:
@@ -205,10 +258,25 @@ def test_the_greedy_probes_run_on_the_toy_model(tmp_path: Path, capsys: pytest.C
     toy = str(resolve_model("toy"))
     calib = greedy_by_kind.calib_by_kind(toy, seed=1, examples=4)
     assert set(calib) <= {"single", "multikey", "multivalue"} and sum(total for total, _, _ in calib.values()) == 4
-    assert all(0 <= right <= first <= total for total, right, first in calib.values())  # all digits right: the first too
+    assert all(
+        0 <= right <= first <= total for total, right, first in calib.values()
+    )  # all digits right: the first too
     keyed = greedy_by_kind.keyed_by_kind(toy, length=256, documents=4)
     assert sum(n for n, _ in keyed.values()) == 4 and all(0 <= right <= n for n, right in keyed.values())
-    probe_calibration.main(["--model", "toy", "--seq-len", "256", "--examples", "3", "--dtype", "float32", "--out", str(tmp_path / "probe.md")])
+    probe_calibration.main(
+        [
+            "--model",
+            "toy",
+            "--seq-len",
+            "256",
+            "--examples",
+            "3",
+            "--dtype",
+            "float32",
+            "--out",
+            str(tmp_path / "probe.md"),
+        ]
+    )
     rows = [line for line in (tmp_path / "probe.md").read_text().splitlines() if line.startswith("| v")]
     assert [row.split(" | ")[0] for row in rows] == ["| v1"] + ["| v2"] * 5
     table = uuid_answers.answers_table("toy", 1).splitlines()
@@ -231,7 +299,14 @@ class TestStudySummary:
         formats = {"niah_single_1": "numbers in noise", "bosch_niah_single_1": "numbers in noise",
                    "bosch_niah_single_2": "numbers in prose", "bosch_niah_single_3": "UUIDs in prose"}  # fmt: skip
         leaderboard = {"headline_columns": ["niah_single_1", "bosch_niah_single"], "formats": formats, "rows": rows}
-        claim = {"rival": f"razor-r{ratio}", "difference": -0.103, "low": -0.125, "high": -0.082, "p_holm": 0.0, "verdict": "lower"}
+        claim = {
+            "rival": f"razor-r{ratio}",
+            "difference": -0.103,
+            "low": -0.125,
+            "high": -0.082,
+            "p_holm": 0.0,
+            "verdict": "lower",
+        }
         claims = {"claimant": f"guarded-r{ratio}", "reference": "original", "claims": [claim]}
         directory.mkdir()
         (directory / "leaderboard.json").write_text(json.dumps(leaderboard))

@@ -120,7 +120,9 @@ class TestLocalWindow:
             assert list(range(sink_count)) + list(range(recent_start, seen)) == wanted
             assert local.retained_count(seen) == len(wanted)
 
-    @pytest.mark.parametrize(("window", "sinks", "field"), [(0, 0, "window"), (2, -1, "sink"), (2, True, "sink"), (2.0, 0, "window")])
+    @pytest.mark.parametrize(
+        ("window", "sinks", "field"), [(0, 0, "window"), (2, -1, "sink"), (2, True, "sink"), (2.0, 0, "window")]
+    )
     def test_invalid_values_name_the_field(self, window, sinks, field):
         with pytest.raises(LocalWindowError, match=field):
             LocalWindow(window, sinks)
@@ -183,7 +185,9 @@ def test_flex_runs_a_hybrid_layer_in_one_call(sinks, monkeypatch):
     query, key, value, padding = random_inputs(30, 30, 11, left_pad=4)
     swa_groups = [True, False, True]
     swa_heads = [swa_groups[h // 2] for h in range(6)]
-    got = flex_attention_layer(query, key, value, sdpa_mask_from(padding, 30, 30, 2), LocalWindow(5, sinks), swa_groups, scaling=0.3)
+    got = flex_attention_layer(
+        query, key, value, sdpa_mask_from(padding, 30, 30, 2), LocalWindow(5, sinks), swa_groups, scaling=0.3
+    )
     expected = dense_reference(query, key, value, padding, 5, sinks, 0.3, swa_heads=swa_heads)
     torch.testing.assert_close(real_rows(got, padding, 30), real_rows(expected, padding, 30), **TOLERANCE)
 
@@ -199,7 +203,9 @@ def test_compiled_flex_equals_reference():
 
 
 # -- flash: the log-sum-exp merge, with an eager stand-in for the flash call ---------------
-@pytest.mark.parametrize(("q_len", "kv_len", "window", "sinks"), [(37, 37, 5, 3), (1, 50, 7, 4), (9, 30, 4, 30), (12, 12, 20, 2)])
+@pytest.mark.parametrize(
+    ("q_len", "kv_len", "window", "sinks"), [(37, 37, 5, 3), (1, 50, 7, 4), (9, 30, 4, 30), (12, 12, 20, 2)]
+)
 @pytest.mark.parametrize("left_pad", [0, 6])
 def test_sink_merge_equals_reference(q_len, kv_len, window, sinks, left_pad):
     query, key, value, padding = random_inputs(q_len, kv_len, q_len + kv_len + sinks, left_pad=left_pad)
@@ -219,7 +225,9 @@ def test_flash_kernel_with_sinks_merges_its_windowed_call(monkeypatch):
     monkeypatch.setattr(flash_module, "_flash_windowed", stand_in)
     query, key, value, _ = random_inputs(25, 25, 9)
     module = types.SimpleNamespace(num_key_value_groups=2, is_causal=True, training=False)
-    got = BACKENDS["flash_attention_2"].swa(module, query, key, value, None, LocalWindow(4, 2), scaling=0.3, sliding_window=None)
+    got = BACKENDS["flash_attention_2"].swa(
+        module, query, key, value, None, LocalWindow(4, 2), scaling=0.3, sliding_window=None
+    )
     torch.testing.assert_close(got, dense_reference(query, key, value, None, 4, 2, 0.3), **TOLERANCE)
     assert calls == [4]
 
@@ -231,7 +239,10 @@ def test_flash_refuses_left_padding_with_sinks():
 
 
 def test_an_unknown_backend_is_named():
-    with pytest.raises(SettingsError, match=r"attn_backend: unknown attention backend 'flesh', expected one of \[.*\] \(did you mean 'flex'\?\)"):
+    with pytest.raises(
+        SettingsError,
+        match=r"attn_backend: unknown attention backend 'flesh', expected one of \[.*\] \(did you mean 'flex'\?\)",
+    ):
         BACKENDS["flesh"]
 
 

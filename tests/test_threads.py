@@ -45,7 +45,9 @@ class TestCgroup:
             (root / name).parent.mkdir(parents=True, exist_ok=True)
             (root / name).write_text(text)
 
-    @pytest.mark.parametrize(("cpu_max", "expected"), [("150000 100000\n", 2), ("100000 100000\n", 1), ("max 100000\n", None)])
+    @pytest.mark.parametrize(
+        ("cpu_max", "expected"), [("150000 100000\n", 2), ("100000 100000\n", 1), ("max 100000\n", None)]
+    )
     def test_cgroup_v2(self, tmp_path: Path, cpu_max: str, expected: int | None) -> None:
         self.write(tmp_path, {"proc": "0::/job/step\n", "fs/job/step/cpu.max": cpu_max})
         assert cgroup_cpu_limit(tmp_path / "fs", tmp_path / "proc") == expected
@@ -107,7 +109,9 @@ print("THREADS", torch.get_num_threads(), os.environ["OMP_NUM_THREADS"])
 
 
 @pytest.mark.slow
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="torch runs at most one thread per core: one core shows no difference")
+@pytest.mark.skipif(
+    (os.cpu_count() or 1) < 2, reason="torch runs at most one thread per core: one core shows no difference"
+)
 @pytest.mark.parametrize(("user", "expected"), [(None, "1 1"), ("2", "2 2")])
 def test_the_cli_sets_the_count_before_torch_loads(user: str | None, expected: str) -> None:
     env = {k: v for k, v in os.environ.items() if k not in (*THREAD_VARIABLES, "TOKENIZERS_PARALLELISM")}

@@ -56,7 +56,9 @@ def test_defaults_and_card_are_shipped(name):
 @pytest.mark.parametrize("name", sorted(BUNDLED_MODELS))
 def test_cli_prints_the_path(name):
     command = [sys.executable, "-m", "bosch_eval.cli", "toy-model", "--path", "--name", name]
-    assert subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip() == str(BUNDLED_MODELS[name])
+    assert subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip() == str(
+        BUNDLED_MODELS[name]
+    )
 
 
 def test_missing_weights_are_a_clear_error(monkeypatch, tmp_path):

@@ -127,7 +127,9 @@ def test_init_from_starts_at_the_checkpoints_weights(tmp_path, capsys):
     tiny = ["--hidden", "32", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--vocab", "400", "--start-len", "48",
             "--max-len", "64", "--batch-tokens", "128", "--eval-every", "1000"]  # fmt: skip
     main(["--out", str(tmp_path / "first"), "--steps", "2", *tiny])
-    main(["--out", str(tmp_path / "second"), "--steps", "1", "--lr", "0", "--init-from", str(tmp_path / "first"), *tiny])
+    main(
+        ["--out", str(tmp_path / "second"), "--steps", "1", "--lr", "0", "--init-from", str(tmp_path / "first"), *tiny]
+    )
     first, second = (load_file(tmp_path / run / "model.safetensors") for run in ("first", "second"))
     assert all(torch.equal(first[name], second[name]) for name in first)  # lr 0: the stage starts where the first ended
 
@@ -170,8 +172,12 @@ def test_keyed_documents_answer_the_asked_names_values_in_order_among_distractor
         names = {match for match in re.findall(name, text) if not match.startswith("The ")}
         kinds.add("multivalue" if len(values) > 1 else "multikey" if len(names) > 1 else "single")
         assert not {part.lower() for match in names for part in match.split()} & _KEYED_EXCLUDED
-        assert "Question:" not in prompt and "Answer:" not in prompt and not any("ermit" in record for record in records)
-        assert not any(needle.split("{value}")[0].replace("{key}", "") in text for needle in retrieval_calib.NEEDLES[1:])
+        assert (
+            "Question:" not in prompt and "Answer:" not in prompt and not any("ermit" in record for record in records)
+        )
+        assert not any(
+            needle.split("{value}")[0].replace("{key}", "") in text for needle in retrieval_calib.NEEDLES[1:]
+        )
     assert kinds == {"single", "multikey", "multivalue"}
 
 
@@ -182,7 +188,11 @@ def test_mix_replaces_phase_two_and_names_unknown_kinds(tmp_path, capsys):
 
     args = argparse.Namespace(curriculum_steps=3, start_len=48, max_len=64, mix={"keyed": 1.0})
     assert curriculum(0, args)[1] == {"short_recall": 1.0} and curriculum(2, args)[1] == {"keyed": 1.0}
-    for bad, expected in (('{"keyd": 1}', "unknown: ['keyd']"), ('{"keyed": -1}', "non-negative"), ('["keyed"]', "JSON object")):
+    for bad, expected in (
+        ('{"keyd": 1}', "unknown: ['keyd']"),
+        ('{"keyed": -1}', "non-negative"),
+        ('["keyed"]', "JSON object"),
+    ):
         with pytest.raises(SystemExit):
             main(["--out", str(tmp_path), "--mix", bad])
         assert expected in capsys.readouterr().err

@@ -31,7 +31,9 @@ def reference_weights(settings: TrainSettings) -> dict[str, torch.Tensor]:
 
     model, tokenizer, _ = trainer.load_model(settings, torch.device("cpu"))
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay, betas=(0.9, 0.95)
+    )
     scheduler = get_scheduler("cosine", optimizer, num_warmup_steps=1, num_training_steps=settings.steps)
     stream = PackedSequences(open_source("toy", settings.seq_len, settings.seed), tokenizer, settings.seq_len)
     accumulation = settings.batch_size // settings.micro_batch_size
@@ -64,7 +66,6 @@ class TestTrainingLoop:
         summary = json.loads((out / "training.json").read_text())
         assert summary["settings"]["mask_source"] == MASK_SOURCE and summary["versions"]["accelerate"]
 
-
     @pytest.mark.parametrize("backend", ["blocked", "sdpa"])
     def test_bf16_autocast_trains_fp32_weights(self, tiny_model_dir, tmp_path, backend):
         """Accelerate's mixed precision (bf16 autocast, as on GPU) through the hybrid kernels."""
@@ -77,7 +78,10 @@ class TestTrainingLoop:
             runs[precision] = train(settings_for(tiny_model_dir, steps=2, mixed_precision=precision, attn_backend=backend),
                                     tmp_path / precision, progress_bar=False)  # fmt: skip
         AcceleratorState._reset_state()
-        losses = {p: [r["loss"] for r in json.loads((out / "training.json").read_text())["history"]] for p, out in runs.items()}
+        losses = {
+            p: [r["loss"] for r in json.loads((out / "training.json").read_text())["history"]]
+            for p, out in runs.items()
+        }
         assert losses["bf16"] != losses["no"] and losses["bf16"] == pytest.approx(losses["no"], abs=2e-2)
         assert all(t.dtype == torch.float32 for t in weights(runs["bf16"]).values())
 
@@ -164,7 +168,10 @@ class TestResume:
         assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
         steps = [json.loads(line)["step"] for line in (resumed / "train_log.jsonl").read_text().splitlines()]
         assert steps == [1, 2, 3, 4, 5]
-        losses = [[record["loss"] for record in json.loads((run / "training.json").read_text())["history"]] for run in (whole, resumed)]
+        losses = [
+            [record["loss"] for record in json.loads((run / "training.json").read_text())["history"]]
+            for run in (whole, resumed)
+        ]
         assert losses[0] == losses[1]
 
     def test_resume_from_an_earlier_state_with_the_stream_mid_document(self, tiny_model_dir, tmp_path, monkeypatch):
@@ -195,7 +202,13 @@ class TestResume:
         assert latest_state(tmp_path).name == "step-00000002"
 
     def test_old_states_are_pruned(self, tiny_model_dir, tmp_path):
-        out = train(settings_for(tiny_model_dir, steps=4, batch_size=2), tmp_path / "run", save_every=1, keep_states=2, progress_bar=False)
+        out = train(
+            settings_for(tiny_model_dir, steps=4, batch_size=2),
+            tmp_path / "run",
+            save_every=1,
+            keep_states=2,
+            progress_bar=False,
+        )
         assert sorted(p.name for p in (out / "state").iterdir()) == ["step-00000002", "step-00000003"]
 
 
@@ -219,23 +232,42 @@ class TestCheckpoint:
         assert hybrid_state(lm.model).mask.bits == mask.bits
         exported = tmp_path / "run" / "step-00000001"
         assert BoschLM(pretrained=str(exported), device="cpu").head_mask.bits == mask.bits
-        assert not torch.equal(weights(exported)["model.layers.0.self_attn.q_proj.weight"], trained["model.layers.0.self_attn.q_proj.weight"])
+        assert not torch.equal(
+            weights(exported)["model.layers.0.self_attn.q_proj.weight"],
+            trained["model.layers.0.self_attn.q_proj.weight"],
+        )
 
     def test_a_hybrid_checkpoint_trains_on_with_its_saved_mask(self, tiny_model_dir, tmp_path):
         first = train(settings_for(tiny_model_dir, steps=1), tmp_path / "first", progress_bar=False)
         second = train(settings_for(first, mask_source=None, steps=1), tmp_path / "second", progress_bar=False)
-        assert json.loads((second / "config.json").read_text())["bosch_mask"] == json.loads((first / "config.json").read_text())["bosch_mask"]
+        assert (
+            json.loads((second / "config.json").read_text())["bosch_mask"]
+            == json.loads((first / "config.json").read_text())["bosch_mask"]
+        )
         with pytest.raises(MaskError, match="differs from the mask saved in"):
-            train(settings_for(first, mask_source="layers=intr,ratio=0.5,window=8", steps=1), tmp_path / "third", progress_bar=False)
+            train(
+                settings_for(first, mask_source="layers=intr,ratio=0.5,window=8", steps=1),
+                tmp_path / "third",
+                progress_bar=False,
+            )
 
 
 class TestYarn:
     def test_training_with_yarn_writes_the_scaled_config(self, tiny_model_dir, tmp_path):
         from bosch_eval.model_adapters.bosch import BoschLM
 
-        out = train(settings_for(tiny_model_dir, steps=1, rope_scaling="yarn", rope_factor=2.0), tmp_path / "run", progress_bar=False)
+        out = train(
+            settings_for(tiny_model_dir, steps=1, rope_scaling="yarn", rope_factor=2.0),
+            tmp_path / "run",
+            progress_bar=False,
+        )
         config = json.loads((out / "config.json").read_text())
-        assert config["rope_parameters"] == {"rope_theta": 10000.0, "rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 512}
+        assert config["rope_parameters"] == {
+            "rope_theta": 10000.0,
+            "rope_type": "yarn",
+            "factor": 2.0,
+            "original_max_position_embeddings": 512,
+        }
         assert config["max_position_embeddings"] == 1024
         lm = BoschLM(pretrained=str(out), device="cpu")
         assert lm.model.model.rotary_emb.rope_type == "yarn" and lm.max_length == 1024
@@ -243,18 +275,47 @@ class TestYarn:
 
 class TestErrors:
     def test_cli_runs_and_names_bad_input(self, tiny_model_dir, tmp_path, capsys):
-        base = ["train", "--model", str(tiny_model_dir), "--data", "toy", "--seq-len", "32", "--batch-size", "2", "--no-progress-bar"]
+        base = [
+            "train",
+            "--model",
+            str(tiny_model_dir),
+            "--data",
+            "toy",
+            "--seq-len",
+            "32",
+            "--batch-size",
+            "2",
+            "--no-progress-bar",
+        ]
         assert main([*base, "--mask-source", MASK_SOURCE, "--steps", "1", "--out", str(tmp_path / "ok")]) == 0
         assert (tmp_path / "ok" / "model.safetensors").is_file()
         cases = [
             (["--mask-source", MASK_SOURCE, "--steps", "1", "--out", str(tmp_path / "ok")], "not empty; pass --resume"),
-            (["--mask-source", MASK_SOURCE, "--steps", "2", "--out", str(tmp_path / "ok"), "--resume"], "field 'steps' was 1, this run has 2"),
-            (["--mask-source", MASK_SOURCE, "--steps", "1", "--out", str(tmp_path / "none"), "--resume"], "nothing to resume"),
-            (["--mask-source", "layers=bme,ratio=0.5,windw=8", "--steps", "1", "--out", str(tmp_path / "a")], "unknown keys ['windw']"),
+            (
+                ["--mask-source", MASK_SOURCE, "--steps", "2", "--out", str(tmp_path / "ok"), "--resume"],
+                "field 'steps' was 1, this run has 2",
+            ),
+            (
+                ["--mask-source", MASK_SOURCE, "--steps", "1", "--out", str(tmp_path / "none"), "--resume"],
+                "nothing to resume",
+            ),
+            (
+                ["--mask-source", "layers=bme,ratio=0.5,windw=8", "--steps", "1", "--out", str(tmp_path / "a")],
+                "unknown keys ['windw']",
+            ),
             (["--steps", "1", "--out", str(tmp_path / "b")], "not a hybrid checkpoint"),
-            (["--mask-source", MASK_SOURCE, "--steps", "1", "--micro-batch-size", "3", "--out", str(tmp_path / "c")], "not a multiple of"),
-            (["--mask-source", MASK_SOURCE, "--steps", "1", "--rope-factor", "2", "--out", str(tmp_path / "d")], "--rope-factor: only used with"),
-            (["--mask-source", MASK_SOURCE, "--steps", "0", "--out", str(tmp_path / "e")], "--steps: expected a positive integer"),
+            (
+                ["--mask-source", MASK_SOURCE, "--steps", "1", "--micro-batch-size", "3", "--out", str(tmp_path / "c")],
+                "not a multiple of",
+            ),
+            (
+                ["--mask-source", MASK_SOURCE, "--steps", "1", "--rope-factor", "2", "--out", str(tmp_path / "d")],
+                "--rope-factor: only used with",
+            ),
+            (
+                ["--mask-source", MASK_SOURCE, "--steps", "0", "--out", str(tmp_path / "e")],
+                "--steps: expected a positive integer",
+            ),
         ]
         for extra, message in cases:
             assert main([*base, *extra]) == 2, extra

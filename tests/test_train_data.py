@@ -52,7 +52,9 @@ class TestSources:
         assert stream.next_batch(3).flatten().tolist() == reference_stream(tokenizer, DOCS, 18)
 
     def test_toy_documents_are_seeded(self, tokenizer):
-        first, again, other = (PackedSequences(open_source("toy", 64, seed), tokenizer, 64).next_batch(2) for seed in (0, 0, 1))
+        first, again, other = (
+            PackedSequences(open_source("toy", 64, seed), tokenizer, 64).next_batch(2) for seed in (0, 0, 1)
+        )
         assert torch.equal(first, again) and not torch.equal(first, other)
 
     def test_bad_sources_are_named(self, tmp_path):
@@ -62,7 +64,9 @@ class TestSources:
             open_source("nowhere", 8, 0)
         with pytest.raises(SettingsError, match="a directory with no .txt or .jsonl files"):
             open_source(str(tmp_path / "empty"), 8, 0)
-        with pytest.raises(SettingsError, match=r"no field 'text' in its records \(fields: \['body'\]\); pass --text-field"):
+        with pytest.raises(
+            SettingsError, match=r"no field 'text' in its records \(fields: \['body'\]\); pass --text-field"
+        ):
             open_source(str(tmp_path / "x.jsonl"), 8, 0)
 
 
@@ -95,5 +99,10 @@ def test_an_unreachable_hub_dataset_is_an_error_naming_data():
         "try:\n    open_source('hf:nobody/no-such-dataset', 16, 0)\nexcept SettingsError as err:\n    print(err)\n"
     )
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True)
-    assert "--data hf:nobody/no-such-dataset: could not load Hugging Face dataset 'nobody/no-such-dataset' split 'train'" in result.stdout
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True
+    )
+    assert (
+        "--data hf:nobody/no-such-dataset: could not load Hugging Face dataset 'nobody/no-such-dataset' split 'train'"
+        in result.stdout
+    )

@@ -51,5 +51,8 @@ def test_batch_must_split_over_processes(tiny_model_dir):
     from bosch_eval.runtime.errors import SettingsError
 
     assert settings_for(tiny_model_dir, batch_size=8, micro_batch_size=2).accumulation_steps(2) == 2
-    with pytest.raises(SettingsError, match="--batch-size: 4 sequences per step is not a multiple of --micro-batch-size 3 × 2 processes"):
+    with pytest.raises(
+        SettingsError,
+        match="--batch-size: 4 sequences per step is not a multiple of --micro-batch-size 3 × 2 processes",
+    ):
         settings_for(tiny_model_dir, micro_batch_size=3).accumulation_steps(2)

@@ -24,11 +24,18 @@ MASK = dict(layers="intr", ratio=0.5, window=8)
 def test_config_keys_are_transformers_yarn_keys(family):
     config = random_model(family).config
     apply_yarn(config, 4.0, 128)
-    assert config.rope_parameters == {"rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+    assert config.rope_parameters == {
+        "rope_theta": 10000.0,
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 128,
+    }
     assert config.max_position_embeddings == 512
     default = random_model(family).config
     apply_yarn(default, 2.0)  # the original length defaults to the config's own
-    assert default.rope_parameters["original_max_position_embeddings"] == 512 and default.max_position_embeddings == 1024
+    assert (
+        default.rope_parameters["original_max_position_embeddings"] == 512 and default.max_position_embeddings == 1024
+    )
 
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
@@ -64,7 +71,10 @@ class TestAdapter:
         plain = BoschLM(pretrained=str(tiny_model_dir), device="cpu", **MASK)
         yarn = BoschLM(pretrained=str(tiny_model_dir), device="cpu", rope_scaling="yarn", rope_factor="2", **MASK)
         same = BoschLM(pretrained=str(tiny_model_dir), device="cpu", rope_scaling="yarn", rope_factor="1", **MASK)
-        assert yarn.model.config.rope_parameters["rope_type"] == "yarn" and yarn.model.config.rope_parameters["factor"] == 2.0
+        assert (
+            yarn.model.config.rope_parameters["rope_type"] == "yarn"
+            and yarn.model.config.rope_parameters["factor"] == 2.0
+        )
         assert (plain.max_length, yarn.max_length) == (512, 1024)
         assert yarn.head_mask.bits == plain.head_mask.bits
         ids = torch.randint(3, 200, (1, 60), generator=torch.Generator().manual_seed(1))
@@ -79,7 +89,10 @@ class TestAdapter:
             (dict(rope_scaling="ntk", rope_factor=2), "rope_scaling: expected one of ['yarn']"),
             (dict(rope_scaling="yarn"), "rope_factor: rope_scaling=yarn needs a factor"),
             (dict(rope_scaling="yarn", rope_factor="0.5"), "rope_factor: expected a number >= 1"),
-            (dict(rope_scaling="yarn", rope_factor=2, rope_original_max_positions="-3"), "rope_original_max_positions: expected a positive integer"),
+            (
+                dict(rope_scaling="yarn", rope_factor=2, rope_original_max_positions="-3"),
+                "rope_original_max_positions: expected a positive integer",
+            ),
         ]
         for args, message in cases:
             with pytest.raises(SettingsError) as error:
@@ -91,7 +104,9 @@ class TestAdapter:
     def test_an_already_scaled_checkpoint_is_refused(self, tiny_model_dir, tmp_path):
         config = scaled_config(str(tiny_model_dir), 2.0)
         AutoModelForCausalLM.from_pretrained(tiny_model_dir, config=config).save_pretrained(tmp_path)
-        with pytest.raises(ModelError, match=r"config.json: field 'rope_parameters' already has rope_type='yarn' \(factor 2.0\)"):
+        with pytest.raises(
+            ModelError, match=r"config.json: field 'rope_parameters' already has rope_type='yarn' \(factor 2.0\)"
+        ):
             scaled_config(str(tmp_path), 2.0)
 
 

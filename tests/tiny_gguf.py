@@ -24,19 +24,27 @@ CONTROL, NORMAL = 3, 1  # gguf.TokenType values
 
 def _permute(weights: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's q/k row order: per head, the two rotary halves interleaved."""
-    return weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
+    return (
+        weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
 
 
 def tiny_llama(num_layers: int = 2, seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """A random fp32 Llama (8 heads, 2 KV groups) and the byte-level BPE tokenizer it reads."""
     tokenizer = train_tokenizer()
-    model = random_model("llama", num_layers=num_layers, seed=seed, vocab_size=len(tokenizer), max_position_embeddings=256)
+    model = random_model(
+        "llama", num_layers=num_layers, seed=seed, vocab_size=len(tokenizer), max_position_embeddings=256
+    )
     model.config.eos_token_id = model.config.pad_token_id = tokenizer.eos_token_id
     model.config.bos_token_id = tokenizer.eos_token_id
     return model, tokenizer
 
 
-def write_gguf(path: str | Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, arch: str = "llama") -> Path:
+def write_gguf(
+    path: str | Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, arch: str = "llama"
+) -> Path:
     """Write ``model`` and ``tokenizer`` as one GGUF file (every tensor F32); ``arch`` names the
     architecture in the header (a test of an unsupported one passes another name)."""
     import gguf
@@ -65,13 +73,17 @@ def write_gguf(path: str | Path, model: PreTrainedModel, tokenizer: PreTrainedTo
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
     writer.add_token_types([CONTROL if token in special else NORMAL for token in tokens])
-    writer.add_token_merges([merge if isinstance(merge, str) else " ".join(merge) for merge in state["model"]["merges"]])
+    writer.add_token_merges(
+        [merge if isinstance(merge, str) else " ".join(merge) for merge in state["model"]["merges"]]
+    )
     writer.add_bos_token_id(tokenizer.eos_token_id)
     writer.add_eos_token_id(tokenizer.eos_token_id)
     writer.add_pad_token_id(tokenizer.pad_token_id)
     writer.add_add_bos_token(False)
 
-    weights = {name: tensor.detach().to("cpu").numpy().astype(np.float32) for name, tensor in model.state_dict().items()}
+    weights = {
+        name: tensor.detach().to("cpu").numpy().astype(np.float32) for name, tensor in model.state_dict().items()
+    }
     writer.add_tensor("token_embd.weight", weights["model.embed_tokens.weight"])
     for layer in range(config.num_hidden_layers):
         hf, blk = f"model.layers.{layer}.", f"blk.{layer}."

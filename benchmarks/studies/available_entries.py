@@ -52,7 +52,11 @@ def narrow(spec: dict[str, Any], finished: Path | None, where: str) -> list[str 
             seeded = args.get("layers") == "rand" and "seed" not in args
             seeds = finished_seeds(name, finished / "runs") if seeded else []
             if seeded and seeds:
-                entry = {"name": name, "args": entry.split("=", 1)[1] if isinstance(entry, str) else entry.get("args"), "seeds": seeds}
+                entry = {
+                    "name": name,
+                    "args": entry.split("=", 1)[1] if isinstance(entry, str) else entry.get("args"),
+                    "seeds": seeds,
+                }
             elif not (finished / "runs" / name / "run.json").is_file():
                 print(f"{where}: entry {name!r} has no finished run in {finished}; left out", file=sys.stderr)
                 continue
@@ -66,7 +70,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("config")
     parser.add_argument("out")
-    parser.add_argument("--finished", type=Path, help="keep only the entries with finished runs in this comparison folder")
+    parser.add_argument(
+        "--finished", type=Path, help="keep only the entries with finished runs in this comparison folder"
+    )
     args = parser.parse_args(argv)
     spec = yaml.safe_load(Path(args.config).read_text())
     note = f"# {args.config}, narrowed by benchmarks/studies/available_entries.py to the entries {'finished in ' + str(args.finished) if args.finished else 'whose mask exists'}\n"

@@ -32,7 +32,12 @@ from bosch_eval.search.objective.objective import CalibrationObjective
 from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
 
 TOY_L = Path("results/toy_l")
-VARIANTS = {"seed0": {}, "seed1": {"calib_seed": 1}, "plain": {"calib_query": "plain"}, "distract3": {"calib_distractors": 3}}
+VARIANTS = {
+    "seed0": {},
+    "seed1": {"calib_seed": 1},
+    "plain": {"calib_query": "plain"},
+    "distract3": {"calib_distractors": 3},
+}
 DEV = {"dev_lengths": [512, 1024], "dev_samples": 8}
 Score = Callable[[HeadMask], float]
 
@@ -81,7 +86,9 @@ def variants(out: Path, argv: list[str]) -> None:
 
 
 def dev(paths: list[str], out: Path, argv: list[str]) -> None:
-    calib = build_objective("toy-l", CalibrationSettings(tasks=("bosch_niah_calib",)), LoadSettings(device="cpu", batch_size=8))
+    calib = build_objective(
+        "toy-l", CalibrationSettings(tasks=("bosch_niah_calib",)), LoadSettings(device="cpu", batch_size=8)
+    )
     model = {key: calib.metadata[key] for key in ("pretrained", "tokenizer")}
     objectives = {"bosch_niah_calib acc (in-sample)": calib,
                   "bosch_niah_dev acc": CalibrationObjective(calib.lm, ["bosch_niah_dev"], metadata={**model, **DEV})}  # fmt: skip

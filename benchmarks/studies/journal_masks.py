@@ -44,9 +44,13 @@ def tied_in_journal_order(search: Path) -> list[str]:
     """The returned mask's key and the keys the search ties with it, in the order the journal first scored them."""
     found, ties = search_ties(search)
     tied = {found, *ties.keys}
-    order = list(dict.fromkeys(record["key"] for record in read_records(search / "journal.jsonl") if record.get("key") in tied))
+    order = list(
+        dict.fromkeys(record["key"] for record in read_records(search / "journal.jsonl") if record.get("key") in tied)
+    )
     if order[0] != found:
-        raise SystemExit(f"{search}: mask.json is not the first of its tied masks in the journal (expected the search to keep the first)")
+        raise SystemExit(
+            f"{search}: mask.json is not the first of its tied masks in the journal (expected the search to keep the first)"
+        )
     return order
 
 
@@ -74,7 +78,13 @@ def stage1_mask(search: Path) -> HeadMask:
     ratio = records[0]["header"]["settings"]["ratio"]
     returned = HeadMask.load(search / "mask.json")
     per_layer = math.ceil(ratio * returned.shape.num_kv_heads)
-    candidates = [r for r in records if r.get("stage") == "stage1" and "score" in r and all(row.count("0") == per_layer for row in r["key"].split("/"))]
+    candidates = [
+        r
+        for r in records
+        if r.get("stage") == "stage1"
+        and "score" in r
+        and all(row.count("0") == per_layer for row in r["key"].split("/"))
+    ]
     if not candidates:
         raise SystemExit(f"{search}: no Stage-1 mask with {per_layer} SWA groups in every layer in the journal")
     best = max(record["score"] for record in candidates)
@@ -94,10 +104,16 @@ def copy_scores(search: Path, out: Path, also: Sequence[Path] = ()) -> int:
         theirs = _objective(records[0]["header"])
         differs = sorted(key for key in objective.keys() | theirs.keys() if objective.get(key) != theirs.get(key))
         if differs:
-            raise SystemExit(f"{other / 'journal.jsonl'}: another objective than {search / 'journal.jsonl'} (header fields {differs} differ)")
+            raise SystemExit(
+                f"{other / 'journal.jsonl'}: another objective than {search / 'journal.jsonl'} (header fields {differs} differ)"
+            )
         held = {record["key"] for record in kept[1:]}
         # Without wall_s: a resume takes the largest one as this journal's earlier search time.
-        kept += [{k: v for k, v in record.items() if k != "wall_s"} for record in records[1:] if "values" not in record and record["key"] not in held]
+        kept += [
+            {k: v for k, v in record.items() if k != "wall_s"}
+            for record in records[1:]
+            if "values" not in record and record["key"] not in held
+        ]
     out.mkdir(parents=True, exist_ok=True)
     lines = "".join(json.dumps(record) + "\n" for record in kept)
     (out / "journal.jsonl.gz").write_bytes(gzip.compress(lines.encode("utf-8"), compresslevel=9, mtime=0))
@@ -134,16 +150,22 @@ def main(argv: list[str] | None = None) -> None:
     copy = commands.add_parser("copy-scores", help="copy a journal without its per-example values")
     copy.add_argument("search", type=Path)
     copy.add_argument("out", type=Path, help="directory for journal.jsonl.gz")
-    copy.add_argument("--also", type=Path, nargs="+", default=[], help="other searches of the same objective whose masks to add")
+    copy.add_argument(
+        "--also", type=Path, nargs="+", default=[], help="other searches of the same objective whose masks to add"
+    )
     args = parser.parse_args(argv)
     if args.command == "ties":
         for search in args.searches:
             print(ties_line(search))
     elif args.command == "tied":
         written = write_tied(args.search, args.count, args.out)
-        print(f"{len(tied_in_journal_order(args.search))} masks tie with {args.search / 'mask.json'}; wrote {len(written)} to {args.out}")
+        print(
+            f"{len(tied_in_journal_order(args.search))} masks tie with {args.search / 'mask.json'}; wrote {len(written)} to {args.out}"
+        )
     elif args.command == "copy-scores":
-        print(f"{args.out / 'journal.jsonl.gz'}: {copy_scores(args.search, args.out, args.also)} records of {args.search / 'journal.jsonl'}")
+        print(
+            f"{args.out / 'journal.jsonl.gz'}: {copy_scores(args.search, args.out, args.also)} records of {args.search / 'journal.jsonl'}"
+        )
     else:
         args.out.mkdir(parents=True, exist_ok=True)
         stage1_mask(args.search).save(args.out / "stage1.json")

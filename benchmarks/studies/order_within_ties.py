@@ -35,7 +35,10 @@ def order_within_ties(plain: Path, tiebreak: Path, ratio: str) -> str:
     if not names:
         raise SystemExit(f"{tiebreak / 'scores.jsonl'}: no calibration score of a mask at ratio {ratio} yet")
     best = max(plain_scores["calib"][name] for name in names)
-    tied = sorted((name for name in names if plain_scores["calib"][name] == best), key=lambda name: -tiebreak_scores["calib"][name])
+    tied = sorted(
+        (name for name in names if plain_scores["calib"][name] == best),
+        key=lambda name: -tiebreak_scores["calib"][name],
+    )
     lines = [f"ratio {ratio}: {len(tied)} of {len(names)} masks tie at the plain metric's best, {best:.3f}", "",
              "| mask | tie-break (calib) | dev |", "|---|---|---|"]  # fmt: skip
     lines += [f"| {name} | {tiebreak_scores['calib'][name]:.5f} | {plain_scores['dev'][name]:.3f} |" for name in tied]

@@ -29,7 +29,9 @@ def document_values(run: Path) -> dict[tuple[Any, ...], float]:
     samples = read_run(run).samples
     if not samples:
         raise SystemExit(f"{run}: no samples_*.jsonl[.gz] (run lm_eval with --log_samples)")
-    return {(task, *key): value for task, rows in samples.items() for key, value in doc_values(rows, _metric(rows)).items()}
+    return {
+        (task, *key): value for task, rows in samples.items() for key, value in doc_values(rows, _metric(rows)).items()
+    }
 
 
 def _metric(rows: list[dict[str, Any]]) -> str:

@@ -72,8 +72,14 @@ def main(argv: list[str] | None = None) -> None:
         docs = retrieval_calib.examples(tokenizer, args.seq_len, args.examples, args.calib_seed, kinds, keys)
         hits = greedy_hits(model, tokenizer, docs, answer_lead=fmt == "v2")
         by_kind = {kind: [h for h, d in zip(hits, docs) if d["kind"] == kind] for kind in kinds}
-        detail = ", ".join(f"{kind} {sum(h) / len(h):.3f}" for kind, h in by_kind.items()) if len(kinds) > 1 else f"{sum(hits) / len(hits):.3f}"
-        lines.append(f"| {fmt} | {', '.join(kinds)} | {keys if 'multikey' in kinds else '–'} | {len(hits)} | {detail} |")
+        detail = (
+            ", ".join(f"{kind} {sum(h) / len(h):.3f}" for kind, h in by_kind.items())
+            if len(kinds) > 1
+            else f"{sum(hits) / len(hits):.3f}"
+        )
+        lines.append(
+            f"| {fmt} | {', '.join(kinds)} | {keys if 'multikey' in kinds else '–'} | {len(hits)} | {detail} |"
+        )
         print(lines[-1], flush=True)
     lines += ["", f"{time.perf_counter() - started:.0f} s"]
     args.out.parent.mkdir(parents=True, exist_ok=True)

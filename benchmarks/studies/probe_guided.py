@@ -32,7 +32,11 @@ WINDOW = 128  # the model's default (results/smollm2/defaults.md)
 
 
 def probe_guided(drops: dict[int, float], ratio: float) -> HeadMask:
-    cells = [(layer, group) for layer in sorted(drops, key=lambda layer: (-drops[layer], layer)) for group in range(SHAPE.num_kv_heads)]
+    cells = [
+        (layer, group)
+        for layer in sorted(drops, key=lambda layer: (-drops[layer], layer))
+        for group in range(SHAPE.num_kv_heads)
+    ]
     total = SHAPE.num_layers * SHAPE.num_kv_heads
     full = set(cells[: total - ceil_count(ratio, total)])
     swa = {(layer, group) for layer in range(SHAPE.num_layers) for group in range(SHAPE.num_kv_heads)} - full

@@ -47,10 +47,19 @@ def write_table(table: dict, path: Path, command: str) -> None:
     lines = [f"$ {command}", ""]
     for ratio in sorted(table, key=float, reverse=True):
         columns = sorted({c for steps in table[ratio].values() for scores in steps.values() for c in scores})
-        lines += [f"## ρ = {ratio}", "", "| mask | step | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
+        lines += [
+            f"## ρ = {ratio}",
+            "",
+            "| mask | step | " + " | ".join(columns) + " |",
+            "|---|---|" + "---|" * len(columns),
+        ]
         for mask in sorted(table[ratio]):
             for step, scores in sorted(table[ratio][mask].items()):
-                lines.append(f"| {mask} | {step} | " + " | ".join(f"{scores[c]:.3f}" if c in scores else "–" for c in columns) + " |")
+                lines.append(
+                    f"| {mask} | {step} | "
+                    + " | ".join(f"{scores[c]:.3f}" if c in scores else "–" for c in columns)
+                    + " |"
+                )
         lines.append("")
     path.write_text("\n".join(lines))
 

@@ -137,7 +137,9 @@ def _p(value: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("studies", nargs="+", type=Path, help="compare output directories, one per ratio")
-    parser.add_argument("--rankings", nargs="+", default=list(DEFAULT_RANKINGS), help="entry name prefixes of the static rankings")
+    parser.add_argument(
+        "--rankings", nargs="+", default=list(DEFAULT_RANKINGS), help="entry name prefixes of the static rankings"
+    )
     args = parser.parse_args()
     print(summary(args.studies, tuple(args.rankings)))
 

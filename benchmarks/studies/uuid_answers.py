@@ -23,15 +23,22 @@ def answers_table(model_name: str, documents: int) -> str:
     path = resolve_model(model_name)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
-    docs = dev_split.dataset(tokenizer=path, dev_lengths=[1024], dev_samples=documents, dev_variants=["single_3"])["test"]
-    lines = ["| document | prompt ends | scored continuation (tokens) | greedy generation (tokens) |", "|---|---|---|---|"]
+    docs = dev_split.dataset(tokenizer=path, dev_lengths=[1024], dev_samples=documents, dev_variants=["single_3"])[
+        "test"
+    ]
+    lines = [
+        "| document | prompt ends | scored continuation (tokens) | greedy generation (tokens) |",
+        "|---|---|---|---|",
+    ]
     for index, doc in enumerate(docs):
         context = tokenizer(doc["input"], return_tensors="pt").input_ids
         target = tokenizer(doc["input"] + " " + doc["target"]).input_ids[context.shape[1] :]
         with torch.no_grad():
             output = model.generate(context, max_new_tokens=len(target) + 2, do_sample=False)
         generated = output[0, context.shape[1] :].tolist()
-        lines.append(f"| {index} | …{doc['input'][-40:]!r} | {tokens(tokenizer, target[:4])} … | {tokens(tokenizer, generated[:5])} … |")
+        lines.append(
+            f"| {index} | …{doc['input'][-40:]!r} | {tokens(tokenizer, target[:4])} … | {tokens(tokenizer, generated[:5])} … |"
+        )
     return "\n".join(lines)
 
 

@@ -1,9 +1,9 @@
 """``bosch-eval analyze overlap|turnover|replace|windows``.
 
-    bosch-eval analyze overlap A.json B.json ... --out DIR     # Jaccard table + heatmap PNG
-    bosch-eval analyze turnover M_0.5.json M_0.75.json ... --out turnover.md
-    bosch-eval analyze replace --mask M --ranking R --k 1 2 --out DIR   # masks + compare entries
-    bosch-eval analyze windows --mask M --windows 16 32 64 --out entries.yaml
+bosch-eval analyze overlap A.json B.json ... --out DIR     # Jaccard table + heatmap PNG
+bosch-eval analyze turnover M_0.5.json M_0.75.json ... --out turnover.md
+bosch-eval analyze replace --mask M --ranking R --k 1 2 --out DIR   # masks + compare entries
+bosch-eval analyze windows --mask M --windows 16 32 64 --out entries.yaml
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ def add_analyze_parser(subparsers: Any) -> argparse.ArgumentParser:
     overlap.add_argument("masks", nargs="+", help="bosch-mask/1 files (label: NAME=FILE or the file's parent folder)")
     overlap.add_argument("--out", required=True, help="directory for jaccard.md and jaccard.png")
     overlap.set_defaults(run=_overlap)
-    turn = commands.add_parser("turnover", help="turnover between masks of one method at increasing ratios (paper §4.3)")
+    turn = commands.add_parser(
+        "turnover", help="turnover between masks of one method at increasing ratios (paper §4.3)"
+    )
     turn.add_argument("masks", nargs="+", help="bosch-mask/1 files of one method; sorted by SWA ratio")
     turn.add_argument("--out", required=True, help="markdown table to write")
     turn.set_defaults(run=_turnover)

@@ -38,7 +38,11 @@ def replace_heads(mask: HeadMask, ranking: HeadRanking, k: int) -> tuple[HeadMas
     forward = (ours - set(only_ours[len(only_ours) - k :])) | set(only_theirs[:k])
     reverse = (theirs - set(only_theirs[len(only_theirs) - k :])) | set(only_ours[:k])
     # The variants keep the mask's calibration provenance: a score on that task stays in-sample.
-    meta = {"window": mask.window, "model": mask.model, "provenance": {"calibration": mask.provenance.get("calibration"), "replaced": k}}
+    meta = {
+        "window": mask.window,
+        "model": mask.model,
+        "provenance": {"calibration": mask.provenance.get("calibration"), "replaced": k},
+    }
     return (
         HeadMask.from_swa_groups(mask.shape, forward, method=f"{mask.method}+{k}{ranking.method}", **meta),
         HeadMask.from_swa_groups(mask.shape, reverse, method=f"{ranking.method}+{k}{mask.method}", **meta),

@@ -50,7 +50,12 @@ class HybridStates(NamedTuple):
 
 
 def attend_cached(
-    handle: HybridAttention, split: LayerSplit, call: LayerCall, key: HybridStates, value: HybridStates, attention_mask: torch.Tensor | None
+    handle: HybridAttention,
+    split: LayerSplit,
+    call: LayerCall,
+    key: HybridStates,
+    value: HybridStates,
+    attention_mask: torch.Tensor | None,
 ) -> torch.Tensor:
     """Attention over a hybrid cache layer (the cache checks that it was built for the current
     spec), written into ``call.out``; then the cache's SWA part drops what no later query sees."""
@@ -72,7 +77,12 @@ def attend_cached(
 
 
 def _two_runs(
-    handle: HybridAttention, split: LayerSplit, call: LayerCall, key: HybridStates, value: HybridStates, masks: tuple[torch.Tensor | None, ...]
+    handle: HybridAttention,
+    split: LayerSplit,
+    call: LayerCall,
+    key: HybridStates,
+    value: HybridStates,
+    masks: tuple[torch.Tensor | None, ...],
 ) -> torch.Tensor:
     """A layer whose full groups and SWA groups are one run each (every mixed layer where the
     heads are permuted by kind, ``bosch_eval.attention.head_order``): each kind's queries are
@@ -80,9 +90,13 @@ def _two_runs(
     op (no output buffer to fill)."""
     size = split.group_size
     full, swa = split.full[0], split.swa[0]
-    full_out = handle.full_attention(call.module, call.query[:, full.start * size : full.stop * size], key.full, value.full, masks[0], **call.kwargs)
+    full_out = handle.full_attention(
+        call.module, call.query[:, full.start * size : full.stop * size], key.full, value.full, masks[0], **call.kwargs
+    )
     swa_kernel = _swa_attention(handle, call.query)
-    swa_out = swa_kernel(call.module, call.query[:, swa.start * size : swa.stop * size], key.swa, value.swa, masks[1], **call.kwargs)
+    swa_out = swa_kernel(
+        call.module, call.query[:, swa.start * size : swa.stop * size], key.swa, value.swa, masks[1], **call.kwargs
+    )
     return torch.cat([full_out, swa_out] if full.start == 0 else [swa_out, full_out], dim=2)
 
 
@@ -116,11 +130,19 @@ def _prefill_in_one_call(
     """
     module, query, kwargs = call.module, call.query, call.kwargs
     if key.part.start == 0:  # the part is the chunk itself, as the full part is
-        return handle.mixed_layer(module, query, _all_groups(key, split), _all_groups(value, split), attention_mask, **kwargs)
+        return handle.mixed_layer(
+            module, query, _all_groups(key, split), _all_groups(value, split), attention_mask, **kwargs
+        )
     call.attend_kind(handle.full_attention, split.full, split.group_size, key.full, value.full, attention_mask)
-    empty_keys = HybridStates(key.swa.new_zeros(key.swa.shape[0], len(split.full_groups), *key.swa.shape[2:]), key.swa, key.part)
-    empty_values = HybridStates(value.swa.new_zeros(value.swa.shape[0], len(split.full_groups), *value.swa.shape[2:]), value.swa, value.part)
-    windowed = handle.swa_attention(module, query, _all_groups(empty_keys, split), _all_groups(empty_values, split), swa_mask, **kwargs)
+    empty_keys = HybridStates(
+        key.swa.new_zeros(key.swa.shape[0], len(split.full_groups), *key.swa.shape[2:]), key.swa, key.part
+    )
+    empty_values = HybridStates(
+        value.swa.new_zeros(value.swa.shape[0], len(split.full_groups), *value.swa.shape[2:]), value.swa, value.part
+    )
+    windowed = handle.swa_attention(
+        module, query, _all_groups(empty_keys, split), _all_groups(empty_values, split), swa_mask, **kwargs
+    )
     heads = head_index(split.swa, split.group_size, query.device)
     call.out[:, :, heads] = windowed[:, :, heads]
     return call.out

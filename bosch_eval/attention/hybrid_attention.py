@@ -229,7 +229,13 @@ class HybridAttention:
         return self.spec.kernels.swa(module, query, key, value, attention_mask, local, **self._with_cache(kwargs))
 
     def mixed_layer(
-        self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs: Any
+        self,
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        **kwargs: Any,
     ) -> torch.Tensor:
         """A layer of full and SWA groups in one call of the backend's whole-layer kernel."""
         swa_groups = tuple(not bit for bit in self.spec.layout_bits(module.layer_idx))
@@ -270,7 +276,9 @@ def hybrid_attention_forward(
         )
     split = handle.layer_split(module.layer_idx)
     if isinstance(key, HybridStates):
-        return attend_cached(handle, split, LayerCall.start(module, query, value.full.shape[-1], kwargs), key, value, attention_mask), None
+        return attend_cached(
+            handle, split, LayerCall.start(module, query, value.full.shape[-1], kwargs), key, value, attention_mask
+        ), None
     if not split.swa:
         # Bit-identical to the unpatched model: the very same kernel on the very same tensors.
         return handle.full_attention(module, query, key, value, attention_mask, **kwargs), None

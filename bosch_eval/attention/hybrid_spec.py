@@ -145,7 +145,9 @@ class HybridSpec:
         if not isinstance(self.local, LocalWindow):
             raise TypeError(f"HybridSpec.local: expected a LocalWindow, got {type(self.local).__name__}")
         if self.backend not in KERNELS:
-            raise SettingsError(f"attn_backend: expected one of {list(KERNELS)} (a concrete backend), got {self.backend!r}")
+            raise SettingsError(
+                f"attn_backend: expected one of {list(KERNELS)} (a concrete backend), got {self.backend!r}"
+            )
 
     @classmethod
     def build(
@@ -230,12 +232,16 @@ class HybridSpec:
     def _layout_splits(self) -> tuple[LayerSplit, ...]:
         if not self.by_kind:
             return self._splits
-        return tuple(_split(self.layout_bits(layer), self.mask.shape.group_size) for layer in range(len(self.mask.bits)))
+        return tuple(
+            _split(self.layout_bits(layer), self.mask.shape.group_size) for layer in range(len(self.mask.bits))
+        )
 
     def same_layout(self, other: HybridSpec) -> bool:
         """True when a KV cache built for ``other`` holds what this spec reads: the same
         group split in every layer, the same head order and the same window and sinks."""
-        return self is other or (self.mask.bits == other.mask.bits and self.local == other.local and self.by_kind == other.by_kind)
+        return self is other or (
+            self.mask.bits == other.mask.bits and self.local == other.local and self.by_kind == other.by_kind
+        )
 
     def saved_mask(self) -> dict[str, Any]:
         """The mask as ``save_pretrained`` writes it into the config (``bosch_mask``), with

@@ -47,7 +47,14 @@ class LayerCall:
         return out
 
     def attend_runs(
-        self, attend: Attend, runs: tuple[GroupRun, ...], group_size: int, key: torch.Tensor, value: torch.Tensor, mask: Any, kind_only: bool
+        self,
+        attend: Attend,
+        runs: tuple[GroupRun, ...],
+        group_size: int,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: Any,
+        kind_only: bool,
     ) -> None:
         """``attend`` on the query heads of each run, one call per run on views.
 
@@ -58,9 +65,19 @@ class LayerCall:
             heads = slice(run.start * group_size, run.stop * group_size)
             first = run.offset if kind_only else run.start
             groups = slice(first, first + run.stop - run.start)
-            self.out[:, :, heads] = attend(self.module, self.query[:, heads], key[:, groups], value[:, groups], mask, **self.kwargs)
+            self.out[:, :, heads] = attend(
+                self.module, self.query[:, heads], key[:, groups], value[:, groups], mask, **self.kwargs
+            )
 
-    def attend_kind(self, attend: Attend, runs: tuple[GroupRun, ...], group_size: int, keys: torch.Tensor, values: torch.Tensor, mask: Any) -> None:
+    def attend_kind(
+        self,
+        attend: Attend,
+        runs: tuple[GroupRun, ...],
+        group_size: int,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        mask: Any,
+    ) -> None:
         """``attend`` on the query heads of one kind's groups, whose keys a cache holds side by side."""
         if len(runs) == 1:
             self.attend_runs(attend, runs, group_size, keys, values, mask, kind_only=True)

@@ -24,7 +24,9 @@ class RestorePoint:
     @classmethod
     def take(cls, model: Any, field: str) -> RestorePoint:
         """Record ``model``'s state before a spec is applied; ``field`` is the config field it writes."""
-        implementations = [(config, config.__dict__.get("_attn_implementation_internal", _MISSING)) for config in _configs(model)]
+        implementations = [
+            (config, config.__dict__.get("_attn_implementation_internal", _MISSING)) for config in _configs(model)
+        ]
         saved = model.config.__dict__.get(field, _MISSING)
         return cls(model, field, implementations, saved if saved is _MISSING else copy.deepcopy(saved))
 

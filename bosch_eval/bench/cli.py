@@ -75,9 +75,13 @@ def _bench(args: argparse.Namespace) -> None:
     if args.backend not in backend_names():
         raise SettingsError(f"--backend: expected one of {backend_names()}, got {args.backend!r}")
     if args.compile and args.kv_quant:
-        raise SettingsError("--compile: KV quantization is not compiled (its store grows and quantizes in steps of W); drop --kv-quant or --compile")
+        raise SettingsError(
+            "--compile: KV quantization is not compiled (its store grows and quantizes in steps of W); drop --kv-quant or --compile"
+        )
     device = pick_device(args.device, "--device")  # before minutes of loading
-    resolve_backend(args.backend, torch.device(device))  # a backend this device cannot run fails before the weights load
+    resolve_backend(
+        args.backend, torch.device(device)
+    )  # a backend this device cannot run fails before the weights load
     resolved = None if args.model.startswith("random:") else ResolvedModel.named(args.model)  # its files, no weights
     if args.mask:
         mask = HeadMask.load(args.mask)
@@ -98,7 +102,10 @@ def _bench(args: argparse.Namespace) -> None:
         tuple(args.lengths), args.decode_tokens, args.window, args.chunk, args.repeats, sinks,
         decode_batch=args.decode_batch, warmup=args.warmup, backend=args.backend, profile=args.profile, compile_decode=args.compile,
     )  # fmt: skip
-    report = {"command": " ".join(["bosch-eval", *args.argv]), "environment": environment(next(model.parameters()).device)}
+    report = {
+        "command": " ".join(["bosch-eval", *args.argv]),
+        "environment": environment(next(model.parameters()).device),
+    }
     budget = int(args.memory_budget_gb * 2**30) if args.memory_budget_gb else None
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
 
@@ -119,7 +126,9 @@ def _bench(args: argparse.Namespace) -> None:
     if args.windows:
         ratio = args.ratios[-1]
         shape = ModelShape.from_config(model.config)
-        sweep_configs = [(f"ρ={ratio:g} W={w}", drawn_mask(shape, ratio, w).with_meta(sinks=sinks)) for w in args.windows]
+        sweep_configs = [
+            (f"ρ={ratio:g} W={w}", drawn_mask(shape, ratio, w).with_meta(sinks=sinks)) for w in args.windows
+        ]
         sweep = run_bench(model, sweep_configs, replace(plan, lengths=(max(args.lengths),), window=None, sinks=0))
         report["window_sweep"] = rows_as_json(sweep)
         table += "\n\nWindow sweep\n" + ratio_table(sweep)
@@ -163,20 +172,52 @@ def _at_least(least: int) -> Any:
 def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``bench`` to the ``bosch-eval`` subcommands."""
     bench = subparsers.add_parser("bench", help="prefill/decode speed, peak memory and KV bytes: original vs hybrids")
-    bench.add_argument("--model", required=True, help="HF id or path, toy / toy-l / smollm2 / a .gguf file, or random:attn-heavy / random:qwen3-1.7b (random weights, for timing)")
+    bench.add_argument(
+        "--model",
+        required=True,
+        help="HF id or path, toy / toy-l / smollm2 / a .gguf file, or random:attn-heavy / random:qwen3-1.7b (random weights, for timing)",
+    )
     source = bench.add_mutually_exclusive_group()
     source.add_argument("--mask", help="a bosch-mask/1 file to benchmark")
     source.add_argument("--ratios", type=float, nargs="+", default=[0.75], help="SWA ratios (balanced masks)")
     bench.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192], help="sequence lengths T")
     bench.add_argument("--window", type=int, help="SWA window W for --ratios (default T/32 per length)")
     bench.add_argument("--windows", type=int, nargs="+", help="also sweep these windows at the largest T (Fig. 6)")
-    bench.add_argument("--sink", type=int, help="attention sinks S of the SWA groups (default: the mask's, else 0); counted in the KV bytes")
-    bench.add_argument("--decode-tokens", type=int, default=16, help="greedy decode steps timed after the prefill, at batch 1 and at --decode-batch")
-    bench.add_argument("--decode-batch", type=_at_least(1), default=8, help="B of the batched decode (the prefilled cache repeated B times; default 8)")
+    bench.add_argument(
+        "--sink",
+        type=int,
+        help="attention sinks S of the SWA groups (default: the mask's, else 0); counted in the KV bytes",
+    )
+    bench.add_argument(
+        "--decode-tokens",
+        type=int,
+        default=16,
+        help="greedy decode steps timed after the prefill, at batch 1 and at --decode-batch",
+    )
+    bench.add_argument(
+        "--decode-batch",
+        type=_at_least(1),
+        default=8,
+        help="B of the batched decode (the prefilled cache repeated B times; default 8)",
+    )
     bench.add_argument("--chunk", type=int, help="prefill in chunks of C tokens (default: one pass)")
-    bench.add_argument("--repeats", type=_at_least(1), default=3, help="timed, interleaved repeats per configuration; medians are reported (default 3)")
-    bench.add_argument("--warmup", type=_at_least(0), default=1, help="untimed runs of every configuration before the timed ones (default 1)")
-    bench.add_argument("--backend", default="auto", help="attention backend of the hybrids: auto (default) or one registered in bosch_eval.attention.kernels (a wrong name lists them)")
+    bench.add_argument(
+        "--repeats",
+        type=_at_least(1),
+        default=3,
+        help="timed, interleaved repeats per configuration; medians are reported (default 3)",
+    )
+    bench.add_argument(
+        "--warmup",
+        type=_at_least(0),
+        default=1,
+        help="untimed runs of every configuration before the timed ones (default 1)",
+    )
+    bench.add_argument(
+        "--backend",
+        default="auto",
+        help="attention backend of the hybrids: auto (default) or one registered in bosch_eval.attention.kernels (a wrong name lists them)",
+    )
     bench.add_argument(
         "--no-profile", dest="profile", action="store_false",
         help="skip the attention-share and decode-peak runs (two more runs per configuration; their columns read -)",
@@ -189,11 +230,22 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     bench.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when torch sees a GPU, else cpu)")
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights dtype")
     methods = ", ".join(KV_QUANT_METHODS.names())
-    bench.add_argument("--kv-quant", help=f"also benchmark KV quantization: comma-separated methods ({methods}), alone and on each mask")
+    bench.add_argument(
+        "--kv-quant",
+        help=f"also benchmark KV quantization: comma-separated methods ({methods}), alone and on each mask",
+    )
     bench.add_argument("--kv-bits", type=int, default=2, help="bits per quantized element with --kv-quant (2 or 4)")
-    bench.add_argument("--kv-window", type=int, default=128, help="W_lq with --kv-quant (full precision keeps 2W..3W tokens)")
-    bench.add_argument("--kv-group-size", type=int, help="channels per value scale with --kv-quant (default 64, or the head dim)")
-    bench.add_argument("--memory-budget-gb", type=float, help="with --kv-quant: report the largest batch whose KV fits beside the weights")
+    bench.add_argument(
+        "--kv-window", type=int, default=128, help="W_lq with --kv-quant (full precision keeps 2W..3W tokens)"
+    )
+    bench.add_argument(
+        "--kv-group-size", type=int, help="channels per value scale with --kv-quant (default 64, or the head dim)"
+    )
+    bench.add_argument(
+        "--memory-budget-gb",
+        type=float,
+        help="with --kv-quant: report the largest batch whose KV fits beside the weights",
+    )
     bench.add_argument("--out", default="bench", help="directory for bench.json, bench.md and the PNGs")
     bench.set_defaults(run=_bench)
     return bench

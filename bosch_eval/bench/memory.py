@@ -79,7 +79,9 @@ def tensor_memory_peak(since: str | None = None) -> Iterator[Callable[[], int]]:
     if since is not None and not labels:
         raise ValueError(f"tensor_memory_peak: no record_function {since!r} ran inside the block")
     start = min(labels, default=None)
-    changes = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]" and e.device_type() == DeviceType.CPU)
+    changes = sorted(
+        (e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]" and e.device_type() == DeviceType.CPU
+    )
     live = 0
     for moment, nbytes in changes:
         live += nbytes

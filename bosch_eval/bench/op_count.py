@@ -45,5 +45,11 @@ def decode_step_ops(model: Any, cache: Any, ids: torch.Tensor, attention: torch.
         attention = torch.cat([attention, attention.new_ones(attention.shape[0], 1)], dim=1)
         positions = positions[:, -1:] + 1
         with NonViewOps() as ops:
-            logits = model(input_ids=logits[:, -1:].argmax(-1), attention_mask=attention, position_ids=positions, use_cache=True, **past).logits
+            logits = model(
+                input_ids=logits[:, -1:].argmax(-1),
+                attention_mask=attention,
+                position_ids=positions,
+                use_cache=True,
+                **past,
+            ).logits
     return ops

@@ -48,7 +48,8 @@ def ratio_table(rows: list[BenchRow], budget_bytes: int | None = None, weight_by
     lines = [
         f"| config | ρ | W | T | prefill tok/s | decode tok/s | decode tok/s ×{batch} | KV bytes | prefill peak MB | decode peak MB | "
         f"attention share | prefill time ratio | decode time ratio | decode ×{batch} time ratio | KV ratio | prefill peak ratio | "
-        "decode peak ratio | backend | warm-up s (flex compiles) |" + (" kv_quant | KV bytes (formula) | max batch |" if kv_columns else ""),
+        "decode peak ratio | backend | warm-up s (flex compiles) |"
+        + (" kv_quant | KV bytes (formula) | max batch |" if kv_columns else ""),
         "|---" * 19 + "|" + ("---|---|---|" if kv_columns else ""),
     ]
     for row in rows:
@@ -62,7 +63,11 @@ def ratio_table(rows: list[BenchRow], budget_bytes: int | None = None, weight_by
             f"{base.decode_batch_tokens_per_s / row.decode_batch_tokens_per_s:.3f} | {row.kv_cache_bytes / base.kv_cache_bytes:.4f} | "
             f"{row.prefill_peak_bytes / max(base.prefill_peak_bytes, 1):.3f} | {_ratio(row.decode_peak_bytes, base.decode_peak_bytes)} | "
             f"{row.backend or 'sdpa (unpatched)'} | {_warmup(row)} |"
-            + (f" {row.kv_quant or '-'} | {row.kv_bytes_formula} | {max_batch(budget_bytes, weight_bytes, row.kv_bytes_formula)} |" if kv_columns else "")
+            + (
+                f" {row.kv_quant or '-'} | {row.kv_bytes_formula} | {max_batch(budget_bytes, weight_bytes, row.kv_bytes_formula)} |"
+                if kv_columns
+                else ""
+            )
         )
     return "\n".join(lines)
 
@@ -84,7 +89,11 @@ def environment(device: torch.device) -> dict[str, str]:
     import transformers
 
     # The device used, not the best one present: a CPU run on a GPU machine says cpu.
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{device.type} ({platform.processor() or platform.machine()})"
+    name = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"{device.type} ({platform.processor() or platform.machine()})"
+    )
     return {"device": name, "threads": str(torch.get_num_threads()), "torch": torch.__version__,
             "transformers": transformers.__version__, "python": platform.python_version()}  # fmt: skip
 
@@ -99,7 +108,11 @@ def plot(rows: list[BenchRow], path: str, x: str = "length") -> None:
     def series(row: BenchRow) -> str:  # one line per configuration; in a window sweep, per ratio
         return row.label if x == "length" or row.window is None else f"ρ={row.swa_ratio:g}"
 
-    metrics = [("prefill_tokens_per_s", "prefill tokens/s"), ("decode_tokens_per_s", "decode tokens/s"), ("kv_cache_bytes", "KV-cache bytes")]
+    metrics = [
+        ("prefill_tokens_per_s", "prefill tokens/s"),
+        ("decode_tokens_per_s", "decode tokens/s"),
+        ("kv_cache_bytes", "KV-cache bytes"),
+    ]
     figure, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for axis, (field, title) in zip(axes, metrics, strict=True):
         for label in dict.fromkeys(map(series, rows)):

@@ -65,11 +65,15 @@ class BenchRow:
     attention_share: float | None  # of the prefill time, spent in the attention function (None: not profiled)
     kv_quant: str | None = None  # e.g. "logquant-2bit-W128"
     kv_bytes_formula: int = 0  # the closed form at this length, to check kv_cache_bytes against
-    decode_peak_bytes: int | None = None  # tensor bytes live at the decode steps' peak (the cache included, weights not)
+    decode_peak_bytes: int | None = (
+        None  # tensor bytes live at the decode steps' peak (the cache included, weights not)
+    )
     decode_batch: int = 1  # B of the batched decode
     decode_batch_tokens_per_s: float = 0.0  # tokens of all B sequences per second
     backend: str | None = None  # the hybrid attention backend that ran (None: the original, unpatched)
-    warmup_s: float | None = None  # the first, untimed run: compiles, kernel selection, allocator growth (None: no warm-up)
+    warmup_s: float | None = (
+        None  # the first, untimed run: compiles, kernel selection, allocator growth (None: no warm-up)
+    )
     compiles: int = 0  # flex graphs compiled during this configuration's runs (apart from the steady state timed)
     compiled_decode: bool = False  # decode steps under torch.compile (the original on StaticCache)
 
@@ -88,7 +92,9 @@ class Measurement:
 def balanced_mask(shape: ModelShape, ratio: float, window: int) -> HeadMask:
     """⌈ρ·L·G⌉ SWA groups spread evenly over layers: every layer holds (nearly) the same count."""
     ratio = check_ratio(ratio)
-    cells = sorted(((layer, g) for layer in range(shape.num_layers) for g in range(shape.num_kv_heads)), key=lambda c: (c[1], c[0]))
+    cells = sorted(
+        ((layer, g) for layer in range(shape.num_layers) for g in range(shape.num_kv_heads)), key=lambda c: (c[1], c[0])
+    )
     swa = set(cells[: ceil_count(ratio, len(cells))])
     return HeadMask.from_swa_groups(shape, swa, window=window, method=f"balanced-{ratio:g}")
 
@@ -159,7 +165,9 @@ def _prefill(model: Any, ids: torch.Tensor, chunk: int | None, cache: DynamicCac
     return logits
 
 
-def _decode(model: Any, token: torch.Tensor, cache: DynamicCache, steps: int, forward: Callable[..., Any] | None = None) -> torch.Tensor:
+def _decode(
+    model: Any, token: torch.Tensor, cache: DynamicCache, steps: int, forward: Callable[..., Any] | None = None
+) -> torch.Tensor:
     """``steps`` greedy steps from ``token [B, 1]`` (by ``forward``, e.g. the model compiled;
     None: the model); the last token."""
     step = model if forward is None else forward
@@ -170,7 +178,13 @@ def _decode(model: Any, token: torch.Tensor, cache: DynamicCache, steps: int, fo
 
 @torch.no_grad()
 def measure(
-    model: Any, ids: torch.Tensor, decode_tokens: int, chunk: int | None, cache: DynamicCache, decode_batch: int = 8, forward: Callable[..., Any] | None = None
+    model: Any,
+    ids: torch.Tensor,
+    decode_tokens: int,
+    chunk: int | None,
+    cache: DynamicCache,
+    decode_batch: int = 8,
+    forward: Callable[..., Any] | None = None,
 ) -> Measurement:
     """Time one prefill of ``ids [1, T]``, then ``decode_tokens`` greedy steps at batch 1, then as
     many at batch ``decode_batch`` (by ``forward``: the model compiled; None: eager).
@@ -201,7 +215,10 @@ def _repeat_rows(cache: Cache, repeats: int) -> None:
     ``batch_repeat_interleave``; its buffers are repeated here)."""
     for layer in cache.layers:
         if isinstance(layer, StaticLayer):
-            layer.keys, layer.values = layer.keys.repeat_interleave(repeats, dim=0), layer.values.repeat_interleave(repeats, dim=0)
+            layer.keys, layer.values = (
+                layer.keys.repeat_interleave(repeats, dim=0),
+                layer.values.repeat_interleave(repeats, dim=0),
+            )
         else:
             layer.batch_repeat_interleave(repeats)
 
@@ -244,7 +261,12 @@ def attention_share(model: Any, ids: torch.Tensor, chunk: int | None, cache: Dyn
 
 @contextmanager
 def configured(
-    model: Any, mask: HeadMask | None, window: int, kv_quant: KVQuantConfig | None = None, backend: str = "auto", capacity: int | None = None
+    model: Any,
+    mask: HeadMask | None,
+    window: int,
+    kv_quant: KVQuantConfig | None = None,
+    backend: str = "auto",
+    capacity: int | None = None,
 ) -> Iterator[DynamicCache]:
     """``model`` in one configuration for the block (``None``: the original as loaded), with a
     fresh cache for it; leaving the block gives the model back as it was (lm-eval's
@@ -259,7 +281,9 @@ def configured(
         SettingsError: the model is already hybridized, so its original cannot be timed.
     """
     if getattr(model, HANDLE_ATTRIBUTE, None) is not None:
-        raise SettingsError("bench: the model is already hybridized; pass the plain model (bench applies each mask itself)")
+        raise SettingsError(
+            "bench: the model is already hybridized; pass the plain model (bench applies each mask itself)"
+        )
     if mask is None and kv_quant is None:
         yield DynamicCache() if capacity is None else StaticCache(config=model.config, max_cache_len=capacity)
         return
@@ -290,7 +314,9 @@ def compiled_decoding(model: Any, wanted: bool, kv_quant: bool) -> Iterator[Call
         yield None
         return
     if kv_quant:
-        raise SettingsError("bench --compile: KV quantization is not compiled (its store grows and quantizes in steps of W); drop --kv-quant or --compile")
+        raise SettingsError(
+            "bench --compile: KV quantization is not compiled (its store grows and quantizes in steps of W); drop --kv-quant or --compile"
+        )
     mode = "reduce-overhead" if model.device.type == "cuda" else None  # CUDA graphs need a GPU
     with torch._dynamo.config.patch(recompile_limit=256):
         yield torch.compile(model, dynamic=False, mode=mode)
@@ -337,7 +363,11 @@ class BenchPlan:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lengths", tuple(self.lengths))
-        for name, value, least in (("repeats", self.repeats, 1), ("warmup", self.warmup, 0), ("decode_batch", self.decode_batch, 1)):
+        for name, value, least in (
+            ("repeats", self.repeats, 1),
+            ("warmup", self.warmup, 0),
+            ("decode_batch", self.decode_batch, 1),
+        ):
             if value < least:
                 raise SettingsError(f"bench: {name} must be >= {least}, got {value}")
 
@@ -361,7 +391,9 @@ class _Measured:
         self.compiles[label] = self.compiles.get(label, 0) + flex.compiles - before
 
 
-def run_bench(model: Any, configs: list[Config], plan: BenchPlan, progress: Callable[[list[BenchRow]], None] | None = None) -> list[BenchRow]:
+def run_bench(
+    model: Any, configs: list[Config], plan: BenchPlan, progress: Callable[[list[BenchRow]], None] | None = None
+) -> list[BenchRow]:
     """Measure the original model and each hybrid configuration at each of ``plan``'s lengths.
 
     Args:
@@ -371,7 +403,10 @@ def run_bench(model: Any, configs: list[Config], plan: BenchPlan, progress: Call
     """
     quant = {c[0]: c[2] for c in configs if len(c) > 2}
     rows: list[BenchRow] = []
-    with unfused_is_an_error(), compiled_decoding(model, plan.compile_decode, any(quant.values())) as forward:  # flex unfused would time another kernel
+    with (
+        unfused_is_an_error(),
+        compiled_decoding(model, plan.compile_decode, any(quant.values())) as forward,
+    ):  # flex unfused would time another kernel
         for length in plan.lengths:
             rows += _bench_length(model, configs, plan, length, forward)
             if progress is not None:
@@ -384,10 +419,19 @@ def _bench_length(model: Any, configs: list[Config], plan: BenchPlan, length: in
     shape, device = ModelShape.from_config(model.config), model.device
     quant = {c[0]: c[2] for c in configs if len(c) > 2}
     w = plan.window or max(1, length // 32)
-    masks = {c[0]: c[1] if isinstance(c[1], HeadMask) or c[1] is None else drawn_mask(shape, c[1], w).with_meta(sinks=plan.sinks) for c in configs}
-    ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length)).to(device)
+    masks = {
+        c[0]: c[1]
+        if isinstance(c[1], HeadMask) or c[1] is None
+        else drawn_mask(shape, c[1], w).with_meta(sinks=plan.sinks)
+        for c in configs
+    }
+    ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length)).to(
+        device
+    )
     configurations: list[tuple[str, HeadMask | None]] = [("original", None), *masks.items()]
-    capacity = length + 2 * (plan.decode_tokens + 1) if forward is not None else None  # the prefill and both decodes, each with its untimed step
+    capacity = (
+        length + 2 * (plan.decode_tokens + 1) if forward is not None else None
+    )  # the prefill and both decodes, each with its untimed step
 
     def set_up(label: str, mask: HeadMask | None) -> AbstractContextManager[DynamicCache]:
         return configured(model, mask, w, quant.get(label), plan.backend, capacity)
@@ -419,7 +463,9 @@ def _bench_length(model: Any, configs: list[Config], plan: BenchPlan, length: in
     return [_row(model, label, masks.get(label), measured, quant.get(label)) for label in measured.timings]
 
 
-def _row(model: Any, label: str, mask: HeadMask | None, measured: _Measured, kv_quant: KVQuantConfig | None) -> BenchRow:
+def _row(
+    model: Any, label: str, mask: HeadMask | None, measured: _Measured, kv_quant: KVQuantConfig | None
+) -> BenchRow:
     """One configuration's row: medians of its timed runs."""
     shape, runs = ModelShape.from_config(model.config), measured.timings[label]
     length, window, decode_batch = measured.length, measured.window, measured.decode_batch
@@ -435,8 +481,12 @@ def _row(model: Any, label: str, mask: HeadMask | None, measured: _Measured, kv_
         attention_share=measured.shares.get(label),
         kv_quant=kv_quant_label(kv_quant) if kv_quant else None,
         kv_bytes_formula=kv_cache_bytes_formula(
-            mask.bits if mask else None, KVLayout(shape.num_layers, shape.num_kv_heads, ModelShape.head_dim_of(model.config)), length,
-            window=(mask.window or window) if mask else None, kv_quant=kv_quant, dtype_bytes=next(model.parameters()).element_size(),
+            mask.bits if mask else None,
+            KVLayout(shape.num_layers, shape.num_kv_heads, ModelShape.head_dim_of(model.config)),
+            length,
+            window=(mask.window or window) if mask else None,
+            kv_quant=kv_quant,
+            dtype_bytes=next(model.parameters()).element_size(),
             sinks=mask.sinks if mask else 0,
         ),  # fmt: skip
         decode_peak_bytes=measured.peaks.get(label),

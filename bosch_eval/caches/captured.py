@@ -64,7 +64,9 @@ def mark_static(tensors: Iterable[torch.Tensor | None]) -> None:
             torch._dynamo.mark_static_address(tensor)
 
 
-def ring_mask(attention_mask: torch.Tensor | None, step: torch.Tensor, sink_seen: torch.Tensor, window: int) -> torch.Tensor:
+def ring_mask(
+    attention_mask: torch.Tensor | None, step: torch.Tensor, sink_seen: torch.Tensor, window: int
+) -> torch.Tensor:
     """``[B, S + W]`` the ring's slots a decode query at position ``step`` sees: the sink slots
     ``sink_seen [B, S]`` shows, then ring slot r, which holds position
     ``step − (step − r) mod W`` where that is ≥ 0 and a real token (from the model's mask over
@@ -75,7 +77,9 @@ def ring_mask(attention_mask: torch.Tensor | None, step: torch.Tensor, sink_seen
     """
     real = key_padding(attention_mask)
     if real is None:
-        raise RuntimeError("a captured decode step needs the model's attention mask over the cache's capacity; it got none")
+        raise RuntimeError(
+            "a captured decode step needs the model's attention mask over the cache's capacity; it got none"
+        )
     slots = torch.arange(window, device=real.device)
     held = step - torch.remainder(step - slots, window)  # [W]
     ring = real.gather(1, held.clamp(min=0).expand(real.shape[0], -1)) & (held >= 0)

@@ -31,7 +31,9 @@ class FullBuffer:
 
     def __init__(self, capacity: int | None = None, fixed: bool = False) -> None:
         self.capacity = capacity
-        self.fixed = fixed  # never reallocated (a captured graph reads the buffers where it recorded them): needs a capacity
+        self.fixed = (
+            fixed  # never reallocated (a captured graph reads the buffers where it recorded them): needs a capacity
+        )
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self.length = 0
@@ -42,7 +44,9 @@ class FullBuffer:
         once they are written."""
         end = self.length + keys.shape[2]
         if self.fixed and end > self.capacity:
-            raise ValueError(f"max_cache_len={self.capacity}: a captured cache cannot hold {end} positions; build it with a larger max_cache_len")
+            raise ValueError(
+                f"max_cache_len={self.capacity}: a captured cache cannot hold {end} positions; build it with a larger max_cache_len"
+            )
         if self.keys is None:
             self.allocate(keys, values, groups, max(end, self.capacity or 0))
         elif end > self.keys.shape[2]:

@@ -63,12 +63,16 @@ class StaticFullLayer(BatchMappedLayer):
         self.position = CapturedPosition() if captured else None
         self.is_compileable = captured
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         if self.position is not None and key_states.shape[2] == 1:
             return self._captured_step(key_states, value_states)
-        torch._foreach_copy_(list(self.buffer.slots(key_states, value_states, key_states.shape[1])), [key_states, value_states])
+        torch._foreach_copy_(
+            list(self.buffer.slots(key_states, value_states, key_states.shape[1])), [key_states, value_states]
+        )
         self.buffer.advance(key_states.shape[2])
         # transformers' layer attributes, read as a DynamicLayer's: the positions held (views).
         self.keys, self.values = self.buffer.held()
@@ -98,7 +102,10 @@ class StaticFullLayer(BatchMappedLayer):
     def stored_bytes(self) -> int:
         if self.keys is None:
             return 0
-        per_position = self.keys[:, :, 0].numel() * self.keys.element_size() + self.values[:, :, 0].numel() * self.values.element_size()
+        per_position = (
+            self.keys[:, :, 0].numel() * self.keys.element_size()
+            + self.values[:, :, 0].numel() * self.values.element_size()
+        )
         return per_position * int(self.get_seq_length())
 
     def allocated_bytes(self) -> int:
@@ -142,7 +149,11 @@ class HybridHeadLayer(BatchMappedLayer):
         self.full = FullBuffer(capacity, fixed=captured)
         self.ring = SwaRing(local)
         # Full groups quantized outside the selector's full-precision set (none: no full group).
-        self.quantized = QuantizedKVStore(kv_quant, selector) if kv_quant is not None and split.full and selector is not None else None
+        self.quantized = (
+            QuantizedKVStore(kv_quant, selector)
+            if kv_quant is not None and split.full and selector is not None
+            else None
+        )
         # captured: decode steps at a tensor position over fixed shapes (bosch_eval.caches.captured).
         self.position = CapturedPosition() if captured else None
         self.is_compileable = captured
@@ -155,7 +166,9 @@ class HybridHeadLayer(BatchMappedLayer):
     def slots_final(self) -> bool:
         return self.ring.slots_final
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[HybridStates, HybridStates]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[HybridStates, HybridStates]:
         """Write ``[B, G, q, D]`` states; return what this step's queries attend to (the SWA
         part as :meth:`SwaRing.stage` presents it)."""
         if not self.is_initialized:
@@ -165,11 +178,17 @@ class HybridHeadLayer(BatchMappedLayer):
         self.cumulative_length += key_states.shape[2]
         # One query: the ring is written before it is read, so the new states are not needed
         # apart (no copy of several runs); a chunk is put together with the ring's run first.
-        new_keys, new_values = (key_states, value_states) if key_states.shape[2] == 1 else (_select(key_states, self.split.swa), _select(value_states, self.split.swa))
+        new_keys, new_values = (
+            (key_states, value_states)
+            if key_states.shape[2] == 1
+            else (_select(key_states, self.split.swa), _select(value_states, self.split.swa))
+        )
         swa_keys, swa_values = self.ring.stage(new_keys, new_values, len(self.split.swa_groups))
         targets, sources = self._ring_writes(key_states, value_states)
         if self.quantized is not None:
-            full_keys, full_values = self.quantized.update(_select(key_states, self.split.full), _select(value_states, self.split.full))
+            full_keys, full_values = self.quantized.update(
+                _select(key_states, self.split.full), _select(value_states, self.split.full)
+            )
         else:
             slot_keys, slot_values = self.full.slots(key_states, value_states, len(self.split.full_groups))
             for run in self.split.full:
@@ -197,9 +216,13 @@ class HybridHeadLayer(BatchMappedLayer):
         self.ring.write_captured(_select(key_states, self.split.swa), _select(value_states, self.split.swa), step)
         self.position.advance()
         part = CapturedRingPart(self.ring, self.position)
-        return HybridStates(self.full.keys, self.ring.keys, part), HybridStates(self.full.values, self.ring.values, part)
+        return HybridStates(self.full.keys, self.ring.keys, part), HybridStates(
+            self.full.values, self.ring.values, part
+        )
 
-    def _ring_writes(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def _ring_writes(
+        self, key_states: torch.Tensor, value_states: torch.Tensor
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The ring's slots for the step's last positions, and the states that go there."""
         targets, sources = [], []
         for slots, steps in self.ring.targets():
@@ -228,11 +251,15 @@ class HybridHeadLayer(BatchMappedLayer):
             full = sum(t.numel() * t.element_size() for t in self.quantized.tensors())
         else:
             keys, values = self.full.keys, self.full.values
-            full = (keys[:, :, 0].numel() * keys.element_size() + values[:, :, 0].numel() * values.element_size()) * seen
+            full = (
+                keys[:, :, 0].numel() * keys.element_size() + values[:, :, 0].numel() * values.element_size()
+            ) * seen
         return full + self.ring.held_bytes(seen)
 
     def allocated_bytes(self) -> int:
-        quantized = sum(t.numel() * t.element_size() for t in self.quantized.tensors()) if self.quantized is not None else 0
+        quantized = (
+            sum(t.numel() * t.element_size() for t in self.quantized.tensors()) if self.quantized is not None else 0
+        )
         return self.full.allocated_bytes() + self.ring.allocated_bytes() + quantized
 
     def reset(self) -> None:
@@ -269,12 +296,16 @@ class HybridCache(DynamicCache):
         spec: the spec the layers were built for.
     """
 
-    def __init__(self, layers: list[DynamicLayer], spec: HybridSpec | None = None, handle: HybridAttention | None = None) -> None:
+    def __init__(
+        self, layers: list[DynamicLayer], spec: HybridSpec | None = None, handle: HybridAttention | None = None
+    ) -> None:
         Cache.__init__(self, layers=layers)  # DynamicCache.__init__ would build its own layers
         self.spec, self._handle = spec, handle
 
     @classmethod
-    def for_model(cls, model: Any, kv_quant: KVQuantConfig | None = None, max_cache_len: int | None = None, captured: bool = False) -> HybridCache:
+    def for_model(
+        cls, model: Any, kv_quant: KVQuantConfig | None = None, max_cache_len: int | None = None, captured: bool = False
+    ) -> HybridCache:
         """The cache of a hybridized ``model`` for its current spec (deploy mode keeps it fixed).
 
         Args:
@@ -300,14 +331,18 @@ class HybridCache(DynamicCache):
         layers: list[DynamicLayer] = []
         for layer, bits in enumerate(spec.mask.bits):
             if not all(bits):
-                layers.append(HybridHeadLayer(handle.layer_split(layer), spec.local, kv_quant, selector, max_cache_len, captured))
+                layers.append(
+                    HybridHeadLayer(handle.layer_split(layer), spec.local, kv_quant, selector, max_cache_len, captured)
+                )
             elif kv_quant is not None:
                 layers.append(QuantizedFullLayer(kv_quant, selector))
             else:
                 layers.append(StaticFullLayer(max_cache_len, captured))
         return cls(layers, spec, handle)
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> Any:
         """Transformers' update, once the model is checked to run this cache's spec."""
         if self._handle is not None and (self._handle.restored or self._handle.spec is not self.spec):
             self._check_spec(self._handle)
@@ -343,7 +378,9 @@ def _own_sliding_window(model: Any) -> bool:
     config = model.config
     if getattr(config, "use_sliding_window", True) is False:
         return False
-    return bool(getattr(config, "sliding_window", None)) or any(getattr(module, "sliding_window", None) for module in attention_modules(model).values())
+    return bool(getattr(config, "sliding_window", None)) or any(
+        getattr(module, "sliding_window", None) for module in attention_modules(model).values()
+    )
 
 
 def _check_captured(model: Any, kv_quant: KVQuantConfig | None, max_cache_len: int | None) -> None:

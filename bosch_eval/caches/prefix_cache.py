@@ -182,7 +182,9 @@ class PrefixActivations:
         handles = []
         for boundary in boundaries:
 
-            def record(_module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], boundary: int = boundary) -> None:
+            def record(
+                _module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], boundary: int = boundary
+            ) -> None:
                 hidden = _hidden_states(args, kwargs)
                 captured[boundary] = None if hidden is None else hidden.detach().clone()
 
@@ -207,8 +209,14 @@ class PrefixActivations:
             if hidden is None:
                 problems.append(f"{name} is called without its hidden states first (or as hidden_states=)")
             elif not isinstance(output, torch.Tensor) or output.shape != hidden.shape:
-                got = type(output).__name__ if not isinstance(output, torch.Tensor) else f"a tensor of shape {tuple(output.shape)}"
-                problems.append(f"{name} returns {got}, expected a tensor of the hidden states' shape {tuple(hidden.shape)}")
+                got = (
+                    type(output).__name__
+                    if not isinstance(output, torch.Tensor)
+                    else f"a tensor of shape {tuple(output.shape)}"
+                )
+                problems.append(
+                    f"{name} returns {got}, expected a tensor of the hidden states' shape {tuple(hidden.shape)}"
+                )
 
         handles = [layer.register_forward_hook(check, with_kwargs=True) for layer in self.layers]
         try:
@@ -219,7 +227,9 @@ class PrefixActivations:
 
     @contextlib.contextmanager
     def _skip_below(self, layer: int, hidden: torch.Tensor) -> Iterator[None]:
-        def inject(_module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        def inject(
+            _module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+        ) -> tuple[tuple[Any, ...], dict[str, Any]]:
             if args:
                 return (hidden, *args[1:]), kwargs
             return args, {**kwargs, "hidden_states": hidden}

@@ -104,7 +104,9 @@ class SwaRing:
         while position < end:
             slot = position % window
             span = min(window - slot, end - position)
-            pairs.append((slice(sinks + slot, sinks + slot + span), slice(position - self.start, position - self.start + span)))
+            pairs.append(
+                (slice(sinks + slot, sinks + slot + span), slice(position - self.start, position - self.start + span))
+            )
             position += span
         return pairs
 
@@ -137,7 +139,11 @@ class SwaRing:
         run = min(self.start, self.local.window)
         held = self._chunk_slots + run + q_len
         if not self._chunk_slots:
-            return attention_mask if attention_mask is None or attention_mask.shape[-1] == held else attention_mask[..., -held:]
+            return (
+                attention_mask
+                if attention_mask is None or attention_mask.shape[-1] == held
+                else attention_mask[..., -held:]
+            )
         return slot_columns(self._slot_seen(self.start - run), attention_mask, held, q_len)
 
     def _slot_seen(self, lowest: int) -> torch.Tensor:
@@ -224,7 +230,9 @@ class SwaRing:
         self.values.index_copy_(2, slot, values)
         if not self.slots_final:  # decided by the prompt: the same in every step of a captured graph
             sinks = self.local.sinks
-            take = torch.arange(sinks, device=keys.device) == self.sink_real.sum(-1, keepdim=True)  # [B, S]: each row's next empty slot
+            take = torch.arange(sinks, device=keys.device) == self.sink_real.sum(
+                -1, keepdim=True
+            )  # [B, S]: each row's next empty slot
             chosen = take[:, None, :, None]
             self.keys[:, :, :sinks].copy_(torch.where(chosen, keys, self.keys[:, :, :sinks]))
             self.values[:, :, :sinks].copy_(torch.where(chosen, values, self.values[:, :, :sinks]))
@@ -247,7 +255,10 @@ class SwaRing:
         step does not move: the cache passes its position then)."""
         if self.keys is None:
             return 0
-        per_position = self.keys[:, :, 0].numel() * self.keys.element_size() + self.values[:, :, 0].numel() * self.values.element_size()
+        per_position = (
+            self.keys[:, :, 0].numel() * self.keys.element_size()
+            + self.values[:, :, 0].numel() * self.values.element_size()
+        )
         return per_position * self.local.retained_count(self.seen if seen is None else seen)
 
     def allocated_bytes(self) -> int:
@@ -269,7 +280,9 @@ def slot_columns(seen: torch.Tensor, attention_mask: torch.Tensor | None, held: 
         recent = seen.new_ones(seen.shape[0], 1, q_len, held - slots)
         return torch.cat([seen[:, None, None, :].expand(-1, 1, q_len, -1), recent], dim=-1)
     if attention_mask.dim() == 2:
-        return torch.cat([seen.to(attention_mask.dtype), attention_mask[:, attention_mask.shape[1] - (held - slots) :]], dim=1)
+        return torch.cat(
+            [seen.to(attention_mask.dtype), attention_mask[:, attention_mask.shape[1] - (held - slots) :]], dim=1
+        )
     columns = _like(seen, attention_mask)[:, :, :1].expand(-1, 1, attention_mask.shape[2], -1)
     return torch.cat([columns, attention_mask[..., attention_mask.shape[-1] - (held - slots) :]], dim=-1)
 
@@ -282,4 +295,6 @@ def _like(seen: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tens
     columns = seen[:, None, None, :]
     if attention_mask is None or attention_mask.dtype == torch.bool:
         return columns
-    return torch.zeros(columns.shape, dtype=attention_mask.dtype, device=columns.device).masked_fill(~columns, torch.finfo(attention_mask.dtype).min)
+    return torch.zeros(columns.shape, dtype=attention_mask.dtype, device=columns.device).masked_fill(
+        ~columns, torch.finfo(attention_mask.dtype).min
+    )

@@ -60,12 +60,16 @@ def claims_of(claimant: str, entries: list[EntryRuns], rows: list[Row], referenc
     if claimant not in by_name or not held or scores.get(claimant) is None:
         return []
     found = []
-    for rival in (entry for entry in entries if entry.name not in (claimant, reference) and scores.get(entry.name) is not None):
+    for rival in (
+        entry for entry in entries if entry.name not in (claimant, reference) and scores.get(entry.name) is not None
+    ):
         paired = paired_difference(by_name[claimant], rival, held, scores[claimant])
         if paired is not None:
             found.append((rival.name, scores[rival.name], paired))
     adjusted = holm_adjusted([paired.p_value for *_, paired in found])
-    claims = [Claim(name, score, *paired, p_holm) for (name, score, paired), p_holm in zip(found, adjusted, strict=True)]
+    claims = [
+        Claim(name, score, *paired, p_holm) for (name, score, paired), p_holm in zip(found, adjusted, strict=True)
+    ]
     return sorted(claims, key=lambda claim: -claim.rival_headline)
 
 
@@ -85,5 +89,10 @@ def claims_table(claimant: str, claims: list[Claim]) -> list[str]:
 def write_claims(out: Path, claimant: str, claims: list[Claim], header: dict[str, Any]) -> None:
     """``claims.md`` and ``claims.json`` beside the leaderboard (the same header)."""
     (out / "claims.md").write_text("\n".join([f"$ {header['command']}", "", *claims_table(claimant, claims)]) + "\n")
-    payload = {**header, "claimant": claimant, "alpha": ALPHA, "claims": [asdict(claim) | {"verdict": claim.verdict} for claim in claims]}
+    payload = {
+        **header,
+        "claimant": claimant,
+        "alpha": ALPHA,
+        "claims": [asdict(claim) | {"verdict": claim.verdict} for claim in claims],
+    }
     (out / "claims.json").write_text(json.dumps(payload, indent=1) + "\n")

@@ -24,9 +24,16 @@ from bosch_eval.runtime.versions import versions
 def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("compare", help="leaderboard: entries (masks, rankings, heuristics) × lm-eval tasks")
     parser.add_argument("--config", help="leaderboard YAML (model, tasks, metadata, limit, entries, ...)")
-    parser.add_argument("--model", help="HF id or path; toy / toy-l / smollm2 = a bundled or packaged model (overrides the YAML)")
+    parser.add_argument(
+        "--model", help="HF id or path; toy / toy-l / smollm2 = a bundled or packaged model (overrides the YAML)"
+    )
     parser.add_argument("--model-args", help="k=v,... passed to every entry's adapter (device, batch_size, dtype)")
-    parser.add_argument("--entry", action="append", default=[], help="NAME=ARGS (--model bosch model_args; empty: the original); repeatable")
+    parser.add_argument(
+        "--entry",
+        action="append",
+        default=[],
+        help="NAME=ARGS (--model bosch model_args; empty: the original); repeatable",
+    )
     parser.add_argument("--tasks", nargs="+", help="lm-eval task or group names")
     parser.add_argument("--metadata", help="JSON passed to the tasks (e.g. max_seq_lengths)")
     parser.add_argument("--limit", type=float, help="documents per task (per length for RULER-style tasks)")
@@ -38,9 +45,13 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--gen-kwargs", help="lm-eval gen_kwargs (k=v,...)")
     parser.add_argument("--include-path", help="an extra lm-eval task directory")
     parser.add_argument("--reference", help="entry the CIs are differences to (default: original)")
-    parser.add_argument("--claimant", help="entry whose claims against every other entry go to claims.md (paired CIs, Holm-adjusted p)")
+    parser.add_argument(
+        "--claimant", help="entry whose claims against every other entry go to claims.md (paired CIs, Holm-adjusted p)"
+    )
     parser.add_argument("--kv-length", type=int, help="T of the KV-bytes column (default: the longest task length)")
-    parser.add_argument("--from-results", nargs="+", default=[], help="finished lm-eval output directories to add as entries")
+    parser.add_argument(
+        "--from-results", nargs="+", default=[], help="finished lm-eval output directories to add as entries"
+    )
     parser.add_argument("--resume", action="store_true", help="skip runs already finished under --out")
     parser.add_argument(
         "--new-settings",
@@ -77,7 +88,14 @@ def kv_length_of(spec: Any, model: Any) -> int | None:
 def compare_main(args: argparse.Namespace) -> None:
     # The comparison itself: numpy, torch, lm-eval, transformers, not for --help.
     from bosch_eval.compare.claims import claims_of, write_claims
-    from bosch_eval.compare.leaderboard import build_rows, column_order, from_compare_dir, from_results_dir, headline_columns, write_leaderboard
+    from bosch_eval.compare.leaderboard import (
+        build_rows,
+        column_order,
+        from_compare_dir,
+        from_results_dir,
+        headline_columns,
+        write_leaderboard,
+    )
     from bosch_eval.compare.runner import output_lock, resolved_model, run_compare
 
     if args.pack:
@@ -85,7 +103,9 @@ def compare_main(args: argparse.Namespace) -> None:
         return
     if args.new_settings and not args.resume:
         raise EntryError("--new-settings: evaluates again finished runs that no longer match; pass it with --resume")
-    limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 and args.limit.is_integer() else args.limit)
+    limit = (
+        None if args.limit is None else (int(args.limit) if args.limit >= 1 and args.limit.is_integer() else args.limit)
+    )
     try:
         metadata = json.loads(args.metadata) if args.metadata else None
     except json.JSONDecodeError as err:
@@ -96,7 +116,9 @@ def compare_main(args: argparse.Namespace) -> None:
     if args.config:
         spec = load_spec(args.config, fields, args.entry)
     else:
-        spec = build_spec({k: v for k, v in fields.items() if v is not None}, [parse_entry(e) for e in args.entry], "command line")
+        spec = build_spec(
+            {k: v for k, v in fields.items() if v is not None}, [parse_entry(e) for e in args.entry], "command line"
+        )
     out = Path(args.out)
     extra = [from_results_dir(d) for d in args.from_results]
     names = [e.name for e in spec.entries]
@@ -127,5 +149,9 @@ def _check_named_entries(spec: CompareSpec, names: list[str], args: argparse.Nam
     """The reference and the claimant name entries (before any run)."""
     for field, flag, name in (("reference", "--reference", spec.reference), ("claimant", "--claimant", spec.claimant)):
         if name is not None and name not in names:
-            given = flag if getattr(args, field) else f"field {field!r}" + (" (default: original)" if field == "reference" else "")
+            given = (
+                flag
+                if getattr(args, field)
+                else f"field {field!r}" + (" (default: original)" if field == "reference" else "")
+            )
             raise EntryError(f"{given}: {name!r} names no entry; expected one of {names}")

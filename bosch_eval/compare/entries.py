@@ -54,7 +54,9 @@ class Entry:
 
     @property
     def is_original(self) -> bool:
-        return self.model_args.get("mask") == "full" or not any(k in self.model_args for k in ("mask", "ranking", "layers"))
+        return self.model_args.get("mask") == "full" or not any(
+            k in self.model_args for k in ("mask", "ranking", "layers")
+        )
 
     def runs(self) -> list[tuple[str, dict[str, str]]]:
         """``(run name, model_args)`` per seed (``NAME@seed=S``), or the entry itself."""
@@ -86,7 +88,9 @@ def check_keys(args: dict[str, str], where: str, sources: bool = True) -> None:
         if key == "pretrained":
             raise EntryError(f"{where}: model_arg 'pretrained' belongs to the leaderboard ('model'), not here")
         if not sources and key in SOURCE_KEYS:
-            raise EntryError(f"{where}: model_arg {key!r} chooses a mask, so it goes in an entry, not in every entry's model_args")
+            raise EntryError(
+                f"{where}: model_arg {key!r} chooses a mask, so it goes in an entry, not in every entry's model_args"
+            )
     try:
         loader_args.check_keys(args, where)
     except SettingsError as err:
@@ -120,7 +124,9 @@ def make_entry(name: str, model_args: str | dict[str, Any], seeds: Any = None, w
     elif isinstance(model_args, dict):
         args = {str(k): str(v) for k, v in model_args.items()}
     else:
-        raise EntryError(f"{where}: field 'args' must be a k=v,k=v string or a mapping, got {type(model_args).__name__}")
+        raise EntryError(
+            f"{where}: field 'args' must be a k=v,k=v string or a mapping, got {type(model_args).__name__}"
+        )
     if "seeds" in args:
         if seeds is not None:
             raise EntryError(f"{where}: seeds given both in 'args' and as 'seeds'")
@@ -163,7 +169,8 @@ def default_seeds(entries: list[Entry], seeds: tuple[int, ...]) -> list[Entry]:
     if not seeds:
         return entries
     return [
-        Entry(e.name, e.model_args, seeds) if e.model_args.get("layers") == "rand" and not e.seeds and "seed" not in e.model_args else e
+        Entry(e.name, e.model_args, seeds)
+        if e.model_args.get("layers") == "rand" and not e.seeds and "seed" not in e.model_args
+        else e
         for e in entries
     ]
-

@@ -52,7 +52,9 @@ def changed(saved: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
             else:
                 reasons.append(f"{what} {'is new' if now else 'is no longer used'}")
     if (saved.get("bits"), saved.get("window")) != (current["bits"], current["window"]) and not reasons:
-        reasons.append(f"the mask resolves differently now (window {saved.get('window')} → {current['window']}, or other bits)")
+        reasons.append(
+            f"the mask resolves differently now (window {saved.get('window')} → {current['window']}, or other bits)"
+        )
     return reasons
 
 

@@ -20,7 +20,9 @@ from bosch_eval.masks.head_mask import HeadMask
 REFERENCE_DTYPE_BYTES = 2  # the original model's cache in fp16/bf16
 
 
-def relative_kv_bytes(mask: HeadMask, window: int, length: int, head_dim: int = 1, kv_quant_args: Mapping[str, str] | None = None) -> float:
+def relative_kv_bytes(
+    mask: HeadMask, window: int, length: int, head_dim: int = 1, kv_quant_args: Mapping[str, str] | None = None
+) -> float:
     """Cache bytes of ``mask`` (its SWA groups keep ``mask.sinks`` sinks; its KV quantization,
     if any) over the original's at ``length``."""
     shape = mask.shape
@@ -34,14 +36,23 @@ def relative_kv_bytes(mask: HeadMask, window: int, length: int, head_dim: int = 
             head_dim=head_dim,
         )
     hybrid = kv_cache_bytes_formula(
-        mask.bits, KVLayout(shape.num_layers, shape.num_kv_heads, head_dim), length, window=window, kv_quant=kv_quant, dtype_bytes=REFERENCE_DTYPE_BYTES,
+        mask.bits,
+        KVLayout(shape.num_layers, shape.num_kv_heads, head_dim),
+        length,
+        window=window,
+        kv_quant=kv_quant,
+        dtype_bytes=REFERENCE_DTYPE_BYTES,
         sinks=mask.sinks,
     )
-    original = kv_cache_bytes_formula(None, KVLayout(shape.num_layers, shape.num_kv_heads, head_dim), length, dtype_bytes=REFERENCE_DTYPE_BYTES)
+    original = kv_cache_bytes_formula(
+        None, KVLayout(shape.num_layers, shape.num_kv_heads, head_dim), length, dtype_bytes=REFERENCE_DTYPE_BYTES
+    )
     return hybrid / original
 
 
-def entry_kv_bytes(model_args: Mapping[str, str], mask: HeadMask, window: int, length: int, head_dim: int | None = None) -> float:
+def entry_kv_bytes(
+    model_args: Mapping[str, str], mask: HeadMask, window: int, length: int, head_dim: int | None = None
+) -> float:
     """KV bytes of an entry relative to the original model at ``length``; an entry's
     ``sink=S`` overrides the mask's own sinks, as the adapter does.
 

@@ -109,7 +109,9 @@ def from_results_dir(directory: str | Path) -> EntryRuns:
     """
     directory = Path(directory)
     if not directory.is_dir():
-        raise EntryError(f"--from-results {directory}: no such directory; expected a finished lm-eval --output_path directory")
+        raise EntryError(
+            f"--from-results {directory}: no such directory; expected a finished lm-eval --output_path directory"
+        )
     try:
         run = read_run(directory)
     except (FileNotFoundError, ValueError) as err:
@@ -133,7 +135,11 @@ def column_order(entries: list[EntryRuns]) -> list[str]:
 
 
 def build_rows(
-    entries: list[EntryRuns], reference: str, kv_length: int | None, head_dim: int | None = None, tasks: list[str] | None = None
+    entries: list[EntryRuns],
+    reference: str,
+    kv_length: int | None,
+    head_dim: int | None = None,
+    tasks: list[str] | None = None,
 ) -> list[Row]:
     """One row per entry; the CIs pair each entry's documents with the reference's.
 
@@ -159,7 +165,11 @@ def build_rows(
             cell = Cell(scores[0][0], statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None)
             cell.in_sample = bool(_members(name, groups) & calib)
             cell.truncated = bool(_members(name, groups) & truncated)
-            if ref is not None and entry is not ref and (paired := paired_difference(entry, ref, [name], cell.mean)) is not None:
+            if (
+                ref is not None
+                and entry is not ref
+                and (paired := paired_difference(entry, ref, [name], cell.mean)) is not None
+            ):
                 cell.ci, cell.n_docs = paired[:3], paired.n
             row.cells[name] = cell
             if len(entry.runs) > 1:
@@ -199,7 +209,9 @@ def _leaves(name: str, groups: dict[str, list[str]], weight: float = 1.0) -> lis
     return [leaf for child in children for leaf in _leaves(child, groups, weight / len(children))]
 
 
-def paired_difference(entry: EntryRuns, ref: EntryRuns, tasks: list[str], score: float | None) -> PairedDifference | None:
+def paired_difference(
+    entry: EntryRuns, ref: EntryRuns, tasks: list[str], score: float | None
+) -> PairedDifference | None:
     """``entry − ref`` on the unweighted mean over ``tasks`` (one task: its score), paired by
     document, a group's documents those of its tasks, each task's lengths weighted as its score
     weighs them. None where a task has no samples or another metric than the reference's, or
@@ -222,7 +234,9 @@ def paired_difference(entry: EntryRuns, ref: EntryRuns, tasks: list[str], score:
         entry_docs |= {((task, key[0]), key[1]): value for key, value in mine.items()}
         ref_docs |= {((task, key[0]), key[1]): value for key, value in theirs.items()}
     if any(name in groups for name in tasks):
-        weighted = math.fsum(w * statistics.fmean(v for k, v in entry_docs.items() if k[0] == stratum) for stratum, w in weights.items())
+        weighted = math.fsum(
+            w * statistics.fmean(v for k, v in entry_docs.items() if k[0] == stratum) for stratum, w in weights.items()
+        )
         if score is None or not math.isclose(weighted, score, abs_tol=1e-9):
             return None
     return paired_bootstrap_ci(entry_docs, ref_docs, weights=weights)
@@ -278,7 +292,10 @@ def column_label(name: str) -> str:
 
 def _table(rows: list[Row], columns: list[str], with_headline: list[str] | None) -> list[str]:
     head = "| entry | SWA ratio | KV bytes | " + ("headline | " if with_headline is not None else "")
-    lines = [head + " | ".join(map(column_label, columns)) + " |", "|---" * (3 + (with_headline is not None) + len(columns)) + "|"]
+    lines = [
+        head + " | ".join(map(column_label, columns)) + " |",
+        "|---" * (3 + (with_headline is not None) + len(columns)) + "|",
+    ]
     for row in rows:
         cells = f"| {row.entry} | {row.swa_ratio:.3f} | {'–' if row.kv_bytes is None else f'{row.kv_bytes:.4f}'} | "
         if with_headline is not None:
@@ -296,19 +313,29 @@ def _table(rows: list[Row], columns: list[str], with_headline: list[str] | None)
 def _per_run_table(rows: list[Row], columns: list[str], held: list[str] | None) -> list[str]:
     """One line per run of each entry with several runs: its own scores (no CI: the paired CIs
     above average each document over the runs)."""
-    lines = ["| run | " + ("headline | " if held else "") + " | ".join(map(column_label, columns)) + " |", "|---" * (1 + bool(held) + len(columns)) + "|"]
+    lines = [
+        "| run | " + ("headline | " if held else "") + " | ".join(map(column_label, columns)) + " |",
+        "|---" * (1 + bool(held) + len(columns)) + "|",
+    ]
     for row in rows:
         for label, scores in row.per_run.items():
-            cells = [f"{scores[n]:.3f}" + (" *in-sample*" if row.cells[n].in_sample else "") if n in scores else "–" for n in columns]
+            cells = [
+                f"{scores[n]:.3f}" + (" *in-sample*" if row.cells[n].in_sample else "") if n in scores else "–"
+                for n in columns
+            ]
             if held:
-                cells.insert(0, f"{statistics.fmean(scores[n] for n in held):.3f}" if all(n in scores for n in held) else "–")
+                cells.insert(
+                    0, f"{statistics.fmean(scores[n] for n in held):.3f}" if all(n in scores for n in held) else "–"
+                )
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
 
 def _kv_legend(kv_length: int | None) -> str:
     if kv_length is None:
-        return "KV bytes: not computed, no task length is known (pass --kv-length, or metadata max_seq_lengths / seq_len)."
+        return (
+            "KV bytes: not computed, no task length is known (pass --kv-length, or metadata max_seq_lengths / seq_len)."
+        )
     return f"KV bytes: relative to the original at T = {kv_length}."
 
 
@@ -334,11 +361,22 @@ def write_leaderboard(rows: list[Row], order: list[str], out: Path, header: dict
     if rest:
         lines += ["", "Subtasks and subgroups:", "", *_table(rows, rest, None)]
     if any(row.per_run for row in rows):
-        lines += ["", "Each run of the entries run with several seeds:", "", *_per_run_table(rows, main + rest, held or None)]
+        lines += [
+            "",
+            "Each run of the entries run with several seeds:",
+            "",
+            *_per_run_table(rows, main + rest, held or None),
+        ]
     (out / "leaderboard.md").write_text("\n".join(lines) + "\n")
     _write_csv(rows, order, out / "leaderboard.csv")
     formats = {name: asks for name in order if (asks := value_format(name)) is not None}
-    payload = {**header, "ci_method": CI_METHOD, "headline_columns": held, "formats": formats, "rows": [asdict(r) for r in rows]}
+    payload = {
+        **header,
+        "ci_method": CI_METHOD,
+        "headline_columns": held,
+        "formats": formats,
+        "rows": [asdict(r) for r in rows],
+    }
     (out / "leaderboard.json").write_text(json.dumps(payload, indent=1) + "\n")
     if held:
         plot_pareto(rows, held, out / "pareto.png", kv_t, header["reference"])
@@ -350,13 +388,43 @@ def _write_csv(rows: list[Row], order: list[str], path: Path) -> None:
     """One line per entry and column: every cell with its CI, document count and flags."""
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["entry", "swa_ratio", "kv_bytes", "task", "metric", "mean", "sd", "diff", "ci_low", "ci_high", "n_docs", "in_sample", "truncated"])
+        writer.writerow(
+            [
+                "entry",
+                "swa_ratio",
+                "kv_bytes",
+                "task",
+                "metric",
+                "mean",
+                "sd",
+                "diff",
+                "ci_low",
+                "ci_high",
+                "n_docs",
+                "in_sample",
+                "truncated",
+            ]
+        )
         for row in rows:
             for name in order:
                 c = row.cells.get(name)
                 if c is not None:
                     ci = c.ci or (None, None, None)
-                    writer.writerow([row.entry, row.swa_ratio, row.kv_bytes, name, c.metric, c.mean, c.sd, *ci, c.n_docs, c.in_sample, c.truncated])
+                    writer.writerow(
+                        [
+                            row.entry,
+                            row.swa_ratio,
+                            row.kv_bytes,
+                            name,
+                            c.metric,
+                            c.mean,
+                            c.sd,
+                            *ci,
+                            c.n_docs,
+                            c.in_sample,
+                            c.truncated,
+                        ]
+                    )
 
 
 def pareto_labels(rows: list[Row], held: list[str]) -> dict[tuple[float, float], str]:
@@ -380,7 +448,11 @@ def plot_pareto(rows: list[Row], held: list[str], path: Path, kv_length: int | N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = [(r.kv_bytes, headline(r, held), r.headline_ci) for r in rows if r.kv_bytes is not None and headline(r, held) is not None]
+    points = [
+        (r.kv_bytes, headline(r, held), r.headline_ci)
+        for r in rows
+        if r.kv_bytes is not None and headline(r, held) is not None
+    ]
     fig, ax = plt.subplots(figsize=(6, 4.5))
     ci_label: str | None = f"95% CI of the difference to {reference}, around the score"
     for x, y, ci in points:

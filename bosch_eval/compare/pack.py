@@ -59,7 +59,11 @@ def strip_sample(sample: dict[str, Any], keep_prompt: bool = False) -> dict[str,
         sample["doc_hash"] = sample["doc_hash"][:DOC_HASH_DIGITS]
     resps = sample.get("resps")
     # Under the "none" filter lm-eval's filtered_resps is each response list's first element.
-    if sample.get("filter") == "none" and isinstance(resps, list) and sample.get("filtered_resps") == [r[0] for r in resps]:
+    if (
+        sample.get("filter") == "none"
+        and isinstance(resps, list)
+        and sample.get("filtered_resps") == [r[0] for r in resps]
+    ):
         sample.pop("filtered_resps")
     return sample
 
@@ -93,7 +97,9 @@ class SharedStore:
         """Write the store if it changed; whether it did."""
         if json.dumps(self.entries, sort_keys=True) == self.saved:
             return False
-        self.path.write_bytes(gzip.compress(json.dumps(self.entries, indent=1, sort_keys=True, ensure_ascii=False).encode(), mtime=0))
+        self.path.write_bytes(
+            gzip.compress(json.dumps(self.entries, indent=1, sort_keys=True, ensure_ascii=False).encode(), mtime=0)
+        )
         return True
 
 
@@ -106,7 +112,8 @@ def strip_results(results: dict[str, Any], store: SharedStore, folder: Path) -> 
     configs = results.get("configs")
     if isinstance(configs, dict):
         results["configs"] = {
-            task: config if isinstance(config, str) else store.reference("configs", config, folder) for task, config in configs.items()
+            task: config if isinstance(config, str) else store.reference("configs", config, folder)
+            for task, config in configs.items()
         }
     return results
 
@@ -143,7 +150,9 @@ def pack(root: str | Path, keep_prompts: bool = False) -> int:
     changed = 0
     for path in _finished(root, "samples_*.jsonl"):
         lines = [_json(path, line) for line in _text(path).splitlines() if line.strip()]
-        changed += _write_packed(path, "".join(json.dumps(strip_sample(s, keep_prompts), ensure_ascii=False) + "\n" for s in lines))
+        changed += _write_packed(
+            path, "".join(json.dumps(strip_sample(s, keep_prompts), ensure_ascii=False) + "\n" for s in lines)
+        )
     for path in _finished(root, "results_*.json"):
         results = strip_results(_json(path, _text(path)), store, path.parent)
         # indent 2, as lm-eval writes them, so a packed file reads as the original

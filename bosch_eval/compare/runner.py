@@ -115,7 +115,9 @@ def plan_runs(spec: CompareSpec, model: ResolvedModel | None = None) -> list[Pla
     return plan
 
 
-def check_out_dir(spec: CompareSpec, out: Path, resume: bool, plan: list[PlannedRun], new_settings: bool = False) -> set[str]:
+def check_out_dir(
+    spec: CompareSpec, out: Path, resume: bool, plan: list[PlannedRun], new_settings: bool = False
+) -> set[str]:
     """Prepare ``out`` (its lock held); return the finished runs to skip.
 
     A finished run is never replaced unasked: with other settings, other model_args or other
@@ -127,13 +129,21 @@ def check_out_dir(spec: CompareSpec, out: Path, resume: bool, plan: list[Planned
         EntryError: finished runs exist without ``resume``, or they were made with other
             settings, model_args or inputs (without ``new_settings``).
     """
-    finished = {p.name for p in (out / "runs").iterdir() if (p / RUN_FILE).is_file()} if (out / "runs").is_dir() else set()
+    finished = (
+        {p.name for p in (out / "runs").iterdir() if (p / RUN_FILE).is_file()} if (out / "runs").is_dir() else set()
+    )
     if finished and not resume:
-        raise EntryError(f"{out}: {len(finished)} runs are already finished ({sorted(finished)[:3]}...); pass --resume or another --out")
+        raise EntryError(
+            f"{out}: {len(finished)} runs are already finished ({sorted(finished)[:3]}...); pass --resume or another --out"
+        )
     settings_file = out / SETTINGS_FILE
     if finished and settings_file.is_file():
         saved = _portable_settings(json.loads(settings_file.read_text())["settings"])
-        differ = [f"{key}: {saved.get(key)!r} → {value!r}" for key, value in spec.settings().items() if saved.get(key) != value]
+        differ = [
+            f"{key}: {saved.get(key)!r} → {value!r}"
+            for key, value in spec.settings().items()
+            if saved.get(key) != value
+        ]
         if differ and not new_settings:
             raise EntryError(
                 f"{out}: its finished runs were made with other settings ({'; '.join(differ)}); use another --out, or pass "
@@ -169,7 +179,9 @@ def check_out_dir(spec: CompareSpec, out: Path, resume: bool, plan: list[Planned
 
 def _request_pin(spec: CompareSpec, item: PlannedRun) -> dict[str, Any]:
     """What decides a run's answers, beside the requests themselves (lm-eval's cache key)."""
-    return json.loads(json.dumps({"settings": spec.settings(), "model_args": _args_key(item.args), "inputs": item.inputs}))
+    return json.loads(
+        json.dumps({"settings": spec.settings(), "model_args": _args_key(item.args), "inputs": item.inputs})
+    )
 
 
 def _clear_stale_request_caches(spec: CompareSpec, out: Path, todo: list[PlannedRun]) -> None:
@@ -340,7 +352,10 @@ def run_compare(
                     try:
                         results = simple_evaluate(
                             model=lm,
-                            model_args=",".join(f"{k}={v}" for k, v in {"pretrained": spec.model, **spec.model_args, **item.args}.items()),
+                            model_args=",".join(
+                                f"{k}={v}"
+                                for k, v in {"pretrained": spec.model, **spec.model_args, **item.args}.items()
+                            ),
                             tasks=objects[task],
                             task_manager=manager,
                             samples=samples[task],

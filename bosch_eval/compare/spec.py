@@ -25,7 +25,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.compare.entries import Entry, EntryError, check_keys, check_unique, default_seeds, make_entry, parse_entry, parse_model_args
+from bosch_eval.compare.entries import (
+    Entry,
+    EntryError,
+    check_keys,
+    check_unique,
+    default_seeds,
+    make_entry,
+    parse_entry,
+    parse_model_args,
+)
 from bosch_eval.models.model_identity import portable_name
 from bosch_eval.runtime.checks import check_int, is_number
 
@@ -64,7 +73,13 @@ class CompareSpec:
         if self.limit is not None and (not is_number(self.limit) or self.limit <= 0):
             raise EntryError(f"limit: expected a positive number, got {self.limit!r}")
         if self.doc_seed is not None:
-            check_int(self.doc_seed, "doc_seed", minimum=0, expected="an integer >= 0 (the seed of the tasks' documents)", error=EntryError)
+            check_int(
+                self.doc_seed,
+                "doc_seed",
+                minimum=0,
+                expected="an integer >= 0 (the seed of the tasks' documents)",
+                error=EntryError,
+            )
         if self.doc_seed is not None and "eval_seed" in self.metadata and self.metadata["eval_seed"] != self.doc_seed:
             raise EntryError(
                 f"doc_seed: {self.doc_seed} and metadata's eval_seed {self.metadata['eval_seed']!r} both seed bosch_niah's "
@@ -74,7 +89,9 @@ class CompareSpec:
     def settings(self) -> dict[str, Any]:
         """The task-side settings every run of one output directory shares."""
         keys = ("tasks", "model_args", "metadata", "limit", "gen_kwargs", "include_path", "bootstrap_iters")
-        settings = {"model": portable_name(self.model)} | {k: asdict(self)[k] if k != "model_args" else self.model_args for k in keys}
+        settings = {"model": portable_name(self.model)} | {
+            k: asdict(self)[k] if k != "model_args" else self.model_args for k in keys
+        }
         if self.doc_seed is not None:  # absent otherwise, as in the settings written before it existed
             settings["doc_seed"] = self.doc_seed
         return json.loads(json.dumps(settings))
@@ -93,7 +110,9 @@ class CompareSpec:
 
 def _entries_from_yaml(items: Any, where: str) -> list[Entry]:
     if not isinstance(items, list):
-        raise EntryError(f"{where}: field 'entries' must be a list of NAME=ARGS strings or {{name, args, seeds}} mappings")
+        raise EntryError(
+            f"{where}: field 'entries' must be a list of NAME=ARGS strings or {{name, args, seeds}} mappings"
+        )
     entries = []
     for index, item in enumerate(items):
         if isinstance(item, str):
@@ -104,14 +123,20 @@ def _entries_from_yaml(items: Any, where: str) -> list[Entry]:
         elif isinstance(item, dict):
             unknown = set(item) - {"name", "args", "seeds"}
             if unknown or "name" not in item:
-                raise EntryError(f"{where}: entries[{index}] needs 'name' and takes 'args', 'seeds'; got {sorted(item)}")
-            entries.append(make_entry(item["name"], item.get("args") or "", item.get("seeds"), where=f"{where}: entries[{index}]"))
+                raise EntryError(
+                    f"{where}: entries[{index}] needs 'name' and takes 'args', 'seeds'; got {sorted(item)}"
+                )
+            entries.append(
+                make_entry(item["name"], item.get("args") or "", item.get("seeds"), where=f"{where}: entries[{index}]")
+            )
         else:
             raise EntryError(f"{where}: entries[{index}] must be a string or a mapping, got {type(item).__name__}")
     return entries
 
 
-def load_spec(path: str | Path, overrides: dict[str, Any] | None = None, extra_entries: list[str] | None = None) -> CompareSpec:
+def load_spec(
+    path: str | Path, overrides: dict[str, Any] | None = None, extra_entries: list[str] | None = None
+) -> CompareSpec:
     """Read a leaderboard YAML; ``overrides`` (CLI flags that were given) win over its fields."""
     import yaml
 
@@ -134,7 +159,11 @@ def build_spec(data: dict[str, Any], entries: list[Entry], where: str) -> Compar
     if not data.get("model"):
         raise EntryError(f"{where}: field 'model' is required (HF id, path, or toy)")
     model_args = data.get("model_args") or {}
-    model_args = parse_model_args(model_args, f"{where}: model_args") if isinstance(model_args, str) else {k: str(v) for k, v in model_args.items()}
+    model_args = (
+        parse_model_args(model_args, f"{where}: model_args")
+        if isinstance(model_args, str)
+        else {k: str(v) for k, v in model_args.items()}
+    )
     check_keys(model_args, f"{where}: model_args", sources=False)
     tasks = data.get("tasks") or []
     tasks = [tasks] if isinstance(tasks, str) else list(tasks)

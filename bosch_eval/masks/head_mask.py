@@ -76,9 +76,7 @@ class ModelShape:
         if min(self.num_layers, self.num_heads, self.num_kv_heads) < 1:
             raise MaskError(f"model shape must be positive, got {self}")
         if self.num_heads % self.num_kv_heads:
-            raise MaskError(
-                f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
-            )
+            raise MaskError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
 
     @classmethod
     def from_config(cls, config: Any) -> ModelShape:
@@ -181,7 +179,13 @@ class HeadMask:
 
     def with_meta(self, **meta: Any) -> HeadMask:
         """A copy with some of window/sinks/model/method/provenance replaced."""
-        fields = {"window": self.window, "sinks": self.sinks, "model": self.model, "method": self.method, "provenance": self.provenance}
+        fields = {
+            "window": self.window,
+            "sinks": self.sinks,
+            "model": self.model,
+            "method": self.method,
+            "provenance": self.provenance,
+        }
         fields.update(meta)
         return HeadMask(self.bits, self.num_heads, **fields)
 
@@ -296,7 +300,9 @@ class HeadRanking:
                 raise MaskError(f"ranking: field 'scores' row {layer} has {len(row)} entries, expected {width}")
             for group, value in enumerate(row):
                 if not math.isfinite(value):
-                    raise MaskError(f"ranking: field 'scores' entry [{layer}][{group}] is {value}, expected a finite number")
+                    raise MaskError(
+                        f"ranking: field 'scores' entry [{layer}][{group}] is {value}, expected a finite number"
+                    )
         ModelShape(len(self.scores), self.num_heads, width)
 
     @property
@@ -360,7 +366,9 @@ class HeadRanking:
         for layer, row in enumerate(rows):
             for group, value in enumerate(row):
                 if not is_number(value):
-                    raise MaskError(f"{source}: field 'scores' entry [{layer}][{group}] is {value!r}, expected a number")
+                    raise MaskError(
+                        f"{source}: field 'scores' entry [{layer}][{group}] is {value!r}, expected a number"
+                    )
         for key, expected in (("num_layers", len(rows)), ("num_kv_heads", len(rows[0]) if rows else 0)):
             if key in data and data[key] != expected:
                 raise MaskError(f"{source}: field '{key}' is {data[key]}, but 'scores' has {expected}")

@@ -50,7 +50,9 @@ def resolve_mask(
     mask, ranking, layers, ratio, seed, sinks = (
         request.mask, request.ranking, request.layers, request.ratio, request.seed, request.sinks
     )  # fmt: skip
-    given = {name: value for name, value in (("mask", mask), ("ranking", ranking), ("layers", layers)) if value is not None}
+    given = {
+        name: value for name, value in (("mask", mask), ("ranking", ranking), ("layers", layers)) if value is not None
+    }
     if len(given) != 1:
         raise MaskError(
             "bosch: expected exactly one mask source — mask=FILE, ranking=FILE with ratio=R, or "
@@ -81,4 +83,3 @@ def resolve_mask(
     result.check_fits(shape, source=source, model=model_name)
     effective_window = resolve_window(request.window, carried=result.window, default=default_window, source=source)
     return result.with_meta(window=effective_window, sinks=result.sinks if sinks is None else sinks), source
-

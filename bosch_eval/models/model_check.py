@@ -102,7 +102,9 @@ def check_model_exists(name: str) -> str:
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ModelError(f"model {name!r}: the directory has no config.json; expected a Hugging Face checkpoint directory")
+            raise ModelError(
+                f"model {name!r}: the directory has no config.json; expected a Hugging Face checkpoint directory"
+            )
         return name
     if path.exists():
         raise ModelError(f"model {name!r}: is a file; expected a checkpoint directory or a Hugging Face hub id")

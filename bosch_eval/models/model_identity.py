@@ -70,10 +70,15 @@ def model_identity(path: str, revision: str | None = None) -> dict[str, Any]:
         files = sorted(
             p
             for p in directory.rglob("*")
-            if p.is_file() and p.suffix not in NOT_READ_AT_LOAD and p.name not in NOT_READ_AT_LOAD_NAMES and not _hidden(p, directory)
+            if p.is_file()
+            and p.suffix not in NOT_READ_AT_LOAD
+            and p.name not in NOT_READ_AT_LOAD_NAMES
+            and not _hidden(p, directory)
         )
         identity: dict[str, Any] = {"files": {str(p.relative_to(directory)): file_digest(p) for p in files}}
-        stamped = {name: _unstamped_digest(directory / name) for name in VERSION_STAMPED if (directory / name).is_file()}
+        stamped = {
+            name: _unstamped_digest(directory / name) for name in VERSION_STAMPED if (directory / name).is_file()
+        }
         if stamped:
             identity["unstamped"] = stamped
         alias = portable_name(str(directory.resolve()))

@@ -22,7 +22,9 @@ from bosch_eval.runtime.errors import ModelError, SettingsError
 ROPE_SCALINGS = ("yarn",)
 
 
-def check_rope_args(scaling: str | None, factor: Any, original_max_positions: Any, names: tuple[str, str, str]) -> tuple[str | None, float | None, int | None]:
+def check_rope_args(
+    scaling: str | None, factor: Any, original_max_positions: Any, names: tuple[str, str, str]
+) -> tuple[str | None, float | None, int | None]:
     """Validate the (scaling, factor, original length) triple a user gave.
 
     ``names`` are how the three arguments are spelled where they came from (CLI flags or
@@ -34,7 +36,11 @@ def check_rope_args(scaling: str | None, factor: Any, original_max_positions: An
     """
     scaling_name, factor_name, original_name = names
     if scaling is None:
-        given = [name for name, value in ((factor_name, factor), (original_name, original_max_positions)) if value is not None]
+        given = [
+            name
+            for name, value in ((factor_name, factor), (original_name, original_max_positions))
+            if value is not None
+        ]
         if given:
             raise SettingsError(f"{', '.join(given)}: only used with {scaling_name}=yarn, which was not given")
         return None, None, None
@@ -52,7 +58,9 @@ def check_rope_args(scaling: str | None, factor: Any, original_max_positions: An
         try:
             original_max_positions = int(original_max_positions)
         except (TypeError, ValueError):
-            raise SettingsError(f"{original_name}: expected a positive integer, got {original_max_positions!r}") from None
+            raise SettingsError(
+                f"{original_name}: expected a positive integer, got {original_max_positions!r}"
+            ) from None
         if original_max_positions < 1:
             raise SettingsError(f"{original_name}: expected a positive integer, got {original_max_positions!r}")
     return scaling, factor, original_max_positions
@@ -76,7 +84,9 @@ def apply_yarn(config: Any, factor: float, original_max_positions: int | None = 
     if not rope or "rope_theta" not in rope:
         raise ModelError(f"{source}: field 'rope_parameters' has no 'rope_theta'; this model does not use RoPE")
     if config.nested_rope_parameter_keys(rope):
-        raise ModelError(f"{source}: field 'rope_parameters' is set per layer type ({sorted(rope)}); YaRN here supports one flat RoPE")
+        raise ModelError(
+            f"{source}: field 'rope_parameters' is set per layer type ({sorted(rope)}); YaRN here supports one flat RoPE"
+        )
     if rope.get("rope_type", "default") != "default":
         raise ModelError(
             f"{source}: field 'rope_parameters' already has rope_type={rope['rope_type']!r} "
@@ -84,12 +94,19 @@ def apply_yarn(config: Any, factor: float, original_max_positions: int | None = 
         )
     original = original_max_positions or rope.get("original_max_position_embeddings") or config.max_position_embeddings
     keep = {key: rope[key] for key in ("rope_theta", "partial_rotary_factor") if key in rope}
-    config.rope_parameters = {**keep, "rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": int(original)}
+    config.rope_parameters = {
+        **keep,
+        "rope_type": "yarn",
+        "factor": float(factor),
+        "original_max_position_embeddings": int(original),
+    }
     config.max_position_embeddings = int(round(original * factor))
     config.validate_rope()
 
 
-def scaled_config(pretrained: str, factor: float, original_max_positions: int | None = None, **from_pretrained: Any) -> Any:
+def scaled_config(
+    pretrained: str, factor: float, original_max_positions: int | None = None, **from_pretrained: Any
+) -> Any:
     """The config of checkpoint ``pretrained`` with YaRN applied (see :func:`apply_yarn`)."""
     from transformers import AutoConfig
 

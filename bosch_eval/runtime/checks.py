@@ -24,7 +24,12 @@ def is_number(value: Any) -> bool:
 
 
 def check_int(
-    value: Any, field: str, *, minimum: int | None = None, expected: str = "an integer", error: type[BoschError] = SettingsError
+    value: Any,
+    field: str,
+    *,
+    minimum: int | None = None,
+    expected: str = "an integer",
+    error: type[BoschError] = SettingsError,
 ) -> int:
     """Return ``value`` if it is an integer of at least ``minimum``.
 

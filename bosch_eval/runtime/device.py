@@ -66,16 +66,22 @@ def pick_device(requested: str | None, setting: str = "device") -> str:
     try:
         parsed = torch.device(requested)
     except (RuntimeError, TypeError) as err:
-        raise DeviceError(f"{setting} {requested!r}: not a device name ({err}); expected cpu, cuda, cuda:N or auto") from None
+        raise DeviceError(
+            f"{setting} {requested!r}: not a device name ({err}); expected cpu, cuda, cuda:N or auto"
+        ) from None
     if parsed.type == "cuda":
         problem = _cuda_problem()
         if problem is not None:
-            raise DeviceError(f"{setting} {requested!r}: {problem}; use {setting} cpu, or give none to pick one that exists")
+            raise DeviceError(
+                f"{setting} {requested!r}: {problem}; use {setting} cpu, or give none to pick one that exists"
+            )
         count = torch.cuda.device_count()
         if parsed.index is not None and parsed.index >= count:
             raise DeviceError(f"{setting} {requested!r}: torch sees {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
     elif parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise DeviceError(f"{setting} {requested!r}: torch has no MPS device here (macOS with Apple silicon only); use {setting} cpu")
+        raise DeviceError(
+            f"{setting} {requested!r}: torch has no MPS device here (macOS with Apple silicon only); use {setting} cpu"
+        )
     return requested
 
 

@@ -112,7 +112,9 @@ def metric_direction(tasks: Mapping[str, Any], metric: str) -> bool:
             )
         directions[task_name] = direction
     if len(set(directions.values())) > 1:
-        raise LmEvalError(f"metric: {name!r} is higher-is-better in some calibration tasks and not in others: {directions}")
+        raise LmEvalError(
+            f"metric: {name!r} is higher-is-better in some calibration tasks and not in others: {directions}"
+        )
     return next(iter(directions.values()))
 
 

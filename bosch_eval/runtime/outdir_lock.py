@@ -68,7 +68,9 @@ class OutputLock:
                 self.directory,
                 _describe(previous),
             )
-        record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")})
+        record = json.dumps(
+            {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        )
         os.ftruncate(fd, 0)
         os.pwrite(fd, record.encode(), 0)
         os.fsync(fd)
@@ -86,7 +88,9 @@ class OutputLock:
         self.acquire()
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
         self.release()
 
 

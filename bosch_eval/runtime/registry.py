@@ -102,7 +102,10 @@ class Registry(Generic[T]):
         registration order (a package's modules are imported first)."""
         self._discover()
         firsts = {f"{self.package}.{module}": rank for rank, module in enumerate(self.first)}
-        order = {name: (firsts.get(self._origin.get(name, ""), len(firsts)), index) for index, name in enumerate(self.members)}
+        order = {
+            name: (firsts.get(self._origin.get(name, ""), len(firsts)), index)
+            for index, name in enumerate(self.members)
+        }
         return tuple(sorted(self.members, key=order.__getitem__))
 
     def items(self) -> list[tuple[str, T]]:

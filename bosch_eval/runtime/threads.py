@@ -133,7 +133,9 @@ def decide(environ: MutableMapping[str, str] | None = None, cores: int | None = 
         if value.isdigit() and int(value) > 0:
             return ThreadPolicy(cores, int(value), f"{name}={value} (yours)")
     threads = max(1, cores - 1)
-    return ThreadPolicy(cores, threads, f"{cores} usable core(s), one left for other work" if cores > 1 else "1 usable core")
+    return ThreadPolicy(
+        cores, threads, f"{cores} usable core(s), one left for other work" if cores > 1 else "1 usable core"
+    )
 
 
 def apply_thread_policy(environ: MutableMapping[str, str] | None = None) -> ThreadPolicy:

@@ -41,7 +41,15 @@ from pathlib import Path
 from bosch_eval.tasks.niah import calibration, words
 
 TRAIN_SEED_BASE = 10_000_000
-DOCUMENT_KINDS = ("prose", "recall", "short_recall", "niah_single_1", "ruler", "calib", "keyed")  # DocumentMaker.document's
+DOCUMENT_KINDS = (
+    "prose",
+    "recall",
+    "short_recall",
+    "niah_single_1",
+    "ruler",
+    "calib",
+    "keyed",
+)  # DocumentMaker.document's
 
 # RULER's pieces (lm_eval/tasks/ruler/prepare_niah.py, niah_utils.py), rendered the same way.
 RULER_NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -144,8 +152,12 @@ class DocumentMaker:
 
     def ruler(self, length: int, variant: str | None = None) -> list[Piece]:
         """One of RULER's NIAH variants (random unless named) with its question and ``gen_prefix``."""
-        variant = variant or self.rng.choice(["single_1", "single_2", "single_3", "multikey_1", "multikey_2", "multikey_3"])
-        haystack = "noise" if variant in ("single_1", "multikey_1") else "needles" if variant == "multikey_2" else "essay"
+        variant = variant or self.rng.choice(
+            ["single_1", "single_2", "single_3", "multikey_1", "multikey_2", "multikey_3"]
+        )
+        haystack = (
+            "noise" if variant in ("single_1", "multikey_1") else "needles" if variant == "multikey_2" else "essay"
+        )
         key_kind = "uuids" if variant == "multikey_3" else "words"
         value_kind = "uuids" if variant in ("single_3", "multikey_3") else "numbers"
         n_keys = 1 if variant.startswith("single") else self.rng.randint(2, 4)
@@ -158,7 +170,10 @@ class DocumentMaker:
             lines = [RULER_NOISE] * max(1, budget_chars // (len(RULER_NOISE) + 1))
         elif haystack == "needles":
             filler = budget_chars // 60
-            lines = [RULER_NEEDLE.format(kind=value_kind, key=self.word_key(), value=self.value(value_kind)) for _ in range(filler)]
+            lines = [
+                RULER_NEEDLE.format(kind=value_kind, key=self.word_key(), value=self.value(value_kind))
+                for _ in range(filler)
+            ]
         else:
             lines = [self.sentence() for _ in range(max(1, budget_chars // 40))]
         for needle in needles:
@@ -176,7 +191,10 @@ class DocumentMaker:
         """A ``bosch_niah_calib``-format example: ledger haystack, one needle at a random depth."""
         key = f"{self.rng.choice(words.CALIB_GIVEN_NAMES)} {self.rng.choice(words.CALIB_FAMILY_NAMES)}"
         value = str(self.rng.randint(100_000, 999_999))
-        sentences = [calibration.ledger_sentence(self.rng) for _ in range(max(1, (int(length * self.chars_per_token) - 300) // 60))]
+        sentences = [
+            calibration.ledger_sentence(self.rng)
+            for _ in range(max(1, (int(length * self.chars_per_token) - 300) // 60))
+        ]
         sentences.insert(self.rng.randint(0, len(sentences)), calibration.NEEDLE.format(key=key, value=value))
         prompt = f"{calibration.INSTRUCTION}\n{' '.join(sentences)}\n{calibration.QUERY.format(key=key)}"
         return [(prompt, False), (f" {value}", True), (".", False)]
@@ -191,8 +209,12 @@ class DocumentMaker:
         n_keys = {"single": 1, "multikey": self.rng.randint(2, 6), "multivalue": self.rng.randint(1, 3)}[kind]
         keys = list(dict.fromkeys(self.made_up_name() for _ in range(n_keys)))
         asked = keys[0]
-        records = [(asked, value())] + ([(asked, value())] if kind == "multivalue" else []) + [(k, value()) for k in keys[1:]]
-        filler = [self.numbered_sentence(value) for _ in range(max(1, (int(length * self.chars_per_token) - 200) // 45))]
+        records = (
+            [(asked, value())] + ([(asked, value())] if kind == "multivalue" else []) + [(k, value()) for k in keys[1:]]
+        )
+        filler = [
+            self.numbered_sentence(value) for _ in range(max(1, (int(length * self.chars_per_token) - 200) // 45))
+        ]
         lines: list[tuple[str, int | None]] = [(sentence, None) for sentence in filler]  # (text, record index)
         for index, (key, number) in enumerate(records):
             record = self.rng.choice(KEYED_RECORDS).format(key=key, value=number, thing=thing, Thing=thing.capitalize())
@@ -208,7 +230,9 @@ class DocumentMaker:
     def made_up_name(self) -> str:
         """Two capitalized words of 2-3 syllables, none of them a word of the task vocabularies."""
         while True:
-            parts = ["".join(self.rng.choices(KEYED_SYLLABLES, k=self.rng.randint(2, 3))).capitalize() for _ in range(2)]
+            parts = [
+                "".join(self.rng.choices(KEYED_SYLLABLES, k=self.rng.randint(2, 3))).capitalize() for _ in range(2)
+            ]
             if not _KEYED_EXCLUDED.intersection(part.lower() for part in parts):
                 return " ".join(parts)
 

@@ -74,7 +74,11 @@ def encode(tokenizer: PreTrainedTokenizerFast, pieces: list[Piece], max_tokens: 
 
 
 def make_batch(
-    tokenizer: PreTrainedTokenizerFast, maker: DocumentMaker, lengths: list[int], mix: dict[str, float], context_weight: float
+    tokenizer: PreTrainedTokenizerFast,
+    maker: DocumentMaker,
+    lengths: list[int],
+    mix: dict[str, float],
+    context_weight: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ids ``[B, T]``, loss weights ``[B, T]`` (for predicting token t+1) and answer flags."""
     rows = [encode(tokenizer, maker.document(n, mix), n) for n in lengths]
@@ -90,7 +94,9 @@ def make_batch(
     return ids, weights, answers
 
 
-def loss_and_accuracy(model: Qwen3ForCausalLM, ids: torch.Tensor, weights: torch.Tensor, answers: torch.Tensor) -> tuple[torch.Tensor, float]:
+def loss_and_accuracy(
+    model: Qwen3ForCausalLM, ids: torch.Tensor, weights: torch.Tensor, answers: torch.Tensor
+) -> tuple[torch.Tensor, float]:
     """Weighted next-token loss, and the share of rows whose every answer token is greedy."""
     logits = model(ids).logits[:, :-1].float()
     targets, weights, answers = ids[:, 1:], weights[:, 1:], answers[:, 1:]
@@ -123,7 +129,9 @@ def curriculum(step: int, args: argparse.Namespace) -> tuple[int, dict[str, floa
 
 
 @torch.no_grad()
-def evaluate(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, device: torch.device, lengths: list[int], n: int) -> dict[str, float]:
+def evaluate(
+    model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, device: torch.device, lengths: list[int], n: int
+) -> dict[str, float]:
     """Teacher-forced answer accuracy on held-out documents of each of ``EVAL_KINDS`` per length."""
     model.eval()
     scores = {}
@@ -158,7 +166,9 @@ def build_model(args: argparse.Namespace, vocab_size: int, eos: int) -> Qwen3For
     return Qwen3ForCausalLM(config)
 
 
-def load_weights(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, checkpoint: Path, parser: argparse.ArgumentParser) -> None:
+def load_weights(
+    model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, checkpoint: Path, parser: argparse.ArgumentParser
+) -> None:
     """Copy ``checkpoint``'s weights into ``model``; a checkpoint of another shape or
     tokenizer is an error naming ``--init-from``, never a partial load."""
     if AutoTokenizer.from_pretrained(checkpoint).get_vocab() != tokenizer.get_vocab():
@@ -200,16 +210,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     parser.add_argument("--steps", type=int, default=3000, help="optimizer steps (the length of the lr schedule)")
     parser.add_argument(
-        "--stop-after", type=int, help="end after this many steps with the schedule of --steps (a run cut short on "
-        "purpose: toy-l's weights are its state at step 2500 of 6000)"
+        "--stop-after",
+        type=int,
+        help="end after this many steps with the schedule of --steps (a run cut short on "
+        "purpose: toy-l's weights are its state at step 2500 of 6000)",
     )
     parser.add_argument("--batch-tokens", type=int, default=8192, help="tokens per batch (rows = budget // length)")
     parser.add_argument("--start-len", type=int, default=96, help="longest document at step 0, tokens")
     parser.add_argument("--max-len", type=int, default=1152, help="longest document after the curriculum, tokens")
     parser.add_argument("--curriculum-steps", type=int, default=1500, help="steps over which lengths and mix ramp up")
     parser.add_argument(
-        "--mix", type=json.loads, help='document kinds and weights after phase 1, as JSON (e.g. \'{"keyed": 0.5, '
-        '"recall": 0.5}\'; kinds: corpus.DOCUMENT_KINDS); default: the curriculum\'s mix, which ramps RULER up'
+        "--mix",
+        type=json.loads,
+        help='document kinds and weights after phase 1, as JSON (e.g. \'{"keyed": 0.5, '
+        "\"recall\": 0.5}'; kinds: corpus.DOCUMENT_KINDS); default: the curriculum's mix, which ramps RULER up",
     )
     parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW, cosine decay)")
     parser.add_argument("--warmup", type=int, default=100, help="linear warm-up steps")
@@ -220,15 +234,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--heads", type=int, default=8, help="query heads")
     parser.add_argument("--kv-heads", type=int, default=4, help="KV groups")
     parser.add_argument(
-        "--head-dim", type=int, help="dimensions per attention head (default hidden // heads); keeps heads wide "
-        "when there are many (16 heads of 16 dimensions on a 128-wide model)"
+        "--head-dim",
+        type=int,
+        help="dimensions per attention head (default hidden // heads); keeps heads wide "
+        "when there are many (16 heads of 16 dimensions on a 128-wide model)",
     )
     parser.add_argument("--max-positions", type=int, default=2048, help="max_position_embeddings")
-    parser.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations and checkpoints")
+    parser.add_argument(
+        "--eval-every", type=int, default=100, help="steps between held-out evaluations and checkpoints"
+    )
     parser.add_argument("--resume", action="store_true", help="continue from <out>/train_state.pt")
     parser.add_argument(
-        "--init-from", type=Path, help="a second training stage: start from this checkpoint's weights (same shape and "
-        "tokenizer) with a fresh optimizer, schedule and curriculum"
+        "--init-from",
+        type=Path,
+        help="a second training stage: start from this checkpoint's weights (same shape and "
+        "tokenizer) with a fresh optimizer, schedule and curriculum",
     )
     return parser
 
@@ -242,7 +262,11 @@ def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         if not isinstance(args.mix, dict):
             parser.error(f"--mix {json.dumps(args.mix)}: expected a JSON object of document kinds and weights")
         unknown = [kind for kind in args.mix if kind not in DOCUMENT_KINDS]
-        if unknown or not all(isinstance(w, (int, float)) and w >= 0 for w in args.mix.values()) or not any(args.mix.values()):
+        if (
+            unknown
+            or not all(isinstance(w, (int, float)) and w >= 0 for w in args.mix.values())
+            or not any(args.mix.values())
+        ):
             parser.error(f"--mix {json.dumps(args.mix)}: expected non-negative weights, not all zero, of document kinds "
                          f"{DOCUMENT_KINDS}; unknown: {unknown}")  # fmt: skip
     return args.steps if args.stop_after is None else args.stop_after
@@ -258,7 +282,10 @@ def start_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Run:
         load_weights(model, tokenizer, args.init_from, parser)
     model = model.to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
-    schedule = lambda step: min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))  # noqa: E731
+
+    def schedule(step: int) -> float:
+        return min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
+
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     maker = DocumentMaker(random.Random(TRAIN_SEED_BASE + args.seed))
     return Run(model, tokenizer, optimizer, scheduler, maker, device)
@@ -278,7 +305,9 @@ def restore_state(run: Run, path: Path) -> tuple[int, float, list[dict[str, Any]
 def train_step(run: Run, step: int, args: argparse.Namespace) -> tuple[torch.Tensor, float, int]:
     """One optimizer step on a fresh batch of the curriculum; its loss, accuracy and longest document."""
     max_len, mix = curriculum(step, args)
-    lengths = [run.maker.rng.randint(max(32, max_len // 4), max_len) for _ in range(max(1, args.batch_tokens // max_len))]
+    lengths = [
+        run.maker.rng.randint(max(32, max_len // 4), max_len) for _ in range(max(1, args.batch_tokens // max_len))
+    ]
     ids, weights, answers = make_batch(run.tokenizer, run.maker, lengths, mix, args.context_weight)
     loss, accuracy = loss_and_accuracy(run.model, ids.to(run.device), weights.to(run.device), answers.to(run.device))
     run.optimizer.zero_grad(set_to_none=True)
@@ -289,7 +318,9 @@ def train_step(run: Run, step: int, args: argparse.Namespace) -> tuple[torch.Ten
     return loss, accuracy, max_len
 
 
-def run_steps(run: Run, args: argparse.Namespace, steps: range, history: list[dict[str, Any]], started: float, log: Any) -> None:
+def run_steps(
+    run: Run, args: argparse.Namespace, steps: range, history: list[dict[str, Any]], started: float, log: Any
+) -> None:
     """Train ``steps``, logging every tenth (held-out evaluation every ``--eval-every``) to
     ``history`` and ``log``, and saving the state every ``--eval-every`` steps."""
     last = steps.stop - 1
@@ -304,7 +335,16 @@ def run_steps(run: Run, args: argparse.Namespace, steps: range, history: list[di
             log.write(json.dumps(record) + "\n")
             log.flush()
         if (step + 1) % args.eval_every == 0:
-            save_state(args.out / STATE_FILE, run.model, run.optimizer, run.scheduler, run.maker, step + 1, time.time() - started, history)
+            save_state(
+                args.out / STATE_FILE,
+                run.model,
+                run.optimizer,
+                run.scheduler,
+                run.maker,
+                step + 1,
+                time.time() - started,
+                history,
+            )
 
 
 def write_result(run: Run, args: argparse.Namespace, history: list[dict[str, Any]], started: float) -> None:
@@ -333,6 +373,7 @@ def main(argv: list[str] | None = None) -> None:
     with (args.log or args.out / "train_log.jsonl").open("a" if args.resume else "w") as log:
         run_steps(run, args, range(first_step, last_step), history, started, log)
     write_result(run, args, history, started)
+
 
 if __name__ == "__main__":
     main()

@@ -70,7 +70,9 @@ class DatasetSource:
 
     def __init__(self, dataset: Any, text_field: str, name: str) -> None:
         if text_field not in dataset.column_names:
-            raise SettingsError(f"--data {name}: no field {text_field!r} in its records (fields: {dataset.column_names}); pass --text-field")
+            raise SettingsError(
+                f"--data {name}: no field {text_field!r} in its records (fields: {dataset.column_names}); pass --text-field"
+            )
         if len(dataset) == 0:
             raise SettingsError(f"--data {name}: holds no documents")
         self.dataset, self.text_field = dataset, text_field
@@ -94,7 +96,9 @@ class DatasetSource:
 def _text_files(path: Path) -> list[Path]:
     files = sorted(p for p in path.iterdir() if p.suffix in (".txt", ".jsonl")) if path.is_dir() else [path]
     if not files:
-        raise SettingsError(f"--data {path}: a directory with no .txt or .jsonl files (nor a datasets save_to_disk directory)")
+        raise SettingsError(
+            f"--data {path}: a directory with no .txt or .jsonl files (nor a datasets save_to_disk directory)"
+        )
     kinds = {p.suffix for p in files}
     if not kinds <= {".txt", ".jsonl"} or len(kinds) != 1:
         raise SettingsError(f"--data {path}: expected .txt or .jsonl files of one kind, got {sorted(kinds)}")
@@ -117,7 +121,9 @@ def open_source(spec: str, seq_len: int, seed: int, text_field: str = "text", sp
         try:
             dataset = datasets.load_dataset(name, config or None, split=split)
         except Exception as err:  # hub unreachable, unknown name or split: report, do not fall back
-            raise SettingsError(f"--data {spec}: could not load Hugging Face dataset {name!r} split {split!r}: {err}") from err
+            raise SettingsError(
+                f"--data {spec}: could not load Hugging Face dataset {name!r} split {split!r}: {err}"
+            ) from err
         return DatasetSource(dataset, text_field, spec)
     path = Path(spec)
     if not path.exists():

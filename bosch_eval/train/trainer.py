@@ -66,7 +66,9 @@ class TrainSettings:
     def __post_init__(self) -> None:
         for name in ("steps", "seq_len", "batch_size", "micro_batch_size"):
             if getattr(self, name) < 1:
-                raise SettingsError(f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(self, name)}")
+                raise SettingsError(
+                    f"--{name.replace('_', '-')}: expected a positive integer, got {getattr(self, name)}"
+                )
         if not 0.0 <= self.warmup_ratio <= 1.0:
             raise SettingsError(f"--warmup-ratio: expected a value in [0, 1], got {self.warmup_ratio}")
         if self.lr <= 0:
@@ -119,20 +121,26 @@ def load_model(settings: TrainSettings, device: torch.device) -> tuple[Any, Any,
     tokenizer = AutoTokenizer.from_pretrained(path)
     if settings.mask_source is None:
         if saved is None:
-            raise MaskError(f"--mask-source: {path} is not a hybrid checkpoint; pass mask=FILE, ranking=FILE,ratio=R or layers=...,ratio=R")
+            raise MaskError(
+                f"--mask-source: {path} is not a hybrid checkpoint; pass mask=FILE, ranking=FILE,ratio=R or layers=...,ratio=R"
+            )
         mask, source = saved, resolved.config_file
     else:
         args = simple_parse_args_string(settings.mask_source)
         unknown = set(args) - {"mask", "ranking", "layers", "ratio", "seed", "window", "sink"}
         if unknown:
-            raise MaskError(f"--mask-source: unknown keys {sorted(unknown)}; expected mask, ranking, layers, ratio, seed, window, sink")
+            raise MaskError(
+                f"--mask-source: unknown keys {sorted(unknown)}; expected mask, ranking, layers, ratio, seed, window, sink"
+            )
         sinks = args.pop("sink", None)
         request = MaskRequest(**args, sinks=sinks)
         mask, source = resolve_mask(
             resolved.shape, request, default_window=resolved.defaults.window, model_name=settings.model
         )
         if saved is not None and (saved.bits, saved.window, saved.sinks) != (mask.bits, mask.window, mask.sinks):
-            raise MaskError(f"--mask-source {settings.mask_source}: differs from the mask saved in {resolved.config_file}; drop it to train with the saved one")
+            raise MaskError(
+                f"--mask-source {settings.mask_source}: differs from the mask saved in {resolved.config_file}; drop it to train with the saved one"
+            )
     model.to(device)
     return model, tokenizer, hybridize(model, mask, backend=settings.attn_backend, source=source)
 
@@ -204,7 +212,9 @@ def _prepare(accelerator: Any, model: Any, tokenizer: Any, settings: TrainSettin
     from transformers import get_scheduler
 
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay, betas=(0.9, 0.95)
+    )
     scheduler = get_scheduler(
         settings.lr_scheduler, optimizer,
         num_warmup_steps=round(settings.warmup_ratio * settings.steps), num_training_steps=settings.steps,
@@ -224,7 +234,12 @@ def _run_steps(run: _Run, settings: TrainSettings, out: Path, saves: _Saves, pro
     from tqdm import tqdm
 
     accelerator, progress = run.accelerator, run.progress
-    bar = tqdm(total=settings.steps, initial=progress.step, desc="train", disable=not (progress_bar and accelerator.is_main_process))
+    bar = tqdm(
+        total=settings.steps,
+        initial=progress.step,
+        desc="train",
+        disable=not (progress_bar and accelerator.is_main_process),
+    )
     started = time.perf_counter() - progress.elapsed_s
     with _open_log(out, progress, accelerator.is_main_process) as log:
         while progress.step < settings.steps:
@@ -299,11 +314,15 @@ def _check_run_dir(out: Path, settings: TrainSettings, resume: bool, main: bool)
         changed = {key: (before.get(key), value) for key, value in asdict(settings).items() if before.get(key) != value}
         if changed:
             field, (was, now) = next(iter(changed.items()))
-            raise SettingsError(f"--resume: {record} field {field!r} was {was!r}, this run has {now!r}; resume with the same settings")
+            raise SettingsError(
+                f"--resume: {record} field {field!r} was {was!r}, this run has {now!r}; resume with the same settings"
+            )
         return
     if main:  # only the main process checks and writes, or the others would find its file
         if out.exists() and any(out.iterdir()):
-            raise SettingsError(f"--out {out}: not empty; pass --resume to continue the run there, or another directory")
+            raise SettingsError(
+                f"--out {out}: not empty; pass --resume to continue the run there, or another directory"
+            )
         out.mkdir(parents=True, exist_ok=True)
         record.write_text(json.dumps(asdict(settings), indent=1) + "\n")
 
@@ -322,7 +341,9 @@ def _save_state(accelerator: Any, out: Path, step: int, keep: int) -> None:
     accelerator.wait_for_everyone()
 
 
-def _export(accelerator: Any, model: Any, tokenizer: Any, path: Path, settings: TrainSettings, progress: Progress) -> None:
+def _export(
+    accelerator: Any, model: Any, tokenizer: Any, path: Path, settings: TrainSettings, progress: Progress
+) -> None:
     """A hybrid checkpoint (mask in ``config.json``), tokenizer, model defaults and ``training.json``."""
     state_dict = accelerator.get_state_dict(model)  # gathers FSDP shards; every process must call it
     if accelerator.is_main_process:

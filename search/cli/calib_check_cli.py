@@ -61,7 +61,11 @@ def add_calib_check_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", required=True, help="HF id or local directory; toy / toy-l are the bundled models, smollm2 the packaged one, or a .gguf file")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="HF id or local directory; toy / toy-l are the bundled models, smollm2 the packaged one, or a .gguf file",
+    )
     parser.add_argument("--calib", default=DEFAULT_CALIB_TASK, help=f"calibration task (default {DEFAULT_CALIB_TASK})")
     parser.add_argument("--calib-metadata", type=json.loads, default={}, help="JSON metadata for the calibration task")
     parser.add_argument(
@@ -71,19 +75,32 @@ def add_calib_check_parser(subparsers: Any) -> argparse.ArgumentParser:
         help=f"metric of the calibration task, as the search's --calib-metric (default {DEFAULT_CALIB_METRIC}); several (e.g. acc acc_tiebreak "
         "prob) are read from the same evaluation of each mask and each gets its Spearman and verdict, the first the headline",
     )
-    parser.add_argument("--dev", default=DEFAULT_DEV, help=f"development task, never the test set (default {DEFAULT_DEV})")
-    parser.add_argument("--dev-metadata", type=json.loads, default={}, help="JSON metadata for the dev task")
-    parser.add_argument("--dev-metric", default="acc", help="metric of the dev task (default acc; score for bosch_niah_dev_gen)")
     parser.add_argument(
-        "--dev-gen-kwargs", type=json.loads, default={}, help='JSON generation settings of a generation-scored dev task, e.g. \'{"max_gen_toks": 64}\''
+        "--dev", default=DEFAULT_DEV, help=f"development task, never the test set (default {DEFAULT_DEV})"
+    )
+    parser.add_argument("--dev-metadata", type=json.loads, default={}, help="JSON metadata for the dev task")
+    parser.add_argument(
+        "--dev-metric", default="acc", help="metric of the dev task (default acc; score for bosch_niah_dev_gen)"
+    )
+    parser.add_argument(
+        "--dev-gen-kwargs",
+        type=json.loads,
+        default={},
+        help="JSON generation settings of a generation-scored dev task, e.g. '{\"max_gen_toks\": 64}'",
     )
     parser.add_argument("--ratios", type=float, nargs="+", default=[0.5, 0.75, 0.875], help="SWA ratios to check")
     parser.add_argument("--random", type=int, default=20, help="random masks per ratio")
-    parser.add_argument("--ranking", action="append", default=[], metavar="NAME=FILE", help="a bosch-ranking/1 file (repeatable)")
-    parser.add_argument("--mask", action="append", default=[], metavar="NAME=FILE", help="a bosch-mask/1 file to place (repeatable)")
+    parser.add_argument(
+        "--ranking", action="append", default=[], metavar="NAME=FILE", help="a bosch-ranking/1 file (repeatable)"
+    )
+    parser.add_argument(
+        "--mask", action="append", default=[], metavar="NAME=FILE", help="a bosch-mask/1 file to place (repeatable)"
+    )
     parser.add_argument("--window", type=int, help="SWA window (default: the model's bosch_defaults.json)")
     parser.add_argument(
-        "--sink", type=int, help="attention-sink positions every SWA query also sees, for every mask scored (default 0, as the paper's SWA)"
+        "--sink",
+        type=int,
+        help="attention-sink positions every SWA query also sees, for every mask scored (default 0, as the paper's SWA)",
     )
     parser.add_argument("--calib-len", type=int, help="calibration length in tokens (default: bosch_defaults.json)")
     parser.add_argument("--calib-examples", type=int, help="calibration examples (default 64)")
@@ -124,7 +141,9 @@ def run_from_args(args: argparse.Namespace) -> None:
 
     ratios = [check_ratio(ratio, "--ratios") for ratio in args.ratios]
     if args.random < 2:
-        raise CalibCheckError(f"--random: expected at least 2 random masks per ratio (their spread is reported), got {args.random}")
+        raise CalibCheckError(
+            f"--random: expected at least 2 random masks per ratio (their spread is reported), got {args.random}"
+        )
     if args.sink is not None:
         check_sinks(args.sink, "--sink")
     if len(set(args.calib_metric)) != len(args.calib_metric):
@@ -140,11 +159,17 @@ def run_from_args(args: argparse.Namespace) -> None:
         calib = build_objective(
             args.model,
             CalibrationSettings(
-                tasks=(args.calib,), metric=args.calib_metric[0], length=args.calib_len, examples=args.calib_examples,
+                tasks=(args.calib,),
+                metric=args.calib_metric[0],
+                length=args.calib_len,
+                examples=args.calib_examples,
                 metadata=args.calib_metadata,
             ),  # fmt: skip
             LoadSettings(
-                window=args.window, device=args.device, batch_size=args.batch_size, dtype=args.dtype,
+                window=args.window,
+                device=args.device,
+                batch_size=args.batch_size,
+                dtype=args.dtype,
                 model_args={"sink": args.sink} if args.sink is not None else None,
             ),  # fmt: skip
         )
@@ -152,7 +177,9 @@ def run_from_args(args: argparse.Namespace) -> None:
             calib.lm, [args.dev], metadata={**_model_metadata(calib), **args.dev_metadata}, metric=args.dev_metric,
             gen_kwargs=args.dev_gen_kwargs,
         )  # fmt: skip
-        panel = build_panel(calib.shape, calib.lm.head_mask.window, ratios, rankings, args.random, given, probes=not args.no_probes)
+        panel = build_panel(
+            calib.shape, calib.lm.head_mask.window, ratios, rankings, args.random, given, probes=not args.no_probes
+        )
         # Only once the tasks and masks are known to be good.
         _pin_settings(args.out, settings, args.new_settings)
         command = " ".join(["bosch-eval", *map(shlex.quote, args.argv)])
@@ -198,7 +225,9 @@ class SharedEvaluation:
         return score
 
 
-def check_settings(args: argparse.Namespace, rankings: list[tuple[str, str]], masks: list[tuple[str, str]]) -> dict[str, Any]:
+def check_settings(
+    args: argparse.Namespace, rankings: list[tuple[str, str]], masks: list[tuple[str, str]]
+) -> dict[str, Any]:
     """What decides the check's scores, pinned in ``settings.json``: the model by its name (a
     bundled model's alias, wherever the checkout lies), ranking and mask files by content."""
     settings = {key: getattr(args, key) for key in (
@@ -234,14 +263,23 @@ def check_dev_source(source: Path, settings: dict[str, Any]) -> dict[str, set[st
     path = source / "settings.json"
     for needed in (path, source / "scores.jsonl"):
         if not needed.is_file():
-            raise CalibCheckError(f"--dev-scores-from: {needed} does not exist; expected the output directory of a calib-check")
+            raise CalibCheckError(
+                f"--dev-scores-from: {needed} does not exist; expected the output directory of a calib-check"
+            )
     theirs = _comparable(json.loads(path.read_text()))
     changed = [key for key in DEV_SETTINGS if settings.get(key) != theirs.get(key)]
     for key in ("ranking", "mask"):
-        changed += [f"{key} {name}" for name, digest in settings[key].items() if theirs.get(key, {}).get(name, digest) != digest]
+        changed += [
+            f"{key} {name}" for name, digest in settings[key].items() if theirs.get(key, {}).get(name, digest) != digest
+        ]
     if changed:
-        raise CalibCheckError(f"--dev-scores-from: {path} was made with other dev settings ({', '.join(changed)}); its dev scores do not apply")
-    return {key: {name for name, digest in settings[key].items() if theirs.get(key, {}).get(name) == digest} for key in ("ranking", "mask")}
+        raise CalibCheckError(
+            f"--dev-scores-from: {path} was made with other dev settings ({', '.join(changed)}); its dev scores do not apply"
+        )
+    return {
+        key: {name for name, digest in settings[key].items() if theirs.get(key, {}).get(name) == digest}
+        for key in ("ranking", "mask")
+    }
 
 
 def _scored_alike(item: PanelMask, shared_files: dict[str, set[str]]) -> bool:
@@ -258,7 +296,9 @@ def copy_dev_scores(source: Path, journal: Path, names: set[str]) -> None:
     no dev score for yet (a resumed run copies nothing twice)."""
     have = set()
     if journal.is_file():
-        have = {record["name"] for record in map(json.loads, journal.read_text().splitlines()) if record["side"] == "dev"}
+        have = {
+            record["name"] for record in map(json.loads, journal.read_text().splitlines()) if record["side"] == "dev"
+        }
     copied = [record for record in map(json.loads, source.read_text().splitlines())
               if record["side"] == "dev" and record["name"] in names - have]  # fmt: skip
     with journal.open("a") as out:
@@ -283,7 +323,12 @@ def score_panel(
     todo = [(item, side) for item in panel for side in objectives if item.name not in scores[side]]
     if on_scores is not None:
         on_scores(scores)
-    with journal.open("a") as out, tqdm(total=len(panel) * len(objectives), initial=len(panel) * len(objectives) - len(todo), desc="calib-check") as bar:
+    with (
+        journal.open("a") as out,
+        tqdm(
+            total=len(panel) * len(objectives), initial=len(panel) * len(objectives) - len(todo), desc="calib-check"
+        ) as bar,
+    ):
         for item, side in todo:
             score = objectives[side](item.mask)
             scores[side][item.name] = score
@@ -354,17 +399,24 @@ def render(report: dict[str, Any]) -> str:
     ]  # fmt: skip
     lines += map(_ratio_row, report["ratios"])
     lines += _other_metrics(report.get("by_metric", {}), headline)
-    lines += ["", "At the floor: masks that score at or below S(all SWA) on both tasks; Spearman and the verdict leave "
-              "them out (they agree by having nothing to order), and most of a ratio's masks there is "
-              "\"saturated at the floor\".",
-              "", "Top regret: the best dev score at the ratio minus the dev score of the calibration's favourite mask "
-              "(the mean over equal favourites): what a search that finds that favourite gives up on the dev task.", ""]
+    lines += [
+        "",
+        "At the floor: masks that score at or below S(all SWA) on both tasks; Spearman and the verdict leave "
+        "them out (they agree by having nothing to order), and most of a ratio's masks there is "
+        '"saturated at the floor".',
+        "",
+        "Top regret: the best dev score at the ratio minus the dev score of the calibration's favourite mask "
+        "(the mean over equal favourites): what a search that finds that favourite gives up on the dev task.",
+        "",
+    ]
     others = report.get("by_metric", {})
     lines += ["| mask | ratio | calib | " + "".join(f"calib {metric} | " for metric in others) + "dev |",
               "|---|---|---|" + "---|" * len(others) + "---|"]  # fmt: skip
     for m in report["masks"]:
         extra = "".join(f"{other['masks'][m['name']]:.4f} | " for other in others.values())
-        lines.append(f"| {m['name']} | {m['ratio'] if m['ratio'] is not None else ''} | {m['calib']:.3f} | {extra}{m['dev']:.3f} |")
+        lines.append(
+            f"| {m['name']} | {m['ratio'] if m['ratio'] is not None else ''} | {m['calib']:.3f} | {extra}{m['dev']:.3f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -402,8 +454,11 @@ def _layer_drops(drops: dict[str, dict[int, float]]) -> list[str]:
 def _partial_note(status: str) -> list[str]:
     if status == "complete":
         return []
-    return [f"**Partial check** ({status}): the probes and the ratios whose masks are all scored so far; "
-            "the check resumes from `scores.jsonl`.", ""]
+    return [
+        f"**Partial check** ({status}): the probes and the ratios whose masks are all scored so far; "
+        "the check resumes from `scores.jsonl`.",
+        "",
+    ]
 
 
 def _summary_json(summary: RatioSummary) -> dict[str, Any]:
@@ -446,7 +501,9 @@ def _comparable(pinned: dict[str, Any]) -> dict[str, Any]:
     for key in ("ranking", "mask"):
         if isinstance(pinned.get(key), list):
             named = (item.partition("=")[::2] for item in pinned[key])
-            pinned[key] = {name: {"sha256": file_digest(path)} if Path(path).is_file() else {"file": path} for name, path in named}
+            pinned[key] = {
+                name: {"sha256": file_digest(path)} if Path(path).is_file() else {"file": path} for name, path in named
+            }
     return pinned
 
 
@@ -475,4 +532,3 @@ def _finite(value: float) -> float | None:
 
 def _number(value: float | None) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}"
-

@@ -40,7 +40,9 @@ def add_import_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--model", required=True, help="HF model id or local path; its config gives L, H and G")
     parser.add_argument(
-        "--out", required=True, help="where to write the bosch-ranking/1 (or, for a format that gives a mask, bosch-mask/1) JSON"
+        "--out",
+        required=True,
+        help="where to write the bosch-ranking/1 (or, for a format that gives a mask, bosch-mask/1) JSON",
     )
     parser.add_argument(
         "--window", type=int, help="SWA window W to store in the output (default: none; pass window= at use)"

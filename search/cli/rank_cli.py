@@ -77,11 +77,15 @@ def add_rank_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.__class__ = _RankParser
     # No `choices`: listing the rankers imports them (and torch); rank_main checks the name first.
     parser.add_argument(
-        "--method", required=True, metavar="NAME",
+        "--method",
+        required=True,
+        metavar="NAME",
         help="ranking method: a ranker registered in bosch_eval.search.rankers (paper B.3.1–B.3.6; a wrong name lists them)",
     )
     parser.add_argument(
-        "--model", required=True, help="HF model id, local checkpoint directory, 'toy' / 'toy-l' (bundled), 'smollm2' (packaged), or a .gguf file"
+        "--model",
+        required=True,
+        help="HF model id, local checkpoint directory, 'toy' / 'toy-l' (bundled), 'smollm2' (packaged), or a .gguf file",
     )
     parser.add_argument("--out", required=True, help="where to write the bosch-ranking/1 JSON")
     parser.add_argument("--window", type=int, help="SWA window W (default: the model's bosch_defaults.json)")
@@ -98,7 +102,9 @@ def add_rank_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=0, help="calibration seed (Razor: probe seed); default 0")
     parser.add_argument(
-        "--calib-task", default=DEFAULT_CALIBRATION, choices=sorted(CALIBRATION_SETS),
+        "--calib-task",
+        default=DEFAULT_CALIBRATION,
+        choices=sorted(CALIBRATION_SETS),
         help=f"the calibration set the method reads (not Razor); default {DEFAULT_CALIBRATION}",
     )
     parser.add_argument("--block-size", type=int, default=64, help="query rows per streamed attention block")
@@ -131,7 +137,11 @@ def method_options(args: argparse.Namespace) -> dict[str, Any]:
     given, unknown = parser.parse_known_args(getattr(args, "method_flags", []))
     if unknown:
         raise SettingsError(_not_a_flag_of(args.method, unknown[0]))
-    return {option: tuple(value) if isinstance(value, list) else value for option, value in vars(given).items() if value is not None}
+    return {
+        option: tuple(value) if isinstance(value, list) else value
+        for option, value in vars(given).items()
+        if value is not None
+    }
 
 
 def _not_a_flag_of(method: str, text: str) -> str:
@@ -171,7 +181,9 @@ def rank_main(args: argparse.Namespace) -> None:
             args.method,
             model,
             tokenizer,
-            RankingInputs(window=window, examples=args.calib_examples, length=calib_len, seed=args.seed, task=args.calib_task),
+            RankingInputs(
+                window=window, examples=args.calib_examples, length=calib_len, seed=args.seed, task=args.calib_task
+            ),
             compute=RankingCompute(block_size=args.block_size, device=device, dtype=getattr(torch, args.compute_dtype)),
             options=options,
             model_name=args.model,
@@ -182,7 +194,9 @@ def rank_main(args: argparse.Namespace) -> None:
     if argv is not None:
         ranking = replace(ranking, provenance={**ranking.provenance, "command": " ".join(["bosch-eval", *argv])})
     if model_args:
-        ranking = replace(ranking, provenance={**ranking.provenance, "model_args": {k: str(v) for k, v in model_args.items()}})
+        ranking = replace(
+            ranking, provenance={**ranking.provenance, "model_args": {k: str(v) for k, v in model_args.items()}}
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     ranking.save(args.out)
     shape = ranking.shape

@@ -52,11 +52,19 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     """The model, the target, where the result goes, and resuming."""
-    parser.add_argument("--model", required=True, help="HF model id or local dir; 'toy' or 'toy-l' is a bundled model, 'smollm2' a packaged one; or a .gguf file")
-    parser.add_argument("--ratio", type=float, required=True, help="target share ρ of KV groups turned to SWA, in [0, 1]")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="HF model id or local dir; 'toy' or 'toy-l' is a bundled model, 'smollm2' a packaged one; or a .gguf file",
+    )
+    parser.add_argument(
+        "--ratio", type=float, required=True, help="target share ρ of KV groups turned to SWA, in [0, 1]"
+    )
     parser.add_argument("--window", type=int, help="SWA window W (default: the model's bosch_defaults.json)")
     parser.add_argument("--out", help="output directory (default: bosch_search/<model>-<variant>-r<ratio>-s<seed>)")
-    parser.add_argument("--resume", action="store_true", help="continue the search journaled in --out, re-evaluating nothing")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the search journaled in --out, re-evaluating nothing"
+    )
     parser.add_argument(
         "--new-settings",
         action="store_true",
@@ -68,7 +76,9 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
 
 def _add_algorithm_flags(parser: argparse.ArgumentParser) -> None:
     """How the search runs its stages: the variant, the optimizer, the loss and Stage 2 and 3's settings."""
-    parser.add_argument("--budget-per-layer", type=int, default=100, help="κ: evaluations per layer (default 100, paper B.2)")
+    parser.add_argument(
+        "--budget-per-layer", type=int, default=100, help="κ: evaluations per layer (default 100, paper B.2)"
+    )
     parser.add_argument(
         "--variant", choices=VARIANTS, default="guarded",
         help="guarded (default, beyond the paper: bosch after scoring the static rankings' and layer heuristics' masks, "
@@ -85,9 +95,16 @@ def _add_algorithm_flags(parser: argparse.ArgumentParser) -> None:
         "--local-calls", type=int, default=100,
         help="guarded: S() calls of the local search after Stage 3, shared by its two starts (default 100; 0 = none)",
     )  # fmt: skip
-    parser.add_argument("--optimizer", choices=optimizer_methods(), default="auto", help="auto: exhaustive if it fits the budget, else NOMAD up to 50 variables, else (1+1)-EA")
+    parser.add_argument(
+        "--optimizer",
+        choices=optimizer_methods(),
+        default="auto",
+        help="auto: exhaustive if it fits the budget, else NOMAD up to 50 variables, else (1+1)-EA",
+    )
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="α, weight of the ratio penalty (Eq. 5)")
-    parser.add_argument("--gamma", type=float, default=DEFAULT_GAMMA, help="γ, headroom of the upper anchor b = (1+γ)·S(full)")
+    parser.add_argument(
+        "--gamma", type=float, default=DEFAULT_GAMMA, help="γ, headroom of the upper anchor b = (1+γ)·S(full)"
+    )
     parser.add_argument(
         "--buckets",
         type=float,
@@ -119,7 +136,9 @@ def _add_algorithm_flags(parser: argparse.ArgumentParser) -> None:
 
 def _add_calibration_flags(parser: argparse.ArgumentParser) -> None:
     """What S(z) is measured on."""
-    parser.add_argument("--calib-tasks", nargs="+", default=[DEFAULT_CALIB_TASK], help="lm-eval task(s) or group(s) scored as S(z)")
+    parser.add_argument(
+        "--calib-tasks", nargs="+", default=[DEFAULT_CALIB_TASK], help="lm-eval task(s) or group(s) scored as S(z)"
+    )
     parser.add_argument("--include-path", help="extra lm-eval task directory for --calib-tasks")
     parser.add_argument(
         "--calib-metric",
@@ -134,7 +153,9 @@ def _add_calibration_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--calib-examples", type=int, help="bosch_niah_calib examples (default 64)")
     parser.add_argument(
-        "--calib-len", type=int, help="bosch_niah_calib length in tokens (default: the model's bosch_defaults.json, else 32768)"
+        "--calib-len",
+        type=int,
+        help="bosch_niah_calib length in tokens (default: the model's bosch_defaults.json, else 32768)",
     )
     parser.add_argument(
         IGNORE_FLAG,
@@ -148,7 +169,8 @@ def _add_calibration_flags(parser: argparse.ArgumentParser) -> None:
 def _add_loading_flags(parser: argparse.ArgumentParser) -> None:
     """How the model is loaded."""
     parser.add_argument(
-        "--device", help="cpu or cuda (default: cuda when torch sees a GPU, else cpu; under accelerate: each process's own GPU)"
+        "--device",
+        help="cpu or cuda (default: cuda when torch sees a GPU, else cpu; under accelerate: each process's own GPU)",
     )
     parser.add_argument("--batch-size", type=int, default=1, help="lm-eval batch size of one objective call")
     parser.add_argument("--dtype", help="model dtype, e.g. bfloat16 (default: the checkpoint's)")
@@ -178,7 +200,10 @@ def _add_execution_flags(parser: argparse.ArgumentParser) -> None:
         "same mask and scores)",
     )
     parser.add_argument(
-        "--race-chunk", type=int, default=DEFAULT_RACE_CHUNK, help=f"examples per racing step (default {DEFAULT_RACE_CHUNK})"
+        "--race-chunk",
+        type=int,
+        default=DEFAULT_RACE_CHUNK,
+        help=f"examples per racing step (default {DEFAULT_RACE_CHUNK})",
     )
     parser.add_argument(
         "--prefix-cache-mb",
@@ -201,12 +226,23 @@ def run_from_args(args: argparse.Namespace) -> None:
     settings = search_settings(args)
     model_args = parse_model_args(args.model_args)
     if args.estimate is not None:
-        print(render_estimate(args.model, settings, None if args.estimate is CALLS_ONLY else args.estimate, tuple(args.calib_tasks)))
+        print(
+            render_estimate(
+                args.model, settings, None if args.estimate is CALLS_ONLY else args.estimate, tuple(args.calib_tasks)
+            )
+        )
         return
     out = args.out or f"bosch_search/{Path(args.model).name}-{args.variant}-r{args.ratio:g}-s{args.seed}"
     calibration, load, run = run_settings(args, model_args)
     result = search_model(
-        args.model, settings, out, calibration=calibration, load=load, run=run, resume=args.resume, new_settings=args.new_settings
+        args.model,
+        settings,
+        out,
+        calibration=calibration,
+        load=load,
+        run=run,
+        resume=args.resume,
+        new_settings=args.new_settings,
     )
     if PartialState().is_main_process:
         print(
@@ -235,7 +271,9 @@ def search_settings(args: argparse.Namespace) -> SearchSettings:
     )
 
 
-def run_settings(args: argparse.Namespace, model_args: dict[str, Any]) -> tuple[CalibrationSettings, LoadSettings, RunOptions]:
+def run_settings(
+    args: argparse.Namespace, model_args: dict[str, Any]
+) -> tuple[CalibrationSettings, LoadSettings, RunOptions]:
     """The calibration, the model's load settings and how the search runs, from its flags."""
     # Their modules load the model (torch, transformers, accelerate): not for --help.
     from bosch_eval.search.api import RunOptions
@@ -263,7 +301,10 @@ def run_settings(args: argparse.Namespace, model_args: dict[str, Any]) -> tuple[
 
 
 def render_estimate(
-    model: str, settings: SearchSettings, seconds_per_call: float | None, calib_tasks: tuple[str, ...] = (DEFAULT_CALIB_TASK,)
+    model: str,
+    settings: SearchSettings,
+    seconds_per_call: float | None,
+    calib_tasks: tuple[str, ...] = (DEFAULT_CALIB_TASK,),
 ) -> str:
     """The cost model's call range, and its time at ``seconds_per_call`` (None: calls only), for
     ``model`` (its config only) under ``settings``; ``calib_tasks`` decide which rankings the
@@ -279,7 +320,9 @@ def render_estimate(
     shape = ModelShape.from_config(model_config(resolve_model(model)))
     validate_for_shape(settings, shape)
     chunk, buckets = settings.chunk_layers_for(shape), settings.buckets_for(shape)
-    methods, files = ranking_sources(settings.rankings, calib_tasks) if VARIANTS[settings.variant].incumbents else ([], [])
+    methods, files = (
+        ranking_sources(settings.rankings, calib_tasks) if VARIANTS[settings.variant].incumbents else ([], [])
+    )
     calls = estimate_calls(shape, settings, rankings=len(methods), ranking_files=len(files))
     per_layer = ceil_count(settings.ratio, shape.num_kv_heads)
     text = (
@@ -289,9 +332,17 @@ def render_estimate(
         "by Stage 2's ratios)"
     )
     if seconds_per_call is None:
-        return text + calls.rankings_note() + "; pass --estimate SECONDS (one lm_eval run of the calibration task) for the time"
+        return (
+            text
+            + calls.rankings_note()
+            + "; pass --estimate SECONDS (one lm_eval run of the calibration task) for the time"
+        )
     hours = [n * seconds_per_call / 3600 for n in (calls.low, calls.high)]
-    return text + f" ≈ {hours[0]:.2f}–{hours[1]:.2f} h at {seconds_per_call:g} s per call, before racing" + calls.rankings_note()
+    return (
+        text
+        + f" ≈ {hours[0]:.2f}–{hours[1]:.2f} h at {seconds_per_call:g} s per call, before racing"
+        + calls.rankings_note()
+    )
 
 
 def add_search_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -121,7 +121,9 @@ class RankingLoad:
     """How the rankings are computed: the model (loaded as ``bosch-eval rank`` loads it) and the
     calibration examples they read (:class:`~bosch_eval.search.rankers.driver.RankingInputs`)."""
 
-    def __init__(self, model: str, path: str, inputs: RankingInputs, device: str | None, model_args: dict[str, Any] | None) -> None:
+    def __init__(
+        self, model: str, path: str, inputs: RankingInputs, device: str | None, model_args: dict[str, Any] | None
+    ) -> None:
         self.name, self.path, self.inputs, self.device, self.model_args = model, path, inputs, device, model_args
 
     def made(self, ranking: HeadRanking) -> bool:
@@ -141,4 +143,6 @@ class RankingLoad:
         # Here, not at the top: as in model().
         from bosch_eval.search.rankers.driver import RankingCompute, compute_ranking
 
-        return compute_ranking(method, model, tokenizer, self.inputs, compute=RankingCompute(device=self.device), model_name=self.name)
+        return compute_ranking(
+            method, model, tokenizer, self.inputs, compute=RankingCompute(device=self.device), model_name=self.name
+        )

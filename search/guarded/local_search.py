@@ -22,7 +22,14 @@ from bosch_eval.search.stages.stages import Choice, StageSettings, SubResult, so
 
 
 def local_search(
-    book: ScoreBook, anchors: Anchors, shape: ModelShape, start: Bits, calls: int, settings: StageSettings, label: str, progress: bool = True
+    book: ScoreBook,
+    anchors: Anchors,
+    shape: ModelShape,
+    start: Bits,
+    calls: int,
+    settings: StageSettings,
+    label: str,
+    progress: bool = True,
 ) -> tuple[Bits, SubResult]:
     """The best mask the (1+1)-EA finds from ``start`` within ``calls`` new S() calls, swapping
     groups anywhere in the model; ``start`` itself when none scores better (the first of equal
@@ -32,7 +39,9 @@ def local_search(
     swa = sum(row.count(0) for row in start)
     # The start, scored already, is the optimizer's first ask: the budget is one more than the calls.
     choice = Choice(cells, ((len(cells), swa),), swa / len(cells), calls + 1, "local", f"local/{label}")
-    with StageProgress(f"local search from {label}", [(calls + 1, 0)], book, progress, settings.higher_is_better, complete_swa=swa) as bar:
+    with StageProgress(
+        f"local search from {label}", [(calls + 1, 0)], book, progress, settings.higher_is_better, complete_swa=swa
+    ) as bar:
         bits, result = solve(book, anchors, start, choice, replace(settings, optimizer="oneplusone"), start=start)
         bar.report(result)
     return bits, result

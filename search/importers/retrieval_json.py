@@ -56,13 +56,13 @@ def import_retrieval_json(
         raise MaskError(f"{path}: not valid JSON ({err})") from None
     if not isinstance(data, dict) or not data:
         raise MaskError(
-            f"{path}: expected a non-empty JSON object of \"<layer>-<head>\": [scores], got {type(data).__name__}"
+            f'{path}: expected a non-empty JSON object of "<layer>-<head>": [scores], got {type(data).__name__}'
         )
     scores: dict[tuple[int, int], float] = {}
     for key, value in data.items():
         match = _KEY.match(key)
         if match is None:
-            raise MaskError(f"{path}: key {key!r} is not of the form \"<layer>-<head>\" (e.g. \"0-3\")")
+            raise MaskError(f'{path}: key {key!r} is not of the form "<layer>-<head>" (e.g. "0-3")')
         scores[int(match[1]), int(match[2])] = _head_score(value, f"{path}: key {key!r}")
     num_layers = max(layer for layer, _ in scores) + 1
     width = max(head for _, head in scores) + 1

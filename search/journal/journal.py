@@ -90,7 +90,11 @@ def read_records(path: str | Path) -> Iterator[dict[str, Any]]:
     Read-only: for scripts that look at a finished search; a resume opens a :class:`Journal`."""
     path = Path(path)
     packed = path.with_name(path.name + ".gz")
-    with path.open(encoding="utf-8") if path.is_file() or not packed.is_file() else gzip.open(packed, "rt", encoding="utf-8") as lines:
+    with (
+        path.open(encoding="utf-8")
+        if path.is_file() or not packed.is_file()
+        else gzip.open(packed, "rt", encoding="utf-8") as lines
+    ):
         yield from map(json.loads, lines)
 
 
@@ -226,7 +230,9 @@ class Journal:
                 are not numbers.
         """
         if not isinstance(task, str) or not task:
-            raise JournalError(f"{self.path}: the task of values of mask {key} must be a non-empty string, got {task!r}")
+            raise JournalError(
+                f"{self.path}: the task of values of mask {key} must be a non-empty string, got {task!r}"
+            )
         problem = _values_problem(values)
         if problem is not None:
             raise JournalError(f"{self.path}: values of mask {key} on {task}: {problem}")
@@ -273,7 +279,9 @@ class Journal:
                 f"(it is unpacked to {self.path.name}), or choose another --out (finished work is never overwritten)"
             )
         if not self.writable:
-            raise JournalError(f"{packed}: a gzipped journal; the writing process unpacks it (or run `gunzip -k {packed}`)")
+            raise JournalError(
+                f"{packed}: a gzipped journal; the writing process unpacks it (or run `gunzip -k {packed}`)"
+            )
         try:
             data = gzip.decompress(packed.read_bytes())
         except (OSError, EOFError) as err:
@@ -321,7 +329,9 @@ class Journal:
             record = json.loads(line) if problem is None else None
             if record is not None and "values" in record:
                 known = self._values.get(record["key"], {}).get(record["task"], {})
-                clash = next((doc for doc, value in record["values"].items() if known.get(int(doc), value) != value), None)
+                clash = next(
+                    (doc for doc, value in record["values"].items() if known.get(int(doc), value) != value), None
+                )
                 if clash is not None:
                     problem = (
                         f"mask {record['key']}, {record['task']} document {clash} appears twice with different values "
@@ -332,13 +342,17 @@ class Journal:
                     copies += 1  # the same evaluation written twice: nothing is lost or contradicted
                     continue
                 first = self._scores[record["key"]]
-                problem = f"mask {record['key']} appears twice with different scores ({first!r} and {record['score']!r})"
+                problem = (
+                    f"mask {record['key']} appears twice with different scores ({first!r} and {record['score']!r})"
+                )
             if problem is not None:
                 raise JournalError(f"{self.path}: line {number}: {problem}; the journal is damaged")
             self._add(record)
         self._loaded = len(self._records)
         if copies:
-            log.warning("%s: ignored %d repeated record(s) of masks journaled twice with equal scores", self.path, copies)
+            log.warning(
+                "%s: ignored %d repeated record(s) of masks journaled twice with equal scores", self.path, copies
+            )
         if changed:
             if self.on_new_settings is None:
                 raise other_settings_error(self.path, changed)
@@ -416,7 +430,11 @@ def _line_problem(line: bytes, number: int) -> str | None:
     except (UnicodeDecodeError, json.JSONDecodeError):
         return "not valid JSON"
     if number == 1:
-        if not isinstance(value, dict) or value.get("journal") != JOURNAL_FORMAT or not isinstance(value.get("header"), dict):
+        if (
+            not isinstance(value, dict)
+            or value.get("journal") != JOURNAL_FORMAT
+            or not isinstance(value.get("header"), dict)
+        ):
             return f"not a {JOURNAL_FORMAT} header"
         return None
     if not isinstance(value, dict):

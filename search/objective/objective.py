@@ -210,7 +210,11 @@ class CalibrationObjective(ObjectiveRacing):
         results = self._evaluate(self.task_dict, limit=self.limit)
         self.examples_scored += sum(self._sizes().values())
         self.calls += 1
-        main = (lambda: {metric: self._score(results["results"], metric) for metric in metrics}) if results is not None else None
+        main = (
+            (lambda: {metric: self._score(results["results"], metric) for metric in metrics})
+            if results is not None
+            else None
+        )
         return on_main_then_everywhere(main, ObjectiveError, self.lm.world_size)
 
     def work(self) -> dict[str, float]:
@@ -263,7 +267,14 @@ class CalibrationObjective(ObjectiveRacing):
         }
 
     # -- evaluation ---------------------------------------------------------------------
-    def _evaluate(self, task_dict: TaskDict, *, limit: int | float | None = None, samples: dict[str, list[int]] | None = None, log_samples: bool = False) -> dict[str, Any] | None:
+    def _evaluate(
+        self,
+        task_dict: TaskDict,
+        *,
+        limit: int | float | None = None,
+        samples: dict[str, list[int]] | None = None,
+        log_samples: bool = False,
+    ) -> dict[str, Any] | None:
         """lm-eval's ``evaluate`` of the current mask (results on rank 0, None elsewhere)."""
         from lm_eval.evaluator import evaluate
 
@@ -319,7 +330,9 @@ class CalibrationObjective(ObjectiveRacing):
             return _mean([self._leaf(task, results, metric) for task in loaded["tasks"]])
         return self._leaf(name, results, metric)
 
-    def _group_mean(self, group: Group, results: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Group], metric: str) -> float:
+    def _group_mean(
+        self, group: Group, results: Mapping[str, Mapping[str, Any]], groups: Mapping[str, Group], metric: str
+    ) -> float:
         values = []
         for child in group.child_names:
             value = metric_value(results.get(child, {}), metric)
@@ -337,6 +350,7 @@ class CalibrationObjective(ObjectiveRacing):
                 "pass --calib-metric with one of those (name,filter where a task has several filters)"
             )
         return value
+
 
 # -- helpers ------------------------------------------------------------------------------
 def _portable(value: Any) -> Any:

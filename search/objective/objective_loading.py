@@ -57,7 +57,9 @@ class CalibrationSettings:
     def __post_init__(self) -> None:
         for name in ("tasks", "tie_break_tasks"):
             value = getattr(self, name)
-            object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))  # one name, not its letters
+            object.__setattr__(
+                self, name, (value,) if isinstance(value, str) else tuple(value)
+            )  # one name, not its letters
         if self.include_path is not None:
             object.__setattr__(self, "include_path", str(self.include_path))
 
@@ -106,13 +108,17 @@ def build_objective(
     # The CLI has no flag of its own for the kernel: --model-args attn_backend=... names it.
     named_backend = extra.pop("attn_backend", None)
     if named_backend is not None and load.attn_backend not in ("auto", named_backend):
-        raise SearchError(f"attn_backend={load.attn_backend!r} and model_args attn_backend={named_backend!r}: name one kernel")
+        raise SearchError(
+            f"attn_backend={load.attn_backend!r} and model_args attn_backend={named_backend!r}: name one kernel"
+        )
     device = pick_device(load.device, "device")
     launch_state(device)
     if isinstance(model, ResolvedModel):
         resolved, model = model, str(model.name)
     else:
-        resolved = ResolvedModel.named(model, trust_remote_code=truthy(extra.get("trust_remote_code", False), "trust_remote_code"))
+        resolved = ResolvedModel.named(
+            model, trust_remote_code=truthy(extra.get("trust_remote_code", False), "trust_remote_code")
+        )
     path, defaults = resolved.path, resolved.defaults
     window = resolve_window(load.window, default=defaults.window, source=model, flag="window=W")
     length = calibration.length if calibration.length is not None else defaults.calib_len
@@ -137,7 +143,9 @@ def build_objective(
     if length is not None:
         task_metadata["seq_len"] = length
     if calibration.examples is not None or "bosch_niah_calib" in calibration.tasks:
-        task_metadata["num_examples"] = calibration.examples if calibration.examples is not None else DEFAULT_CALIB_EXAMPLES
+        task_metadata["num_examples"] = (
+            calibration.examples if calibration.examples is not None else DEFAULT_CALIB_EXAMPLES
+        )
     if calibration.ignore_max_positions:
         task_metadata[IGNORE_METADATA] = True
     task_metadata.update(calibration.metadata or {})

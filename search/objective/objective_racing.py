@@ -127,7 +127,12 @@ class ObjectiveRacing:
             raise ObjectiveError(f"racing: {problem}")
         if self._racer_memo is None:
             self._racer_memo = Racer(
-                self._sizes(), self.higher_is_better, self._chunk_values, self._exact, self.race_chunk, self.lm.world_size
+                self._sizes(),
+                self.higher_is_better,
+                self._chunk_values,
+                self._exact,
+                self.race_chunk,
+                self.lm.world_size,
             )
         self._racer_memo.chunk = self.race_chunk
         return self._racer_memo
@@ -184,5 +189,7 @@ class ObjectiveRacing:
 
     def _exact(self, tally: Tally) -> float:
         """S(z) from a complete tally: lm-eval's aggregation of each task's values in document order."""
-        return self._score({task: {self.metric: self._aggregate(task, tally.in_document_order(task))} for task in tally.sizes}, self.metric)
-
+        return self._score(
+            {task: {self.metric: self._aggregate(task, tally.in_document_order(task))} for task in tally.sizes},
+            self.metric,
+        )

@@ -161,7 +161,9 @@ class ExampleMemo:
             (the search journals them); a document already known is never passed again.
     """
 
-    def __init__(self, values: Mapping[str, Mapping[str, Mapping[int, float]]] | None = None, on_new: OnNewValues | None = None) -> None:
+    def __init__(
+        self, values: Mapping[str, Mapping[str, Mapping[int, float]]] | None = None, on_new: OnNewValues | None = None
+    ) -> None:
         self.values: dict[str, dict[str, dict[int, float]]] = {
             key: {task: dict(docs) for task, docs in tasks.items()} for key, tasks in (values or {}).items()
         }

@@ -36,6 +36,7 @@ class RacingScoreFunction(Protocol):
 
     def use_memo(self, memo: ExampleMemo) -> None: ...
 
+
 class ScoreBook:
     """S(z) for every mask the search asks about, each evaluated at most once.
 
@@ -63,7 +64,11 @@ class ScoreBook:
         best_possible: float | None = None,
     ) -> None:
         if racing and not isinstance(score_fn, RacingScoreFunction):
-            methods = ", ".join(name for name in ("race", "race_many", "recall", "use_memo") if not callable(getattr(score_fn, name, None)))
+            methods = ", ".join(
+                name
+                for name in ("race", "race_many", "recall", "use_memo")
+                if not callable(getattr(score_fn, name, None))
+            )
             raise TypeError(f"racing: the score function {score_fn!r} lacks the RacingScoreFunction methods {methods}")
         self.score_fn = score_fn
         self.shape = shape
@@ -85,7 +90,9 @@ class ScoreBook:
             self._unreplayed_bounds = {key: self.bounds.pop(key) for key in list(self.bounds) if key in memo}
         self.new_evaluations = 0
         self.costs: dict[str, dict[str, float]] = {}  # per stage: calls, pruned, seconds (this run)
-        self.on_score: Callable[[float | None, Bits], None] | None = None  # progress hook: S (None: a bound) and the mask
+        self.on_score: Callable[[float | None, Bits], None] | None = (
+            None  # progress hook: S (None: a bound) and the mask
+        )
 
     @property
     def evaluations(self) -> int:
@@ -151,7 +158,9 @@ class ScoreBook:
             self.on_score(None if isinstance(outcome, RaceBound) else outcome, bits)
         return outcome
 
-    def race_many(self, bits_list: Sequence[Bits], stage: str, loss_of: Callable[[int, float], float]) -> list[float | RaceBound]:
+    def race_many(
+        self, bits_list: Sequence[Bits], stage: str, loss_of: Callable[[int, float], float]
+    ) -> list[float | RaceBound]:
         """S(z) of each mask, raced together: exact for the first mask of least loss
         (``loss_of(index, S)``, monotone in S) and for every mask scored to the end, a
         :class:`RaceBound` for masks ruled out on the way. Masks already scored are not
@@ -202,7 +211,9 @@ class ScoreBook:
             if not journaled:
                 self._count(stage, seconds, pruned=True)
                 if self.journal is not None:
-                    self.journal.append_bound(key, outcome.score, outcome.examples, stage=stage, seconds=round(seconds, 3))
+                    self.journal.append_bound(
+                        key, outcome.score, outcome.examples, stage=stage, seconds=round(seconds, 3)
+                    )
             return outcome
         score = float(outcome)
         journaled = self._unreplayed.pop(key, None)

@@ -63,7 +63,12 @@ class Ranker(ABC):
         self.window = window
 
     def sequences(
-        self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, num: int, length: int, seed: int,
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        vocab_size: int,
+        num: int,
+        length: int,
+        seed: int,
         task: str = DEFAULT_CALIBRATION,
     ) -> list[torch.Tensor]:
         """The inputs the method reads: by default the examples of calibration set ``task``."""

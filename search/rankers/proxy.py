@@ -45,7 +45,9 @@ class Proxy(Ranker):
     flags = (
         Flag("--proxy-block", "block", int, "proxy: keys per block B (default 64)"),
         Flag("--proxy-gamma", "gamma", float, "proxy: mass fraction γ a head must cover (default 0.9)"),
-        Flag("--proxy-heads", "proxy_heads", int, "proxy: the layer's proxy query heads P (default: head 0)", nargs="+"),
+        Flag(
+            "--proxy-heads", "proxy_heads", int, "proxy: the layer's proxy query heads P (default: head 0)", nargs="+"
+        ),
     )
 
     def __init__(

@@ -71,4 +71,3 @@ class QAdA(Ranker):
 
     def settings(self) -> dict[str, Any]:
         return {"buffer": self.buffer, "tau": "model softmax scale"}
-

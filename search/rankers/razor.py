@@ -46,9 +46,7 @@ def repeated_probes(
     special = set(tokenizer.all_special_ids)
     candidates = torch.tensor([i for i in range(min(len(tokenizer), vocab_size)) if i not in special])
     generator = torch.Generator().manual_seed(seed)
-    return [
-        candidates[torch.randint(len(candidates), (period,), generator=generator)].repeat(4) for _ in range(num)
-    ]
+    return [candidates[torch.randint(len(candidates), (period,), generator=generator)].repeat(4) for _ in range(num)]
 
 
 @RANKERS.register("razor")
@@ -66,7 +64,12 @@ class Razor(Ranker):
         self.rows = torch.zeros(num_layers, dtype=torch.float64)
 
     def sequences(
-        self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, num: int, length: int, seed: int,
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        vocab_size: int,
+        num: int,
+        length: int,
+        seed: int,
         task: str = DEFAULT_CALIBRATION,
     ) -> list[torch.Tensor]:
         """Repeated random probes: Razor reads no calibration set, so ``task`` is not used."""

@@ -67,7 +67,10 @@ def run_nomad_isolated(evaluate: Callable[[Point], float | None], x0: Sequence[i
                     if message.get("done"):
                         done = True
                         break
-                    _write(to_child_write, {"value": None if failure else _evaluate(evaluate, tuple(message["x"]), failure)})
+                    _write(
+                        to_child_write,
+                        {"value": None if failure else _evaluate(evaluate, tuple(message["x"]), failure)},
+                    )
             except BrokenPipeError:
                 pass  # the child died between two messages: its exit status says why
             finally:

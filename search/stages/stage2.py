@@ -179,7 +179,9 @@ def _check_original(original_score: float) -> float:
 def _resolve_buckets(buckets: Sequence[float] | None, groups_per_layer: int) -> Sequence[float]:
     """The buckets given, or :func:`default_buckets` for G (saying so when they are not the paper's)."""
     if not is_int(groups_per_layer) or groups_per_layer < 1:
-        raise ValueError(f"groups_per_layer: expected a positive integer (KV groups per layer), got {groups_per_layer!r}")
+        raise ValueError(
+            f"groups_per_layer: expected a positive integer (KV groups per layer), got {groups_per_layer!r}"
+        )
     if buckets is not None:
         return buckets
     buckets = default_buckets(groups_per_layer)
@@ -246,7 +248,7 @@ def _reconcile(rank: list[int], hardest_first: list[int], counts: list[int], tar
         moved = False
         raising = assigned < target
         step = 1 if raising else -1
-        for layer in (reversed(hardest_first) if raising else hardest_first):
+        for layer in reversed(hardest_first) if raising else hardest_first:
             bucket = rank[layer]
             if not 0 <= bucket + step <= top:
                 continue

@@ -191,10 +191,14 @@ def solve(
     # Ŝ and Eq. 5 are monotone in S: the best reachable S gives the lowest reachable loss.
     def race(selection: tuple[int, ...], cutoff: Cutoff) -> float | Bound:
         outcome = book.race(bits_for(selection), stage, lambda best: cutoff.reachable(loss_of(selection, best)))
-        return Bound(loss_of(selection, outcome.score)) if isinstance(outcome, RaceBound) else loss_of(selection, outcome)
+        return (
+            Bound(loss_of(selection, outcome.score)) if isinstance(outcome, RaceBound) else loss_of(selection, outcome)
+        )
 
     def race_all(selections: list[tuple[int, ...]]) -> list[float | Bound]:
-        outcomes = book.race_many([bits_for(x) for x in selections], stage, lambda i, score: loss_of(selections[i], score))
+        outcomes = book.race_many(
+            [bits_for(x) for x in selections], stage, lambda i, score: loss_of(selections[i], score)
+        )
         return [
             Bound(loss_of(x, outcome.score)) if isinstance(outcome, RaceBound) else loss_of(x, outcome)
             for x, outcome in zip(selections, outcomes, strict=True)
@@ -279,7 +283,9 @@ def _chunks(layers: Sequence[int], max_layers: int) -> list[list[int]]:
     import numpy as np  # here, not at import: `bosch-eval search --help` must not load numpy
 
     parts = max(1, math.ceil(len(layers) / max_layers))
-    return [part.tolist() for part in np.array_split(np.asarray(layers, dtype=int), parts) if len(part)]  # ints, for JSON
+    return [
+        part.tolist() for part in np.array_split(np.asarray(layers, dtype=int), parts) if len(part)
+    ]  # ints, for JSON
 
 
 def _cells(shape: ModelShape, layers: Sequence[int], pool: Bits | None = None) -> list[list[Cell]]:
@@ -312,7 +318,10 @@ def stage1(
     problems = _chunks(list(range(shape.num_layers - 1, -1, -1)), layers_per_problem)
     blocks = [quota_blocks(shape.num_kv_heads, per_layer, len(layers), settings.quota) for layers in problems]
     budgets = [settings.budget_per_layer * len(layers) for layers in problems]
-    plan = [(expected_evaluations(b, budget, settings.optimizer), min(layers)) for b, budget, layers in zip(blocks, budgets, problems, strict=True)]
+    plan = [
+        (expected_evaluations(b, budget, settings.optimizer), min(layers))
+        for b, budget, layers in zip(blocks, budgets, problems, strict=True)
+    ]
     bits: Bits = HeadMask.uniform(shape, full=True).bits
     scores = [0.0] * shape.num_layers
     outcome = StageOutcome(bits)
@@ -320,7 +329,13 @@ def stage1(
     with StageProgress("stage 1", plan, book, progress, settings.higher_is_better, complete_swa=complete) as bar:
         for layers, layer_blocks, budget in zip(problems, blocks, budgets, strict=True):
             label = "stage1/" + ",".join(map(str, layers))
-            bits, result = solve(book, anchors, bits, Choice(_cells(shape, layers), layer_blocks, ratio, budget, "stage1", label), settings)
+            bits, result = solve(
+                book,
+                anchors,
+                bits,
+                Choice(_cells(shape, layers), layer_blocks, ratio, budget, "stage1", label),
+                settings,
+            )
             for layer in layers:
                 scores[layer] = result.score
             outcome.subproblems.append(result)
@@ -349,7 +364,14 @@ def stage1_probes(
     outcome = StageOutcome(HeadMask.uniform(shape, full=False).bits)
     with StageProgress("stage 1 (probes)", plan, book, progress, settings.higher_is_better, complete_swa=groups) as bar:
         for layer in layers:
-            choice = Choice(_cells(shape, [layer]), ((groups, groups),), 1.0, settings.budget_per_layer, "stage1", f"stage1-probe/{layer}")
+            choice = Choice(
+                _cells(shape, [layer]),
+                ((groups, groups),),
+                1.0,
+                settings.budget_per_layer,
+                "stage1",
+                f"stage1-probe/{layer}",
+            )
             _, result = solve(book, anchors, full, choice, settings)
             scores[layer] = result.score
             outcome.subproblems.append(result)
@@ -390,7 +412,9 @@ def stage3(
             if layer_ratios[layer] != ratio:
                 continue
             if quota[ratio] > len(choices[layer]):
-                raise ValueError(f"stage 3: layer {layer} has quota {quota[ratio]} at ratio {ratio:g} but only groups {choices[layer]} to convert")
+                raise ValueError(
+                    f"stage 3: layer {layer} has quota {quota[ratio]} at ratio {ratio:g} but only groups {choices[layer]} to convert"
+                )
             if quota[ratio] == len(choices[layer]):  # quota 0 with nothing to convert, or every group it may convert
                 for group in choices[layer]:
                     rows[layer][group] = 0
@@ -399,7 +423,10 @@ def stage3(
         problems.extend((ratio, part) for part in _chunks(searched, max_layers))
     bits: Bits = tuple(tuple(row) for row in rows)
     outcome = StageOutcome(bits)
-    blocks = [pool_blocks([len(choices[layer]) for layer in layers], quota[ratio], settings.quota) for ratio, layers in problems]
+    blocks = [
+        pool_blocks([len(choices[layer]) for layer in layers], quota[ratio], settings.quota)
+        for ratio, layers in problems
+    ]
     plan = [
         (expected_evaluations(b, settings.budget_per_layer * len(layers), settings.optimizer), min(layers))
         for b, (_, layers) in zip(blocks, problems, strict=True)
@@ -462,7 +489,12 @@ def refine(
     )
     outcome = StageOutcome(bits)
     plan = passes * [
-        (expected_evaluations(((sizes[layer], bits[layer].count(0)),), settings.budget_per_layer, settings.optimizer), layer)
+        (
+            expected_evaluations(
+                ((sizes[layer], bits[layer].count(0)),), settings.budget_per_layer, settings.optimizer
+            ),
+            layer,
+        )
         for layer in order
     ]
     complete = sum(row.count(0) for row in bits)  # refinement keeps every layer's count

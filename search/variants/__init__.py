@@ -61,7 +61,11 @@ class Variant:
 
 
 VARIANTS: Registry[Variant] = Registry(
-    "search variant", package=__name__, first=("bosch", "guarded", "stage1", "layer"), field="variant", error=SearchError
+    "search variant",
+    package=__name__,
+    first=("bosch", "guarded", "stage1", "layer"),
+    field="variant",
+    error=SearchError,
 )
 
 

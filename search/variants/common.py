@@ -20,12 +20,20 @@ def stage1_outcome(run: SearchRun, layers_per_problem: int) -> VariantOutcome:
     """Stage 1 (Algorithm 1), or one probe per layer where the variant asks for them and ⌈ρG⌉ = G,
     with its per-layer scores; its saturation goes into the log."""
     groups = run.shape.num_kv_heads
-    probes = VARIANTS[run.settings.variant].probes and layers_per_problem == 1 and ceil_count(run.settings.ratio, groups) == groups
+    probes = (
+        VARIANTS[run.settings.variant].probes
+        and layers_per_problem == 1
+        and ceil_count(run.settings.ratio, groups) == groups
+    )
     if probes:
-        log.info("stage 1: ⌈ρG⌉ = G = %d, so each layer is measured alone from the full model (one probe per layer)", groups)
+        log.info(
+            "stage 1: ⌈ρG⌉ = G = %d, so each layer is measured alone from the full model (one probe per layer)", groups
+        )
         outcome, scores = stage1_probes(run.book, run.anchors, run.shape, run.stages, run.progress)
     else:
-        outcome, scores = stage1(run.book, run.anchors, run.shape, run.settings.ratio, run.stages, layers_per_problem, run.progress)
+        outcome, scores = stage1(
+            run.book, run.anchors, run.shape, run.settings.ratio, run.stages, layers_per_problem, run.progress
+        )
     saturation = stage1_saturation(scores, run.anchors.all_full, run.stages.higher_is_better)
     (log.warning if saturation.saturated else log.info)("stage 1: %s", saturation.message())
     return VariantOutcome.of(outcome, stage1_scores=tuple(scores), stage1_probes=probes)
@@ -38,7 +46,11 @@ def run_bosch(run: SearchRun) -> VariantOutcome:
     nested = VARIANTS[settings.variant].nested
     first = stage1_outcome(run, 1)
     # Probes' drops are each layer's own; Stage 2 reads cumulative scores, so they are given as such.
-    drops_from = cumulative_from_probes(list(first.stage1_scores), anchors.all_full) if first.stage1_probes else list(first.stage1_scores)
+    drops_from = (
+        cumulative_from_probes(list(first.stage1_scores), anchors.all_full)
+        if first.stage1_probes
+        else list(first.stage1_scores)
+    )
     stage2 = assign_layer_ratios(
         drops_from,
         anchors.all_full,
@@ -52,13 +64,21 @@ def run_bosch(run: SearchRun) -> VariantOutcome:
     subproblems, refined = first.subproblems, {}
     if settings.refine:
         subproblems += tuple(outcome.subproblems)
-        refined = {"stage3_score": book.score(outcome.bits, "final"), "stage3_evaluations": len(book.known) + len(book.bounds)}
+        refined = {
+            "stage3_score": book.score(outcome.bits, "final"),
+            "stage3_evaluations": len(book.known) + len(book.bounds),
+        }
         outcome = refine(book, anchors, shape, outcome.bits, quotas, run.stages, settings.refine, run.progress)
     if not first.stage1_probes:  # probes leave no Stage-1 mask but all-SWA, which cannot score better
         _warn_if_stage1_scores_better(run, first, outcome.bits)
     stage1_bits = None if first.stage1_probes else first.bits
     return replace(
-        first, bits=outcome.bits, subproblems=subproblems + tuple(outcome.subproblems), stage2=stage2, stage1_bits=stage1_bits, **refined
+        first,
+        bits=outcome.bits,
+        subproblems=subproblems + tuple(outcome.subproblems),
+        stage2=stage2,
+        stage1_bits=stage1_bits,
+        **refined,
     )
 
 
@@ -73,7 +93,10 @@ def _warn_if_stage1_scores_better(run: SearchRun, first: VariantOutcome, final_b
     and the mask lost half the calibration score Stage 1's mask kept). The paper's mask is still returned; the
     warning names the layers and the variant that returns Stage 1's mask.
     """
-    stage1_bits, stage1_score = first.bits, first.stage1_scores[0]  # s_best of layer 0: every layer converted, Stage 1's mask
+    stage1_bits, stage1_score = (
+        first.bits,
+        first.stage1_scores[0],
+    )  # s_best of layer 0: every layer converted, Stage 1's mask
     final_score = run.book.score(final_bits, "final")
     better = stage1_score > final_score if run.anchors.higher_is_better else stage1_score < final_score
     if not better:

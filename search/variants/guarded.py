@@ -31,7 +31,11 @@ def run_guarded(run: SearchRun) -> VariantOutcome:
     best = best_incumbent(masks, scores, higher)
     for name, mask in masks.items():
         outcome = scores[mask_key(mask)]
-        shown = f"S <= {outcome.score:.4f} (stopped early by racing)" if isinstance(outcome, RaceBound) else f"S = {outcome:.4f}"
+        shown = (
+            f"S <= {outcome.score:.4f} (stopped early by racing)"
+            if isinstance(outcome, RaceBound)
+            else f"S = {outcome:.4f}"
+        )
         log.info("incumbent %s: %s%s", name, shown, " (the best)" if name == best else "")
     outcome = run_bosch(run)
     subproblems = list(outcome.subproblems)
@@ -42,7 +46,11 @@ def run_guarded(run: SearchRun) -> VariantOutcome:
     lineages = []
     for number, (origin, start) in enumerate(starts):
         calls = settings.local_calls // len(starts) + (number < settings.local_calls % len(starts))
-        end, summary = local_search(book, anchors, shape, start, calls, run.stages, origin, run.progress) if calls else (start, None)
+        end, summary = (
+            local_search(book, anchors, shape, start, calls, run.stages, origin, run.progress)
+            if calls
+            else (start, None)
+        )
         if summary is not None:
             subproblems.append(summary)
         lineages.append(Lineage(origin, mask_key(start), mask_key(end), book.score(end, "final"), calls))

@@ -8,7 +8,9 @@ from bosch_eval.search.variants import VARIANTS, SearchRun, Variant, VariantOutc
 
 def run_layer(run: SearchRun) -> VariantOutcome:
     """The whole-layer search of :func:`~bosch_eval.search.stages.stages.layer_level`."""
-    return VariantOutcome.of(layer_level(run.book, run.anchors, run.shape, run.settings.ratio, run.stages, run.progress))
+    return VariantOutcome.of(
+        layer_level(run.book, run.anchors, run.shape, run.settings.ratio, run.stages, run.progress)
+    )
 
 
 VARIANTS.register("layer", Variant(run_layer))

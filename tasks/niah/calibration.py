@@ -102,7 +102,8 @@ def examples(
 ) -> tuple[dict[str, Any], ...]:
     """All examples, cached: the search rebuilds the task for each of its thousands of S(z) calls."""
     return tuple(
-        _example(tokenizer, seq_len, index, num_examples, seed, query, distractors, values) for index in range(num_examples)
+        _example(tokenizer, seq_len, index, num_examples, seed, query, distractors, values)
+        for index in range(num_examples)
     )
 
 
@@ -138,8 +139,16 @@ def _example(
 
     what = f"{TASK} at seq_len={seq_len}"
     n, length = fit(lambda n: f"{prompt(n)} {value}", tokenizer, haystack.costs, seq_len, what)
-    return {"input": prompt(n), "target": value, "key": key, "depth": depth, "length": length, "seq_len": seq_len,
-            "num_examples": num_examples, "format": f"{kind} in {haystack_kind}"}
+    return {
+        "input": prompt(n),
+        "target": value,
+        "key": key,
+        "depth": depth,
+        "length": length,
+        "seq_len": seq_len,
+        "num_examples": num_examples,
+        "format": f"{kind} in {haystack_kind}",
+    }
 
 
 def _query_setting(metadata: dict[str, Any]) -> str:

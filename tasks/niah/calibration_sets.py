@@ -19,7 +19,9 @@ CALIBRATION_SETS: dict[str, tuple[str, dict[str, Any]]] = {
 DEFAULT_CALIBRATION = "bosch_niah_calib"
 
 
-def calibration_examples(task: str, tokenizer: Any, seq_len: int, num_examples: int, seed: int) -> tuple[dict[str, Any], ...]:
+def calibration_examples(
+    task: str, tokenizer: Any, seq_len: int, num_examples: int, seed: int
+) -> tuple[dict[str, Any], ...]:
     """The examples of calibration set ``task`` (``input``, ``target``, ...), as its lm-eval task builds them.
 
     Raises:

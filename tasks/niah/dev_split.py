@@ -35,11 +35,22 @@ from typing import Any
 import datasets
 
 from bosch_eval.tasks.niah import eval_suite
-from bosch_eval.tasks.niah.metadata import check_lengths, default_lengths, int_list_setting, int_setting, model_tokenizer
+from bosch_eval.tasks.niah.metadata import (
+    check_lengths,
+    default_lengths,
+    int_list_setting,
+    int_setting,
+    model_tokenizer,
+)
 
 TASK = "bosch_niah_dev"
 GENERATION_TASK = "bosch_niah_dev_gen"
-DEFAULT_FORMATS = ("bosch_niah_single_1", "bosch_niah_single_2", "bosch_niah_multikey_1", "bosch_niah_multikey_2")  # the default
+DEFAULT_FORMATS = (
+    "bosch_niah_single_1",
+    "bosch_niah_single_2",
+    "bosch_niah_multikey_1",
+    "bosch_niah_multikey_2",
+)  # the default
 CHOOSABLE = tuple(eval_suite.NIAH_FORMATS)  # every bosch_niah format, the UUID ones (single_3, multikey_3) included
 # The eval suite's seeds that test draws used: its default, and the studies' fresh draws (a
 # study's ``doc_seed``: 5 for issue 53, 6 for issue 67). A dev split drawn with one would be
@@ -52,7 +63,12 @@ DEFAULT_SAMPLES = 16
 def dataset(**metadata: Any) -> dict[str, datasets.Dataset]:
     """lm-eval ``custom_dataset``: the development documents as the ``test`` split."""
     docs = [
-        {"input": f"{doc['input']} {doc['gen_prefix']}", "target": doc["outputs"][0], "variant": variant, "max_length": length}
+        {
+            "input": f"{doc['input']} {doc['gen_prefix']}",
+            "target": doc["outputs"][0],
+            "variant": variant,
+            "max_length": length,
+        }
         for variant, length, doc in documents(metadata, TASK)
     ]
     return {"test": datasets.Dataset.from_list(docs)}
@@ -94,7 +110,11 @@ def chosen_variants(value: Any, task: str = TASK) -> tuple[str, ...]:
         return DEFAULT_FORMATS
     short = {variant.removeprefix("bosch_niah_"): variant for variant in CHOOSABLE}
     names = value.split(",") if isinstance(value, str) else value
-    if not isinstance(names, (list, tuple)) or not names or not all(isinstance(name, str) and name.strip() in short for name in names):
+    if (
+        not isinstance(names, (list, tuple))
+        or not names
+        or not all(isinstance(name, str) and name.strip() in short for name in names)
+    ):
         raise ValueError(f"{task}: metadata 'dev_variants' must list some of {sorted(short)}, got {value!r}")
     wanted = {short[name.strip()] for name in names}
     return tuple(variant for variant in CHOOSABLE if variant in wanted)

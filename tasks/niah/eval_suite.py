@@ -38,7 +38,13 @@ from transformers import PreTrainedTokenizerBase
 
 from bosch_eval.tasks.niah import words
 from bosch_eval.tasks.niah.haystack import Haystack, fit
-from bosch_eval.tasks.niah.metadata import check_lengths, default_lengths, int_list_setting, int_setting, model_tokenizer
+from bosch_eval.tasks.niah.metadata import (
+    check_lengths,
+    default_lengths,
+    int_list_setting,
+    int_setting,
+    model_tokenizer,
+)
 
 DEFAULT_LENGTHS = (4096, 8192, 16384, 32768)
 DEFAULT_NUM_SAMPLES = 500

@@ -104,12 +104,19 @@ def examples(
 ) -> tuple[dict[str, Any], ...]:
     """All examples, cached: the search rebuilds the task for each of its S(z) calls."""
     return tuple(
-        _example(tokenizer, seq_len, index, num_examples, seed, kinds[index % len(kinds)], distractor_keys) for index in range(num_examples)
+        _example(tokenizer, seq_len, index, num_examples, seed, kinds[index % len(kinds)], distractor_keys)
+        for index in range(num_examples)
     )
 
 
 def _example(
-    tokenizer: PreTrainedTokenizerBase, seq_len: int, index: int, num_examples: int, seed: int, kind: str, distractor_keys: int
+    tokenizer: PreTrainedTokenizerBase,
+    seq_len: int,
+    index: int,
+    num_examples: int,
+    seed: int,
+    kind: str,
+    distractor_keys: int,
 ) -> dict[str, Any]:
     rng = random.Random(f"{TASK}/{seed}/{seq_len}/{index}")
     keys = _distinct_keys(rng, 1 + distractor_keys if kind == "multikey" else 2 if kind == "multivalue" else 1)
@@ -121,7 +128,9 @@ def _example(
     needles = [rng.choice(NEEDLES).format(key=key, value=value) for key, value in pairs]
     depth = (index + rng.random()) / num_examples  # stratified: every depth band gets its examples
     depths = [depth] + [rng.random() for _ in pairs[1:]]
-    asked_values = [value for (key, value), _ in sorted(zip(pairs, depths, strict=True), key=lambda p: p[1]) if key == asked]
+    asked_values = [
+        value for (key, value), _ in sorted(zip(pairs, depths, strict=True), key=lambda p: p[1]) if key == asked
+    ]
     target = " and ".join(asked_values)
     haystack = Haystack.grow(lambda: registry_entry(rng, values), tokenizer, seq_len, split_words=True)
 
@@ -130,8 +139,16 @@ def _example(
 
     what = f"{TASK} at seq_len={seq_len}"
     n, length = fit(lambda n: f"{prompt(n)} {target}", tokenizer, haystack.costs, seq_len, what)
-    return {"input": prompt(n), "target": target, "key": asked, "kind": kind, "depth": depth, "length": length, "seq_len": seq_len,
-            "num_examples": num_examples}
+    return {
+        "input": prompt(n),
+        "target": target,
+        "key": asked,
+        "kind": kind,
+        "depth": depth,
+        "length": length,
+        "seq_len": seq_len,
+        "num_examples": num_examples,
+    }
 
 
 def _distinct_keys(rng: random.Random, count: int) -> list[str]:

@@ -59,5 +59,8 @@ class Backend:
 # ``attn_backend=name`` runs ``BACKENDS[name]``. The built-in modules go first so the names are
 # listed in this order (``attn_backend``'s choices, the GPU check's runs), new ones after them.
 BACKENDS: Registry[Backend] = Registry(
-    "attention backend", package="bosch_eval.attention.kernels", first=("reference", "blocked", "flex", "flash"), field="attn_backend"
+    "attention backend",
+    package="bosch_eval.attention.kernels",
+    first=("reference", "blocked", "flex", "flash"),
+    field="attn_backend",
 )

@@ -64,7 +64,9 @@ def blocked_swa_attention(
     **kwargs: Any,
 ) -> torch.Tensor:
     """The registered kernel: :func:`blocked_attention` with the model's scaling and dropout."""
-    return blocked_attention(query, key, value, attention_mask, local, scaling=kwargs.get("scaling"), dropout=kwargs.get("dropout", 0.0))
+    return blocked_attention(
+        query, key, value, attention_mask, local, scaling=kwargs.get("scaling"), dropout=kwargs.get("dropout", 0.0)
+    )
 
 
 def blocked_attention(
@@ -136,29 +138,47 @@ def _all_blocks_in_one_call(
     device = query.device
     first_key = start + block * torch.arange(n_blocks, device=device)[:, None]  # [nb, 1]
     key_pos = first_key + torch.arange(span, device=device)  # [nb, span]
-    query_pos = kv_len - q_len + block * torch.arange(n_blocks, device=device)[:, None] + torch.arange(block, device=device)
+    query_pos = (
+        kv_len - q_len + block * torch.arange(n_blocks, device=device)[:, None] + torch.arange(block, device=device)
+    )
     q_pos, k_pos = query_pos[:, :, None], key_pos[:, None, :]
     seen = causal(0, 0, q_pos, k_pos)
-    allowed = seen & (recent(local.window)(0, 0, q_pos, k_pos) | sinks.in_span(k_pos, kv_len)) & (k_pos >= 0)  # [B or 1, nb, C, span]
+    allowed = (
+        seen & (recent(local.window)(0, 0, q_pos, k_pos) | sinks.in_span(k_pos, kv_len)) & (k_pos >= 0)
+    )  # [B or 1, nb, C, span]
     if attention_mask is not None:
         allowed = allowed & _mask_blocks(attention_mask, start, q_len, n_blocks, block, span)
 
     if sinks.count:
         # Each row's sink keys before a block's span; those inside it are in the span.
-        sink_allowed = (sinks.found[:, None, :] & (sinks.index[:, None, :] < first_key))[:, :, None, :]  # [B or 1, nb, 1, S']
+        sink_allowed = (sinks.found[:, None, :] & (sinks.index[:, None, :] < first_key))[
+            :, :, None, :
+        ]  # [B or 1, nb, 1, S']
         sink_allowed = sink_allowed.expand(-1, -1, block, -1)
         if attention_mask is not None:
-            rows = F.pad(sinks.mask_columns(attention_mask, slice(None))[:, 0], (0, 0, 0, n_blocks * block - q_len), value=True)
+            rows = F.pad(
+                sinks.mask_columns(attention_mask, slice(None))[:, 0], (0, 0, 0, n_blocks * block - q_len), value=True
+            )
             sink_allowed = sink_allowed & rows.view(batch, n_blocks, block, sinks.count)
         allowed = torch.cat([sink_allowed.expand(batch, -1, -1, -1), allowed.expand(batch, -1, -1, -1)], dim=-1)
-        gathered_keys = sinks.gather(key)[:, None].expand(-1, n_blocks, -1, -1, -1).reshape(batch * n_blocks, groups, sinks.count, -1)
-        gathered_values = sinks.gather(value)[:, None].expand(-1, n_blocks, -1, -1, -1).reshape(batch * n_blocks, groups, sinks.count, -1)
+        gathered_keys = (
+            sinks.gather(key)[:, None]
+            .expand(-1, n_blocks, -1, -1, -1)
+            .reshape(batch * n_blocks, groups, sinks.count, -1)
+        )
+        gathered_values = (
+            sinks.gather(value)[:, None]
+            .expand(-1, n_blocks, -1, -1, -1)
+            .reshape(batch * n_blocks, groups, sinks.count, -1)
+        )
         k_blocks, v_blocks = torch.cat([gathered_keys, k_blocks], dim=2), torch.cat([gathered_values, v_blocks], dim=2)
     # Every query head of a group shares its row of the mask.
     allowed = allowed.expand(batch, -1, -1, -1)[:, :, None].expand(batch, -1, per_group, -1, -1)
     allowed = allowed.reshape(batch * n_blocks, 1, per_group * block, allowed.shape[-1])
 
-    out = F.scaled_dot_product_attention(q_blocks, k_blocks, v_blocks, attn_mask=allowed, dropout_p=dropout, scale=scaling)
+    out = F.scaled_dot_product_attention(
+        q_blocks, k_blocks, v_blocks, attn_mask=allowed, dropout_p=dropout, scale=scaling
+    )
     out = out.view(batch, n_blocks, groups, per_group, block, -1).permute(0, 1, 4, 2, 3, 5)
     return out.reshape(batch, n_blocks * block, heads, -1)[:, :q_len]
 
@@ -186,7 +206,10 @@ def _block_by_block(
     # Every block that is whole and starts past every sink, W − 1 keys in, has the same band.
     interior = LocalWindow(window).dense(block, block + window - 1, device)[None, None]
     if sinks.count:
-        interior = torch.cat([sinks.found[:, None, None, :].expand(-1, 1, block, -1), interior.expand(sinks.found.shape[0], -1, -1, -1)], dim=-1)
+        interior = torch.cat(
+            [sinks.found[:, None, None, :].expand(-1, 1, block, -1), interior.expand(sinks.found.shape[0], -1, -1, -1)],
+            dim=-1,
+        )
     if attention_mask is None:
         # SDPA turns a boolean mask into an additive one on every call: convert this one once.
         interior = torch.zeros(interior.shape, dtype=query.dtype, device=device).masked_fill_(~interior, float("-inf"))
@@ -201,16 +224,24 @@ def _block_by_block(
         else:
             q_pos = torch.arange(offset + first, hi, device=device)[:, None]
             k_pos = torch.arange(lo, hi, device=device)[None, :]
-            allowed = causal(0, 0, q_pos, k_pos) & (recent(window)(0, 0, q_pos, k_pos) | sinks.in_span(k_pos, kv_len))  # [B or 1, C, span]
+            allowed = causal(0, 0, q_pos, k_pos) & (
+                recent(window)(0, 0, q_pos, k_pos) | sinks.in_span(k_pos, kv_len)
+            )  # [B or 1, C, span]
             if with_sinks:
-                allowed = torch.cat([before[:, None, :].expand(-1, last - first, -1), allowed.expand(before.shape[0], -1, -1)], dim=-1)
+                allowed = torch.cat(
+                    [before[:, None, :].expand(-1, last - first, -1), allowed.expand(before.shape[0], -1, -1)], dim=-1
+                )
             allowed = allowed[:, None]
         keys, values = key[:, :, lo:hi], value[:, :, lo:hi]
         if with_sinks:
             keys, values = torch.cat([row_sink_keys, keys], dim=2), torch.cat([row_sink_values, values], dim=2)
         if attention_mask is not None:
             rows = attention_mask[:, :, first:last, lo:hi]
-            allowed = allowed & (torch.cat([sinks.mask_columns(attention_mask, slice(first, last)), rows], dim=-1) if with_sinks else rows)
+            allowed = allowed & (
+                torch.cat([sinks.mask_columns(attention_mask, slice(first, last)), rows], dim=-1)
+                if with_sinks
+                else rows
+            )
         out[:, first:last] = F.scaled_dot_product_attention(
             query[:, :, first:last], keys, values, attn_mask=allowed, dropout_p=dropout, scale=scaling, enable_gqa=True,
         ).transpose(1, 2)  # fmt: skip

@@ -39,8 +39,13 @@ def choose_backend(device: torch.device, dtype: Any = None) -> BackendChoice:
         index = device.index if device.index is not None else torch.cuda.current_device()
         return _cuda_choice(f"cuda:{index}", dtype or torch.float32)
     if device.type == "cpu":
-        return BackendChoice(CPU_CHOICE, "auto on CPU: the blocked kernel (measured against compiled flex, which compiles per sequence length)")
-    return BackendChoice("blocked", f"auto on {device.type}: the blocked kernel (flash-attn and compiled flex are chosen on CUDA only)")
+        return BackendChoice(
+            CPU_CHOICE,
+            "auto on CPU: the blocked kernel (measured against compiled flex, which compiles per sequence length)",
+        )
+    return BackendChoice(
+        "blocked", f"auto on {device.type}: the blocked kernel (flash-attn and compiled flex are chosen on CUDA only)"
+    )
 
 
 @functools.cache
@@ -53,7 +58,10 @@ def _cuda_choice(device: str, dtype: torch.dtype) -> BackendChoice:
         if flex_reason is None:
             choice = BackendChoice("flex", "auto on CUDA: compiled FlexAttention (flash-attn is not installed)")
         else:
-            choice = BackendChoice("blocked", f"auto on CUDA fell back to the blocked kernel: flash-attn {flash_reason}; compiled flex fails ({flex_reason})")
+            choice = BackendChoice(
+                "blocked",
+                f"auto on CUDA fell back to the blocked kernel: flash-attn {flash_reason}; compiled flex fails ({flex_reason})",
+            )
             logger.warning("attn_backend=auto: %s", choice.reason)
             return choice
     logger.info("attn_backend=auto: %s on %s", choice.name, device)

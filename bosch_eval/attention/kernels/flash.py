@@ -56,7 +56,12 @@ def flash_swa_attention(
 
 
 def _flash_windowed(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_padding: torch.Tensor | None, window: int, scaling: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_padding: torch.Tensor | None,
+    window: int,
+    scaling: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """flash-attn over the last ``window`` keys, with its log-sum-exp ``[B, H, T]``.
 
@@ -87,4 +92,7 @@ def _right_padded(key_padding: torch.Tensor) -> bool:
 
 
 # flash-attn itself is imported only when a kernel runs: this module, and the name, load without it.
-BACKENDS.register("flash_attention_2", Backend(swa=flash_swa_attention, full=flash_full_attention, mask_format="flash", unavailable=flash_unavailable))
+BACKENDS.register(
+    "flash_attention_2",
+    Backend(swa=flash_swa_attention, full=flash_full_attention, mask_format="flash", unavailable=flash_unavailable),
+)

@@ -119,7 +119,9 @@ def _unfused(err: BaseException, *args: Any, **kwargs: Any) -> torch.Tensor:
     memory) with a warning once per reason."""
     reason = _describe(err)
     if unfused_policy == "error":
-        raise UnfusedFlexError(f"flex: compiled flex_attention would run unfused ({reason}); its T × K scores would be materialized") from err
+        raise UnfusedFlexError(
+            f"flex: compiled flex_attention would run unfused ({reason}); its T × K scores would be materialized"
+        ) from err
     if reason not in _unfused_reported:
         _unfused_reported.add(reason)
         logger.warning("flex: compiled flex_attention runs unfused here (%s): exact, but O(T × K) memory", reason)
@@ -151,7 +153,9 @@ def compile_failure(device: str, dtype: torch.dtype) -> str | None:
         return reason
     generator = torch.Generator().manual_seed(0)
     heads, groups, length, dim = 4, 2, 256, 64
-    query, key, value = (torch.randn(1, n, length, dim, generator=generator).to(device, dtype) for n in (heads, groups, groups))
+    query, key, value = (
+        torch.randn(1, n, length, dim, generator=generator).to(device, dtype) for n in (heads, groups, groups)
+    )
     # The layout every call of the model has: all heads, a per-head pattern tensor, sinks, no grad.
     try:
         block_mask = block_mask_for(length, length, LocalWindow(64, 4), None, (True, False) * 2, torch.device(device))
@@ -159,7 +163,12 @@ def compile_failure(device: str, dtype: torch.dtype) -> str | None:
             _compiled_flex(_shape_policy(device))(query, key, value, block_mask=block_mask, enable_gqa=True)
     except Exception as err:  # noqa: BLE001 - any compiler failure (no C++ compiler, no Triton) leaves eager flex
         reason = _describe(err)
-        logger.warning("flex: torch.compile of flex_attention fails on %s in %s (%s); flex runs eagerly (exact, slower)", device, dtype, reason)
+        logger.warning(
+            "flex: torch.compile of flex_attention fails on %s in %s (%s); flex runs eagerly (exact, slower)",
+            device,
+            dtype,
+            reason,
+        )
         return reason
     return None
 
@@ -201,7 +210,12 @@ def _run_flex(*args: Any, **kwargs: Any) -> torch.Tensor:
         if compile_policy:
             raise
         _run_failures[(device, dtype)] = _describe(err)
-        logger.warning("flex: torch.compile of flex_attention failed on %s in %s (%s); flex runs eagerly from now on", device, dtype, _describe(err))
+        logger.warning(
+            "flex: torch.compile of flex_attention failed on %s in %s (%s); flex runs eagerly from now on",
+            device,
+            dtype,
+            _describe(err),
+        )
         return _eager_flex(*args, **kwargs)
 
 
@@ -258,7 +272,9 @@ def flex_attention_layer(
         raise TypeError("flex SWA expects a boolean attention mask (the sdpa mask format)")
     heads, q_len = query.shape[1], query.shape[2]
     per_group = heads // key.shape[1]
-    swa_heads = tuple(swa for swa in (swa_groups if swa_groups is not None else [True] * key.shape[1]) for _ in range(per_group))
+    swa_heads = tuple(
+        swa for swa in (swa_groups if swa_groups is not None else [True] * key.shape[1]) for _ in range(per_group)
+    )
     if q_len == 1:
         return _one_query(query, key, value, attention_mask, local, swa_heads, scaling)
     args = (q_len, key.shape[2], local, attention_mask, swa_heads, query.device)
@@ -283,13 +299,17 @@ def _one_query(
     ``[B, H, 1, K]`` mask for SDPA. O(K) like the step itself; flex would compile and build
     a block mask for every new K."""
     kv_len = key.shape[2]
-    band = restrict_to_window(attention_mask, 1, kv_len, local, query.device, row_sinks(attention_mask, local))  # [B or 1, 1, 1, K]
+    band = restrict_to_window(
+        attention_mask, 1, kv_len, local, query.device, row_sinks(attention_mask, local)
+    )  # [B or 1, 1, 1, K]
     causal = torch.ones(1, 1, 1, kv_len, dtype=torch.bool, device=query.device)
     if attention_mask is not None:
         causal = causal & attention_mask.bool()
     windowed = torch.tensor(swa_heads, device=query.device)[None, :, None, None]
     allowed = torch.where(windowed, band, causal)
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scaling, enable_gqa=key.shape[1] != query.shape[1])
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=allowed, scale=scaling, enable_gqa=key.shape[1] != query.shape[1]
+    )
     return out.transpose(1, 2)
 
 
@@ -304,7 +324,9 @@ def flex_swa_attention(
     **kwargs: Any,
 ) -> torch.Tensor:
     """The registered SWA kernel: every head handed is windowed."""
-    return flex_attention_layer(query, key, value, attention_mask, local, scaling=kwargs.get("scaling"), block_masks=kernel_cache)
+    return flex_attention_layer(
+        query, key, value, attention_mask, local, scaling=kwargs.get("scaling"), block_masks=kernel_cache
+    )
 
 
 def flex_hybrid_layer(
@@ -318,7 +340,11 @@ def flex_hybrid_layer(
     **kwargs: Any,
 ) -> torch.Tensor:
     """The registered whole-layer kernel: full and SWA groups in one call."""
-    return flex_attention_layer(query, key, value, attention_mask, pattern.local, pattern.swa_groups, kwargs.get("scaling"), kernel_cache)
+    return flex_attention_layer(
+        query, key, value, attention_mask, pattern.local, pattern.swa_groups, kwargs.get("scaling"), kernel_cache
+    )
 
 
-BACKENDS.register("flex", Backend(swa=flex_swa_attention, layer=flex_hybrid_layer, unavailable=flex_unavailable, cache=BlockMaskCache))
+BACKENDS.register(
+    "flex", Backend(swa=flex_swa_attention, layer=flex_hybrid_layer, unavailable=flex_unavailable, cache=BlockMaskCache)
+)

@@ -65,21 +65,32 @@ def mask_tiles(attention_mask: torch.Tensor, block: int = BLOCK) -> Tiles:
     return tiles.any(dim=4).any(dim=2), tiles.all(dim=4).all(dim=2)
 
 
-def row_sink_tiles(q_len: int, kv_len: int, local: LocalWindow, sink_keys: torch.Tensor, device: torch.device, block: int = BLOCK) -> Tiles:
+def row_sink_tiles(
+    q_len: int, kv_len: int, local: LocalWindow, sink_keys: torch.Tensor, device: torch.device, block: int = BLOCK
+) -> Tiles:
     """``[B, 1, Qb, Kb]`` tiles of windowed heads whose sinks are each row's own
     (``sink_keys [B, K]``): a tile holds an allowed entry where the window reaches it, or
     where it holds a row's sink at or before its last query; it is full only where every
     query's window covers it (its sinks need ``mask_mod``)."""
     window_some, window_every = kind_tiles(q_len, kv_len, LocalWindow(local.window), device, block)
     k_blocks = -(-kv_len // block)
-    sinks = torch.nn.functional.pad(sink_keys.bool(), (0, k_blocks * block - kv_len)).view(sink_keys.shape[0], k_blocks, block).any(dim=-1)
+    sinks = (
+        torch.nn.functional.pad(sink_keys.bool(), (0, k_blocks * block - kv_len))
+        .view(sink_keys.shape[0], k_blocks, block)
+        .any(dim=-1)
+    )
     causal_some, _ = kind_tiles(q_len, kv_len, None, device, block)
     some = window_some | (causal_some & sinks[:, None, :])
     return some[:, None], window_every.expand_as(some)[:, None]
 
 
 def head_tiles(
-    q_len: int, kv_len: int, local: LocalWindow, swa_heads: tuple[bool, ...] | None, device: torch.device, sink_keys: torch.Tensor | None = None
+    q_len: int,
+    kv_len: int,
+    local: LocalWindow,
+    swa_heads: tuple[bool, ...] | None,
+    device: torch.device,
+    sink_keys: torch.Tensor | None = None,
 ) -> Tiles:
     """``[B or 1, H or 1, Qb, Kb]`` tiles: per query head windowed (True) or causal (False);
     None: every head windowed. With ``sink_keys [B, K]`` the windowed heads' sinks are each
@@ -104,7 +115,11 @@ def _ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _mask_mod(
-    local: LocalWindow, offset: torch.Tensor, swa_heads: torch.Tensor | None, attention_mask: torch.Tensor | None, sink_keys: torch.Tensor | None
+    local: LocalWindow,
+    offset: torch.Tensor,
+    swa_heads: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    sink_keys: torch.Tensor | None,
 ) -> Any:
     band = local.mask_function(sink_keys)
 

@@ -88,13 +88,20 @@ def sink_merged_attention(
     q_pos = torch.arange(kv_len - q_len, kv_len, device=query.device)[None, :, None]
     kv_pos = index[:, None, :]
     # The sink keys outside the window: disjoint from part A, so the merge is exact.
-    allowed = (found[:, None, :] & causal(0, 0, q_pos, kv_pos) & ~recent(local.window)(0, 0, q_pos, kv_pos))[:, None]  # [B or 1, 1, T, S']
+    allowed = (found[:, None, :] & causal(0, 0, q_pos, kv_pos) & ~recent(local.window)(0, 0, q_pos, kv_pos))[
+        :, None
+    ]  # [B or 1, 1, T, S']
     out_s, lse_s = attention_with_lse(query, gather_keys(key, index), gather_keys(value, index), allowed, scaling)
     return merge_by_lse(out_w, lse_w, out_s, lse_s)
 
 
 def eager_windowed(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_padding: torch.Tensor | None, window: int, scaling: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_padding: torch.Tensor | None,
+    window: int,
+    scaling: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The stand-in for flash-attn's windowed call: the same inputs and outputs, eager."""
     allowed = LocalWindow(window).dense(query.shape[2], key.shape[2], query.device)[None, None]

@@ -40,13 +40,17 @@ class KVQuantConfig:
         if not is_int(self.window) or self.window <= 0:
             raise SettingsError(f"kv_window: expected a positive integer (W_lq, tokens), got {self.window!r}")
         if not is_int(self.group_size) or self.group_size <= 0:
-            raise SettingsError(f"kv_group_size: expected a positive integer dividing the head dim, got {self.group_size!r}")
+            raise SettingsError(
+                f"kv_group_size: expected a positive integer dividing the head dim, got {self.group_size!r}"
+            )
 
     def check_head_dim(self, head_dim: int) -> None:
         """Raise unless ``group_size`` divides ``head_dim``."""
         if head_dim % self.group_size:
             divisors = [d for d in range(1, head_dim + 1) if head_dim % d == 0]
-            raise SettingsError(f"kv_group_size: {self.group_size} does not divide the head dim {head_dim}; expected one of {divisors}")
+            raise SettingsError(
+                f"kv_group_size: {self.group_size} does not divide the head dim {head_dim}; expected one of {divisors}"
+            )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,7 +58,9 @@ class KVQuantConfig:
     @classmethod
     def from_json(cls, data: Any, source: str) -> KVQuantConfig:
         if not isinstance(data, dict) or set(data) != {"method", "bits", "window", "group_size"}:
-            raise SettingsError(f"{source}: expected an object with fields method, bits, window, group_size; got {data!r}")
+            raise SettingsError(
+                f"{source}: expected an object with fields method, bits, window, group_size; got {data!r}"
+            )
         return cls(**data)
 
 
@@ -76,9 +82,15 @@ def parse_kv_quant(
         SettingsError: naming the argument and its allowed values.
     """
     if kv_quant is None or kv_quant == "none":
-        extra = [name for name, value in (("kv_bits", kv_bits), ("kv_window", kv_window), ("kv_group_size", kv_group_size)) if value is not None]
+        extra = [
+            name
+            for name, value in (("kv_bits", kv_bits), ("kv_window", kv_window), ("kv_group_size", kv_group_size))
+            if value is not None
+        ]
         if extra:
-            raise SettingsError(f"{', '.join(extra)}: only used with kv_quant={'|'.join(KV_QUANT_METHODS.names())}; got kv_quant={kv_quant!r}")
+            raise SettingsError(
+                f"{', '.join(extra)}: only used with kv_quant={'|'.join(KV_QUANT_METHODS.names())}; got kv_quant={kv_quant!r}"
+            )
         return None
     if kv_quant not in KV_QUANT_METHODS:
         raise SettingsError(f"kv_quant: expected one of {[*KV_QUANT_METHODS.names(), 'none']}, got {kv_quant!r}")

@@ -32,6 +32,7 @@ enabled = True
 # Why the compiled path was turned off (the first failure), for the log and for tests.
 disabled_reason = ""
 
+
 class StoredSide(NamedTuple):
     """One side (keys or values) of a layer's store: its full-precision rows and its packed ones."""
 
@@ -56,7 +57,12 @@ class Packing(NamedTuple):
 
 
 def gather_dequantize(
-    keys: StoredSide, values: StoredSide, positions: Positions, new_keys: torch.Tensor, new_values: torch.Tensor, packing: Packing
+    keys: StoredSide,
+    values: StoredSide,
+    positions: Positions,
+    new_keys: torch.Tensor,
+    new_values: torch.Tensor,
+    packing: Packing,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``[B, G, seen + q, D]`` keys and values: stored positions in order, then the ``q`` new
     ones (``new_keys``, ``new_values``: ``[B, G, q, D]``, this step's states).
@@ -69,8 +75,12 @@ def gather_dequantize(
     fp_row = torch.where(quantized, 0, positions.row)
     select = quantized[:, None]
     dtype = keys.full_precision.dtype
-    seen_keys = torch.where(select, _dequantized_keys(keys.packed, q_row, packing, dtype), keys.full_precision[:, :, fp_row])
-    seen_values = torch.where(select, _dequantized_values(values.packed, q_row, packing, dtype), values.full_precision[:, :, fp_row])
+    seen_keys = torch.where(
+        select, _dequantized_keys(keys.packed, q_row, packing, dtype), keys.full_precision[:, :, fp_row]
+    )
+    seen_values = torch.where(
+        select, _dequantized_values(values.packed, q_row, packing, dtype), values.full_precision[:, :, fp_row]
+    )
     return torch.cat([seen_keys, new_keys], dim=2), torch.cat([seen_values, new_values], dim=2)
 
 
@@ -109,7 +119,12 @@ def _compiled(packing: Packing) -> Callable[..., tuple[torch.Tensor, torch.Tenso
 
 
 def compiled_rebuild(
-    keys: StoredSide, values: StoredSide, positions: Positions, new_keys: torch.Tensor, new_values: torch.Tensor, packing: Packing
+    keys: StoredSide,
+    values: StoredSide,
+    positions: Positions,
+    new_keys: torch.Tensor,
+    new_values: torch.Tensor,
+    packing: Packing,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """:func:`gather_dequantize` compiled, or ``None`` where it cannot run compiled (then the
     caller rebuilds eagerly; the first failure is logged and turns this path off)."""
@@ -136,12 +151,17 @@ def compiled_rebuild(
         # so a second head dim made dynamo recompile with the head dim symbolic (the slow
         # unvectorized loop), and such recompiles failed intermittently in its guard building
         # ("sources must not be empty for symbol ...", torch 2.13; seen in CI).
-        patch = torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True, automatic_dynamic_shapes=False)
+        patch = torch._dynamo.config.patch(
+            recompile_limit=64, fail_on_recompile_limit_hit=True, automatic_dynamic_shapes=False
+        )
         with torch.no_grad(), patch:
             return _compiled(packing)(keys, values, positions, new_keys, new_values)
     except Exception as err:  # noqa: BLE001 - any compiler failure (no g++, no Triton) leaves the eager rebuild
         enabled = False
         disabled_reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-        logger.warning("kv_quant: torch.compile of the fused dequantization failed (%s); rebuilding with eager "
-                       "PyTorch instead (same values, slower decode)", disabled_reason)
+        logger.warning(
+            "kv_quant: torch.compile of the fused dequantization failed (%s); rebuilding with eager "
+            "PyTorch instead (same values, slower decode)",
+            disabled_reason,
+        )
         return None

@@ -22,7 +22,9 @@ class QuantizedFullLayer(BatchMappedLayer):
         super().__init__()
         self.store = QuantizedKVStore(config, selector)
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         return self.store.update(key_states, value_states)

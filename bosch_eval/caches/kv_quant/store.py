@@ -20,7 +20,13 @@ import torch
 
 from bosch_eval.caches.kv_quant.config import KVQuantConfig
 from bosch_eval.caches.kv_quant.fused import Packing, Positions, StoredSide, compiled_rebuild
-from bosch_eval.caches.kv_quant.packing import Quantized, dequantize_keys, dequantize_values, quantize_keys, quantize_values
+from bosch_eval.caches.kv_quant.packing import (
+    Quantized,
+    dequantize_keys,
+    dequantize_values,
+    quantize_keys,
+    quantize_values,
+)
 from bosch_eval.caches.kv_quant.selection import Selector
 
 
@@ -58,7 +64,10 @@ class QuantizedKVStore:
         if self.fp_keys is None:
             seen_keys, seen_values = keys, values
         elif self.key_codes is None:  # nothing quantized yet: exactly the unquantized cache's tensors
-            seen_keys, seen_values = torch.cat([self.fp_keys, keys], dim=-2), torch.cat([self.fp_values, values], dim=-2)
+            seen_keys, seen_values = (
+                torch.cat([self.fp_keys, keys], dim=-2),
+                torch.cat([self.fp_values, values], dim=-2),
+            )
         else:
             seen_keys, seen_values = self._rebuild(keys, values)
         self._append(keys, values)
@@ -84,7 +93,10 @@ class QuantizedKVStore:
         fused = compiled_rebuild(
             StoredSide(self.fp_keys, Quantized(self.key_codes, self.key_scale, self.key_zero)),
             StoredSide(self.fp_values, Quantized(self.value_codes, self.value_scale, self.value_zero)),
-            Positions(row, quantized), keys, values, Packing(self.config.bits, self.config.group_size, self.fp_keys.shape[-1]),
+            Positions(row, quantized),
+            keys,
+            values,
+            Packing(self.config.bits, self.config.group_size, self.fp_keys.shape[-1]),
         )
         if fused is not None:
             return fused
@@ -148,7 +160,11 @@ class QuantizedKVStore:
         def cat(old: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
             return new if old is None else torch.cat([old, new], dim=2)
 
-        self.key_codes, self.key_scale, self.key_zero = cat(self.key_codes, k_codes), cat(self.key_scale, k.scale), cat(self.key_zero, k.zero)
+        self.key_codes, self.key_scale, self.key_zero = (
+            cat(self.key_codes, k_codes),
+            cat(self.key_scale, k.scale),
+            cat(self.key_zero, k.zero),
+        )
         self.value_codes = cat(self.value_codes, v.codes)
         self.value_scale, self.value_zero = cat(self.value_scale, v.scale), cat(self.value_zero, v.zero)
 
@@ -165,7 +181,16 @@ class QuantizedKVStore:
 
     def map_batch(self, fn: object) -> None:
         """Apply ``fn`` (a batch reindexing) to every stored tensor."""
-        for name in ("fp_keys", "fp_values", "key_codes", "key_scale", "key_zero", "value_codes", "value_scale", "value_zero"):
+        for name in (
+            "fp_keys",
+            "fp_values",
+            "key_codes",
+            "key_scale",
+            "key_zero",
+            "value_codes",
+            "value_scale",
+            "value_zero",
+        ):
             tensor = getattr(self, name)
             if tensor is not None:
                 setattr(self, name, fn(tensor))  # type: ignore[operator]

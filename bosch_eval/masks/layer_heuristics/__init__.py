@@ -29,10 +29,14 @@ LAYER_HEURISTICS: Registry[LayerHeuristic] = Registry(
 )
 
 
-def mask_with_full_layers(shape: ModelShape, full_layers: set[int], method: str, ratio: float, seed: int | None) -> HeadMask:
+def mask_with_full_layers(
+    shape: ModelShape, full_layers: set[int], method: str, ratio: float, seed: int | None
+) -> HeadMask:
     """The mask that keeps ``full_layers`` at full attention and makes every other layer SWA;
     its provenance names the heuristic, the ratio and the seed (None: a deterministic rule)."""
-    swa = {(layer, g) for layer in range(shape.num_layers) if layer not in full_layers for g in range(shape.num_kv_heads)}
+    swa = {
+        (layer, g) for layer in range(shape.num_layers) if layer not in full_layers for g in range(shape.num_kv_heads)
+    }
     provenance = {"heuristic": method, "ratio": ratio}
     if seed is not None:
         provenance["seed"] = seed
@@ -54,6 +58,8 @@ def random_masks(shape: ModelShape, ratio: float, seeds: range, window: int) -> 
     groups = [(layer, group) for layer in range(shape.num_layers) for group in range(shape.num_kv_heads)]
     count = ceil_count(ratio, len(groups))
     return [
-        HeadMask.from_swa_groups(shape, set(random.Random(seed).sample(groups, count)), window=window, method=f"random:{seed}")
+        HeadMask.from_swa_groups(
+            shape, set(random.Random(seed).sample(groups, count)), window=window, method=f"random:{seed}"
+        )
         for seed in seeds
     ]

@@ -125,19 +125,27 @@ class SubProblem:
                 or any(not isinstance(b, tuple) or len(b) != 2 or not all(type(v) is int for v in b) for b in blocks)
                 or any(not (size >= 1 and 0 <= ones <= size) for size, ones in blocks)
             ):
-                raise ValueError(f"SubProblem.blocks: expected a tuple of (size >= 1, 0 <= ones <= size) pairs, got {blocks!r}")
+                raise ValueError(
+                    f"SubProblem.blocks: expected a tuple of (size >= 1, 0 <= ones <= size) pairs, got {blocks!r}"
+                )
             if sum(size for size, _ in blocks) != self.n or sum(ones for _, ones in blocks) != self.k:
                 raise ValueError(
                     f"SubProblem.blocks: sizes must sum to n={self.n} and quotas to k={self.k}, got {blocks!r}"
                 )
         if self.x0 is not None:
             x0 = self.x0
-            if not isinstance(x0, tuple) or len(x0) != self.n or any(b not in (0, 1) or isinstance(b, float) for b in x0):
+            if (
+                not isinstance(x0, tuple)
+                or len(x0) != self.n
+                or any(b not in (0, 1) or isinstance(b, float) for b in x0)
+            ):
                 raise ValueError(f"SubProblem.x0: expected a tuple of {self.n} entries 0 or 1, got {x0!r}")
             if sum(x0) != self.k:
                 raise ValueError(f"SubProblem.x0: expected exactly k={self.k} ones, got {sum(x0)}")
             if not self.feasible(x0):
-                raise ValueError(f"SubProblem.x0: expected exactly the quota of ones in every block {self.parts}, got {x0!r}")
+                raise ValueError(
+                    f"SubProblem.x0: expected exactly the quota of ones in every block {self.parts}, got {x0!r}"
+                )
 
     @property
     def parts(self) -> tuple[tuple[int, int], ...]:
@@ -187,7 +195,11 @@ class Optimizer:
 
 # Registration order is B.2's preference: ``auto`` takes the first optimizer fit for a problem.
 OPTIMIZERS: Registry[Optimizer] = Registry(
-    "optimizer", package=__name__, first=("exhaustive", "nomad", "oneplusone"), field="optimizer method", error=ValueError
+    "optimizer",
+    package=__name__,
+    first=("exhaustive", "nomad", "oneplusone"),
+    field="optimizer method",
+    error=ValueError,
 )
 
 

@@ -5,7 +5,14 @@ the package's docstring)."""
 from __future__ import annotations
 
 from bosch_eval.search.stages.nomad_process import run_nomad_isolated
-from bosch_eval.search.stages.optimizers import NOMAD_MAX_VARIABLES, OPTIMIZERS, Memo, Optimizer, SubProblem, start_point
+from bosch_eval.search.stages.optimizers import (
+    NOMAD_MAX_VARIABLES,
+    OPTIMIZERS,
+    Memo,
+    Optimizer,
+    SubProblem,
+    start_point,
+)
 
 # PyNomad parameters besides X0, bounds, MAX_BB_EVAL and SEED. NOMAD's defaults otherwise
 # (MADS with its quadratic-model search, as in the paper), quiet and single-threaded.

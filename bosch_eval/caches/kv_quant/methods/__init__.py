@@ -32,4 +32,6 @@ class KVQuantMethod:
 
 
 # ``kv_quant=name`` runs ``KV_QUANT_METHODS[name]``; the built-in methods are listed first.
-KV_QUANT_METHODS: Registry[KVQuantMethod] = Registry("KV-quantization method", package=__name__, first=("logquant", "kivi"), field="kv_quant")
+KV_QUANT_METHODS: Registry[KVQuantMethod] = Registry(
+    "KV-quantization method", package=__name__, first=("logquant", "kivi"), field="kv_quant"
+)
