@@ -297,7 +297,7 @@ class TestTiebreak:
         from bosch_eval.masks.head_mask import HeadMask
         from bosch_eval.search.objective.objective_loading import CalibrationSettings, build_objective
 
-        plain = build_objective("toy", CalibrationSettings(length=256, examples=4))
+        plain = build_objective("toy", CalibrationSettings(length=256, examples=4, metric="acc"))  # the paper's
         tie = CalibrationObjective(plain.lm, ["bosch_niah_calib"], metadata=plain.metadata, metric="acc_tiebreak")
         assert tie.racing_problem() is None
         full = HeadMask.uniform(plain.shape, full=True, window=32)
