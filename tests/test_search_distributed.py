@@ -91,5 +91,8 @@ def test_two_processes_race_masks_in_parallel_to_the_one_process_journal(tmp_pat
         ]
 
     assert HeadMask.load(launched / "mask.json").bits == HeadMask.load(tmp_path / "one" / "mask.json").bits
-    assert records(launched) == records(tmp_path / "one")
-    assert any("bound" in record for record in records(launched))
+    two, one = records(launched), records(tmp_path / "one")
+    # Under acc_tiebreak (the default) S is a mean of probabilities: lm-eval gathers the two
+    # processes' examples in another order, and the sum may differ in its last bit.
+    assert [{**r, "score": pytest.approx(r["score"], rel=1e-12)} if "score" in r else r for r in one] == two
+    assert any("bound" in record for record in two)

@@ -3,10 +3,14 @@ predicate of :class:`~bosch_eval.attention.local_window.LocalWindow` is the ``ma
 layer — full heads causal, SWA heads windowed with sinks, the model's padding on top — is
 one call.
 
-Compiled with ``torch.compile`` where a probe compile succeeds on the device and dtype
-that will run (Inductor: C++ on CPU, Triton on CUDA); otherwise flex runs eagerly (exact,
-but it materializes the scores), with the reason logged once. Set ``compile_policy`` to
-``False`` to force eager (tests, or to avoid a compile per new sequence length on CPU).
+Compiled with ``torch.compile`` on CUDA where a probe compile succeeds on the device and
+dtype that will run (Inductor's Triton templates); otherwise flex runs eagerly (exact, but it
+materializes the scores), with the reason logged once. On a CPU flex runs eagerly unless
+``compile_policy`` is True: Inductor's C++ flex template (torch 2.13) answered wrongly there
+once a process had compiled flex for another window or batch at the same length (the
+padding-free rows of ``benchmarks/backend_reference.py`` after a first case: |Δ logit| 0.6 to
+0.93, NaN), and the CPU's fast SWA path is the ``blocked`` kernel anyway. Set
+``compile_policy`` to ``False`` to force eager everywhere (tests).
 
 Block masks (:mod:`bosch_eval.attention.kernels.flex_blocks`) are built from the band's block
 arithmetic, never by evaluating the predicate over T × K, and a :class:`BlockMaskCache`
@@ -42,7 +46,7 @@ from bosch_eval.attention.local_window import LocalWindow
 
 logger = logging.getLogger("bosch_eval")
 
-# None: compile if the probe compiles; True/False: force.
+# None: compile on CUDA if the probe compiles, eager on a CPU (module docstring); True/False: force.
 compile_policy: bool | None = None
 
 # What a compiled call that ran flex unfused (dynamo's recompile limit, a graph break) does:
@@ -185,14 +189,15 @@ def _device_name(device: torch.device) -> str:
 
 
 def _run_flex(*args: Any, **kwargs: Any) -> torch.Tensor:
-    """flex_attention, compiled unless ``compile_policy`` is False or compiling fails here.
+    """flex_attention, compiled on CUDA unless ``compile_policy`` is False or compiling fails
+    there; eager on a CPU unless ``compile_policy`` is True (the module docstring says why).
 
     A compile that fails on a later shape (after the probe passed) is logged once and flex
     runs eagerly on that device and dtype from then on: exact, slower, never stopped.
     """
     query = args[0]
     device, dtype = _device_name(query.device), query.dtype
-    if compile_policy is False:
+    if compile_policy is False or (compile_policy is None and query.device.type == "cpu"):
         return _eager_flex(*args, **kwargs)
     reason = _run_failures.get((device, dtype)) or compile_failure(device, dtype)
     if reason is not None:
