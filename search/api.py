@@ -47,7 +47,7 @@ from bosch_eval.search.guarded.incumbent_rankings import (
     ranking_sources,
 )
 from bosch_eval.search.journal.journal import Journal, JournalError, mask_key
-from bosch_eval.search.journal.journal_header import refuse_other_settings
+from bosch_eval.search.journal.journal_header import header_changes, other_settings_error
 from bosch_eval.search.objective.objective import CalibrationObjective
 from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.search.objective.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound, Racing
@@ -122,6 +122,8 @@ def search_model(
     ranked = ranking_sources(settings.rankings, calibration.tasks) if VARIANTS[settings.variant].incumbents else None
     if resume and not new_settings:  # before the model loads; the journal checks again, under the lock
         _refuse_other_settings(out, pinned, ranked is not None, calibration)
+    if not resume:
+        _refuse_a_used_folder(out, pinned, ranked is not None, calibration)
     lock = OutputLock(out, "search", JournalError) if state.is_main_process else None  # only the main process writes
     on_main_then_everywhere(lock.acquire if lock is not None else None, JournalError, state.num_processes)
     try:
@@ -194,8 +196,41 @@ def _refuse_other_settings(
     out: Path, pinned: dict[str, Any], incumbents: bool, calibration: CalibrationSettings
 ) -> None:
     """A resume under other settings refused before the model loads (the journal checks again, under the
-    lock): the search's settings, and the calibration's tasks and metric (a journal of the paper's
-    ``acc`` resumed under today's default metric is the common case)."""
+    lock)."""
+    changed = _setting_changes(out / "journal.jsonl", pinned, incumbents, calibration)
+    if changed:
+        raise other_settings_error(out / "journal.jsonl", changed)
+
+
+def _refuse_a_used_folder(
+    out: Path, pinned: dict[str, Any], incumbents: bool, calibration: CalibrationSettings
+) -> None:
+    """Without ``--resume``, a folder that holds a search is refused before the model loads (the
+    journal would refuse it after), saying what a resume would change, so the next command is right."""
+    path = out / "journal.jsonl"
+    packed = path.with_name(path.name + ".gz")
+    if not packed.exists() and not (
+        path.exists() and path.read_bytes().count(b"\n") >= 2
+    ):  # a header alone starts afresh
+        return
+    changed = _setting_changes(path, pinned, incumbents, calibration)
+    hint = (
+        f"; a resume would change {'; '.join(changed)}, so it needs --new-settings (the old result is kept)"
+        if changed
+        else "; it ran under these settings"
+    )
+    raise JournalError(
+        f"{path if path.exists() else packed}: holds a search; pass --resume to continue it{hint}, or choose another "
+        "--out (finished work is never overwritten)"
+    )
+
+
+def _setting_changes(
+    path: Path, pinned: dict[str, Any], incumbents: bool, calibration: CalibrationSettings
+) -> list[str]:
+    """What a resume of the journal at ``path`` would change: the search's settings, and the
+    calibration's tasks and metric (a journal of the paper's ``acc`` resumed under today's default
+    metric is the common case)."""
 
     def as_now(stored: dict[str, Any]) -> dict[str, Any]:
         header = migrate_header(stored, {"settings": pinned})
@@ -204,14 +239,15 @@ def _refuse_other_settings(
         # The rankings' incumbents are known once computed; the journal compares them then.
         return dict(header, settings=dict(header["settings"], incumbents=pinned["incumbents"]))
 
-    refuse_other_settings(out / "journal.jsonl", "settings", pinned, migrate=as_now)
     chosen = {"tasks": list(calibration.tasks), "metric": calibration.metric}
 
     def chosen_of(stored: dict[str, Any]) -> dict[str, Any]:
         known = stored.get("calibration")
         return dict(stored, calibration={key: known.get(key) for key in chosen}) if isinstance(known, dict) else stored
 
-    refuse_other_settings(out / "journal.jsonl", "calibration", chosen, migrate=chosen_of)
+    return header_changes(path, "settings", pinned, migrate=as_now) + header_changes(
+        path, "calibration", chosen, migrate=chosen_of
+    )
 
 
 def _with_incumbents(

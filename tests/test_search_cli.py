@@ -206,6 +206,20 @@ def test_a_journal_of_another_calibration_metric_is_refused_before_the_model_loa
     assert 'calibration.metric: "perplexity" → "acc_tiebreak"' in capsys.readouterr().err
 
 
+def test_a_folder_holding_a_search_is_refused_without_resume_before_the_model_loads(
+    finished: tuple[Path, Path, Path], capsys
+) -> None:
+    """Issue 68: the first message said only "pass --resume", after the model had loaded; the
+    resume was then refused for other settings. Now one message, before the load, says both."""
+    model_dir, task_dir, out = finished
+    with mock.patch("bosch_eval.search.api.build_objective", side_effect=AssertionError("loaded the model")):
+        assert main(search_args(model_dir, task_dir, out)) == 2
+        assert "holds a search; pass --resume to continue it; it ran under these settings" in capsys.readouterr().err
+        assert main(search_args(model_dir, task_dir, out, "--seed", "1")) == 2
+    err = capsys.readouterr().err
+    assert "pass --resume to continue it; a resume would change settings.seed: 0 → 1, so it needs --new-settings" in err
+
+
 def test_new_settings_needs_resume(finished: tuple[Path, Path, Path], tmp_path: Path, capsys) -> None:
     model_dir, task_dir, _ = finished
     assert main(search_args(model_dir, task_dir, tmp_path / "run", "--new-settings")) == 2

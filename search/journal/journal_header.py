@@ -1,7 +1,7 @@
 """A journal's header against the run that opens it: what a journal pins (model, window,
 calibration, the search's settings) compared field by field, and the refusal that names every
 field a resume would change (:class:`~bosch_eval.search.journal.journal.Journal` applies it on open,
-:func:`refuse_other_settings` before a model loads)."""
+:func:`header_changes` before a model loads)."""
 
 from __future__ import annotations
 
@@ -14,26 +14,32 @@ from typing import Any
 from bosch_eval.runtime.errors import JournalError
 
 
-def refuse_other_settings(
+def header_changes(
     path: str | Path, field: str, value: Any, migrate: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-) -> None:
-    """Before anything expensive (a model load): the refusal :class:`Journal` would give for a
-    resume whose header ``field`` differs from ``value`` (the stored header read through
-    ``migrate``, as :class:`Journal` reads it); nothing if there is no readable journal at
-    ``path``, plain or gzipped (opening it later says what is wrong)."""
+) -> list[str]:
+    """``dotted.field: stored → value`` for each leaf of the stored header's ``field`` that
+    ``value`` changes; [] where there is no readable journal or no such field."""
+    stored = stored_header(path)
+    if stored is None:
+        return []
+    if migrate is not None:
+        stored = migrate(stored)
+    if field not in stored:
+        return []
+    mine = normalized_header({field: value})
+    return [f"{where}: {theirs} → {now}" for where, theirs, now in differences({field: stored.get(field)}, mine)]
+
+
+def stored_header(path: str | Path) -> dict[str, Any] | None:
+    """The header of the journal at ``path`` or of its committed ``.gz``; None where neither is readable."""
     path = Path(path)
     packed = path.with_name(path.name + ".gz")  # a committed journal, unpacked only once the resume goes on
     try:
         with open(path, "rb") if path.exists() or not packed.exists() else gzip.open(packed, "rb") as handle:
             stored = json.loads(handle.readline())["header"]
     except (OSError, EOFError, ValueError, KeyError, TypeError):
-        return
-    if migrate is not None and isinstance(stored, dict):
-        stored = migrate(stored)
-    mine = normalized_header({field: value})
-    changed = [f"{where}: {theirs} → {now}" for where, theirs, now in differences({field: stored.get(field)}, mine)]
-    if field in stored and changed:
-        raise other_settings_error(path, changed)
+        return None
+    return stored if isinstance(stored, dict) else None
 
 
 def other_settings_error(path: Path, changed: Sequence[str]) -> JournalError:
