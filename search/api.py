@@ -209,9 +209,8 @@ def _refuse_a_used_folder(
     journal would refuse it after), saying what a resume would change, so the next command is right."""
     path = out / "journal.jsonl"
     packed = path.with_name(path.name + ".gz")
-    if not packed.exists() and not (
-        path.exists() and path.read_bytes().count(b"\n") >= 2
-    ):  # a header alone starts afresh
+    records = path.exists() and path.read_bytes().count(b"\n") >= 2  # a header alone starts afresh
+    if not (packed.exists() or records):
         return
     changed = _setting_changes(path, pinned, incumbents, calibration)
     hint = (
