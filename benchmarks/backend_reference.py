@@ -39,6 +39,7 @@ from bosch_eval.attention.kernels import BACKENDS, flex  # noqa: E402
 from bosch_eval.bench.report import environment  # noqa: E402
 from bosch_eval.masks.head_mask import HeadMask, ModelShape  # noqa: E402
 from bosch_eval.models.random_model import FAMILIES, random_model  # noqa: E402
+from bosch_eval.runtime.device import pick_device  # noqa: E402
 from bosch_eval.runtime.errors import SettingsError  # noqa: E402
 from tests.helpers import left_padded_batch, reference_logits  # noqa: E402
 
@@ -184,8 +185,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sinks", type=int, nargs="+", default=[0, 3], help="attention sinks S (default: 0 3)")
     parser.add_argument("--out", type=Path, help="directory for cases.jsonl and reference.md (default: print only)")
     args = parser.parse_args(argv)
-
-    from bosch_eval.runtime.device import pick_device
 
     device = torch.device(pick_device(args.device, "--device"))
     flex.unfused_policy = "error"  # a case flex ran unfused would not check the kernel that runs

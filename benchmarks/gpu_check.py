@@ -48,6 +48,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bosch_eval.masks.head_mask import HeadMask
+from bosch_eval.runtime.device import pick_device
+from bosch_eval.runtime.errors import SettingsError, exit_status
+from bosch_eval.runtime.versions import versions
+from bosch_eval.tasks import TASKS_DIR
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # Issue 38's targets at T = 32768: (configuration, ratio key of bench.speedups, least value or, for
@@ -179,6 +185,7 @@ def stage_bench(folder: Path, seconds: float, plan: Plan, device: str) -> dict[s
     import torch
     from backend_reference import runnable_backends  # benchmarks/ is sys.path[0]
 
+    # torch (the modules of ours below load it): not for this script's --help
     from bosch_eval.bench.report import speedups
     from bosch_eval.bench.runner import BenchRow
 
@@ -243,9 +250,6 @@ def bench_runs(
 
 
 def stage_lm_eval(folder: Path, seconds: float, plan: Plan, device: str) -> dict[str, Any]:
-    from bosch_eval.masks.head_mask import HeadMask
-    from bosch_eval.tasks import TASKS_DIR
-
     out = folder / "lm_eval"
     out.mkdir(parents=True, exist_ok=True)
     mask = out / "toy_mask.json"
@@ -455,8 +459,8 @@ def _number(value: float | None) -> str:
 def environment_of(device: str, argv: list[str], plan: Plan) -> dict[str, Any]:
     import torch
 
+    # torch (the modules of ours below load it): not for this script's --help
     from bosch_eval.bench.report import environment
-    from bosch_eval.runtime.versions import versions
 
     commit = subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
@@ -488,16 +492,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
 
-    from bosch_eval.runtime.device import pick_device
-    from bosch_eval.runtime.errors import exit_status
-
     def run() -> None:
         device = pick_device(args.device, "--device")  # no CUDA: an error naming --device, before anything runs
         environment = environment_of(device, argv, plan)
         folder = args.out / slug(environment["device"])
         if folder.exists() and any(folder.iterdir()):
-            from bosch_eval.runtime.errors import SettingsError
-
             raise SettingsError(
                 f"--out: {folder} already holds a check; pass another --out (results are never overwritten)"
             )

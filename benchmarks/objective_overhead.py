@@ -38,19 +38,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bosch_eval.masks.head_mask import HeadMask
+from bosch_eval.models.model_check import model_path
+from bosch_eval.models.model_defaults import model_defaults
+from bosch_eval.tasks import TASKS_DIR
+
 TOY_SHAPE = dict(num_layers=4, hidden_size=128, intermediate_size=384, num_attention_heads=8, num_key_value_heads=4)
 
 
 def model_dir(scratch: Path) -> tuple[str, str]:
     """The toy model's directory, or a random one of its shape; and a label for it."""
-    from bosch_eval.models.model_check import model_path
-
     try:
         return str(model_path()), "bundled toy model"
     except FileNotFoundError:
         pass
     import torch
 
+    # torch (the modules of ours below load it): not for this script's --help
     from bosch_eval.models.random_model import random_model
     from bosch_eval.toy.train import train_tokenizer
 
@@ -68,8 +72,6 @@ def model_dir(scratch: Path) -> tuple[str, str]:
 
 def half_swa_mask(shape: Any) -> Any:
     """Every other KV group SWA, alternating by layer: half of them."""
-    from bosch_eval.masks.head_mask import HeadMask
-
     rows = [[(layer + group) % 2 for group in range(shape.num_kv_heads)] for layer in range(shape.num_layers)]
     return HeadMask.from_rows(rows, shape.num_heads)
 
@@ -79,6 +81,7 @@ def forward_batches(objective: Any) -> list[tuple[Any, Any]]:
     import torch
     from lm_eval.models.utils_hf import pad_and_concat
 
+    # torch (the modules of ours below load it): not for this script's --help
     from bosch_eval.model_adapters.continuation_logits import scored_positions
 
     lm = objective.lm
@@ -106,6 +109,7 @@ def bare_forward(objective: Any, batches: list[tuple[Any, Any]]) -> Callable[[],
     import torch
     import torch.nn.functional as F
 
+    # torch (the modules of ours below load it): not for this script's --help
     from bosch_eval.model_adapters.continuation_logits import logits_at
 
     model = objective.lm.model
@@ -136,9 +140,8 @@ def main() -> None:
     import torch
     from lm_eval.tasks import TaskManager
 
-    from bosch_eval.models.model_defaults import model_defaults
+    # torch (the modules of ours below load it): not for this script's --help
     from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
-    from bosch_eval.tasks import TASKS_DIR
 
     with tempfile.TemporaryDirectory() as scratch:
         path, label = model_dir(Path(scratch))

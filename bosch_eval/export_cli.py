@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bosch_eval.masks.head_mask import HeadMask, MaskError, check_window
+from bosch_eval.masks.head_mask import HeadMask, check_window
 from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS
 from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
 from bosch_eval.masks.window import WINDOW_CONVENTIONS
 from bosch_eval.models.model_check import resolve_model
+from bosch_eval.runtime.errors import ExportError, MaskError
 
 TARGETS = ("transformers", "serving")
 
@@ -19,7 +20,7 @@ def _mask(args: argparse.Namespace) -> tuple[HeadMask, str]:
     """The mask asked for: --mask, --ranking/--layers with --ratio, or the one a hybrid
     checkpoint (--model) embeds."""
     from bosch_eval.models.checkpoint import CONFIG_FIELD  # transformers: not for --help
-    from bosch_eval.models.resolved_model import ResolvedModel  # likewise
+    from bosch_eval.models.resolved_model import ResolvedModel  # torch: likewise
 
     if args.model is None:
         if args.mask is None:
@@ -44,7 +45,7 @@ def _mask(args: argparse.Namespace) -> tuple[HeadMask, str]:
 
 
 def _export(args: argparse.Namespace) -> None:
-    from bosch_eval.models.export import ExportError, export_transformers, write_serving  # torch: not for --help
+    from bosch_eval.models.export import export_transformers, write_serving  # torch: not for --help
 
     mask, source = _mask(args)
     if mask.model is None and args.model is not None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking
 from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
+from bosch_eval.runtime.errors import MaskError
 
 FULL, SWA = "█", "·"
 

@@ -75,7 +75,7 @@ from bosch_eval.caches.captured import bucketed_capacity
 from bosch_eval.caches.hybrid_cache import HybridCache, captured_refusal
 from bosch_eval.caches.kv_quant.config import KVQuantConfig, parse_kv_quant
 from bosch_eval.caches.prefix_cache import PrefixActivations
-from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
+from bosch_eval.masks.head_mask import HeadMask, ModelShape
 from bosch_eval.masks.mask_sources import resolve_mask
 from bosch_eval.model_adapters.compressed_scoring import CompressedScoring
 from bosch_eval.model_adapters.loader_args import adapter_settings
@@ -83,13 +83,13 @@ from bosch_eval.model_adapters.scoring import ContinuationScorer, ForwardLogits,
 from bosch_eval.model_adapters.settings import AdapterSettings
 from bosch_eval.model_adapters.truncation import TruncationPolicy, over_long_contexts, over_long_requests
 from bosch_eval.models.checkpoint import set_saved_kv_quant
-from bosch_eval.models.model_check import ModelError, check_causal_decoder
+from bosch_eval.models.model_check import check_causal_decoder
 from bosch_eval.models.model_defaults import resolve_window
 from bosch_eval.models.resolved_model import ResolvedModel
 from bosch_eval.models.rope_scaling import scaled_config
 from bosch_eval.models.transformers_compat import cache_argument
 from bosch_eval.runtime.device import pick_device, warn_slow_cpu_bfloat16
-from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.errors import MaskError, ModelError, SettingsError
 from bosch_eval.runtime.launch import ProcessShard, join_cpu_processes, shard_over_processes
 from bosch_eval.runtime.lm_eval_logs import quiet_per_length_warnings
 from bosch_eval.runtime.threads import apply_thread_policy

@@ -27,8 +27,8 @@ from transformers.cache_utils import Cache
 
 from bosch_eval.caches.hybrid_cache import HybridCache
 from bosch_eval.caches.kv_quant.config import KVQuantConfig
-from bosch_eval.models.model_check import ModelError
 from bosch_eval.models.transformers_compat import cache_argument
+from bosch_eval.runtime.errors import ModelError
 
 
 def continuation_logits_through_cache(

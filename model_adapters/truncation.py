@@ -17,7 +17,7 @@ from typing import Any
 from lm_eval.api.instance import Instance
 from lm_eval.models.utils import normalize_gen_kwargs
 
-from bosch_eval.models.model_check import ModelError
+from bosch_eval.runtime.errors import ModelError
 
 log = logging.getLogger("bosch_eval")
 

@@ -34,11 +34,10 @@ from tqdm import tqdm
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count, check_ratio
 from bosch_eval.models.model_defaults import resolve_window
 from bosch_eval.models.resolved_model import ResolvedModel
-from bosch_eval.runtime.errors import exit_status
+from bosch_eval.runtime.errors import JournalError, SearchError, exit_status
 from bosch_eval.runtime.outdir_lock import OutputLock
-from bosch_eval.search.journal.journal import Journal, JournalError, mask_key
+from bosch_eval.search.journal.journal import Journal, mask_key
 from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
-from bosch_eval.search.objective.scoring import SearchError
 
 # A user who points this at a real model gets an error, not a run of years.
 DEFAULT_MAX_MASKS = 5000

@@ -27,8 +27,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from bosch_eval.masks.head_mask import HeadMask
+from bosch_eval.runtime.errors import SearchError
 from bosch_eval.search.objective.racing import RaceBound
-from bosch_eval.search.objective.scoring import SearchError
 
 TIE_BREAK_FILE = "tiebreak.jsonl"
 FORMAT = "bosch-tiebreak/1"

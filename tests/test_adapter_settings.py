@@ -16,12 +16,11 @@ from lm_eval.api.registry import get_model
 from lm_eval.models.huggingface import HFLM
 from transformers import AutoModelForCausalLM
 
-from bosch_eval.compare.entries import EntryError, parse_entry
-from bosch_eval.masks.head_mask import MaskError
+from bosch_eval.compare.entries import parse_entry
 from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.model_adapters.loader_args import FROM_PRETRAINED, adapter_settings, loader_parameters, parse_model_args
 from bosch_eval.model_adapters.settings import AdapterSettings
-from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.errors import EntryError, MaskError, SettingsError
 
 FIXTURE_TASKS = Path(__file__).parent / "fixtures" / "tasks"
 

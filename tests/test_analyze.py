@@ -7,7 +7,8 @@ import pytest
 from bosch_eval.analyze.mask_stats import jaccard, turnover
 from bosch_eval.analyze.replace import replace_heads
 from bosch_eval.cli import main
-from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking
+from bosch_eval.runtime.errors import MaskError
 
 
 def mask(rows, **meta):

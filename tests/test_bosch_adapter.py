@@ -18,13 +18,11 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.tasks import TaskManager
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError, ModelShape
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking, ModelShape
 from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.model_adapters.continuation_logits import logits_at, scored_positions
-from bosch_eval.models.model_check import ModelError
 from bosch_eval.models.random_model import random_model
-from bosch_eval.runtime.device import DeviceError
-from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.errors import DeviceError, MaskError, ModelError, SettingsError
 from tests.helpers import generation_requests, requests
 
 FIXTURE_TASKS = Path(__file__).parent / "fixtures" / "tasks"

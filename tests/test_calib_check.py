@@ -14,8 +14,9 @@ from scipy.stats import spearmanr
 
 from bosch_eval.cli import main
 from bosch_eval.masks.head_mask import HeadMask, HeadRanking, ModelShape
+from bosch_eval.runtime.errors import CalibCheckError
 from bosch_eval.search.calib_check import bootstrap_ci, build_panel, layer_drops, spearman, summarize
-from bosch_eval.search.cli.calib_check_cli import CalibCheckError, make_report, render, score_panel
+from bosch_eval.search.cli.calib_check_cli import make_report, render, score_panel
 
 SHAPE = ModelShape(num_layers=4, num_heads=8, num_kv_heads=4)
 

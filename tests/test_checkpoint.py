@@ -9,10 +9,11 @@ import torch
 from transformers import AutoTokenizer
 
 from bosch_eval.attention.hybrid_attention import hybrid_state, hybridize
-from bosch_eval.masks.head_mask import HeadMask, MaskError
+from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.models.checkpoint import load_hybrid_model
 from bosch_eval.models.random_model import random_model
+from bosch_eval.runtime.errors import MaskError
 
 ROWS = [[0, 1, 0, 1], [0, 0, 0, 0], [1, 1, 1, 0]]
 

@@ -7,9 +7,8 @@ import ast
 
 import pytest
 
-from bosch_eval.masks.head_mask import MaskError
 from bosch_eval.runtime.checks import check_int, is_int, is_number
-from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.errors import MaskError, SettingsError
 from tests.source_tree import REPO, source_modules
 
 CHECKS_MODULE = "bosch_eval/runtime/checks.py"

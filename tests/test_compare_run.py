@@ -10,8 +10,9 @@ import pytest
 
 from bosch_eval.cli import main
 from bosch_eval.compare import runner
-from bosch_eval.compare.entries import EntryError, parse_entry
+from bosch_eval.compare.entries import parse_entry
 from bosch_eval.compare.spec import build_spec
+from bosch_eval.runtime.errors import EntryError
 
 pytestmark = pytest.mark.slow
 MASK = Path(__file__).parents[1] / "results" / "toy_search" / "bosch-r0.75" / "mask.json"

@@ -15,7 +15,7 @@ from bosch_eval.caches.hybrid_cache import HybridCache, kv_cache_bytes
 from bosch_eval.caches.kv_quant.config import parse_kv_quant
 from bosch_eval.caches.kv_quant.formula import KVLayout, kv_cache_bytes_formula
 from bosch_eval.models.resolved_model import ResolvedModel
-from bosch_eval.compare.entries import EntryError, parse_entry
+from bosch_eval.compare.entries import parse_entry
 from bosch_eval.compare.kv_bytes import entry_kv_bytes, relative_kv_bytes
 from bosch_eval.compare.leaderboard import EntryRuns, build_rows
 from bosch_eval.compare.paired_ci import paired_bootstrap_ci
@@ -25,6 +25,7 @@ from bosch_eval.masks.head_mask import CALIBRATION_INPUTS, HeadMask, HeadRanking
 from bosch_eval.models.model_check import resolve_model
 from bosch_eval.models.random_model import random_model
 from bosch_eval.runtime.doc_selection import limited_indices, per_length_indices
+from bosch_eval.runtime.errors import EntryError
 
 
 class TestEntries:

@@ -11,7 +11,8 @@ import pytest
 
 from bosch_eval.cli import main
 from bosch_eval.runtime import device as device_module
-from bosch_eval.runtime.device import DeviceError, default_device, pick_device
+from bosch_eval.runtime.device import default_device, pick_device
+from bosch_eval.runtime.errors import DeviceError
 
 NO_CUDA = "this torch (test) was built without CUDA"
 

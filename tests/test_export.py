@@ -18,9 +18,10 @@ from bosch_eval.attention.hybrid_attention import hybridize
 from bosch_eval.cli import main
 from bosch_eval.masks.head_mask import HeadMask, ModelShape
 from bosch_eval.models import export
-from bosch_eval.models.export import ExportError, export_transformers, serving_json, sliding_config, whole_layer_types
+from bosch_eval.models.export import export_transformers, serving_json, sliding_config, whole_layer_types
 from bosch_eval.models.model_check import resolve_model
 from bosch_eval.models.random_model import FAMILIES, save_random_checkpoint, train_tokenizer
+from bosch_eval.runtime.errors import ExportError
 
 FIXTURE_TASKS = Path(__file__).parent / "fixtures" / "tasks"
 WINDOW = 4

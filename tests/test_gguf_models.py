@@ -21,8 +21,9 @@ from bosch_eval.model_adapters import lm_eval_hook
 from bosch_eval.models import gguf_models
 from bosch_eval.models.gguf_models import CACHE_ENV, PACKAGED_GGUF, SOURCE_FILE, PackagedGguf, cache_root
 from bosch_eval.runtime.digests import file_digest
-from bosch_eval.models.model_check import ModelError, model_aliases, resolve_model
+from bosch_eval.models.model_check import model_aliases, resolve_model
 from bosch_eval.models.model_defaults import ModelDefaults, model_defaults
+from bosch_eval.runtime.errors import ModelError
 from tests.tiny_gguf import tiny_llama, write_gguf
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "A needle hides: the magic number is 7 3 1 zq!"]

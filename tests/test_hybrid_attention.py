@@ -8,9 +8,9 @@ import torch
 
 from bosch_eval.attention.hybrid_attention import hybrid_state, hybridize
 from bosch_eval.attention.hybrid_spec import GroupRun, HybridSpec
-from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
+from bosch_eval.masks.head_mask import HeadMask, ModelShape
 from bosch_eval.models.random_model import FAMILIES, random_model
-from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.errors import MaskError, SettingsError
 from tests.helpers import left_padded_batch, reference_logits
 
 WINDOW = 5

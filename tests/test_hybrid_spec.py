@@ -15,9 +15,9 @@ from bosch_eval.attention.hybrid_spec import HybridSpec, RunsOn
 from bosch_eval.attention.kernels import choice, flash, flex
 from bosch_eval.attention.local_window import LocalWindow
 from bosch_eval.caches.hybrid_cache import HybridCache
-from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
+from bosch_eval.masks.head_mask import HeadMask, ModelShape
 from bosch_eval.models.random_model import random_model
-from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.errors import MaskError, SettingsError
 from tests.helpers import left_padded_batch
 
 WINDOW = 5

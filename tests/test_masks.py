@@ -7,16 +7,9 @@ import json
 import pytest
 
 from bosch_eval.attention.local_window import LocalWindow
-from bosch_eval.masks.head_mask import (
-    HeadMask,
-    HeadRanking,
-    MaskError,
-    ModelShape,
-    ceil_count,
-    check_ratio,
-    uniform_bit,
-)
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking, ModelShape, ceil_count, check_ratio, uniform_bit
 from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS, layer_heuristic_mask
+from bosch_eval.runtime.errors import MaskError
 
 SHAPE = ModelShape(num_layers=3, num_heads=8, num_kv_heads=4)
 

@@ -11,9 +11,8 @@ from unittest import mock
 import pytest
 
 from bosch_eval.cli import main
-from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
+from bosch_eval.masks.head_mask import HeadMask, ModelShape
 from bosch_eval.models.model_check import (
-    ModelError,
     check_length,
     check_model_exists,
     max_positions,
@@ -21,6 +20,7 @@ from bosch_eval.models.model_check import (
     model_path,
     resolve_model,
 )
+from bosch_eval.runtime.errors import MaskError, ModelError
 
 
 class TestExistence:

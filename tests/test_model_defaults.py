@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from bosch_eval.masks.head_mask import MaskError, ModelShape
+from bosch_eval.masks.head_mask import ModelShape
 from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
 from bosch_eval.models.model_defaults import DEFAULTS_FILE, UNREAD_WINDOW, ModelDefaults, model_defaults, resolve_window
-from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.errors import MaskError, SettingsError
 
 SHAPE = ModelShape(num_layers=4, num_heads=8, num_kv_heads=4)
 

@@ -17,11 +17,11 @@ import lm_eval
 import pytest
 from lm_eval.tasks import TaskManager
 
-from bosch_eval.models.model_check import ModelError
 from bosch_eval.models.random_model import save_random_checkpoint, train_tokenizer
+from bosch_eval.runtime.errors import ModelError, TemplateTooLong
 from bosch_eval.tasks import TASKS_DIR
 from bosch_eval.tasks.niah import calibration, eval_suite, words
-from bosch_eval.tasks.niah.haystack import TemplateTooLong, count_tokens
+from bosch_eval.tasks.niah.haystack import count_tokens
 
 EVAL_TASKS = tuple(eval_suite.NIAH_FORMATS)
 GROUPS = ("bosch_niah", "bosch_niah_single", "bosch_niah_multikey")

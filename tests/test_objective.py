@@ -18,11 +18,11 @@ from lm_eval.tasks import TaskManager
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.runtime import launch
+from bosch_eval.runtime.errors import LmEvalError, SearchError
 from bosch_eval.runtime.launch import launch_state
-from bosch_eval.search.objective.objective import EVALUATE_PATH, CalibrationObjective, ObjectiveError
+from bosch_eval.search.objective.objective import EVALUATE_PATH, CalibrationObjective
 from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.search.objective.racing import RaceBound, Racing
-from bosch_eval.search.objective.scoring import SearchError
 from bosch_eval.tasks import TASKS_DIR
 from tests.helpers import CALIB_METADATA, DOT_TASK, PLAIN_GROUP, PPL_TASK, WINDOW, masks, write_tasks
 
@@ -204,7 +204,7 @@ class TestSeveralTasks:
 
     def test_a_metric_the_task_does_not_compute_is_named_with_the_ones_it_does(self, objective, task_dir):
         with pytest.raises(
-            ObjectiveError, match=r"'bosch_objective_ppl' computes no 'f1' \(its metrics: \['acc', 'perplexity'\]\)"
+            LmEvalError, match=r"'bosch_objective_ppl' computes no 'f1' \(its metrics: \['acc', 'perplexity'\]\)"
         ):
             CalibrationObjective(
                 objective.lm, [PPL_TASK], include_path=task_dir, metadata=objective.metadata, metric="f1"
@@ -215,7 +215,7 @@ class TestSeveralTasks:
             objective.lm, [PPL_TASK], include_path=task_dir, metadata=objective.metadata, metric="acc"
         )
         wrong.metric = "f1"  # past the construction-time check: lm-eval reports no such value
-        with pytest.raises(ObjectiveError, match=r"no 'f1' for 'bosch_objective_ppl'.*perplexity,none"):
+        with pytest.raises(LmEvalError, match=r"no 'f1' for 'bosch_objective_ppl'.*perplexity,none"):
             wrong(masks(objective.shape)[0])
 
 
@@ -244,7 +244,7 @@ class TestDataParallelAdapter:
         adapter leaves every launched process alone; say so rather than score everything N times."""
         PartialState()  # the early call (one process here), before WORLD_SIZE says otherwise
         monkeypatch.setenv("WORLD_SIZE", "2")
-        with pytest.raises(ObjectiveError, match="launched as 2 processes.*launch_state"):
+        with pytest.raises(LmEvalError, match="launched as 2 processes.*launch_state"):
             launch_state("cpu")
         with pytest.warns(RuntimeWarning, match="launched as 2 processes"):
             lm = BoschLM(pretrained=str(tiny_model_dir), device="cpu", layers="intr", ratio=0.0, window=WINDOW)
@@ -291,13 +291,13 @@ class TestMetricDirection:
         assert acc.best_possible == 1.0
         # A task reporting a metric of that name beyond 1 is refused, not taken for a perfect mask.
         monkeypatch.setattr(CalibrationObjective, "_score", lambda self, results, metric: 1.5)
-        with pytest.raises(ObjectiveError, match=r"'acc' gave S = 1.5, above 1.0.*--calib-metric"):
+        with pytest.raises(LmEvalError, match=r"'acc' gave S = 1.5, above 1.0.*--calib-metric"):
             acc(HeadMask.uniform(acc.shape, full=True))
 
     def test_a_metric_without_a_direction_is_named(self, objective, task_dir, monkeypatch):
         monkeypatch.setattr(ConfigurableTask, "higher_is_better", lambda self: {"perplexity": None})
         with pytest.raises(
-            ObjectiveError, match=r"'perplexity' of task 'bosch_objective_ppl' declares no higher_is_better"
+            LmEvalError, match=r"'perplexity' of task 'bosch_objective_ppl' declares no higher_is_better"
         ):
             CalibrationObjective(
                 objective.lm, [PPL_TASK], include_path=task_dir, metadata=objective.metadata, metric="perplexity"
@@ -307,7 +307,7 @@ class TestMetricDirection:
         monkeypatch.setattr(
             ConfigurableTask, "higher_is_better", lambda self: {"perplexity": self.config.task == PPL_TASK}
         )
-        with pytest.raises(ObjectiveError, match="higher-is-better in some calibration tasks and not in others"):
+        with pytest.raises(LmEvalError, match="higher-is-better in some calibration tasks and not in others"):
             CalibrationObjective(
                 objective.lm,
                 [PPL_TASK, DOT_TASK],
@@ -356,7 +356,7 @@ class TestOnTheTrainedToyModel:
 
 def test_racing_names_why_a_calibration_cannot_be_raced(objective):
     assert "does not aggregate 'perplexity' with lm-eval's mean" in objective.racing_problem()
-    with pytest.raises(ObjectiveError, match="racing: .*perplexity"):
+    with pytest.raises(LmEvalError, match="racing: .*perplexity"):
         objective.race(HeadMask.uniform(objective.shape, full=True), lambda best: True)
 
 

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bosch_eval.masks.head_mask import MaskError
-from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.errors import MaskError, SettingsError
 from bosch_eval.runtime.registry import Registry
 
 

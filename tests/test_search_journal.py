@@ -13,7 +13,8 @@ from unittest import mock
 
 import pytest
 
-from bosch_eval.search.journal.journal import Journal, JournalError, mask_key
+from bosch_eval.runtime.errors import JournalError
+from bosch_eval.search.journal.journal import Journal, mask_key
 
 HEADER = {"model": "toy", "ratio": 0.5, "window": 64, "seed": 1, "variant": "bosch", "buckets": [0.0, 0.5, 1.0]}
 

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count
+from bosch_eval.runtime.errors import SearchError
 from bosch_eval.search.journal.journal import Journal, mask_key
 from bosch_eval.search.objective.score_book import Bits, ScoreBook
-from bosch_eval.search.objective.scoring import Anchors, ScoreScale, SearchError, subproblem_loss
+from bosch_eval.search.objective.scoring import Anchors, ScoreScale, subproblem_loss
 from bosch_eval.search.pipeline import VARIANTS, Resumed, SearchSettings, default_chunk_layers, run_search
 from bosch_eval.search.variants import Variant
 from bosch_eval.search.stages.stages import LayerQuotas, StageOutcome, StageSettings, refine, stage3

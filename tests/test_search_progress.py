@@ -124,7 +124,8 @@ def test_every_count_of_masks_evaluated_agrees(tmp_path) -> None:  # noqa: ANN00
     """One word for one count: the journal's refusal, the resume log and the result count the
     same distinct masks (scored or stopped early), never journal lines (racing writes values
     and bounds too)."""
-    from bosch_eval.search.journal.journal import Journal, JournalError
+    from bosch_eval.runtime.errors import JournalError
+    from bosch_eval.search.journal.journal import Journal
     from bosch_eval.search.pipeline import Resumed
 
     path = tmp_path / "journal.jsonl"

@@ -12,9 +12,9 @@ import pytest
 
 from bosch_eval.cli import main
 from bosch_eval.masks.head_mask import HeadMask, ModelShape
+from bosch_eval.runtime.errors import SearchError
 from bosch_eval.search.journal.journal import mask_key, read_records
 from bosch_eval.search.objective.racing import RaceBound
-from bosch_eval.search.objective.scoring import SearchError
 from bosch_eval.search.pipeline import SearchSettings, run_search
 from bosch_eval.search.saturation import search_ties
 from bosch_eval.search.tie_break import (

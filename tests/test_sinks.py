@@ -7,9 +7,10 @@ import pytest
 
 from bosch_eval.attention.local_window import SINK_RULE, LocalWindow
 from bosch_eval.compare.kv_bytes import entry_kv_bytes
-from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
+from bosch_eval.masks.head_mask import HeadMask, ModelShape
 from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
 from bosch_eval.model_adapters.bosch import BoschLM
+from bosch_eval.runtime.errors import MaskError
 
 SHAPE = ModelShape(2, 4, 2)
 

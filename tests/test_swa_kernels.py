@@ -16,8 +16,8 @@ from bosch_eval.attention.kernels import flex as flex_module
 from bosch_eval.attention.kernels.blocked import blocked_attention
 from bosch_eval.attention.kernels.flex import flex_attention_layer
 from bosch_eval.attention.kernels.lse_merge import eager_windowed, sink_merged_attention
-from bosch_eval.attention.local_window import LocalWindow, LocalWindowError
-from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.attention.local_window import LocalWindow
+from bosch_eval.runtime.errors import LocalWindowError, SettingsError
 
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}  # fp32 kernels against a float64 reference
 

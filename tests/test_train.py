@@ -12,8 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from bosch_eval.cli import main
-from bosch_eval.masks.head_mask import MaskError
-from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.errors import MaskError, SettingsError
 from bosch_eval.train import trainer
 from bosch_eval.train.trainer import TrainSettings, latest_state, train
 from tests.helpers import MASK_SOURCE, settings_for

@@ -12,10 +12,9 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from bosch_eval.model_adapters.bosch import BoschLM
-from bosch_eval.models.model_check import ModelError
 from bosch_eval.models.random_model import random_model
 from bosch_eval.models.rope_scaling import apply_yarn, check_rope_args, scaled_config
-from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.errors import ModelError, SettingsError
 
 MASK = dict(layers="intr", ratio=0.5, window=8)
 

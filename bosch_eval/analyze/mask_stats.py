@@ -12,7 +12,8 @@ SWA set of a mask: its (layer, KV group) pairs with bit 0.
 
 from __future__ import annotations
 
-from bosch_eval.masks.head_mask import HeadMask, MaskError
+from bosch_eval.masks.head_mask import HeadMask
+from bosch_eval.runtime.errors import MaskError
 
 
 def swa_set(mask: HeadMask) -> frozenset[tuple[int, int]]:

@@ -4,7 +4,8 @@ would pick instead, and the reverse, at an unchanged SWA count."""
 from __future__ import annotations
 
 from bosch_eval.analyze.mask_stats import swa_set
-from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking
+from bosch_eval.runtime.errors import MaskError
 
 
 def _locality_order(ranking: HeadRanking) -> list[tuple[int, int]]:

@@ -41,8 +41,8 @@ from bosch_eval.attention.kernels import Backend, LayerPattern
 from bosch_eval.attention.layer_call import LayerCall
 from bosch_eval.attention.local_window import LocalWindow
 from bosch_eval.attention.restore_point import RestorePoint
-from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
-from bosch_eval.runtime.errors import ModelError, SettingsError
+from bosch_eval.masks.head_mask import HeadMask, ModelShape
+from bosch_eval.runtime.errors import MaskError, ModelError, SettingsError
 
 # The attention implementation registered with transformers, per mask format.
 IMPLEMENTATIONS = {"sdpa": "bosch_sdpa", "flash": "bosch_flash_attention_2"}

@@ -20,9 +20,9 @@ from bosch_eval.attention import head_order
 from bosch_eval.attention.kernels import BACKENDS as KERNELS
 from bosch_eval.attention.kernels import Backend
 from bosch_eval.attention.kernels.choice import BackendChoice, choose_backend
-from bosch_eval.attention.local_window import LocalWindow, LocalWindowError
-from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape, check_window
-from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.attention.local_window import LocalWindow
+from bosch_eval.masks.head_mask import HeadMask, ModelShape, check_window
+from bosch_eval.runtime.errors import LocalWindowError, MaskError, SettingsError
 
 
 def backend_names() -> list[str]:

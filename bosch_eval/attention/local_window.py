@@ -24,9 +24,9 @@ from __future__ import annotations
 from typing import Any
 
 # Re-exported: the kernels, the spec and the caches import the window's rules from here.
-from bosch_eval.masks.window import LocalWindow, LocalWindowError, causal, recent
+from bosch_eval.masks.window import LocalWindow, causal, recent
 
-__all__ = ["SINK_RULE", "LocalWindow", "LocalWindowError", "causal", "recent", "sink_indices", "sink_keys"]
+__all__ = ["SINK_RULE", "LocalWindow", "causal", "recent", "sink_indices", "sink_keys"]
 
 # Where the sinks are, recorded beside every result (the adapter's ``bosch_sink_rule``): results
 # from before this rule took a padded row's first S key indices, padding in a left-padded row.

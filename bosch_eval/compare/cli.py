@@ -14,10 +14,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.compare.entries import EntryError, parse_entry
+from bosch_eval.compare.entries import parse_entry
 from bosch_eval.compare.pack import pack
 from bosch_eval.compare.spec import CompareSpec, build_spec, load_spec
 from bosch_eval.masks.head_mask import ModelShape
+from bosch_eval.runtime.errors import EntryError
 from bosch_eval.runtime.versions import versions
 
 

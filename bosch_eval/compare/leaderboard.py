@@ -12,11 +12,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.compare.entries import EntryError
 from bosch_eval.compare.kv_bytes import entry_kv_bytes
 from bosch_eval.compare.paired_ci import PairedDifference, paired_bootstrap_ci
 from bosch_eval.compare.results import RunResults, doc_values, main_score, read_run
 from bosch_eval.masks.head_mask import HeadMask, HeadRanking
+from bosch_eval.runtime.errors import EntryError
 from bosch_eval.tasks.niah.eval_suite import value_format
 
 CI_METHOD = "paired percentile bootstrap over the same documents (stratified by length), 10000 resamples, seed 0"

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.compare.entries import Entry, EntryError
+from bosch_eval.compare.entries import Entry
 from bosch_eval.compare.inputs import FILE_SOURCES, changed, run_inputs
 from bosch_eval.compare.spec import CompareSpec
 from bosch_eval.masks.head_mask import HeadMask, ModelShape
@@ -48,7 +48,7 @@ from bosch_eval.models.model_identity import model_identity, portable_name
 from bosch_eval.models.resolved_model import ResolvedModel
 from bosch_eval.runtime.device import AUTO, pick_device
 from bosch_eval.runtime.doc_selection import samples_for_limit
-from bosch_eval.runtime.errors import BoschError, LmEvalError
+from bosch_eval.runtime.errors import BoschError, EntryError, LmEvalError
 from bosch_eval.runtime.lm_eval_session import load_task, task_manager
 from bosch_eval.runtime.outdir_lock import OutputLock
 from bosch_eval.runtime.previous_results import keep_aside

@@ -27,7 +27,6 @@ from typing import Any
 
 from bosch_eval.compare.entries import (
     Entry,
-    EntryError,
     check_keys,
     check_unique,
     default_seeds,
@@ -37,6 +36,7 @@ from bosch_eval.compare.entries import (
 )
 from bosch_eval.models.model_identity import portable_name
 from bosch_eval.runtime.checks import check_int, is_number
+from bosch_eval.runtime.errors import EntryError
 
 FIELDS = ("model", "model_args", "tasks", "metadata", "limit", "gen_kwargs", "seeds", "doc_seed", "reference", "claimant", "kv_length",
           "entries", "include_path", "bootstrap_iters")  # fmt: skip

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError, ModelShape, check_ratio, check_sinks
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking, ModelShape, check_ratio, check_sinks
 from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS, layer_heuristic_mask
 from bosch_eval.masks.window import resolve_window
+from bosch_eval.runtime.errors import MaskError
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from bosch_eval.attention.hybrid_attention import hybridize
 from bosch_eval.caches.kv_quant.config import CONFIG_FIELD as KV_QUANT_FIELD
 from bosch_eval.caches.kv_quant.config import KVQuantConfig
-from bosch_eval.masks.head_mask import HeadMask, MaskError
+from bosch_eval.masks.head_mask import HeadMask
+from bosch_eval.runtime.errors import MaskError
 
 CONFIG_FIELD = "bosch_mask"
 

@@ -5,7 +5,8 @@ calibration length its authors recommend (the bundled toy model does). The CLI a
 ``bosch`` adapter use them when the user gives no ``--window``/``window=`` or
 ``--calib-len``; an explicit value always wins (:func:`~bosch_eval.masks.window.resolve_window`,
 the one place W is chosen, with the window's other rules; re-exported here with
-:data:`UNREAD_WINDOW` and :class:`WindowError` for the callers that import them from here).
+:data:`UNREAD_WINDOW` for the callers that import them from here; :class:`WindowError` is
+imported from :mod:`bosch_eval.runtime.errors`).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from pathlib import Path
 
 from bosch_eval.masks.window import DEFAULTS_FILE, UNREAD_WINDOW, check_window, resolve_window
 from bosch_eval.runtime.checks import is_int
-from bosch_eval.runtime.errors import SettingsError, WindowError
+from bosch_eval.runtime.errors import SettingsError
 
-__all__ = ["DEFAULTS_FILE", "UNREAD_WINDOW", "ModelDefaults", "WindowError", "model_defaults", "resolve_window"]
+__all__ = ["DEFAULTS_FILE", "UNREAD_WINDOW", "ModelDefaults", "model_defaults", "resolve_window"]
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,9 @@ any of them in one line, and one place to see them all (docs/conventions.md#erro
 
 Every part of the package raises these (the core, the tasks, the features and the CLI), and
 this module imports nothing of the package, so no module has to import another one for its
-error class: the modules that raise them re-export the names they were first defined in
-(``from bosch_eval.masks.head_mask import MaskError``, ``from bosch_eval.search.objective.scoring
-import SearchError`` keep working).
+error class. They are imported from here only (``from bosch_eval.runtime.errors import
+MaskError``), never through a module that raises them, and under their own names
+(tests/test_error_imports.py).
 """
 
 from __future__ import annotations
@@ -52,13 +52,13 @@ class ExportError(BoschError):
 
 
 class LmEvalError(BoschError):
-    """A task, metric or result that lm-eval cannot give as asked (the search's
-    ``ObjectiveError`` is this class)."""
+    """A task, metric or result that lm-eval cannot give as asked (the search's objective raises
+    it too)."""
 
 
 class LaunchError(LmEvalError):
-    """Processes that cannot share an evaluation as launched. An :class:`LmEvalError` (the
-    search's ``ObjectiveError``): lm-eval could not give the scores as asked."""
+    """Processes that cannot share an evaluation as launched. An :class:`LmEvalError`: lm-eval
+    could not give the scores as asked."""
 
 
 class TemplateTooLong(BoschError):

@@ -26,8 +26,7 @@ from typing import Any, Protocol
 
 import torch
 
-from bosch_eval.models.model_check import ModelError
-from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.errors import ModelError, SettingsError
 from bosch_eval.toy.corpus import TRAIN_SEED_BASE, DocumentMaker
 
 # The toy model's final training mix (bosch_eval.toy.train.curriculum at full progress).

@@ -25,13 +25,12 @@ from typing import IO, Any
 import torch
 
 from bosch_eval.attention.hybrid_attention import HybridAttention, hybridize
-from bosch_eval.masks.head_mask import MaskError
 from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
 from bosch_eval.models.model_check import resolve_model
 from bosch_eval.models.resolved_model import ResolvedModel
 from bosch_eval.models.model_defaults import DEFAULTS_FILE
 from bosch_eval.models.rope_scaling import scaled_config
-from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.errors import MaskError, SettingsError
 from bosch_eval.runtime.versions import versions
 from bosch_eval.train.data import PackedSequences, open_source
 

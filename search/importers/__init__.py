@@ -15,8 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError, ModelShape
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking, ModelShape
 from bosch_eval.models.model_check import model_config, resolve_model
+from bosch_eval.runtime.errors import MaskError
 from bosch_eval.runtime.registry import Registry
 
 

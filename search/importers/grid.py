@@ -16,8 +16,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.masks.head_mask import MaskError, ModelShape
+from bosch_eval.masks.head_mask import ModelShape
 from bosch_eval.masks.window import check_sinks, check_window
+from bosch_eval.runtime.errors import MaskError
 
 Grid = list[list[float]]
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape
+from bosch_eval.masks.head_mask import HeadMask, ModelShape
+from bosch_eval.runtime.errors import MaskError
 from bosch_eval.search.importers import IMPORTERS, Importer
 from bosch_eval.search.importers.grid import local_sizes, per_group, provenance, read_tsv_grid
 

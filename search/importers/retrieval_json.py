@@ -19,8 +19,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from bosch_eval.masks.head_mask import HeadRanking, MaskError, ModelShape, check_window
+from bosch_eval.masks.head_mask import HeadRanking, ModelShape, check_window
 from bosch_eval.runtime.checks import is_number
+from bosch_eval.runtime.errors import MaskError
 from bosch_eval.search.importers import IMPORTERS, Importer
 from bosch_eval.search.importers.grid import check_layers, per_group, provenance, read_text, width_error
 

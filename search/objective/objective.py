@@ -57,10 +57,10 @@ from typing import TYPE_CHECKING, Any
 
 from bosch_eval.masks.head_mask import HeadMask, ModelShape
 from bosch_eval.models.model_identity import portable_name
+from bosch_eval.runtime.errors import LmEvalError
 from bosch_eval.runtime.launch import on_main_then_everywhere
 from bosch_eval.runtime.lm_eval_session import (
     FEWSHOT_SEED,
-    LmEvalError,
     global_rng_kept,
     load_task,
     merge_task_dicts,
@@ -84,10 +84,6 @@ if TYPE_CHECKING:
 DEFAULT_TASKS = (DEFAULT_CALIB_TASK,)
 EVALUATE_PATH = "lm_eval.evaluator.evaluate"
 
-
-# A calibration task, metric or result that cannot give S(z): the lm-eval session's error,
-# under the name the search's callers catch.
-ObjectiveError = LmEvalError
 
 # Metrics whose per-example values lie in [0, 1], so that their mean, S, is at most 1: lm-eval's
 # 0/1 metrics and the tie-break task's (tasks/niah/tiebreak.py). Checked on every score.
@@ -134,9 +130,9 @@ class CalibrationObjective(ObjectiveRacing):
         if isinstance(tasks, str):
             tasks = (tasks,)
         if not tasks:
-            raise ObjectiveError("tasks: expected at least one lm-eval task or group name")
+            raise LmEvalError("tasks: expected at least one lm-eval task or group name")
         if not metric:
-            raise ObjectiveError("metric: expected a metric name such as 'acc'")
+            raise LmEvalError("metric: expected a metric name such as 'acc'")
         self.lm = lm
         self.tasks = tuple(tasks)
         self.metric = metric
@@ -170,7 +166,7 @@ class CalibrationObjective(ObjectiveRacing):
 
         Raises:
             MaskError: the mask does not fit the model.
-            ObjectiveError: lm-eval reported no value for the metric (on every process).
+            LmEvalError: lm-eval reported no value for the metric (on every process).
         """
         self.lm.set_mask(mask)
         learn = self.racing and self.racing_problem() is None  # racing orders its examples by these values
@@ -183,9 +179,9 @@ class CalibrationObjective(ObjectiveRacing):
             return self._score(results["results"], self.metric), values
 
         main = from_results if results is not None else None  # lm-eval gathers the results on rank 0
-        score, values = on_main_then_everywhere(main, ObjectiveError, self.lm.world_size)
+        score, values = on_main_then_everywhere(main, LmEvalError, self.lm.world_size)
         if self.best_possible is not None and score > self.best_possible:
-            raise ObjectiveError(
+            raise LmEvalError(
                 f"metric: {self.metric!r} gave S = {score!r}, above {self.best_possible}: the search takes a metric of this name "
                 "for a mean of per-example values in [0, 1] and stops a sub-problem at the first mask scoring 1; "
                 "these tasks report it otherwise, so name another metric (--calib-metric)"
@@ -215,7 +211,7 @@ class CalibrationObjective(ObjectiveRacing):
             if results is not None
             else None
         )
-        return on_main_then_everywhere(main, ObjectiveError, self.lm.world_size)
+        return on_main_then_everywhere(main, LmEvalError, self.lm.world_size)
 
     def work(self) -> dict[str, float]:
         """What the calls so far cost: calls, examples forwarded per call (of the full count),
@@ -307,7 +303,7 @@ class CalibrationObjective(ObjectiveRacing):
         name, _, filter_key = self.metric.partition(",")
         rows = [row for row in samples if not filter_key or row["filter"] == filter_key]
         if len({row["filter"] for row in rows}) > 1:
-            raise ObjectiveError(f"metric: {name!r} is reported under several filters; name one as {name},FILTER")
+            raise LmEvalError(f"metric: {name!r} is reported under several filters; name one as {name},FILTER")
         return {int(row["doc_id"]): row[name] for row in rows}
 
     def _aggregate(self, task: str, values: Sequence[float]) -> float:
@@ -345,7 +341,7 @@ class CalibrationObjective(ObjectiveRacing):
         value = metric_value(results.get(name, {}), metric)
         if value is None:
             reported = sorted(k for k in results.get(name, {}) if "," in k and "_stderr" not in k)
-            raise ObjectiveError(
+            raise LmEvalError(
                 f"metric: lm-eval reported no {metric!r} for {name!r} (it reported {reported or 'nothing'}); "
                 "pass --calib-metric with one of those (name,filter where a task has several filters)"
             )

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from bosch_eval.masks.head_mask import HeadMask
-from bosch_eval.runtime.lm_eval_session import LmEvalError as ObjectiveError
+from bosch_eval.runtime.errors import LmEvalError
 from bosch_eval.search.objective.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound, Racer, Tally
 
 
@@ -49,7 +49,7 @@ class ObjectiveRacing:
         journaled by a killed search), with no lm-eval call; None when some are missing.
 
         Raises:
-            ObjectiveError: racing cannot apply (:meth:`racing_problem`).
+            LmEvalError: racing cannot apply (:meth:`racing_problem`).
         """
         return self._racer().recall(mask, self.metric)
 
@@ -58,7 +58,7 @@ class ObjectiveRacing:
         from here on to it (the search journals them).
 
         Raises:
-            ObjectiveError: racing cannot apply (:meth:`racing_problem`).
+            LmEvalError: racing cannot apply (:meth:`racing_problem`).
         """
         self._racer().memo = memo
 
@@ -68,7 +68,7 @@ class ObjectiveRacing:
         answer on every process. A mask scored to the end gets exactly ``self(mask)``.
 
         Raises:
-            ObjectiveError: racing cannot apply (:meth:`racing_problem`), or a per-example
+            LmEvalError: racing cannot apply (:meth:`racing_problem`), or a per-example
                 value lies outside [0, 1].
         """
         racer = self._racer()
@@ -84,7 +84,7 @@ class ObjectiveRacing:
         with a :class:`RaceBound`, the rest get exactly ``self(mask)``.
 
         Raises:
-            ObjectiveError: as :meth:`race`.
+            LmEvalError: as :meth:`race`.
         """
         racer = self._racer()
         before = racer.masks_forwarded
@@ -97,7 +97,7 @@ class ObjectiveRacing:
         that the adapter's prefix cache sees the same batches from one mask to the next.
 
         Raises:
-            ObjectiveError: racing cannot apply (:meth:`racing_problem`).
+            LmEvalError: racing cannot apply (:meth:`racing_problem`).
         """
         self._racer().order.fixed = fixed
 
@@ -124,7 +124,7 @@ class ObjectiveRacing:
     def _racer(self) -> Racer:
         problem = self.racing_problem()
         if problem is not None:
-            raise ObjectiveError(f"racing: {problem}")
+            raise LmEvalError(f"racing: {problem}")
         if self._racer_memo is None:
             self._racer_memo = Racer(
                 self._sizes(),
@@ -146,7 +146,7 @@ class ObjectiveRacing:
         of one chunk (the racer splits chunks so that every process has an item).
 
         Raises:
-            ObjectiveError: a value outside [0, 1] (racing's bound would not hold), or no
+            LmEvalError: a value outside [0, 1] (racing's bound would not hold), or no
                 single filter for the metric (on every process).
         """
         world = self.lm.world_size
@@ -177,14 +177,14 @@ class ObjectiveRacing:
         try:
             values = self._example_values(results["samples"][name])
             Tally({name: len(indices)}, self.higher_is_better).add(name, values, self.metric)  # values in [0, 1]
-        except (ObjectiveError, ValueError) as err:
+        except (LmEvalError, ValueError) as err:
             return str(err)
         return values
 
     @staticmethod
     def _checked(values: dict[int, float] | str) -> dict[int, float]:
         if isinstance(values, str):
-            raise ObjectiveError(values)
+            raise LmEvalError(values)
         return values
 
     def _exact(self, tally: Tally) -> float:

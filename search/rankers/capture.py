@@ -26,8 +26,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from bosch_eval.attention.hybrid_attention import attention_modules
-from bosch_eval.models.model_check import ModelError
-from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.errors import ModelError, SettingsError
 
 CAPTURE_IMPLEMENTATION = "bosch_rank_capture"
 

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from bosch_eval.masks.head_mask import ModelShape
+from bosch_eval.runtime.errors import SearchError
 from bosch_eval.runtime.registry import Registry
 from bosch_eval.search.guarded.guard import Guard
 from bosch_eval.search.objective.score_book import Bits, ScoreBook
-from bosch_eval.search.objective.scoring import Anchors, SearchError
+from bosch_eval.search.objective.scoring import Anchors
 from bosch_eval.search.stages.stage2 import Stage2Result
 from bosch_eval.search.stages.stages import StageOutcome, StageSettings, SubResult
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from bosch_eval.masks.head_mask import HeadMask, MaskError, ModelShape, ceil_count, check_ratio
+from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count, check_ratio
+from bosch_eval.runtime.errors import MaskError
 from bosch_eval.runtime.registry import Registry
 
 LayerHeuristic = Callable[[ModelShape, float, int], HeadMask]
