@@ -34,6 +34,9 @@ import sys
 import time
 from typing import Any
 
+from bosch_eval.models.model_check import model_path
+from bosch_eval.models.model_defaults import model_defaults
+
 METHODS = ("dcam", "apl", "proxy", "qada", "razor", "fisher")
 
 
@@ -42,8 +45,7 @@ def load_model() -> tuple[Any, Any, str, int | None]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from bosch_eval.models.model_check import model_path
-    from bosch_eval.models.model_defaults import model_defaults
+    # torch (the modules of ours below load it): not for this script's --help
     from bosch_eval.models.random_model import random_model, train_tokenizer
 
     try:
@@ -60,12 +62,13 @@ def load_model() -> tuple[Any, Any, str, int | None]:
 
 
 def sequences(method: str, tokenizer: Any, vocab_size: int, length: int) -> list[Any]:
+    # torch (the modules of ours below load it): not for this script's --help
     from bosch_eval.search.rankers.base import calibration_ids
     from bosch_eval.search.rankers.razor import repeated_probes
 
     if method == "razor":
         return repeated_probes(tokenizer, vocab_size, 1, length // 4, 0)
-    return calibration_ids(tokenizer, length, 1, 0)
+    return calibration_ids(tokenizer, length, 1, 0, "bosch_niah_calib")
 
 
 def direct_head_scores(method: str, model: Any, inputs: list[Any], window: int) -> Any:
@@ -74,6 +77,7 @@ def direct_head_scores(method: str, model: Any, inputs: list[Any], window: int) 
     import torch
     import torch.nn.functional as F
 
+    # torch (the modules of ours below load it): not for this script's --help
     from bosch_eval.search.rankers import reference as ref
     from bosch_eval.search.rankers.capture import capture_attention
 
@@ -125,6 +129,7 @@ def worker(method: str, path: str, length: int, block_size: int) -> dict[str, An
     import psutil
     import torch
 
+    # torch (the modules of ours below load it): not for this script's --help
     from bosch_eval.search.rankers.driver import RankingCompute, RankingInputs, _loss_backward, compute_ranking
 
     torch.manual_seed(0)

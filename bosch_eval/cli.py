@@ -20,20 +20,8 @@ from bosch_eval.search.cli.import_cli import add_import_parser
 from bosch_eval.search.cli.rank_cli import add_rank_parser
 from bosch_eval.search.cli.search_cli import add_search_parser
 from bosch_eval.tasks import TASKS_DIR
+from bosch_eval.tasks.families import task_families
 from bosch_eval.train.cli import add_train_parser
-
-# The bundled tasks and groups that no other bundled group contains, and what each is for
-# (tests/test_cli.py checks the names against tasks/).
-TASK_FAMILIES = {
-    "bosch_niah_calib": "the search's default calibration set: one needle, the query repeats its wording",
-    "bosch_niah_calib_uuid": "bosch_niah_calib with UUID values: a longer answer to copy, for masks that all copy digits",
-    "bosch_niah_calib_formats": "bosch_niah_calib drawing digits, words and UUIDs in prose and noise: every test format",
-    "bosch_retrieval_calib": "a calibration set that needs the key to find the value (distractors, multi-key, multi-value)",
-    "bosch_niah_dev": "the development split that calib-check ranks masks on (never the test set)",
-    "bosch_niah_dev_gen": "bosch_niah_dev's documents scored by generation and string match, as the test tasks are",
-    "bosch_niah": "held-out needle-in-a-haystack suite, single and multi-key, scored per length",
-    "bosch_longbench": "LongBench's categories over lm-eval's longbench tasks, with their weighted scores",
-}
 
 
 def _toy_model(args: argparse.Namespace) -> None:
@@ -63,9 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     tasks = commands.add_parser(
         "tasks",
-        help=f"the bundled lm-eval task families ({', '.join(TASK_FAMILIES)})",
+        help=f"the bundled lm-eval task families ({', '.join(task_families())})",
         description="The bundled lm-eval tasks; pass the directory that --path prints to lm_eval as --include_path.\n\n"
-        + "\n".join(f"  {name}: {what}" for name, what in TASK_FAMILIES.items()),
+        + "\n".join(f"  {name}: {what}" for name, what in task_families().items()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     tasks.add_argument(

@@ -30,6 +30,7 @@ from bosch_eval.models.model_identity import model_identity, portable_name, same
 from bosch_eval.models.resolved_model import ResolvedModel
 from bosch_eval.runtime.checks import is_int
 from bosch_eval.runtime.device import pick_device
+from bosch_eval.runtime.errors import JournalError, SearchError
 from bosch_eval.runtime.launch import launch_state, on_main_then_everywhere
 from bosch_eval.runtime.outdir_lock import OutputLock
 from bosch_eval.runtime.previous_results import keep_aside
@@ -37,7 +38,6 @@ from bosch_eval.runtime.versions import versions
 from bosch_eval.search.defaults import (
     DEFAULT_CALIB_EXAMPLES,
     DEFAULT_CALIB_LEN,
-    DEFAULT_CALIB_TASK,
     DEFAULT_PREFIX_CACHE_MB,
 )
 from bosch_eval.search.guarded.incumbent_rankings import (
@@ -46,13 +46,13 @@ from bosch_eval.search.guarded.incumbent_rankings import (
     file_incumbents,
     ranking_sources,
 )
-from bosch_eval.search.journal.journal import Journal, JournalError, mask_key
+from bosch_eval.search.journal.journal import Journal, mask_key
 from bosch_eval.search.journal.journal_header import header_changes, other_settings_error
 from bosch_eval.search.objective.objective import CalibrationObjective
 from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.search.objective.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound, Racing
 from bosch_eval.search.objective.score_book import ScoreBook
-from bosch_eval.search.objective.scoring import Anchors, ScoreScale, SearchError
+from bosch_eval.search.objective.scoring import Anchors, ScoreScale
 from bosch_eval.search.pipeline import VARIANTS, Resumed, SearchResult, SearchSettings, run_search, validate_for_shape
 from bosch_eval.search.rankers.driver import RankingInputs
 from bosch_eval.search.report import render_report
@@ -119,7 +119,11 @@ def search_model(
     target = _target(model, settings, calibration, load.window)
     pinned = settings.pinned_json(target.shape)
     out = Path(out)
-    ranked = ranking_sources(settings.rankings, calibration.tasks) if VARIANTS[settings.variant].incumbents else None
+    ranked = (
+        ranking_sources(settings.rankings, calibration.tasks, calibration.include_paths)
+        if VARIANTS[settings.variant].incumbents
+        else None
+    )
     if resume and not new_settings:  # before the model loads; the journal checks again, under the lock
         _refuse_other_settings(out, pinned, ranked is not None, calibration)
     if not resume:
@@ -185,7 +189,7 @@ def _target(model: str, settings: SearchSettings, calibration: CalibrationSettin
     defaults = resolved.defaults
     window = resolve_window(window, default=defaults.window, source=model, flag="--window W")
     length = calibration.length if calibration.length is not None else defaults.calib_len
-    if length is None and DEFAULT_CALIB_TASK in calibration.tasks:
+    if length is None and calibration.sized:
         length = DEFAULT_CALIB_LEN
     if length is not None and not calibration.ignore_max_positions:
         check_length(length, model, resolved.config, "--calib-len", IGNORE_FLAG)
@@ -265,7 +269,7 @@ def _with_incumbents(
     methods, files = ranked
     inputs = RankingInputs(
         window=target.window, examples=calibration.examples or DEFAULT_CALIB_EXAMPLES, length=target.length or DEFAULT_CALIB_LEN,
-        seed=calibration.seed, task=calibration.tasks[0],
+        seed=calibration.seed, task=calibration.tasks[0], include_paths=calibration.include_paths,
     )  # fmt: skip
     ranking_load = RankingLoad(target.model, target.path, inputs, device, load.model_args)
 

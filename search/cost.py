@@ -45,6 +45,7 @@ from bosch_eval.masks.head_mask import ModelShape, ceil_count
 from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS
 from bosch_eval.search.pipeline import VARIANTS, SearchSettings
 from bosch_eval.search.stages.stage2 import _bucket_counts, default_buckets
+from bosch_eval.search.stages.optimizers import OPTIMIZERS
 from bosch_eval.search.stages.stages import _chunks, expected_evaluations, expected_method, quota_blocks
 
 
@@ -135,7 +136,8 @@ def _ratio_group_calls(
         blocks = quota_blocks(pool, ceil_count(ratio, shape.num_kv_heads), len(part), quota)
         part_calls = expected_evaluations(blocks, budget_per_layer * len(part), optimizer)
         calls += part_calls
-        exact += part_calls if expected_method(blocks, budget_per_layer * len(part), optimizer) == "nomad" else 0
+        raced = OPTIMIZERS[expected_method(blocks, budget_per_layer * len(part), optimizer)].raced
+        exact += 0 if raced else part_calls
     return calls, exact
 
 

@@ -19,14 +19,15 @@ from typing import Any
 
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count, check_ratio
 from bosch_eval.runtime.checks import is_int
+from bosch_eval.runtime.errors import SearchError
 from bosch_eval.search.guarded.guard import Guard
 from bosch_eval.search.journal.journal import Journal, mask_key
 from bosch_eval.search.objective.score_book import ScoreBook
-from bosch_eval.search.objective.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, ScoreScale, SearchError
+from bosch_eval.search.objective.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, ScoreScale
 from bosch_eval.search.saturation import TopTies, top_ties
 from bosch_eval.search.stages.optimizers import NOMAD_MAX_VARIABLES, optimizer_methods
 from bosch_eval.search.stages.stage2 import Stage2Result, _bucket_counts, default_buckets
-from bosch_eval.search.stages.stages import QUOTAS, StageOutcome, StageSettings, SubResult
+from bosch_eval.search.stages.stages import QUOTAS, StageOutcome, StageSettings, SubResult, unfit_for_chunks
 from bosch_eval.search.tie_break import TieBreak
 from bosch_eval.search.variants import VARIANTS, SearchRun, VariantOutcome
 
@@ -359,18 +360,11 @@ def validate_for_shape(settings: SearchSettings, shape: ModelShape) -> None:
             )
     _check_incumbents(settings, shape)
     chunk = min(settings.chunk_layers_for(shape), shape.num_layers)
-    searches_chunks = settings.optimizer == "nomad" and variant.chunks
-    if searches_chunks and settings.quota == "layer" and chunk > 1:
+    unfit = unfit_for_chunks(settings.optimizer, groups, chunk, settings.quota) if variant.chunks else None
+    if unfit is not None:
         raise SearchError(
-            f"optimizer: nomad cannot keep a quota in each of the {chunk} layers of a sub-problem "
-            "(see bosch_eval.search.stages.optimizers); pass --chunk-layers 1 (one layer per sub-problem), --quota chunk, "
-            "or --optimizer auto (the (1+1)-EA takes those sub-problems)"
-        )
-    if searches_chunks and chunk * groups > NOMAD_MAX_VARIABLES:
-        raise SearchError(
-            f"chunk_layers: {chunk} layers × {groups} KV groups = {chunk * groups} variables, more than "
-            f"the {NOMAD_MAX_VARIABLES} NOMAD handles (B.2); lower --chunk-layers to {max(1, NOMAD_MAX_VARIABLES // groups)} "
-            "or use --optimizer auto/oneplusone"
+            f"--optimizer {settings.optimizer}: Stage 3's sub-problems are {chunk} layers × {groups} KV groups = "
+            f"{chunk * groups} variables (--chunk-layers, --quota {settings.quota}), and {unfit}; or pass --optimizer auto"
         )
 
 

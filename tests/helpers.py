@@ -373,12 +373,14 @@ TaskYaml.add_multi_constructor("!", lambda loader, suffix, node: None)
 
 
 # -- documentation ---------------------------------------------------------------------------------------
-def doc_example(heading: str) -> tuple[str, str]:
-    """The file name and source of the first Python block under ``heading`` in the README or
-    ``docs/`` (its first line is ``# <folder>/<file>.py``): an example a test runs as a new file."""
+def doc_example(heading: str, language: str = "python") -> tuple[str, str]:
+    """The file name and source of the first ``language`` block under ``heading`` in the README or
+    ``docs/`` (its first line is ``# <folder>/<file>``): an example a test runs as a new file."""
     root = Path(__file__).resolve().parent.parent
     for path in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
-        found = re.search(rf"^#+ {heading}\n.*?^```python\n# \S+/(\w+\.py)\n(.*?)^```", path.read_text(), re.M | re.S)
+        found = re.search(
+            rf"^#+ {heading}\n.*?^```{language}\n# \S+/(\w+\.\w+)\n(.*?)^```", path.read_text(), re.M | re.S
+        )
         if found:
             return found.group(1), found.group(2)
-    raise AssertionError(f"no '{heading}' section with a Python block in README.md or docs/")
+    raise AssertionError(f"no '{heading}' section with a {language} block in README.md or docs/")

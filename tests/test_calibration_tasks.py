@@ -13,7 +13,8 @@ import yaml
 from lm_eval.tasks import TaskManager
 
 from bosch_eval.models.random_model import train_tokenizer
-from bosch_eval.search.objective.objective import CalibrationObjective, ObjectiveError
+from bosch_eval.runtime.errors import LmEvalError
+from bosch_eval.search.objective.objective import CalibrationObjective
 from bosch_eval.tasks import TASKS_DIR
 from bosch_eval.tasks.niah import calibration, dev_split, eval_suite, retrieval_calib, tiebreak, words
 from bosch_eval.tasks.niah.haystack import count_tokens
@@ -309,26 +310,40 @@ class TestTiebreak:
         assert scores["acc"] == acc and scores["acc_tiebreak"] == pytest.approx(score)
         assert scores["prob"] == pytest.approx((score - (1 - weight) * acc) / weight)
         assert plain.calls == calls + 1  # the three metrics of one evaluation
-        with pytest.raises(ObjectiveError, match="nope"):
+        with pytest.raises(LmEvalError, match="nope"):
             plain.scores(full, ["acc", "nope"])
 
 
-def test_the_calibration_set_registry_names_each_modules_task():
-    import importlib
+def test_the_calibration_sets_are_read_from_the_task_yamls(tmp_path):
+    from bosch_eval.tasks.niah.calibration_sets import calibration_examples, calibration_sets
 
-    from bosch_eval.tasks.niah.calibration_sets import CALIBRATION_SETS, calibration_examples
-
-    for task, (module, options) in CALIBRATION_SETS.items():
-        config = yaml.load((TASKS_DIR / "niah" / f"{task}.yaml").read_text(), Loader=TaskYaml)
-        assert config["task"] == task
-        if options:  # a variant: its YAML includes the module's task and sets the options in its metadata
-            assert config["include"] == f"{importlib.import_module(f'bosch_eval.tasks.niah.{module}').TASK}.yaml"
-            assert {f"calib_{key}": value for key, value in options.items()}.items() <= config["metadata"].items()
-        else:
-            assert importlib.import_module(f"bosch_eval.tasks.niah.{module}").TASK == task
+    sets = calibration_sets()
+    assert sorted(sets) == [
+        "bosch_niah_calib",
+        "bosch_niah_calib_formats",
+        "bosch_niah_calib_uuid",
+        "bosch_retrieval_calib",
+    ]
+    for name, found in sets.items():
+        config = yaml.load(found.path.read_text(), Loader=TaskYaml)
+        assert config["task"] == name and found.path.parent == TASKS_DIR / "niah"
+    assert sets["bosch_niah_calib_uuid"].metadata["calib_values"] == "uuid"  # the YAML's, through its include
+    assert sets["bosch_niah_calib"].generator is calibration.calibration_examples
+    assert sets["bosch_retrieval_calib"].generator is retrieval_calib.calibration_examples
     names = r"\['bosch_niah_calib', 'bosch_niah_calib_formats', 'bosch_niah_calib_uuid', 'bosch_retrieval_calib'\]"
     with pytest.raises(ValueError, match=rf"calibration task 'bosch_niah': expected one of {names}"):
-        calibration_examples("bosch_niah", None, 1024, 1, 0)
+        calibration_examples("bosch_niah", None, 1024, 1, 0)  # a group of test tasks, not a calibration set
+    with pytest.raises(ValueError, match="calibration task 'bosch_niah_dev'"):
+        calibration_examples("bosch_niah_dev", None, 1024, 1, 0)  # its generator has no calibration_examples
+    # A YAML in a folder of one's own, over a bundled generator: a calibration set with that folder only.
+    (tmp_path / "mine.yaml").write_text(
+        "include: "
+        + str(TASKS_DIR / "niah" / "bosch_niah_calib.yaml")
+        + "\ntask: mine\nmetadata: {calib_values: words}\n"
+    )
+    assert "mine" not in calibration_sets() and calibration_sets([tmp_path])["mine"].metadata == {
+        "calib_values": "words"
+    }
 
 
 def test_the_uuid_calibration_task_is_the_uuid_values_of_the_calibration_set(tokenizer, tmp_path):

@@ -9,16 +9,14 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-import yaml
 
-from bosch_eval.cli import TASK_FAMILIES, build_parser
-from bosch_eval.tasks import TASKS_DIR
-from tests.helpers import TaskYaml
+from bosch_eval.cli import build_parser
+from bosch_eval.tasks import families as families_module
+from bosch_eval.tasks.families import task_families
 from tests.source_tree import dotted_module, imported_names, locate
-from tests.test_layers import DEFERRED, relative
+from tests.test_layers import DEFERRED, SCRIPT_DEFERRED, relative
 
 HEAVY = ("torch", "transformers", "lm_eval", "accelerate", "numpy")
 
@@ -38,14 +36,13 @@ print(json.dumps(sorted(name for name in sys.modules if name.split(".")[0] in {h
 
 
 def cli_deferred_modules() -> dict[str, set[str]]:
-    """Each module of ours that a CLI module imports inside a function (tests/test_layers.py,
-    ``Deferred.is_the_clis``), with where."""
+    """Each module of ours that a CLI module (tests/test_layers.py, ``Deferred.is_the_clis``) or
+    a script of benchmarks/ imports inside a function, with where."""
     modules: dict[str, set[str]] = {}
-    for item in DEFERRED:
-        if item.is_the_clis:
-            for line, name in imported_names(item.path):
-                if line == item.line and (located := locate(name)) is not None:
-                    modules.setdefault(dotted_module(located[0]), set()).add(f"{relative(item.path)}:{line}")
+    for item in [*(item for item in DEFERRED if item.is_the_clis), *SCRIPT_DEFERRED]:
+        for line, name in imported_names(item.path):
+            if line == item.line and (located := locate(name)) is not None:
+                modules.setdefault(dotted_module(located[0]), set()).add(f"{relative(item.path)}:{line}")
     return modules
 
 
@@ -70,7 +67,7 @@ def test_building_the_parser_loads_no_heavy_library() -> None:
 @pytest.mark.parametrize("module", sorted(cli_deferred_modules()))
 def test_the_cli_defers_only_modules_that_load_a_heavy_library(module: str) -> None:
     """A command's work imported inside its function is there for --help's start-up time: were it
-    free of torch, lm-eval and numpy, it would belong at the top of the CLI module."""
+    free of torch, lm-eval and numpy, it would belong at the top of the CLI module (or script)."""
     code = IMPORT_ONE.format(module=module, heavy=set(HEAVY))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert json.loads(out.stdout), (
@@ -91,26 +88,27 @@ def test_help_prints_within_a_second(command: str | None) -> None:
     assert min(walls) < 1.0, f"{command or 'bosch-eval'} --help took {min(walls):.2f} s (best of 3)"
 
 
-def top_level_task_families() -> set[str]:
-    """Every task or group name under tasks/ that no bundled group lists as a member."""
-    names, members = set(), set()
-    for path in Path(TASKS_DIR).rglob("*.yaml"):
-        data = yaml.load(path.read_text(), Loader=TaskYaml) or {}
-        name = data.get("group") or (data.get("task") if isinstance(data.get("task"), str) else None)
-        if name is not None:
-            names.add(name)
-        if "group" in data:
-            members |= {item if isinstance(item, str) else item.get("task") for item in data.get("task", [])}
-    return names - members
-
-
-def test_tasks_help_lists_every_task_family(capsys: pytest.CaptureFixture[str]) -> None:
-    families = top_level_task_families()
-    assert set(TASK_FAMILIES) == families
+def test_tasks_help_lists_every_task_family(capsys: pytest.CaptureFixture[str], tmp_path, monkeypatch) -> None:
+    """Each family is read from its YAML: the top-level tasks and groups, described by their first line."""
+    families = task_families()
+    assert set(families) == {
+        "bosch_niah_calib", "bosch_niah_calib_uuid", "bosch_niah_calib_formats", "bosch_retrieval_calib",
+        "bosch_niah_dev", "bosch_niah_dev_gen", "bosch_niah", "bosch_longbench",
+    }  # fmt: skip
+    assert families["bosch_niah_dev"] == "the development split that calib-check ranks masks on (never the test set)"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["tasks", "--help"])
     text = capsys.readouterr().out
-    assert all(name in text for name in families)
+    assert all(f"{name}: {what}" in text for name, what in families.items())
+    # A family whose YAML does not say what it is for is refused, naming it.
+    (tmp_path / "mine.yaml").write_text("task: mine\n")
+    monkeypatch.setattr(families_module, "TASKS_DIR", tmp_path)
+    task_families.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="task family 'mine' must open with"):
+            task_families()
+    finally:
+        task_families.cache_clear()
 
 
 def test_calib_check_help_shows_no_markup_and_says_what_a_second_run_does(capsys: pytest.CaptureFixture[str]) -> None:

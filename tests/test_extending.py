@@ -5,6 +5,7 @@ example is tests/test_rankers.py's ``test_a_new_ranker_is_one_new_file``.)"""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ from types import ModuleType
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from bosch_eval.attention import kernels
 from bosch_eval.attention.hybrid_attention import hybridize
@@ -25,11 +27,12 @@ from bosch_eval.caches.kv_quant.config import KVQuantConfig
 from bosch_eval.caches.kv_quant.methods import KV_QUANT_METHODS
 from bosch_eval.caches.kv_quant.selection import Selector
 from bosch_eval.masks import layer_heuristics
-from bosch_eval.masks.head_mask import HeadMask, HeadRanking, MaskError, ModelShape
+from bosch_eval.masks.head_mask import HeadMask, HeadRanking, ModelShape
 from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS, layer_heuristic_mask
 from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
 from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.models.random_model import random_model
+from bosch_eval.runtime.errors import MaskError
 from bosch_eval.runtime.registry import Registry
 from bosch_eval.search import importers, variants
 from bosch_eval.search.cli.import_cli import add_import_parser
@@ -37,7 +40,13 @@ from bosch_eval.search.guarded.incumbents import incumbent_masks
 from bosch_eval.search.importers import IMPORTERS, import_pattern
 from bosch_eval.search.pipeline import VARIANTS, SearchSettings, run_search
 from bosch_eval.search.stages import optimizers
+from bosch_eval.search.stages.stages import expected_evaluations
 from bosch_eval.search.stages.optimizers import OPTIMIZERS, SubProblem, choose_method, minimize, optimizer_methods
+from bosch_eval.search.guarded.incumbent_rankings import ranking_sources
+from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
+from bosch_eval.search.rankers import RANKERS
+from bosch_eval.models.model_check import resolve_model
+from bosch_eval.tasks.niah.calibration_sets import calibration_examples, calibration_sets
 from tests.helpers import doc_example, requests
 
 SHAPE = ModelShape(num_layers=4, num_heads=4, num_kv_heads=2)
@@ -68,6 +77,29 @@ def drop_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator:
         sys.modules.pop(module, None)
 
 
+def test_a_new_calibration_set_is_one_new_file(tmp_path: Path) -> None:
+    """The doc's YAML, alone in a folder of one's own: found as a calibration set, its documents
+    read by the rankers as its task builds them, sized by the search's settings, and scored as S()."""
+    filename, source = doc_example("Add a calibration set", "yaml")
+    folder = tmp_path / "my_tasks"
+    folder.mkdir()
+    (folder / filename).write_text(source)
+    assert "bosch_niah_calib_words" not in calibration_sets()
+    found = calibration_sets([folder])["bosch_niah_calib_words"]
+    assert found.metadata["calib_values"] == "words"
+    path = resolve_model("toy")
+    docs = calibration_examples("bosch_niah_calib_words", AutoTokenizer.from_pretrained(path), 256, 4, 0, [folder])
+    assert all(re.fullmatch(r"[a-z]+-[a-z]+", doc["target"]) for doc in docs)
+    assert ranking_sources(None, ["bosch_niah_calib_words"], [str(folder)])[0] == list(RANKERS.names())
+    objective = build_objective(
+        "toy",
+        CalibrationSettings(tasks=("bosch_niah_calib_words",), include_path=str(folder), examples=4, length=256),
+        LoadSettings(window=32),
+    )
+    score = objective(HeadMask.uniform(objective.shape, full=True))
+    assert 0.0 <= score <= 1.0 and objective.metadata["num_examples"] == 4
+
+
 def test_a_new_layer_heuristic_is_one_new_file(drop_in) -> None:
     drop_in("Add a layer heuristic", layer_heuristics, LAYER_HEURISTICS)
     assert LAYER_HEURISTICS.names() == ("intr", "bme", "rand", "last")  # the paper's first, in their order
@@ -85,6 +117,14 @@ def test_a_new_optimizer_is_one_new_file(drop_in) -> None:
     assert (result.method, result.evaluations) == ("random", 20) and sum(result.best) == 3
     assert choose_method(SubProblem(n=80, k=40, budget=20, seed=0)) == "oneplusone"  # auto never picks it
     assert SearchSettings(ratio=0.5, optimizer="random").optimizer == "random"
+    # A whole search with it: Stage 3 runs it, and the cost model bounds it by its budget.
+    shape = ModelShape(num_layers=4, num_heads=8, num_kv_heads=4)
+    settings = SearchSettings(ratio=0.5, optimizer="random", variant="bosch", budget_per_layer=3, seed=0)
+    result = run_search(
+        lambda mask: sum(layer * sum(row) for layer, row in enumerate(mask.bits)) / 100, shape, settings, progress=False
+    )
+    assert {sub.method for sub in result.subproblems if sub.stage == "stage3"} == {"random"}
+    assert expected_evaluations(((4, 2),), 3, "random") == 3
 
 
 def test_a_new_search_variant_is_one_new_file(drop_in) -> None:

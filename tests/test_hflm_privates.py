@@ -39,6 +39,9 @@ CALLABLES = {
     "lm_eval.models.utils:normalize_gen_kwargs": ("gen_kwargs", "default_max_gen_toks"),
     "lm_eval.models.utils_hf:pad_and_concat": ("max_length", "tensors", "padding_side"),
     "lm_eval.api.model:CacheHook.add_partial": ("attr", "req", "res"),
+    # tasks/niah/calibration_sets.py reads the task YAMLs as lm-eval reads them
+    "lm_eval.tasks._yaml_loader:load_yaml": ("path", "resolve_func"),
+    "lm_eval.tasks._yaml_loader:_import_func_in_yml": ("qual", "base_dir"),
 }
 # Set by HFLM.__init__, read or written by the adapter (bosch_eval/runtime/launch.py writes _rank, _world_size).
 ATTRIBUTES = (

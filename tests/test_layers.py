@@ -171,6 +171,7 @@ def test_imports_point_down(path):
 # it here, and of the modules at the top of search/ only the leaves named for it.
 SEARCH_ROOMS = ("importers", "rankers", "journal", "objective", "stages", "guarded", "variants")
 SEARCH_ROOM_ALSO = {
+    "rankers": {"search/defaults.py"},
     "objective": {"search/defaults.py"},
     "guarded": {"search/tie_break.py"},
     "variants": {"search/saturation.py", "search/tie_break.py"},
@@ -314,8 +315,18 @@ def imports_ours(node: ast.AST) -> bool:
 
 
 # Imports of ours inside functions (docs/architecture.md#the-cores-folders): each says why in a
-# comment, and outside the CLI there are at most MOST_DEFERRED of them (issue 55 item 1).
+# comment, and outside the CLI there are at most MOST_DEFERRED of them (issue 55 item 1). The
+# reasons (issue 68 item 4): start-up time (``--help``, the interpreter start the ``.pth`` line
+# runs) kept free of the heavy library the comment names, or an import cycle broken.
 MOST_DEFERRED = 10
+REASON = re.compile(
+    r"torch|transformers|lm[-_]eval|accelerate|numpy|matplotlib|flash[-_]attn|pynomad|nltk"
+    r"|--help|interpreter start|start-up|\bcycle",
+    re.IGNORECASE,
+)
+# Scripts of ours outside the package (run as files: benchmarks/, examples/), held to the same
+# reasons: their --help stays free of torch.
+SCRIPTS = sorted(path for folder in ("benchmarks", "examples") for path in (REPO / folder).rglob("*.py"))
 
 
 @dataclass(frozen=True)
@@ -325,7 +336,7 @@ class Deferred:
     path: Path
     line: int
     function: str
-    reason: bool  # a comment says why
+    reason: bool  # a comment says why: start-up time (naming what it keeps out) or a cycle
 
     @property
     def is_the_clis(self) -> bool:
@@ -337,14 +348,17 @@ class Deferred:
 
 
 def says_why(lines: list[str], node: ast.stmt, run: set[int]) -> bool:
-    """A comment on one of the import's lines, or on the line above the run of imports it is in
-    (``run``: the lines of the function's imports; a formatter may wrap one over several lines)."""
-    if any("#" in lines[n] for n in range(node.lineno, (node.end_lineno or node.lineno) + 1)):
-        return True
+    """A comment that gives one of the reasons (:data:`REASON`): on one of the import's lines,
+    or heading the run of imports it is in (``run``: the lines of the function's imports; a
+    formatter may wrap one over several lines), the comment lines right above the run."""
+    comments = [lines[n].partition("#")[2] for n in range(node.lineno, (node.end_lineno or node.lineno) + 1)]
     above = node.lineno - 1
     while above > 0 and above in run:
         above -= 1
-    return lines[above].strip().startswith("#")
+    while above > 0 and lines[above].strip().startswith("#"):
+        comments.append(lines[above])
+        above -= 1
+    return any(REASON.search(comment) for comment in comments)
 
 
 def deferred_imports(path: Path) -> list[Deferred]:
@@ -362,6 +376,7 @@ def deferred_imports(path: Path) -> list[Deferred]:
 
 
 DEFERRED = [item for path in MODULES for item in deferred_imports(path)]
+SCRIPT_DEFERRED = [item for path in SCRIPTS for item in deferred_imports(path)]
 
 
 def test_deferred_imports_are_found_with_their_reasons(tmp_path):
@@ -374,7 +389,7 @@ def test_deferred_imports_are_found_with_their_reasons(tmp_path):
         "\n"
         "    from bosch_eval.masks import mask_sources\n"
         "    import json\n"
-        "    from . import sibling  # ours: relative\n"
+        "    from . import sibling  # a cycle: relative\n"
         "\n"
         "    # numpy: wrapped by a formatter\n"
         "    from bosch_eval.masks import (\n"
@@ -385,18 +400,45 @@ def test_deferred_imports_are_found_with_their_reasons(tmp_path):
         "    from bosch_eval.masks import (\n"
         "        window,  # torch: its comment moved to the name's line\n"
         "    )\n"
+        "\n"
+        "    # lm-eval's start-up,\n"
+        "    # said over two lines\n"
+        "    from bosch_eval.masks import window\n"
+        "\n"
+        "    # likewise\n"
+        "    from bosch_eval.masks import window  # a comment that gives no reason\n"
     )
     found = [(item.line, item.reason) for item in deferred_imports(module)]
-    assert found == [(3, True), (4, True), (6, False), (8, True), (11, True), (14, True), (16, True)]
+    assert found == [
+        (3, True),
+        (4, True),
+        (6, False),
+        (8, True),
+        (11, True),
+        (14, True),
+        (16, True),
+        (22, True),
+        (25, False),
+    ]
 
 
 def test_imports_of_ours_inside_functions_say_why():
     """An import of ours inside a function is there for start-up time (``--help`` and interpreter
-    start free of torch) or a heavy dependency deferred on purpose, and a comment says which:
-    on its line, or heading its run of imports."""
+    start free of torch) or a heavy dependency deferred on purpose, or to break an import cycle,
+    and a comment says which (:data:`REASON`): on its line, or heading its run of imports."""
     silent = sorted(f"{relative(item.path)}:{item.line}" for item in DEFERRED if not item.reason)
     assert not silent, (
         f"imports of ours inside functions with no comment saying why; move them to the top, or say why (docs/architecture.md#the-cores-folders): {silent}"
+    )
+
+
+def test_scripts_imports_of_ours_inside_functions_say_why():
+    """The same for the scripts of benchmarks/ and examples/: what a script imports inside a
+    function is there to keep its --help free of torch, and says so; the rest goes to its top."""
+    assert any(relative(path) == "benchmarks/gpu_check.py" for path in SCRIPTS)
+    silent = sorted(f"{relative(item.path)}:{item.line}" for item in SCRIPT_DEFERRED if not item.reason)
+    assert not silent, (
+        f"imports of ours inside functions of scripts with no comment saying why; move them to the top, or say why: {silent}"
     )
 
 

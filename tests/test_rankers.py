@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bosch_eval.masks.head_mask import HeadRanking, ModelShape, ceil_count
-from bosch_eval.models.model_check import ModelError, resolve_model
-from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.models.model_check import resolve_model
+from bosch_eval.runtime.errors import ModelError, SettingsError
 from bosch_eval.search import rankers
 from bosch_eval.search.cli.rank_cli import add_rank_parser
 from bosch_eval.search.rankers import RANKERS
@@ -322,7 +322,7 @@ def oracle_head_scores(method: str, model, tokenizer) -> np.ndarray:
     if method == "razor":
         sequences = repeated_probes(tokenizer, model.config.vocab_size, EXAMPLES, CALIB_LEN // 4, 0)
     else:
-        sequences = calibration_ids(tokenizer, CALIB_LEN, EXAMPLES, 0)
+        sequences = calibration_ids(tokenizer, CALIB_LEN, EXAMPLES, 0, "bosch_niah_calib")
     runs = [captured(model, ids, grads=method == "fisher") for ids in sequences]
     rows = []
     for layer in range(shape.num_layers):
@@ -366,7 +366,7 @@ class TestRealModel:
 
     def test_capture_sees_the_models_attention_and_its_gradient(self, real) -> None:
         model, tokenizer = real
-        ids = calibration_ids(tokenizer, CALIB_LEN, 1, 0)[0]
+        ids = calibration_ids(tokenizer, CALIB_LEN, 1, 0, "bosch_niah_calib")[0]
         maps, grads = eager_maps(model, ids)
         for layer, (q, k, v, tau, do) in captured(model, ids, grads=True).items():
             probs, dprobs = ref.attention_maps(q, k, tau, v, do)
@@ -508,7 +508,7 @@ class TestRankCommand:
         assert ranking.provenance["settings"] == {"cap": 3}
         model, tokenizer = real
         lag_sums, rows = np.zeros((3, 8)), 0
-        for ids in calibration_ids(tokenizer, CALIB_LEN, 2, 0):
+        for ids in calibration_ids(tokenizer, CALIB_LEN, 2, 0, "bosch_niah_calib"):
             maps, _ = eager_maps(model, ids)
             lags = np.minimum(np.tril(np.arange(len(ids))[:, None] - np.arange(len(ids))[None, :]), 3)
             lag_sums += np.stack([(m * lags).sum(axis=(1, 2)) for m in maps])

@@ -23,9 +23,10 @@ from bosch_eval.model_adapters.loader_args import parse_model_args
 from bosch_eval.models.model_check import check_length
 from bosch_eval.models.model_defaults import resolve_window
 from bosch_eval.runtime.device import pick_device
-from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.errors import SettingsError, TemplateTooLong
 from bosch_eval.search.rankers import RANKERS
-from bosch_eval.tasks.niah.calibration_sets import CALIBRATION_SETS, DEFAULT_CALIBRATION
+from bosch_eval.search.defaults import DEFAULT_CALIB_TASK
+from bosch_eval.tasks.niah.calibration_sets import calibration_sets
 
 _HELP = {"-h", "--help"}
 
@@ -103,10 +104,11 @@ def add_rank_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="calibration seed (Razor: probe seed); default 0")
     parser.add_argument(
         "--calib-task",
-        default=DEFAULT_CALIBRATION,
-        choices=sorted(CALIBRATION_SETS),
-        help=f"the calibration set the method reads (not Razor); default {DEFAULT_CALIBRATION}",
+        default=DEFAULT_CALIB_TASK,
+        help=f"the calibration set the method reads (not Razor; a task of tasks/ or --include-path whose "
+        f"generator defines calibration_examples); default {DEFAULT_CALIB_TASK}",
     )
+    parser.add_argument("--include-path", help="a folder of lm-eval task YAMLs that holds --calib-task")
     parser.add_argument("--block-size", type=int, default=64, help="query rows per streamed attention block")
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when torch sees a GPU, else cpu)")
     parser.add_argument(
@@ -160,9 +162,14 @@ def rank_main(args: argparse.Namespace) -> None:
     # it runs: parsing and --help stay free of them (tests/test_cli_help.py).
     from bosch_eval.models.resolved_model import ResolvedModel
     from bosch_eval.search.rankers.driver import RankingCompute, RankingInputs, compute_ranking, load_for_ranking
-    from bosch_eval.tasks.niah.haystack import TemplateTooLong
 
     options = method_options(args)  # the method checked before anything loads
+    include_paths = (args.include_path,) if args.include_path else ()
+    known = calibration_sets(include_paths)
+    if args.calib_task not in known:
+        raise SettingsError(
+            f"--calib-task: {args.calib_task!r} is not a calibration set; expected one of {sorted(known)}"
+        )
     model_args = parse_model_args(getattr(args, "model_args", None), adapter=False)
     resolved = ResolvedModel.named(args.model)
     path, defaults = resolved.path, resolved.defaults
@@ -182,7 +189,12 @@ def rank_main(args: argparse.Namespace) -> None:
             model,
             tokenizer,
             RankingInputs(
-                window=window, examples=args.calib_examples, length=calib_len, seed=args.seed, task=args.calib_task
+                window=window,
+                examples=args.calib_examples,
+                length=calib_len,
+                seed=args.seed,
+                task=args.calib_task,
+                include_paths=include_paths,
             ),
             compute=RankingCompute(block_size=args.block_size, device=device, dtype=getattr(torch, args.compute_dtype)),
             options=options,

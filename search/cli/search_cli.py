@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING, Any
 from bosch_eval.masks.head_mask import ModelShape, ceil_count
 from bosch_eval.model_adapters.loader_args import parse_model_args
 from bosch_eval.models.model_check import IGNORE_FLAG, model_config, resolve_model
+from bosch_eval.runtime.errors import SearchError
 from bosch_eval.search.defaults import DEFAULT_CALIB_METRIC, DEFAULT_CALIB_TASK, DEFAULT_PREFIX_CACHE_MB
 from bosch_eval.search.guarded.incumbent_rankings import ranking_sources
 from bosch_eval.search.objective.racing import DEFAULT_RACE_CHUNK
-from bosch_eval.search.objective.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, SearchError
+from bosch_eval.search.objective.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA
 from bosch_eval.search.pipeline import VARIANTS, SearchSettings, validate_for_shape
 from bosch_eval.search.stages.optimizers import optimizer_methods
 from bosch_eval.search.stages.stage2 import DEFAULT_BUCKETS
@@ -228,7 +229,11 @@ def run_from_args(args: argparse.Namespace) -> None:
     if args.estimate is not None:
         print(
             render_estimate(
-                args.model, settings, None if args.estimate is CALLS_ONLY else args.estimate, tuple(args.calib_tasks)
+                args.model,
+                settings,
+                None if args.estimate is CALLS_ONLY else args.estimate,
+                tuple(args.calib_tasks),
+                (args.include_path,) if args.include_path else (),
             )
         )
         return
@@ -305,10 +310,11 @@ def render_estimate(
     settings: SearchSettings,
     seconds_per_call: float | None,
     calib_tasks: tuple[str, ...] = (DEFAULT_CALIB_TASK,),
+    include_paths: tuple[str, ...] = (),
 ) -> str:
     """The cost model's call range, and its time at ``seconds_per_call`` (None: calls only), for
     ``model`` (its config only) under ``settings``; ``calib_tasks`` decide which rankings the
-    guarded variant computes for its incumbents.
+    guarded variant computes for its incumbents (a calibration set's YAML may be in ``include_paths``).
 
     Raises:
         SearchError: a time that is not positive, or settings that do not fit the model.
@@ -321,7 +327,9 @@ def render_estimate(
     validate_for_shape(settings, shape)
     chunk, buckets = settings.chunk_layers_for(shape), settings.buckets_for(shape)
     methods, files = (
-        ranking_sources(settings.rankings, calib_tasks) if VARIANTS[settings.variant].incumbents else ([], [])
+        ranking_sources(settings.rankings, calib_tasks, include_paths)
+        if VARIANTS[settings.variant].incumbents
+        else ([], [])
     )
     calls = estimate_calls(shape, settings, rankings=len(methods), ranking_files=len(files))
     per_layer = ceil_count(settings.ratio, shape.num_kv_heads)

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bosch_eval.masks.head_mask import HeadRanking, ModelShape
+from bosch_eval.runtime.errors import SearchError
 from bosch_eval.search.journal.journal import mask_key
-from bosch_eval.search.objective.scoring import SearchError
 from bosch_eval.search.rankers import RANKERS
-from bosch_eval.tasks.niah.calibration_sets import CALIBRATION_SETS
+from bosch_eval.tasks.niah.calibration_sets import calibration_sets
 
 if TYPE_CHECKING:
     from bosch_eval.search.rankers.driver import RankingInputs
@@ -54,30 +54,33 @@ def split_rankings(rankings: Sequence[str] | None) -> tuple[list[str] | None, li
     return methods, files
 
 
-def ranking_sources(rankings: Sequence[str] | None, tasks: Sequence[str]) -> tuple[list[str], list[tuple[str, str]]]:
+def ranking_sources(
+    rankings: Sequence[str] | None, tasks: Sequence[str], include_paths: Sequence[str] = ()
+) -> tuple[list[str], list[tuple[str, str]]]:
     """The rankers to compute and the ``(name, path)`` ranking files to read for the incumbents
     of a search calibrated on ``tasks``, checked before anything loads (the search and its
     ``--estimate`` both ask here).
 
     Raises:
         SearchError: a ranker that does not exist, or one named for calibration tasks the rankers
-            cannot read (not one calibration set of ``tasks/niah/calibration_sets.py``).
+            cannot read (not one calibration set: ``tasks/niah/calibration_sets.py``, which also reads ``include_paths``).
     """
     methods, files = split_rankings(rankings)
-    rankable = len(tasks) == 1 and tasks[0] in CALIBRATION_SETS
+    sets = sorted(calibration_sets(include_paths))
+    rankable = len(tasks) == 1 and tasks[0] in sets
     if methods is None:
         if not rankable:
             log.info(
                 "incumbents: no ranking is computed, since the rankers read the calibration sets %s and the search "
                 "is calibrated on %s; the layer heuristics%s are the incumbents",
-                sorted(CALIBRATION_SETS), ", ".join(tasks), " and the given ranking files" if files else "",
+                sets, ", ".join(tasks), " and the given ranking files" if files else "",
             )  # fmt: skip
         return (list(RANKERS.names()) if rankable else []), files
     for method in methods:
         RANKERS.lookup(method, field="rankings")
     if methods and not rankable:
         raise SearchError(
-            f"rankings: {methods} would be computed on the calibration set, but the rankers read only {sorted(CALIBRATION_SETS)} "
+            f"rankings: {methods} would be computed on the calibration set, but the rankers read only {sets} "
             f"and the search is calibrated on {list(tasks)}; pass ranking files as NAME=FILE instead"
         )
     return methods, files
@@ -140,7 +143,7 @@ class RankingLoad:
         return load_for_ranking(self.path, "float32", self.device, self.model_args or {})
 
     def rank(self, method: str, model: Any, tokenizer: Any) -> HeadRanking:
-        # Here, not at the top: as in model().
+        # Here, not at the top: the driver loads torch, as in model().
         from bosch_eval.search.rankers.driver import RankingCompute, compute_ranking
 
         return compute_ranking(

@@ -17,8 +17,14 @@ from dataclasses import replace
 from bosch_eval.masks.head_mask import ModelShape
 from bosch_eval.search.objective.score_book import Bits, ScoreBook
 from bosch_eval.search.objective.scoring import Anchors
+from bosch_eval.search.stages.optimizers import OPTIMIZERS
 from bosch_eval.search.stages.stage_progress import StageProgress
 from bosch_eval.search.stages.stages import Choice, StageSettings, SubResult, solve
+
+
+def walker() -> str:
+    """The first optimizer that walks from its start by swaps within a block (the (1+1)-EA)."""
+    return next(name for name, optimizer in OPTIMIZERS.items() if optimizer.walks)
 
 
 def local_search(
@@ -42,6 +48,6 @@ def local_search(
     with StageProgress(
         f"local search from {label}", [(calls + 1, 0)], book, progress, settings.higher_is_better, complete_swa=swa
     ) as bar:
-        bits, result = solve(book, anchors, start, choice, replace(settings, optimizer="oneplusone"), start=start)
+        bits, result = solve(book, anchors, start, choice, replace(settings, optimizer=walker()), start=start)
         bar.report(result)
     return bits, result

@@ -1,6 +1,6 @@
 """Loading a model once as the ``bosch`` adapter (all heads full) and building its S(z)
 on the calibration task(s): the window and calibration length default to the model's
-``bosch_defaults.json``, and ``bosch_niah_calib`` gets its metadata (length, examples, seed,
+``bosch_defaults.json``, and a calibration set gets its metadata (length, examples, seed,
 tokenizer) from the arguments.
 """
 
@@ -15,11 +15,12 @@ from bosch_eval.models.model_check import IGNORE_METADATA, truthy
 from bosch_eval.models.model_defaults import resolve_window
 from bosch_eval.models.resolved_model import ResolvedModel
 from bosch_eval.runtime.device import pick_device
+from bosch_eval.runtime.errors import SearchError
 from bosch_eval.runtime.launch import launch_state
 from bosch_eval.search.defaults import DEFAULT_CALIB_EXAMPLES, DEFAULT_CALIB_LEN, DEFAULT_CALIB_METRIC
 from bosch_eval.search.objective.objective import DEFAULT_TASKS, CalibrationObjective
 from bosch_eval.search.objective.racing import Racing
-from bosch_eval.search.objective.scoring import SearchError
+from bosch_eval.tasks.niah.calibration_sets import is_calibration_set
 
 
 @dataclass(frozen=True)
@@ -30,10 +31,10 @@ class CalibrationSettings:
         tasks: calibration task/group names (``bosch_niah_calib`` by default).
         include_path: an extra lm-eval task directory for ``tasks``.
         metric: the calibration metric.
-        examples: ``bosch_niah_calib`` examples (default 64).
-        length: ``bosch_niah_calib`` length in tokens (default: the model's
-            ``bosch_defaults.json``, else the task's 32768).
-        seed: seed of the ``bosch_niah_calib`` examples.
+        examples: examples of the calibration set among ``tasks`` (default 64).
+        length: its length in tokens (default: the model's ``bosch_defaults.json``, else
+            the task's 32768).
+        seed: the seed of its examples.
         limit: lm-eval's ``limit`` per task.
         metadata: more TaskManager metadata for the user's own tasks (wins over ours).
         ignore_max_positions: the config understates the model's context (rope scaling):
@@ -62,6 +63,17 @@ class CalibrationSettings:
             )  # one name, not its letters
         if self.include_path is not None:
             object.__setattr__(self, "include_path", str(self.include_path))
+
+    @property
+    def include_paths(self) -> tuple[str, ...]:
+        """Where task YAMLs are found beside the bundled ones."""
+        return () if self.include_path is None else (self.include_path,)
+
+    @property
+    def sized(self) -> bool:
+        """Whether a calibration set (``calibration_sets.py``) is among ``tasks``: its size, length
+        and seed then come from ``examples``, ``length`` and ``seed``."""
+        return any(is_calibration_set(task, self.include_paths) for task in self.tasks)
 
 
 @dataclass(frozen=True)
@@ -123,7 +135,7 @@ def build_objective(
     window = resolve_window(load.window, default=defaults.window, source=model, flag="window=W")
     length = calibration.length if calibration.length is not None else defaults.calib_len
     # A config that understates the context: HFLM would left-truncate inputs to it.
-    longest = length if length is not None else (DEFAULT_CALIB_LEN if DEFAULT_TASKS[0] in calibration.tasks else None)
+    longest = length if length is not None else (DEFAULT_CALIB_LEN if calibration.sized else None)
     max_length = {"max_length": longest} if calibration.ignore_max_positions and longest is not None else {}
     lm = BoschLM(
         pretrained=resolved,
@@ -142,7 +154,7 @@ def build_objective(
     task_metadata: dict[str, Any] = {"pretrained": path, "tokenizer": path, "calib_seed": calibration.seed}
     if length is not None:
         task_metadata["seq_len"] = length
-    if calibration.examples is not None or "bosch_niah_calib" in calibration.tasks:
+    if calibration.examples is not None or calibration.sized:
         task_metadata["num_examples"] = (
             calibration.examples if calibration.examples is not None else DEFAULT_CALIB_EXAMPLES
         )

@@ -9,6 +9,7 @@ statistics, and at the end turns them into one score per query head. The driver
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -17,19 +18,24 @@ from transformers import PreTrainedTokenizerBase
 from bosch_eval.masks.head_mask import CALIBRATION_INPUTS
 from bosch_eval.runtime.registry import Flag
 from bosch_eval.search.rankers.blocks import AttentionBlock
-from bosch_eval.tasks.niah.calibration_sets import DEFAULT_CALIBRATION, calibration_examples
+from bosch_eval.tasks.niah.calibration_sets import calibration_examples
 
 
 def calibration_ids(
-    tokenizer: PreTrainedTokenizerBase, length: int, num_examples: int, seed: int, task: str = DEFAULT_CALIBRATION
+    tokenizer: PreTrainedTokenizerBase,
+    length: int,
+    num_examples: int,
+    seed: int,
+    task: str,
+    include_paths: Sequence[str] = (),
 ) -> list[torch.Tensor]:
-    """Token ids of a calibration set's examples (``bosch_niah_calib`` by default, paper B.4),
-    one ``[T]`` tensor each.
+    """Token ids of the examples of calibration set ``task`` (paper B.4; its YAML under ``tasks/``
+    or ``include_paths``), one ``[T]`` tensor each.
 
     Each text is ``input + " " + target`` encoded as lm-eval encodes a prompt (no special
     tokens), so the answer tokens are the last ones and ``T ≤ length``.
     """
-    docs = calibration_examples(task, tokenizer, length, num_examples, seed)
+    docs = calibration_examples(task, tokenizer, length, num_examples, seed, include_paths)
     return [
         torch.tensor(tokenizer(f"{doc['input']} {doc['target']}", add_special_tokens=False)["input_ids"])
         for doc in docs
@@ -69,10 +75,11 @@ class Ranker(ABC):
         num: int,
         length: int,
         seed: int,
-        task: str = DEFAULT_CALIBRATION,
+        task: str,
+        include_paths: Sequence[str] = (),
     ) -> list[torch.Tensor]:
         """The inputs the method reads: by default the examples of calibration set ``task``."""
-        return calibration_ids(tokenizer, length, num, seed, task)
+        return calibration_ids(tokenizer, length, num, seed, task, include_paths)
 
     def first_row(self, length: int) -> int:
         """The first query row the method reads in a sequence of ``length`` tokens."""

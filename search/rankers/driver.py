@@ -23,15 +23,14 @@ import torch
 import torch.nn.functional as F
 
 from bosch_eval.masks.head_mask import HeadRanking, ModelShape, check_window
-from bosch_eval.models.model_check import ModelError
 from bosch_eval.runtime.checks import is_int
-from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.errors import ModelError, SettingsError
 from bosch_eval.runtime.versions import versions
 from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.rankers.base import Ranker
 from bosch_eval.search.rankers.blocks import query_blocks
 from bosch_eval.search.rankers.capture import capture_attention
-from bosch_eval.tasks.niah.calibration_sets import DEFAULT_CALIBRATION
+from bosch_eval.search.defaults import DEFAULT_CALIB_TASK
 
 DEFAULT_BLOCK_SIZE = 64
 # Rows of output-embedding logits formed at once by Fisher's loss ([rows, vocab] floats).
@@ -127,13 +126,17 @@ class RankingInputs:
         length: tokens per calibration example (Razor: probe length 4·⌊T/4⌋).
         seed: seed of the calibration examples (Razor: of the probes).
         task: the calibration set whose examples the method reads (not Razor).
+        include_paths: where else its YAML may be (``tasks/niah/calibration_sets.py``).
     """
 
     window: int
     examples: int
     length: int
     seed: int = 0
-    task: str = DEFAULT_CALIBRATION
+    task: str = DEFAULT_CALIB_TASK
+    include_paths: tuple[
+        str, ...
+    ] = ()  # folders of task YAMLs beside the bundled ones (a calibration set of one's own)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "window", check_window(self.window, "window"))
@@ -202,7 +205,9 @@ def compute_ranking(
     started = time.perf_counter()
     try:
         vocab_size = model.get_input_embeddings().num_embeddings
-        sequences = ranker.sequences(tokenizer, vocab_size, calib_examples, calib_len, calib_seed, calib_task)
+        sequences = ranker.sequences(
+            tokenizer, vocab_size, calib_examples, calib_len, calib_seed, calib_task, inputs.include_paths
+        )
         head_scores = run_ranker(ranker, model, sequences, block_size, dtype)
     finally:
         model.train(was_training)

@@ -27,6 +27,7 @@ way.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -36,7 +37,6 @@ from bosch_eval.runtime.errors import SettingsError
 from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.rankers.base import Ranker
 from bosch_eval.search.rankers.blocks import AttentionBlock
-from bosch_eval.tasks.niah.calibration_sets import DEFAULT_CALIBRATION
 
 
 def repeated_probes(
@@ -70,9 +70,10 @@ class Razor(Ranker):
         num: int,
         length: int,
         seed: int,
-        task: str = DEFAULT_CALIBRATION,
+        task: str,
+        include_paths: Sequence[str] = (),
     ) -> list[torch.Tensor]:
-        """Repeated random probes: Razor reads no calibration set, so ``task`` is not used."""
+        """Repeated random probes: Razor reads no calibration set, so ``task`` and ``include_paths`` are not used."""
         if length < 8:
             raise SettingsError(f"razor: the probe needs a calibration length of at least 8 tokens, got {length}")
         self.period = length // 4

@@ -44,7 +44,7 @@ from bosch_eval.search.journal.journal import mask_key
 from bosch_eval.search.objective.racing import RaceBound
 from bosch_eval.search.objective.score_book import Bits, ScoreBook
 from bosch_eval.search.objective.scoring import Anchors, subproblem_loss, swa_share
-from bosch_eval.search.stages.optimizers import Bound, Cutoff, SubProblem, choose_method, minimize
+from bosch_eval.search.stages.optimizers import OPTIMIZERS, Bound, Cutoff, SubProblem, choose_method, minimize
 from bosch_eval.search.stages.stage_progress import StageProgress
 
 log = logging.getLogger("bosch_eval.search")
@@ -252,9 +252,18 @@ def expected_method(blocks: Sequence[tuple[int, int]], budget: int, optimizer: s
 
 
 def expected_evaluations(blocks: Sequence[tuple[int, int]], budget: int, optimizer: str) -> int:
-    """Upper bound on a sub-problem's evaluations (exhaustive needs every feasible point, the others the budget)."""
+    """Upper bound on a sub-problem's evaluations (the chosen optimizer's own bound)."""
     problem = _bare_problem(blocks, budget)
-    return problem.size if choose_method(problem, optimizer) == "exhaustive" else budget
+    return OPTIMIZERS[choose_method(problem, optimizer)].evaluations(problem)
+
+
+def unfit_for_chunks(optimizer: str, groups: int, layers: int, quota: str) -> str | None:
+    """Why ``optimizer`` cannot take Stage 3's sub-problems of ``layers`` layers of ``groups`` groups
+    under ``quota``, whatever quotas Stage 2 gives them (None: it can, or ``auto`` chooses)."""
+    if optimizer not in OPTIMIZERS:  # auto: each sub-problem gets an optimizer fit for it
+        return None
+    # One SWA group per layer, and no budget limit: only what does not wait for Stage 2 is checked.
+    return OPTIMIZERS[optimizer].unfit(_bare_problem(quota_blocks(groups, 1, layers, quota), 2**63))
 
 
 def quota_blocks(groups: int, ones_per_layer: int, layers: int, quota: str) -> tuple[tuple[int, int], ...]:

@@ -81,13 +81,21 @@ _LEDGER = (
 
 def dataset(**metadata: Any) -> dict[str, datasets.Dataset]:
     """lm-eval ``custom_dataset``: the calibration examples as the ``test`` split."""
-    docs = examples(
-        **calibration_settings(metadata, TASK),
+    return {"test": datasets.Dataset.from_list(list(calibration_examples(metadata)))}
+
+
+def calibration_examples(
+    metadata: dict[str, Any], tokenizer: PreTrainedTokenizerBase | None = None
+) -> tuple[dict[str, Any], ...]:
+    """The examples the task's ``metadata`` asks for, in ``tokenizer``'s tokens (default: the
+    one ``metadata`` names): what makes this module a calibration set's generator
+    (``calibration_sets.py``), so the rankers read the documents S() scores."""
+    return examples(
+        **calibration_settings(metadata, TASK, tokenizer),
         query=_query_setting(metadata),
         distractors=int_setting(metadata, "calib_distractors", 0, TASK, minimum=0),
         values=_values_setting(metadata),
     )
-    return {"test": datasets.Dataset.from_list(list(docs))}
 
 
 @cache

@@ -68,14 +68,16 @@ def model_tokenizer(metadata: dict[str, Any], task: str) -> PreTrainedTokenizerB
     return get_tokenizer(resolve_model(name, check=False))  # a tokenizer-only directory has no config.json
 
 
-def calibration_settings(metadata: dict[str, Any], task: str) -> dict[str, Any]:
-    """The settings every calibration set reads: ``tokenizer``, ``seq_len`` (default: the
-    model's ``calib_len``, else 32768; checked against the model's length), ``num_examples``
-    (64, the paper's) and ``seed`` (``calib_seed``, 0)."""
+def calibration_settings(
+    metadata: dict[str, Any], task: str, tokenizer: PreTrainedTokenizerBase | None = None
+) -> dict[str, Any]:
+    """The settings every calibration set reads: ``tokenizer`` (the one given, else the one
+    ``metadata`` names), ``seq_len`` (default: the model's ``calib_len``, else 32768; checked
+    against the model's length), ``num_examples`` (64, the paper's) and ``seed`` (``calib_seed``, 0)."""
     seq_len = int_setting(metadata, "seq_len", default_lengths(metadata, "seq_len", (32768,), task)[0], task)
     check_lengths(metadata, (seq_len,), task, "seq_len")
     return {
-        "tokenizer": model_tokenizer(metadata, task),
+        "tokenizer": tokenizer if tokenizer is not None else model_tokenizer(metadata, task),
         "seq_len": seq_len,
         "num_examples": int_setting(metadata, "num_examples", 64, task),
         "seed": int_setting(metadata, "calib_seed", 0, task, minimum=0),

@@ -78,10 +78,17 @@ _ENTRIES = (
 
 def dataset(**metadata: Any) -> dict[str, datasets.Dataset]:
     """lm-eval ``custom_dataset``: the calibration examples as the ``test`` split."""
+    return {"test": datasets.Dataset.from_list(list(calibration_examples(metadata)))}
+
+
+def calibration_examples(
+    metadata: dict[str, Any], tokenizer: PreTrainedTokenizerBase | None = None
+) -> tuple[dict[str, Any], ...]:
+    """The examples the task's ``metadata`` asks for, in ``tokenizer``'s tokens (default: the
+    one ``metadata`` names), as ``calibration_sets.py`` reads a calibration set's generator."""
     kinds = kinds_setting(metadata)
     distractor_keys = int_setting(metadata, "distractor_keys", DEFAULT_DISTRACTOR_KEYS, TASK)
-    docs = examples(**calibration_settings(metadata, TASK), kinds=kinds, distractor_keys=distractor_keys)
-    return {"test": datasets.Dataset.from_list(list(docs))}
+    return examples(**calibration_settings(metadata, TASK, tokenizer), kinds=kinds, distractor_keys=distractor_keys)
 
 
 def kinds_setting(metadata: dict[str, Any]) -> tuple[str, ...]:

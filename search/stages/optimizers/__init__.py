@@ -174,7 +174,7 @@ class OptimizerResult:
     best: Point
     best_loss: float
     evaluations: int  # distinct points evaluated, i.e. calls to the loss
-    method: str  # "exhaustive" | "nomad" | "oneplusone"
+    method: str  # the name of the optimizer that ran
     crash: str = ""  # why NOMAD ended before its budget (PyNomad died); empty otherwise
     pruned: int = 0  # of the evaluations, those stopped early by racing (a bound, no value)
 
@@ -187,10 +187,18 @@ class Optimizer:
         run: evaluates points through the memo (which keeps the budget and the racing
             losses) until it is done; returns why it ended before its budget (a crash) or "".
         unfit: why it cannot take a problem, or None when it can.
+        evaluations: the most points it evaluates on a problem (the cost model's bound).
+        raced: whether it may be handed racing losses (NOMAD reads every value: never raced).
+        walks: whether it moves from its start point by swapping a one and a zero within a
+            block, so every point it asks keeps the start's ones per block (the guarded
+            search's local search takes the first optimizer that walks).
     """
 
     run: Callable[[Memo, SubProblem], str]
     unfit: Callable[[SubProblem], str | None] = lambda problem: None
+    evaluations: Callable[[SubProblem], int] = lambda problem: problem.budget
+    raced: bool = True
+    walks: bool = False
 
 
 # Registration order is B.2's preference: ``auto`` takes the first optimizer fit for a problem.
@@ -214,7 +222,7 @@ def choose_method(problem: SubProblem, method: str = AUTO) -> str:
     ``auto`` is the first registered optimizer fit for the problem: ``exhaustive`` when the
     feasible points fit the budget, else ``nomad`` up to ``NOMAD_MAX_VARIABLES`` variables
     in one block, else ``oneplusone``. A problem with a single candidate (``k`` is 0 or
-    ``n``) is ``exhaustive`` whatever was asked: there is nothing to search.
+    ``n``) gets ``auto``'s choice whatever was asked: there is nothing to search.
 
     Raises:
         ValueError: for an unknown method, or one that cannot take ``problem`` (``exhaustive``
@@ -223,9 +231,7 @@ def choose_method(problem: SubProblem, method: str = AUTO) -> str:
     """
     if method not in optimizer_methods():
         raise ValueError(f"optimizer method: expected one of {list(optimizer_methods())}, got {method!r}")
-    if problem.size == 1:
-        return "exhaustive"
-    if method == AUTO:
+    if method == AUTO or problem.size == 1:
         return next(name for name, optimizer in OPTIMIZERS.items() if optimizer.unfit(problem) is None)
     reason = OPTIMIZERS[method].unfit(problem)
     if reason is not None:

@@ -48,4 +48,6 @@ def _exhaustive_unfit(problem: SubProblem) -> str | None:
     )
 
 
-OPTIMIZERS.register("exhaustive", Optimizer(_run_exhaustive, _exhaustive_unfit))
+OPTIMIZERS.register(
+    "exhaustive", Optimizer(_run_exhaustive, _exhaustive_unfit, evaluations=lambda problem: problem.size)
+)

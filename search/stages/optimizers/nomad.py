@@ -68,4 +68,4 @@ def _nomad_unfit(problem: SubProblem) -> str | None:
     return None
 
 
-OPTIMIZERS.register("nomad", Optimizer(_run_nomad, _nomad_unfit))
+OPTIMIZERS.register("nomad", Optimizer(_run_nomad, _nomad_unfit, raced=False))

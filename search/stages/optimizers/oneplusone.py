@@ -50,7 +50,7 @@ def _run_oneplusone(memo: Memo, problem: SubProblem) -> str:
     return ""
 
 
-OPTIMIZERS.register("oneplusone", Optimizer(_run_oneplusone))
+OPTIMIZERS.register("oneplusone", Optimizer(_run_oneplusone, walks=True))
 
 
 def _poisson_one(rng: random.Random) -> int:
