@@ -8,9 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from bosch_eval.caches.kv_quant.methods import KV_QUANT_METHODS
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, check_sinks
-from bosch_eval.models.model_check import ModelError
 from bosch_eval.runtime.device import pick_device
-from bosch_eval.runtime.errors import SettingsError
+from bosch_eval.runtime.errors import ModelError, SettingsError
 
 if TYPE_CHECKING:
     from bosch_eval.models.resolved_model import ResolvedModel
@@ -68,7 +67,7 @@ def _bench(args: argparse.Namespace) -> None:
 
     # The command's work (torch, transformers, matplotlib), imported when it runs: --help stays free of them.
     from bosch_eval.attention.hybrid_spec import backend_names, resolve_backend
-    from bosch_eval.bench.report import environment, plot, ratio_table, rows_as_json
+    from bosch_eval.bench.report import environment, peak_note, plot, ratio_table, rows_as_json
     from bosch_eval.bench.runner import BenchPlan, drawn_mask, run_bench
     from bosch_eval.models.resolved_model import ResolvedModel
 
@@ -105,6 +104,7 @@ def _bench(args: argparse.Namespace) -> None:
     report = {
         "command": " ".join(["bosch-eval", *args.argv]),
         "environment": environment(next(model.parameters()).device),
+        "peak_memory": peak_note(next(model.parameters()).device, args.profile),  # how the peak columns were measured
     }
     budget = int(args.memory_budget_gb * 2**30) if args.memory_budget_gb else None
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -112,6 +112,7 @@ def _bench(args: argparse.Namespace) -> None:
     def write(rows: list) -> str:
         """bench.json and bench.md with the rows so far (after each length: a run cut short keeps them)."""
         table = ratio_table(rows, budget, weights) if args.kv_quant else ratio_table(rows)
+        table += f"\n\n{report['peak_memory']}"
         (out / "bench.json").write_text(json.dumps({**report, "rows": rows_as_json(rows)}, indent=1) + "\n")
         (out / "bench.md").write_text(f"$ {report['command']}\n\n{json.dumps(report['environment'])}\n\n{table}\n")
         return table

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from bosch_eval.bench.memory import CPU_PEAK_METHOD
 from bosch_eval.bench.runner import BenchRow
 
 
@@ -27,8 +28,8 @@ def speedups(rows: list[BenchRow]) -> list[dict[str, Any]]:
             "prefill": row.prefill_tokens_per_s / original[row.length].prefill_tokens_per_s,
             "decode_batch_1": row.decode_tokens_per_s / original[row.length].decode_tokens_per_s,
             f"decode_batch_{row.decode_batch}": row.decode_batch_tokens_per_s / original[row.length].decode_batch_tokens_per_s,
-            # None where the original's peak is not positive (a CPU's resident-set peak at tiny sizes).
-            "prefill_peak": row.prefill_peak_bytes / original[row.length].prefill_peak_bytes if original[row.length].prefill_peak_bytes > 0 else None,
+            # None where either peak is not measured (a CPU's with --no-profile) or the original's is not positive.
+            "prefill_peak": _quotient(row.prefill_peak_bytes, original[row.length].prefill_peak_bytes),
             "kv_bytes": row.kv_cache_bytes / original[row.length].kv_cache_bytes,
             # Apart from the steady state above: the first, untimed run and the flex graphs compiled.
             "warmup_s": row.warmup_s, "compiles": row.compiles,
@@ -57,11 +58,11 @@ def ratio_table(rows: list[BenchRow], budget_bytes: int | None = None, weight_by
         lines.append(
             f"| {row.label} | {row.swa_ratio:.3g} | {row.window or '-'} | {row.length} | {row.prefill_tokens_per_s:.1f} | "
             f"{row.decode_tokens_per_s:.2f} | {row.decode_batch_tokens_per_s:.2f} | {row.kv_cache_bytes} | "
-            f"{row.prefill_peak_bytes / 2**20:.1f} | {_megabytes(row.decode_peak_bytes)} | "
+            f"{_megabytes(row.prefill_peak_bytes)} | {_megabytes(row.decode_peak_bytes)} | "
             f"{'-' if row.attention_share is None else f'{row.attention_share:.2f}'} | "
             f"{base.prefill_tokens_per_s / row.prefill_tokens_per_s:.3f} | {base.decode_tokens_per_s / row.decode_tokens_per_s:.3f} | "
             f"{base.decode_batch_tokens_per_s / row.decode_batch_tokens_per_s:.3f} | {row.kv_cache_bytes / base.kv_cache_bytes:.4f} | "
-            f"{row.prefill_peak_bytes / max(base.prefill_peak_bytes, 1):.3f} | {_ratio(row.decode_peak_bytes, base.decode_peak_bytes)} | "
+            f"{_ratio(row.prefill_peak_bytes, base.prefill_peak_bytes)} | {_ratio(row.decode_peak_bytes, base.decode_peak_bytes)} | "
             f"{row.backend or 'sdpa (unpatched)'} | {_warmup(row)} |"
             + (
                 f" {row.kv_quant or '-'} | {row.kv_bytes_formula} | {max_batch(budget_bytes, weight_bytes, row.kv_bytes_formula)} |"
@@ -80,8 +81,26 @@ def _megabytes(size: int | None) -> str:
     return "-" if size is None else f"{size / 2**20:.1f}"
 
 
+def _quotient(value: int | None, base: int | None) -> float | None:
+    """``value / base``; None where either is not measured or ``base`` is not positive."""
+    return None if value is None or base is None or base <= 0 else value / base
+
+
 def _ratio(value: int | None, base: int | None) -> str:
-    return "-" if value is None or base is None else f"{value / max(base, 1):.3f}"
+    quotient = _quotient(value, base)
+    return "-" if quotient is None else f"{quotient:.3f}"
+
+
+def peak_note(device: torch.device, profiled: bool) -> str:
+    """How the table's peak-memory columns were measured on ``device``: the line printed under it."""
+    if device.type == "cuda":
+        return (
+            "Peaks: the CUDA allocator's (torch.cuda.max_memory_allocated) above what was allocated before the "
+            "prefill; prefill peak: median of the timed runs."
+        )
+    if profiled:
+        return f"{CPU_PEAK_METHOD}."
+    return f"Peaks: - (not measured: --no-profile skips the profiled run they come from). {CPU_PEAK_METHOD}."
 
 
 def environment(device: torch.device) -> dict[str, str]:

@@ -3,11 +3,11 @@
 For each sequence length T and each configuration (the original model, then one hybrid
 per mask or ratio), measured interleaved in one process: prefill tokens/s (optionally in
 chunks of C tokens), decode tokens/s over N greedy steps after the prefill at batch 1 and
-at batch B (default 8), KV-cache bytes after the prefill, the prefill's peak memory (CUDA
-allocator peak; on CPU the peak resident set size above the start, see
-:func:`~bosch_eval.bench.memory.peak_memory`), and the decode phase's own peak: the tensor bytes live at the worst
-moment of the decode steps, the KV cache included and the weights not
-(:func:`decode_peak`, from the profiler's allocation events). The original runs as loaded
+at batch B (default 8), KV-cache bytes after the prefill, the prefill's peak memory (CUDA:
+the allocator's peak above the start, in the timed runs; CPU: the tensor bytes live at the
+prefill's worst moment, from the profiler's allocation events in a separate run, see
+:mod:`~bosch_eval.bench.memory`), and the decode phase's own peak: the tensor bytes live at the worst
+moment of the decode steps, the KV cache included and the weights not (:func:`memory_peaks`). The original runs as loaded
 (the CLI loads ``sdpa``; transformers' dynamic cache); hybrids run the bosch attention (``backend``,
 default ``auto``) on the deploy-mode :class:`~bosch_eval.caches.hybrid_cache.HybridCache`,
 each for its block only (:func:`configured`): the model is given back as it was after every run;
@@ -61,7 +61,9 @@ class BenchRow:
     prefill_tokens_per_s: float
     decode_tokens_per_s: float  # batch 1
     kv_cache_bytes: int
-    prefill_peak_bytes: int  # above what was allocated before the prefill: activations and the KV cache it writes
+    # Above what was allocated before the prefill: activations and the KV cache it writes (None: not measured,
+    # a CPU run with --no-profile).
+    prefill_peak_bytes: int | None
     attention_share: float | None  # of the prefill time, spent in the attention function (None: not profiled)
     kv_quant: str | None = None  # e.g. "logquant-2bit-W128"
     kv_bytes_formula: int = 0  # the closed form at this length, to check kv_cache_bytes against
@@ -86,7 +88,7 @@ class Measurement:
     decode_s: float  # per step at batch 1
     decode_batch_s: float  # per step at batch B
     kv_bytes: int  # after the prefill
-    prefill_peak_bytes: int
+    prefill_peak_bytes: int | None  # None: not measured in timed runs (a CPU's: see memory_peaks)
 
 
 def balanced_mask(shape: ModelShape, ratio: float, window: int) -> HeadMask:
@@ -110,16 +112,21 @@ def drawn_mask(shape: ModelShape, ratio: float, window: int, seed: int = 0) -> H
     return HeadMask.from_swa_groups(shape, swa, window=window, method=f"drawn-{ratio:g}-seed{seed}")
 
 
-DECODE_LABEL = "bosch_bench.decode"
+PREFILL_LABEL, DECODE_LABEL = "bosch_bench.prefill", "bosch_bench.decode"
 
 
 @torch.no_grad()
-def decode_peak(model: Any, ids: torch.Tensor, chunk: int | None, cache: DynamicCache, steps: int = 4) -> int:
-    """Tensor bytes live at the peak of ``steps`` greedy decode steps after prefilling ``ids``:
-    the KV cache the prefill left, whatever else it left, and the steps' own temporaries
-    (weights excluded). CPU: prefill and decode both run under :func:`tensor_memory_peak`,
-    so the cache tensors a decode step replaces are seen freed. CUDA: the allocator's peak
-    during the steps, above what was allocated before the prefill."""
+def memory_peaks(
+    model: Any, ids: torch.Tensor, chunk: int | None, cache: DynamicCache, steps: int = 4
+) -> tuple[int | None, int]:
+    """The prefill's and the decode's peaks, in bytes, of one prefill of ``ids`` and ``steps``
+    greedy decode steps after it, above what was allocated before the prefill (weights excluded).
+
+    The decode's: the KV cache the prefill left, whatever else it left, and the steps' own
+    temporaries. CPU: both phases run under :func:`tensor_memory_peak`, so the cache tensors a
+    decode step replaces are seen freed, and the prefill's peak (activations and the KV cache it
+    writes) comes from the same run. CUDA: the allocator's peak during the steps; the prefill's
+    is None here (the timed runs measure it, :func:`measure`)."""
     device = ids.device
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -129,12 +136,13 @@ def decode_peak(model: Any, ids: torch.Tensor, chunk: int | None, cache: Dynamic
         torch.cuda.reset_peak_memory_stats(device)
         _decode(model, token, cache, steps)
         torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - before
-    with tensor_memory_peak(since=DECODE_LABEL) as peak:
-        token = _prefill(model, ids, chunk, cache)[:, -1:].argmax(-1)
+        return None, torch.cuda.max_memory_allocated(device) - before
+    with tensor_memory_peak() as peak:
+        with torch.profiler.record_function(PREFILL_LABEL):
+            token = _prefill(model, ids, chunk, cache)[:, -1:].argmax(-1)
         with torch.profiler.record_function(DECODE_LABEL):
             _decode(model, token, cache, steps)
-    return peak()
+    return peak(PREFILL_LABEL), peak(DECODE_LABEL)
 
 
 def _sync(device: torch.device) -> None:
@@ -385,7 +393,8 @@ class _Measured:
     compiles: dict[str, int] = field(default_factory=dict)
     backends: dict[str, str | None] = field(default_factory=dict)
     shares: dict[str, float] = field(default_factory=dict)
-    peaks: dict[str, int] = field(default_factory=dict)
+    prefill_peaks: dict[str, int | None] = field(default_factory=dict)  # from the profiled run (a CPU's)
+    peaks: dict[str, int] = field(default_factory=dict)  # the decode's
 
     def count_compiles(self, label: str, before: int) -> None:
         self.compiles[label] = self.compiles.get(label, 0) + flex.compiles - before
@@ -459,7 +468,7 @@ def _bench_length(model: Any, configs: list[Config], plan: BenchPlan, length: in
         with set_up(label, mask) as cache:
             measured.shares[label] = attention_share(model, ids, plan.chunk, cache)
         with set_up(label, mask) as cache:
-            measured.peaks[label] = decode_peak(model, ids, plan.chunk, cache)
+            measured.prefill_peaks[label], measured.peaks[label] = memory_peaks(model, ids, plan.chunk, cache)
     return [_row(model, label, masks.get(label), measured, quant.get(label)) for label in measured.timings]
 
 
@@ -477,7 +486,7 @@ def _row(
         prefill_tokens_per_s=length / statistics.median(r.prefill_s for r in runs),
         decode_tokens_per_s=1.0 / statistics.median(r.decode_s for r in runs),
         kv_cache_bytes=runs[0].kv_bytes,
-        prefill_peak_bytes=int(statistics.median(r.prefill_peak_bytes for r in runs)),
+        prefill_peak_bytes=_prefill_peak(runs, measured.prefill_peaks.get(label)),
         attention_share=measured.shares.get(label),
         kv_quant=kv_quant_label(kv_quant) if kv_quant else None,
         kv_bytes_formula=kv_cache_bytes_formula(
@@ -497,3 +506,10 @@ def _row(
         compiles=measured.compiles.get(label, 0),
         compiled_decode=measured.compiled_decode,
     )
+
+
+def _prefill_peak(runs: list[Measurement], profiled: int | None) -> int | None:
+    """The median of the timed runs' prefill peaks where they measured it (CUDA), else the
+    profiled run's (CPU; None: not profiled)."""
+    timed = [r.prefill_peak_bytes for r in runs if r.prefill_peak_bytes is not None]
+    return int(statistics.median(timed)) if timed else profiled
