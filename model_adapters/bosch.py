@@ -75,7 +75,7 @@ from bosch_eval.caches.captured import bucketed_capacity
 from bosch_eval.caches.hybrid_cache import HybridCache, captured_refusal
 from bosch_eval.caches.kv_quant.config import KVQuantConfig, parse_kv_quant
 from bosch_eval.caches.prefix_cache import PrefixActivations
-from bosch_eval.masks.head_mask import HeadMask, ModelShape
+from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.masks.mask_sources import resolve_mask
 from bosch_eval.model_adapters.compressed_scoring import CompressedScoring
 from bosch_eval.model_adapters.loader_args import adapter_settings
@@ -83,7 +83,6 @@ from bosch_eval.model_adapters.scoring import ContinuationScorer, ForwardLogits,
 from bosch_eval.model_adapters.settings import AdapterSettings
 from bosch_eval.model_adapters.truncation import TruncationPolicy, over_long_contexts, over_long_requests
 from bosch_eval.models.checkpoint import set_saved_kv_quant
-from bosch_eval.models.model_check import check_causal_decoder
 from bosch_eval.models.model_defaults import resolve_window
 from bosch_eval.models.resolved_model import ResolvedModel
 from bosch_eval.models.rope_scaling import scaled_config
@@ -131,7 +130,7 @@ def _kv_quant_config(model: ResolvedModel, settings: AdapterSettings) -> KVQuant
     if args == (None, None, None, None):
         quant = model.saved_kv_quant
     else:
-        quant = parse_kv_quant(*args, head_dim=ModelShape.head_dim_of(model.config))
+        quant = parse_kv_quant(*args, head_dim=model.head_dim)
     if quant is not None and settings.kv_cache != "hybrid":
         raise SettingsError(
             f"kv_cache: kv_quant={quant.method} stores its KV in the hybrid cache; got kv_cache={settings.kv_cache!r}"
@@ -187,7 +186,6 @@ class BoschLM(HFLM):
                 else ResolvedModel.named(pretrained, trust_remote_code=trust)
             )
             pretrained = self.resolved.path
-            check_causal_decoder(self.resolved.config, pretrained)
             loader_args["device"] = _load_device(loader_args.get("device"))
         else:  # a preloaded model: its own config
             self.resolved = ResolvedModel.loaded(pretrained)

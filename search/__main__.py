@@ -7,7 +7,7 @@ import sys
 
 from bosch_eval.runtime.errors import exit_status
 from bosch_eval.runtime.threads import apply_thread_policy
-from bosch_eval.search.cli.search_cli import add_search_arguments, run_from_args
+from bosch_eval.search.cli.find_mask import add_search_arguments, run_from_args
 
 
 def main() -> int:

@@ -16,7 +16,7 @@ from typing import Any
 from bosch_eval.caches.kv_quant.config import KVQuantConfig
 from bosch_eval.masks.head_mask import HeadMask, ModelShape
 from bosch_eval.models.checkpoint import saved_kv_quant, saved_mask
-from bosch_eval.models.model_check import model_config, resolve_model
+from bosch_eval.models.model_check import check_causal_decoder, model_config, resolve_model
 from bosch_eval.models.model_defaults import ModelDefaults, model_defaults
 
 
@@ -32,6 +32,8 @@ class ResolvedModel:
         defaults: its ``bosch_defaults.json`` (none for hub ids and plain checkpoints).
         saved_mask: the head mask a hybrid checkpoint saved in its config, else None.
         saved_kv_quant: the KV quantization a hybrid checkpoint saved, else None.
+        shape: L×H×G, the shape every mask of this model has.
+        head_dim: the width of one attention head (what KV quantization groups).
     """
 
     name: str | None
@@ -40,16 +42,22 @@ class ResolvedModel:
     defaults: ModelDefaults
     saved_mask: HeadMask | None
     saved_kv_quant: KVQuantConfig | None
+    shape: ModelShape
+    head_dim: int
 
     @classmethod
     def named(cls, name: str, trust_remote_code: bool = False) -> ResolvedModel:
-        """The model ``name`` stands for, from its files alone (no weights are read).
+        """The model ``name`` stands for, from its files alone (no weights are read): a causal
+        decoder, the only kind whose heads every command here turns into SWA.
 
         Raises:
-            ModelError: no such model; MaskError / SettingsError: a bad saved mask or defaults file.
+            ModelError: no such model, or not a causal decoder; MaskError / SettingsError: a
+                bad saved mask or defaults file.
         """
         path = resolve_model(name)
-        return cls.of_config(name, path, model_config(path, trust_remote_code=trust_remote_code))
+        config = model_config(path, trust_remote_code=trust_remote_code)
+        check_causal_decoder(config, path)
+        return cls.of_config(name, path, config)
 
     @classmethod
     def loaded(cls, model: Any) -> ResolvedModel:
@@ -62,12 +70,8 @@ class ResolvedModel:
     def of_config(cls, name: str | None, path: str | None, config: Any) -> ResolvedModel:
         source = f"{path}/config.json"
         defaults = model_defaults(path) if path else ModelDefaults()
-        return cls(name, path, config, defaults, saved_mask(config, source), saved_kv_quant(config, source))
-
-    @property
-    def shape(self) -> ModelShape:
-        """L×H×G, the shape every mask of this model has."""
-        return ModelShape.from_config(self.config)
+        saved = saved_mask(config, source), saved_kv_quant(config, source)
+        return cls(name, path, config, defaults, *saved, ModelShape.from_config(config), ModelShape.head_dim_of(config))
 
     @property
     def config_file(self) -> str:

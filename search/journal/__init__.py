@@ -1,1 +1,1 @@
-"""The search's journal on disk: every finished S(z) before the next starts (``journal``), and what a journal pins against the run that opens it (``journal_header``)."""
+"""The search's journal on disk: every finished S(z) before the next starts (``store``), and what a journal pins against the run that opens it (``header``)."""

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.runtime.checks import is_number
-from bosch_eval.search.journal.journal import mask_key
+from bosch_eval.search.journal.store import mask_key
 
 DEFAULT_RACE_CHUNK = 8  # examples per chunk; smaller stops sooner but pays lm-eval's per-call overhead more often
 

@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 from bosch_eval.masks.head_mask import HeadMask, ModelShape
 from bosch_eval.runtime.errors import JournalError
-from bosch_eval.search.journal.journal import Journal, mask_key
+from bosch_eval.search.journal.store import Journal, mask_key
 from bosch_eval.search.objective.racing import ExampleMemo, RaceBound, ruled_out
 
 Bits = tuple[tuple[int, ...], ...]

@@ -30,7 +30,7 @@ from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.rankers.base import Ranker
 from bosch_eval.search.rankers.blocks import query_blocks
 from bosch_eval.search.rankers.capture import capture_attention
-from bosch_eval.search.defaults import DEFAULT_CALIB_TASK
+from bosch_eval.search.objective.defaults import DEFAULT_CALIB_TASK
 
 DEFAULT_BLOCK_SIZE = 64
 # Rows of output-embedding logits formed at once by Fisher's loss ([rows, vocab] floats).

@@ -1,1 +1,1 @@
-"""BOSCH's stages: the sub-problems of Stages 1 and 3 (``stages``), Stage 2's layer ratios (``stage2``), what a running stage shows (``stage_progress``), and the black-box optimizers that solve a sub-problem (``optimizers``; NOMAD in a child process: ``nomad_process``)."""
+"""BOSCH's stages: the sub-problems of Stages 1 and 3 (``subproblems``), Stage 2's layer ratios (``stage2``), what a running stage shows (``progress``), and the black-box optimizers that solve a sub-problem (``optimizers``; NOMAD in a child process: ``nomad_process``)."""

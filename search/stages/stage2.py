@@ -210,7 +210,7 @@ def cumulative_from_probes(probe_scores: Sequence[float], original_score: float)
     """Stage-1 scores as Algorithm 2 reads them (cumulative, top layer first) whose drops are the
     one-layer probes' own: s_l = s_orig + Σ_{m ≥ l} (p_m − s_orig), so that d_l = δ_{l+1} − δ_l =
     (s_orig − p_l)/s_orig, the share of S(full) lost when layer l alone is SWA (the ``guarded``
-    variant's Stage 1 when ⌈ρG⌉ = G, :func:`bosch_eval.search.stages.stages.stage1_probes`)."""
+    variant's Stage 1 when ⌈ρG⌉ = G, :func:`bosch_eval.search.stages.subproblems.stage1_probes`)."""
     scores = _check_scores(probe_scores)
     cumulative, running = [0.0] * len(scores), float(original_score)
     for layer in range(len(scores) - 1, -1, -1):

@@ -28,11 +28,11 @@ from typing import Any
 from bosch_eval.masks.head_mask import ModelShape
 from bosch_eval.runtime.errors import SearchError
 from bosch_eval.runtime.registry import Registry
-from bosch_eval.search.guarded.guard import Guard
+from bosch_eval.search.guard.verdict import Guard
 from bosch_eval.search.objective.score_book import Bits, ScoreBook
 from bosch_eval.search.objective.scoring import Anchors
 from bosch_eval.search.stages.stage2 import Stage2Result
-from bosch_eval.search.stages.stages import StageOutcome, StageSettings, SubResult
+from bosch_eval.search.stages.subproblems import StageOutcome, StageSettings, SubResult
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class SearchRun:
     book: ScoreBook
     anchors: Anchors
     shape: ModelShape
-    # The search's SearchSettings. Not named as a type: it lives in search/pipeline.py, which
+    # The search's SearchSettings. Not named as a type: it lives in search/run/pipeline.py, which
     # imports this package, and a room of the search never imports the top (tests/test_layers.py).
     settings: Any
     stages: StageSettings

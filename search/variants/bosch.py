@@ -1,5 +1,5 @@
 """``bosch``: Stages 1–3 (Algorithms 1–3), the paper's search; ``nested`` (beyond the paper):
-the same with Stages 2–3 kept within Stage 1's mask (:class:`~bosch_eval.search.stages.stages.LayerQuotas`)."""
+the same with Stages 2–3 kept within Stage 1's mask (:class:`~bosch_eval.search.stages.subproblems.LayerQuotas`)."""
 
 from __future__ import annotations
 

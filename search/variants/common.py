@@ -8,9 +8,9 @@ from dataclasses import replace
 
 from bosch_eval.masks.head_mask import HeadMask, ceil_count
 from bosch_eval.search.objective.score_book import Bits
-from bosch_eval.search.saturation import stage1_saturation
+from bosch_eval.search.check.saturation import stage1_saturation
 from bosch_eval.search.stages.stage2 import assign_layer_ratios, cumulative_from_probes
-from bosch_eval.search.stages.stages import LayerQuotas, refine, stage1, stage1_probes, stage3
+from bosch_eval.search.stages.subproblems import LayerQuotas, refine, stage1, stage1_probes, stage3
 from bosch_eval.search.variants import VARIANTS, SearchRun, VariantOutcome
 
 log = logging.getLogger("bosch_eval.search")

@@ -1,5 +1,5 @@
 """``guarded`` (beyond the paper, the default): incumbents, then ``bosch``, then a local search;
-never less than the best incumbent (:mod:`bosch_eval.search.guarded`)."""
+never less than the best incumbent (:mod:`bosch_eval.search.guard`)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import logging
 from dataclasses import replace
 
 from bosch_eval.masks.head_mask import HeadMask
-from bosch_eval.search.guarded.guard import STAGE1, STAGES, Guard, Lineage, choose, source_of
-from bosch_eval.search.guarded.incumbents import best_incumbent, incumbent_masks, score_incumbents
-from bosch_eval.search.guarded.local_search import local_search
-from bosch_eval.search.journal.journal import mask_key
+from bosch_eval.search.guard.verdict import STAGE1, STAGES, Guard, Lineage, choose, source_of
+from bosch_eval.search.guard.incumbents import best_incumbent, incumbent_masks, score_incumbents
+from bosch_eval.search.guard.local_walk import local_search
+from bosch_eval.search.journal.store import mask_key
 from bosch_eval.search.objective.racing import RaceBound
 from bosch_eval.search.objective.score_book import Bits
-from bosch_eval.search.tie_break import tie_key_bits
+from bosch_eval.search.objective.tie_break import tie_key_bits
 from bosch_eval.search.variants import VARIANTS, SearchRun, Variant, VariantOutcome
 from bosch_eval.search.variants.common import run_bosch
 
@@ -23,7 +23,7 @@ log = logging.getLogger("bosch_eval.search")
 def run_guarded(run: SearchRun) -> VariantOutcome:
     """Incumbents, then ``bosch`` (with Stage-1 probes where ⌈ρG⌉ = G), then the local search
     from the stages' mask (or Stage 1's, :func:`_stages_start`) and from the best incumbent; the
-    best mask those runs end with (:mod:`bosch_eval.search.guarded.guard`)."""
+    best mask those runs end with (:mod:`bosch_eval.search.guard.verdict`)."""
     book, anchors, shape, settings = run.book, run.anchors, run.shape, run.settings
     higher = anchors.higher_is_better
     masks = incumbent_masks(shape, settings.ratio, settings.incumbents, settings.seed)

@@ -1,7 +1,7 @@
 """Ordering the masks the calibration set ties: ``--tie-break-tasks`` (a deviation from the paper).
 
 When S(z) saturates, many masks with the found mask's number of SWA groups reach exactly its
-S (the search counts them, :class:`~bosch_eval.search.saturation.TopTies`), and the search
+S (the search counts them, :class:`~bosch_eval.search.check.saturation.TopTies`), and the search
 returns the first it met. With tie-break tasks named, the search then scores the found mask
 and every mask tied with it on those tasks (the same model, metric and calibration metadata)
 and returns the best; the found mask wins a tie again, then the first by journal key. Every

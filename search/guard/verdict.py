@@ -1,7 +1,7 @@
 """What the ``guarded`` variant returns, and why: never less than the best incumbent.
 
-After Stages 1–3 the local search (:mod:`bosch_eval.search.guarded.local_search`) runs from the stages'
-mask and from the best incumbent (:mod:`bosch_eval.search.guarded.incumbents`), half the budget each (one
+After Stages 1–3 the local search (:mod:`bosch_eval.search.guard.local_walk`) runs from the stages'
+mask and from the best incumbent (:mod:`bosch_eval.search.guard.incumbents`), half the budget each (one
 run with all of it when they are the same mask). The stages' run starts from Stage 1's own mask
 instead where that has as many SWA groups and scored better (the paper's Stage 2 can give layers
 a ratio no stage scored). The search returns the best of the masks those runs end with; each ends

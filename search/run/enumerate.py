@@ -8,7 +8,7 @@ ablations and of the static rankings.
 
 ::
 
-    python -m bosch_eval.search.enumerate --model toy --ratio 0.875 --out runs/enum-r0.875 \\
+    python -m bosch_eval.search.run.enumerate --model toy --ratio 0.875 --out runs/enum-r0.875 \\
         --place bosch=runs/toy-r0.875/mask.json --place apl=apl-r0.875.json
 
 Every score is journaled (``bosch-journal/1``, the search's own format and S(z)) before the
@@ -36,8 +36,8 @@ from bosch_eval.models.model_defaults import resolve_window
 from bosch_eval.models.resolved_model import ResolvedModel
 from bosch_eval.runtime.errors import JournalError, SearchError, exit_status
 from bosch_eval.runtime.outdir_lock import OutputLock
-from bosch_eval.search.journal.journal import Journal, mask_key
-from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
+from bosch_eval.search.journal.store import Journal, mask_key
+from bosch_eval.search.objective.loading import CalibrationSettings, LoadSettings, build_objective
 
 # A user who points this at a real model gets an error, not a run of years.
 DEFAULT_MAX_MASKS = 5000
@@ -182,7 +182,9 @@ def _parse_places(items: Sequence[str], shape: ModelShape, swa_groups: int, mode
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bosch_eval.search.enumerate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bosch_eval.search.run.enumerate", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument(
         "--model",
         required=True,
@@ -213,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    return exit_status("bosch_eval.search.enumerate", lambda: run(args))
+    return exit_status("bosch_eval.search.run.enumerate", lambda: run(args))
 
 
 def run(args: argparse.Namespace) -> None:

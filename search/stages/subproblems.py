@@ -40,12 +40,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count
-from bosch_eval.search.journal.journal import mask_key
+from bosch_eval.search.journal.store import mask_key
 from bosch_eval.search.objective.racing import RaceBound
 from bosch_eval.search.objective.score_book import Bits, ScoreBook
 from bosch_eval.search.objective.scoring import Anchors, subproblem_loss, swa_share
 from bosch_eval.search.stages.optimizers import OPTIMIZERS, Bound, Cutoff, SubProblem, choose_method, minimize
-from bosch_eval.search.stages.stage_progress import StageProgress
+from bosch_eval.search.stages.progress import StageProgress
 
 log = logging.getLogger("bosch_eval.search")
 

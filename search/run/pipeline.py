@@ -20,15 +20,15 @@ from typing import Any
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count, check_ratio
 from bosch_eval.runtime.checks import is_int
 from bosch_eval.runtime.errors import SearchError
-from bosch_eval.search.guarded.guard import Guard
-from bosch_eval.search.journal.journal import Journal, mask_key
+from bosch_eval.search.guard.verdict import Guard
+from bosch_eval.search.journal.store import Journal, mask_key
 from bosch_eval.search.objective.score_book import ScoreBook
 from bosch_eval.search.objective.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA, Anchors, ScoreScale
-from bosch_eval.search.saturation import TopTies, top_ties
+from bosch_eval.search.check.saturation import TopTies, top_ties
 from bosch_eval.search.stages.optimizers import NOMAD_MAX_VARIABLES, optimizer_methods
 from bosch_eval.search.stages.stage2 import Stage2Result, _bucket_counts, default_buckets
-from bosch_eval.search.stages.stages import QUOTAS, StageOutcome, StageSettings, SubResult, unfit_for_chunks
-from bosch_eval.search.tie_break import TieBreak
+from bosch_eval.search.stages.subproblems import QUOTAS, StageOutcome, StageSettings, SubResult, unfit_for_chunks
+from bosch_eval.search.objective.tie_break import TieBreak
 from bosch_eval.search.variants import VARIANTS, SearchRun, VariantOutcome
 
 log = logging.getLogger("bosch_eval.search")
@@ -67,9 +67,9 @@ class SearchSettings:
     refine: int = 0  # coordinate-descent passes after Stage 3 (0 = the paper's BOSCH)
     local_calls: int = 100  # the guarded variant's local search: new S() calls, over both starts
     # The guarded variant's incumbents besides the layer heuristics: (name, journal mask key)
-    # pairs, the static rankings' masks at the ratio (search/api.py computes them).
+    # pairs, the static rankings' masks at the ratio (search/run/api.py computes them).
     incumbents: tuple[tuple[str, str], ...] = ()
-    # The rankings search/api.py turns into incumbents: a ranker's name (computed on the
+    # The rankings search/run/api.py turns into incumbents: a ranker's name (computed on the
     # calibration set) or NAME=FILE (a bosch-ranking/1 file); None: every registered ranker.
     rankings: tuple[str, ...] | None = None
 

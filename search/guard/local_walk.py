@@ -6,7 +6,7 @@ quotas put Razor's mask outside Stage 3's space (issue 53). This search can: it 
 sub-problem over every KV group of the model, solved by the (1+1)-EA of
 :mod:`bosch_eval.search.stages.optimizers`, whose mutations swap SWA and full groups (1 + Poisson(1)
 swaps, mostly one) anywhere in the model, so every mask it asks keeps its start's number of SWA
-groups. It goes through :func:`bosch_eval.search.stages.stages.solve`, so it is journaled, resumed and
+groups. It goes through :func:`bosch_eval.search.stages.subproblems.solve`, so it is journaled, resumed and
 raced as every stage is (an offspring stops once it cannot reach its parent's S).
 """
 
@@ -18,8 +18,8 @@ from bosch_eval.masks.head_mask import ModelShape
 from bosch_eval.search.objective.score_book import Bits, ScoreBook
 from bosch_eval.search.objective.scoring import Anchors
 from bosch_eval.search.stages.optimizers import OPTIMIZERS
-from bosch_eval.search.stages.stage_progress import StageProgress
-from bosch_eval.search.stages.stages import Choice, StageSettings, SubResult, solve
+from bosch_eval.search.stages.progress import StageProgress
+from bosch_eval.search.stages.subproblems import Choice, StageSettings, SubResult, solve
 
 
 def walker() -> str:

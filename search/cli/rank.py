@@ -25,7 +25,7 @@ from bosch_eval.models.model_defaults import resolve_window
 from bosch_eval.runtime.device import pick_device
 from bosch_eval.runtime.errors import SettingsError, TemplateTooLong
 from bosch_eval.search.rankers import RANKERS
-from bosch_eval.search.defaults import DEFAULT_CALIB_TASK
+from bosch_eval.search.objective.defaults import DEFAULT_CALIB_TASK
 from bosch_eval.tasks.niah.calibration_sets import calibration_sets
 
 _HELP = {"-h", "--help"}

@@ -56,7 +56,7 @@ from typing import Any
 
 from bosch_eval.runtime.checks import is_int, is_number
 from bosch_eval.runtime.errors import JournalError
-from bosch_eval.search.journal.journal_header import differences, normalized_header, other_settings_error
+from bosch_eval.search.journal.header import differences, normalized_header, other_settings_error
 
 JOURNAL_FORMAT = "bosch-journal/1"
 # How every journal file begins (what json.dumps writes for the header line).

@@ -8,7 +8,7 @@
     lm_eval --model bosch --model_args pretrained=toy,mask=runs/toy-r0.5/mask.json --tasks ...
 
 The flags and their parsing; the search itself, what it writes and checks, is
-:func:`bosch_eval.search.api.search_model`.
+:func:`bosch_eval.search.run.api.search_model`.
 """
 
 from __future__ import annotations
@@ -24,18 +24,18 @@ from bosch_eval.masks.head_mask import ModelShape, ceil_count
 from bosch_eval.model_adapters.loader_args import parse_model_args
 from bosch_eval.models.model_check import IGNORE_FLAG, model_config, resolve_model
 from bosch_eval.runtime.errors import SearchError
-from bosch_eval.search.defaults import DEFAULT_CALIB_METRIC, DEFAULT_CALIB_TASK, DEFAULT_PREFIX_CACHE_MB
-from bosch_eval.search.guarded.incumbent_rankings import ranking_sources
+from bosch_eval.search.objective.defaults import DEFAULT_CALIB_METRIC, DEFAULT_CALIB_TASK, DEFAULT_PREFIX_CACHE_MB
+from bosch_eval.search.guard.incumbent_rankings import ranking_sources
 from bosch_eval.search.objective.racing import DEFAULT_RACE_CHUNK
 from bosch_eval.search.objective.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA
-from bosch_eval.search.pipeline import VARIANTS, SearchSettings, validate_for_shape
+from bosch_eval.search.run.pipeline import VARIANTS, SearchSettings, validate_for_shape
 from bosch_eval.search.stages.optimizers import optimizer_methods
 from bosch_eval.search.stages.stage2 import DEFAULT_BUCKETS
-from bosch_eval.search.stages.stages import QUOTAS
+from bosch_eval.search.stages.subproblems import QUOTAS
 
 if TYPE_CHECKING:
-    from bosch_eval.search.api import RunOptions
-    from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings
+    from bosch_eval.search.run.api import RunOptions
+    from bosch_eval.search.objective.loading import CalibrationSettings, LoadSettings
 
 # `--estimate` given without its number: the calls, without a time.
 CALLS_ONLY = float("nan")
@@ -189,7 +189,7 @@ def _add_execution_flags(parser: argparse.ArgumentParser) -> None:
         nargs="?",
         const=CALLS_ONLY,
         metavar="SECONDS_PER_CALL",
-        help="print how many S() calls the search makes (bosch_eval.search.cost) and, given the seconds one call takes "
+        help="print how many S() calls the search makes (bosch_eval.search.run.cost) and, given the seconds one call takes "
         "(time one lm_eval run of the calibration task), the time; then exit without loading weights (a GGUF model "
         "is converted on first use, to read its config)",
     )
@@ -219,7 +219,7 @@ def run_from_args(args: argparse.Namespace) -> None:
     """Build the settings from parsed flags and run the search."""
     from accelerate import PartialState
 
-    from bosch_eval.search.api import search_model  # the search: torch, lm-eval, accelerate; not for --help
+    from bosch_eval.search.run.api import search_model  # the search: torch, lm-eval, accelerate; not for --help
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.new_settings and not args.resume:
@@ -281,8 +281,8 @@ def run_settings(
 ) -> tuple[CalibrationSettings, LoadSettings, RunOptions]:
     """The calibration, the model's load settings and how the search runs, from its flags."""
     # Their modules load the model (torch, transformers, accelerate): not for --help.
-    from bosch_eval.search.api import RunOptions
-    from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings
+    from bosch_eval.search.run.api import RunOptions
+    from bosch_eval.search.objective.loading import CalibrationSettings, LoadSettings
 
     calibration = CalibrationSettings(
         tasks=tuple(args.calib_tasks),
@@ -319,7 +319,7 @@ def render_estimate(
     Raises:
         SearchError: a time that is not positive, or settings that do not fit the model.
     """
-    from bosch_eval.search.cost import estimate_calls  # numpy: not for --help
+    from bosch_eval.search.run.cost import estimate_calls  # numpy: not for --help
 
     if seconds_per_call is not None and not seconds_per_call > 0:
         raise SearchError(f"--estimate: expected the seconds one S() call takes (> 0), got {seconds_per_call}")

@@ -1,4 +1,4 @@
-"""Racing S(z): the evaluation of :class:`~bosch_eval.search.objective.objective.CalibrationObjective`
+"""Racing S(z): the evaluation of :class:`~bosch_eval.search.objective.calibration.CalibrationObjective`
 in chunks of examples (``evaluate``'s per-task ``samples`` indices), stopped once the mask
 provably cannot win (:mod:`bosch_eval.search.objective.racing` keeps the bounds and the order).
 
@@ -22,7 +22,7 @@ from bosch_eval.search.objective.racing import DEFAULT_RACE_CHUNK, ExampleMemo, 
 
 
 class ObjectiveRacing:
-    """The racing half of :class:`~bosch_eval.search.objective.objective.CalibrationObjective`, which
+    """The racing half of :class:`~bosch_eval.search.objective.calibration.CalibrationObjective`, which
     provides the adapter (``lm``), the tasks, metric and direction, the call count, and the
     evaluation of one mask (``_evaluate``, ``_sizes``, ``_example_values``, ``_aggregate``, ``_score``).
 

@@ -17,8 +17,8 @@ from bosch_eval.models.resolved_model import ResolvedModel
 from bosch_eval.runtime.device import pick_device
 from bosch_eval.runtime.errors import SearchError
 from bosch_eval.runtime.launch import launch_state
-from bosch_eval.search.defaults import DEFAULT_CALIB_EXAMPLES, DEFAULT_CALIB_LEN, DEFAULT_CALIB_METRIC
-from bosch_eval.search.objective.objective import DEFAULT_TASKS, CalibrationObjective
+from bosch_eval.search.objective.defaults import DEFAULT_CALIB_EXAMPLES, DEFAULT_CALIB_LEN, DEFAULT_CALIB_METRIC
+from bosch_eval.search.objective.calibration import DEFAULT_TASKS, CalibrationObjective
 from bosch_eval.search.objective.racing import Racing
 from bosch_eval.tasks.niah.calibration_sets import is_calibration_set
 
@@ -41,7 +41,7 @@ class CalibrationSettings:
             the tasks may build inputs past ``max_position_embeddings`` and the adapter
             does not truncate them to it.
         tie_break_tasks: task(s) that order the masks ``tasks`` ties with the found one, under
-            the same metric and metadata (:mod:`bosch_eval.search.tie_break`); () for none.
+            the same metric and metadata (:mod:`bosch_eval.search.objective.tie_break`); () for none.
     """
 
     tasks: tuple[str, ...] = DEFAULT_TASKS

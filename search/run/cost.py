@@ -43,10 +43,10 @@ import numpy as np
 
 from bosch_eval.masks.head_mask import ModelShape, ceil_count
 from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS
-from bosch_eval.search.pipeline import VARIANTS, SearchSettings
+from bosch_eval.search.run.pipeline import VARIANTS, SearchSettings
 from bosch_eval.search.stages.stage2 import _bucket_counts, default_buckets
 from bosch_eval.search.stages.optimizers import OPTIMIZERS
-from bosch_eval.search.stages.stages import _chunks, expected_evaluations, expected_method, quota_blocks
+from bosch_eval.search.stages.subproblems import _chunks, expected_evaluations, expected_method, quota_blocks
 
 
 @dataclass(frozen=True)
@@ -262,7 +262,7 @@ def render_cost(
                  f"{total_seconds / max(total_calls, 1):.3f} |")  # fmt: skip
     lines += [
         "",
-        f"Cost model (`bosch_eval.search.cost`): before the search, N = {estimate_before.low} to {estimate_before.high} "
+        f"Cost model (`bosch_eval.search.run.cost`): before the search, N = {estimate_before.low} to {estimate_before.high} "
         f"S() calls ({estimate_before.terms()}, depending on Stage 2's ratios); time ≈ N × seconds per call.",
     ]
     if estimate_after is not None:

@@ -1,6 +1,6 @@
 """A journal's header against the run that opens it: what a journal pins (model, window,
 calibration, the search's settings) compared field by field, and the refusal that names every
-field a resume would change (:class:`~bosch_eval.search.journal.journal.Journal` applies it on open,
+field a resume would change (:class:`~bosch_eval.search.journal.store.Journal` applies it on open,
 :func:`header_changes` before a model loads)."""
 
 from __future__ import annotations

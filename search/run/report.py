@@ -6,12 +6,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from bosch_eval.masks.head_mask import HeadMask
-from bosch_eval.search.cost import estimate_calls, render_cost
-from bosch_eval.search.guarded.guard import Guard
+from bosch_eval.search.run.cost import estimate_calls, render_cost
+from bosch_eval.search.guard.verdict import Guard
 from bosch_eval.search.objective.racing import RaceBound
-from bosch_eval.search.pipeline import SearchResult
-from bosch_eval.search.saturation import TopTies, stage1_saturation
-from bosch_eval.search.tie_break import TIE_BREAK_FILE
+from bosch_eval.search.run.pipeline import SearchResult
+from bosch_eval.search.check.saturation import TopTies, stage1_saturation
+from bosch_eval.search.objective.tie_break import TIE_BREAK_FILE
 
 
 def render_report(result: SearchResult, model: str, window: int, calibration: Mapping[str, Any]) -> str:
@@ -45,7 +45,7 @@ def _summary(result: SearchResult, model: str, window: int, calibration: Mapping
         "|---|---|",
         *_score_rows(result),
         *_work_rows(result),
-        # wall_s counts every run of a resumed journal (search/api.py adds the earlier runs')
+        # wall_s counts every run of a resumed journal (search/run/api.py adds the earlier runs')
         f"| search time, every run of this journal | {result.wall_s:.1f} s |",
     ]
 

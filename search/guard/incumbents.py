@@ -4,7 +4,7 @@ Static rankings and layer heuristics cost minutes, the search hours. On SmolLM2 
 paper's search returned a mask that scored 0.688 on its own calibration set where Razor's
 ranking scored 0.984 (issue 53), having never scored Razor's mask nor anything near it. So the
 ``guarded`` variant scores them first, with the search's own S(), and keeps the best as the bar
-its result must clear (:mod:`bosch_eval.search.guarded.guard`).
+its result must clear (:mod:`bosch_eval.search.guard.verdict`).
 
 The incumbents are the masks named in ``SearchSettings.incumbents`` (the api puts every static
 ranking's mask at the target ratio there, computed on the calibration set when not given) and
@@ -20,11 +20,11 @@ from collections.abc import Mapping
 
 from bosch_eval.masks.head_mask import ModelShape
 from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS, layer_heuristic_mask
-from bosch_eval.search.journal.journal import mask_key
+from bosch_eval.search.journal.store import mask_key
 from bosch_eval.search.objective.racing import RaceBound
 from bosch_eval.search.objective.score_book import Bits, ScoreBook
 from bosch_eval.search.objective.scoring import Anchors
-from bosch_eval.search.tie_break import tie_key_bits
+from bosch_eval.search.objective.tie_break import tie_key_bits
 
 log = logging.getLogger("bosch_eval.search")
 

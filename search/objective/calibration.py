@@ -2,8 +2,8 @@
 
 One call = one mask: :meth:`BoschLM.set_mask` swaps it in place, then
 ``lm_eval.evaluator.evaluate`` scores the Task objects built once at construction
-(:mod:`bosch_eval.search.objective.objective_loading` loads the model and builds this; racing the
-same evaluation in chunks of examples is :mod:`bosch_eval.search.objective.objective_racing`).
+(:mod:`bosch_eval.search.objective.loading` loads the model and builds this; racing the
+same evaluation in chunks of examples is :mod:`bosch_eval.search.objective.racing_evaluation`).
 
 Why ``evaluate`` and not ``simple_evaluate`` (measured on lm-eval 0.4.13,
 ``benchmarks/objective_overhead.py``): everything ``simple_evaluate`` adds around
@@ -71,8 +71,8 @@ from bosch_eval.runtime.lm_eval_session import (
     task_manager,
     templates_compiled_once,
 )
-from bosch_eval.search.defaults import DEFAULT_CALIB_METRIC, DEFAULT_CALIB_TASK
-from bosch_eval.search.objective.objective_racing import ObjectiveRacing
+from bosch_eval.search.objective.defaults import DEFAULT_CALIB_METRIC, DEFAULT_CALIB_TASK
+from bosch_eval.search.objective.racing_evaluation import ObjectiveRacing
 from bosch_eval.search.objective.racing import Racing
 
 if TYPE_CHECKING:

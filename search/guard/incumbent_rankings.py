@@ -1,4 +1,4 @@
-"""The static rankings a ``guarded`` search turns into incumbents (:mod:`bosch_eval.search.guarded.incumbents`).
+"""The static rankings a ``guarded`` search turns into incumbents (:mod:`bosch_eval.search.guard.incumbents`).
 
 ``SearchSettings.rankings`` names them: a ranker's name (computed here, on the search's own
 calibration set, exactly as ``bosch-eval rank --method M --calib-task T --calib-examples N
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from bosch_eval.masks.head_mask import HeadRanking, ModelShape
 from bosch_eval.runtime.errors import SearchError
-from bosch_eval.search.journal.journal import mask_key
+from bosch_eval.search.journal.store import mask_key
 from bosch_eval.search.rankers import RANKERS
 from bosch_eval.tasks.niah.calibration_sets import calibration_sets
 

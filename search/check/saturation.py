@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bosch_eval.masks.head_mask import HeadMask
-from bosch_eval.search.journal.journal import mask_key, read_records
+from bosch_eval.search.journal.store import mask_key, read_records
 
 SATURATED_LAYER_SHARE = 0.5
 

@@ -1,5 +1,5 @@
 """BOSCH on a real model, from Python: :func:`search_model` (``bosch-eval search`` and
-``python -m bosch_eval.search`` are its command line, :mod:`bosch_eval.search.cli.search_cli`).
+``python -m bosch_eval.search`` are its command line, :mod:`bosch_eval.search.cli.find_mask`).
 
 Writes ``mask.json`` (bosch-mask/1 with the search's provenance), ``journal.jsonl`` (every
 evaluation, flushed as it finishes; ``resume`` continues a killed run with no
@@ -35,28 +35,42 @@ from bosch_eval.runtime.launch import launch_state, on_main_then_everywhere
 from bosch_eval.runtime.outdir_lock import OutputLock
 from bosch_eval.runtime.previous_results import keep_aside
 from bosch_eval.runtime.versions import versions
-from bosch_eval.search.defaults import (
+from bosch_eval.search.objective.defaults import (
     DEFAULT_CALIB_EXAMPLES,
     DEFAULT_CALIB_LEN,
     DEFAULT_PREFIX_CACHE_MB,
 )
-from bosch_eval.search.guarded.incumbent_rankings import (
+from bosch_eval.search.guard.incumbent_rankings import (
     RankingLoad,
     computed_incumbents,
     file_incumbents,
     ranking_sources,
 )
-from bosch_eval.search.journal.journal import Journal, mask_key
-from bosch_eval.search.journal.journal_header import header_changes, other_settings_error
-from bosch_eval.search.objective.objective import CalibrationObjective
-from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
+from bosch_eval.search.journal.store import Journal, mask_key
+from bosch_eval.search.journal.header import header_changes, other_settings_error
+from bosch_eval.search.objective.calibration import CalibrationObjective
+from bosch_eval.search.objective.loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.search.objective.racing import DEFAULT_RACE_CHUNK, ExampleMemo, RaceBound, Racing
 from bosch_eval.search.objective.score_book import ScoreBook
 from bosch_eval.search.objective.scoring import Anchors, ScoreScale
-from bosch_eval.search.pipeline import VARIANTS, Resumed, SearchResult, SearchSettings, run_search, validate_for_shape
+from bosch_eval.search.run.pipeline import (
+    VARIANTS,
+    Resumed,
+    SearchResult,
+    SearchSettings,
+    run_search,
+    validate_for_shape,
+)
 from bosch_eval.search.rankers.driver import RankingInputs
-from bosch_eval.search.report import render_report
-from bosch_eval.search.tie_break import TieBreak, TieBreakFile, best_key, break_ties, shared_rows_layer, tie_key_bits
+from bosch_eval.search.run.report import render_report
+from bosch_eval.search.objective.tie_break import (
+    TieBreak,
+    TieBreakFile,
+    best_key,
+    break_ties,
+    shared_rows_layer,
+    tie_key_bits,
+)
 
 log = logging.getLogger("bosch_eval.search")
 VERSIONED_PACKAGES = ("python", "bosch-eval", "torch", "transformers", "lm_eval", "accelerate", "PyNomadBBO")

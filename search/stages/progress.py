@@ -13,7 +13,7 @@ from tqdm import tqdm
 from bosch_eval.search.objective.score_book import Bits, ScoreBook
 
 if TYPE_CHECKING:  # stages imports this module
-    from bosch_eval.search.stages.stages import SubResult
+    from bosch_eval.search.stages.subproblems import SubResult
 
 log = logging.getLogger("bosch_eval.search")
 

@@ -1,0 +1,1 @@
+"""The ``guarded`` variant's parts: incumbents scored before Stage 1 (``incumbents``; from static rankings: ``incumbent_rankings``), the local search after Stage 3 (``local_walk``), and what it returns and why (``verdict``)."""

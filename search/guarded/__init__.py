@@ -1,1 +1,0 @@
-"""The ``guarded`` variant: incumbents scored before Stage 1 (``incumbents``; from static rankings: ``incumbent_rankings``), the local search after Stage 3 (``local_search``), and what it returns and why (``guard``)."""
