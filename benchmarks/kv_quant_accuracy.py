@@ -28,7 +28,7 @@ from toy_model_checks import RULER_LENGTHS, ruler_indices  # benchmarks/ is sys.
 from bosch_eval.models.model_check import resolve_model
 from bosch_eval.models.model_defaults import model_defaults
 from bosch_eval.runtime.versions import versions
-from bosch_eval.search.defaults import DEFAULT_CALIB_EXAMPLES
+from bosch_eval.search.objective.defaults import DEFAULT_CALIB_EXAMPLES
 from bosch_eval.tasks import TASKS_DIR
 
 

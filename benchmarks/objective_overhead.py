@@ -13,7 +13,7 @@ Timed per repetition, interleaved so that machine noise hits them alike:
 * forward: the bare forward passes the requests need, nothing else: the same token ids,
   the same batches (the adapter's order and padding), ``torch.no_grad``, logits only at
   the scored positions and their log-softmax: the adapter's own compute;
-* objective: one :class:`~bosch_eval.search.objective.objective.CalibrationObjective` call
+* objective: one :class:`~bosch_eval.search.objective.calibration.CalibrationObjective` call
   (``lm_eval.evaluator.evaluate`` on tasks built once, tokens memoized);
 * objective, tokens not memoized: the same call with ``memoize_tokens`` off;
 * tokenization alone: HFLM's tokenization of the same requests (what memoizing saves);
@@ -141,7 +141,7 @@ def main() -> None:
     from lm_eval.tasks import TaskManager
 
     # torch (the modules of ours below load it): not for this script's --help
-    from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
+    from bosch_eval.search.objective.loading import CalibrationSettings, LoadSettings, build_objective
 
     with tempfile.TemporaryDirectory() as scratch:
         path, label = model_dir(Path(scratch))

@@ -42,7 +42,7 @@ from bosch_eval.model_adapters.settings import AdapterSettings
 from bosch_eval.models.random_model import save_random_checkpoint
 from bosch_eval.runtime.threads import apply_thread_policy
 from bosch_eval.runtime.versions import versions
-from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
+from bosch_eval.search.objective.loading import CalibrationSettings, LoadSettings, build_objective
 
 
 def model_path(name: str, work: Path, seq_len: int) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bosch_eval.masks.head_mask import ModelShape  # noqa: E402
-from bosch_eval.search.pipeline import SearchSettings, run_search  # noqa: E402
+from bosch_eval.search.run.pipeline import SearchSettings, run_search  # noqa: E402
 from tests.test_search_pipeline import Layered  # noqa: E402
 
 

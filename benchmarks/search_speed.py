@@ -30,9 +30,9 @@ from pathlib import Path
 
 import torch
 
-from bosch_eval.search.api import RunOptions, search_model
-from bosch_eval.search.objective.objective_loading import LoadSettings
-from bosch_eval.search.pipeline import SearchSettings
+from bosch_eval.search.run.api import RunOptions, search_model
+from bosch_eval.search.objective.loading import LoadSettings
+from bosch_eval.search.run.pipeline import SearchSettings
 
 SETTINGS = {
     "off": {"racing": False, "prefix_cache_mb": 0},

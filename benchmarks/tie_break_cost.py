@@ -1,10 +1,10 @@
 """What the prefix cache saves a tie-break (``search --tie-break-tasks``), measured side by side.
 
 The candidates are a finished search's found mask and the masks its calibration set tied with
-it (``bosch_eval.search.saturation.search_ties``), in the tie-break's order. The
+it (``bosch_eval.search.check.saturation.search_ties``), in the tie-break's order. The
 first ``--candidates`` of them are scored on the tie-break task twice with one objective:
 every layer run for each mask, then each run from the layer
-:func:`bosch_eval.search.tie_break.shared_rows_layer` picks, so that the layers below are
+:func:`bosch_eval.search.objective.tie_break.shared_rows_layer` picks, so that the layers below are
 computed once per run of candidates that share them. The scores must be equal (the cache is
 exact); the ratio of the two wall times is the saving on those candidates, printed beside the
 cost model's share of layer computations for them and for all candidates. Racing is off: every
@@ -30,10 +30,10 @@ import torch
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.runtime.threads import apply_thread_policy
 from bosch_eval.runtime.versions import versions
-from bosch_eval.search.journal.journal import read_records
-from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
-from bosch_eval.search.saturation import search_ties
-from bosch_eval.search.tie_break import layer_computations, shared_rows_layer, tie_key_bits
+from bosch_eval.search.journal.store import read_records
+from bosch_eval.search.objective.loading import CalibrationSettings, LoadSettings, build_objective
+from bosch_eval.search.check.saturation import search_ties
+from bosch_eval.search.objective.tie_break import layer_computations, shared_rows_layer, tie_key_bits
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,7 +40,7 @@ from bosch_eval.models.model_check import model_path
 from bosch_eval.models.model_defaults import model_defaults
 from bosch_eval.runtime.versions import versions
 from bosch_eval.search.importers.duo import import_duo
-from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
+from bosch_eval.search.objective.loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.rankers.driver import RankingInputs, compute_ranking
 

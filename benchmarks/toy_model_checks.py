@@ -29,7 +29,7 @@ from bosch_eval.masks.layer_heuristics import random_masks
 from bosch_eval.models.model_defaults import model_defaults
 from bosch_eval.runtime.doc_selection import per_length_indices
 from bosch_eval.runtime.versions import versions
-from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
+from bosch_eval.search.objective.loading import CalibrationSettings, LoadSettings, build_objective
 
 RULER_LENGTHS = (512, 1024)
 RULER_DOCS_PER_LENGTH = 500  # lm-eval's niah_utils generates this many per length

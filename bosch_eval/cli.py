@@ -15,10 +15,10 @@ from bosch_eval.models.model_check import model_aliases, resolve_model
 from bosch_eval.runtime.errors import exit_status
 from bosch_eval.runtime.lm_eval_logs import quiet_per_length_warnings
 from bosch_eval.runtime.threads import apply_thread_policy
-from bosch_eval.search.cli.calib_check_cli import add_calib_check_parser
-from bosch_eval.search.cli.import_cli import add_import_parser
-from bosch_eval.search.cli.rank_cli import add_rank_parser
-from bosch_eval.search.cli.search_cli import add_search_parser
+from bosch_eval.search.cli.calib_check import add_calib_check_parser
+from bosch_eval.search.cli.importing import add_import_parser
+from bosch_eval.search.cli.rank import add_rank_parser
+from bosch_eval.search.cli.find_mask import add_search_parser
 from bosch_eval.tasks import TASKS_DIR
 from bosch_eval.tasks.families import task_families
 from bosch_eval.train.cli import add_train_parser

@@ -21,7 +21,7 @@ import yaml
 from lm_eval.api.instance import Instance
 
 from bosch_eval.masks.head_mask import HeadMask, ModelShape
-from bosch_eval.search.journal.journal import mask_key
+from bosch_eval.search.journal.store import mask_key
 from bosch_eval.search.objective.racing import Racer, Tally
 
 if TYPE_CHECKING:
@@ -192,7 +192,7 @@ def masks(shape: ModelShape) -> list[HeadMask]:
 def score_masks(model_dir: str, task_dir: str) -> dict[str, Any]:
     """Build the objective once, score :func:`masks`, record what this process scored
     (one process of ``objective_worker.py``, or the single-process reference)."""
-    from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
+    from bosch_eval.search.objective.loading import CalibrationSettings, LoadSettings, build_objective
 
     objective = build_objective(
         model_dir,

@@ -65,7 +65,7 @@ def imported_names(path: Path) -> list[tuple[int, str]]:
 
 
 def dotted_module(path: Path) -> str:
-    """The installed name of a source module (``search/api.py`` -> ``bosch_eval.search.api``)."""
+    """The installed name of a source module (``search/run/api.py`` -> ``bosch_eval.search.run.api``)."""
     relative = path.resolve().relative_to(REPO)
     for package, folder in SOURCE_FOLDERS.items():
         if relative.parts[0] == folder:

@@ -15,8 +15,18 @@ from scipy.stats import spearmanr
 from bosch_eval.cli import main
 from bosch_eval.masks.head_mask import HeadMask, HeadRanking, ModelShape
 from bosch_eval.runtime.errors import CalibCheckError
-from bosch_eval.search.calib_check import bootstrap_ci, build_panel, layer_drops, spearman, summarize
-from bosch_eval.search.cli.calib_check_cli import make_report, render, score_panel
+from bosch_eval.search.check.panel import bootstrap_ci, build_panel, layer_drops, spearman, summarize
+from bosch_eval.search.check.report import make_report, render
+from bosch_eval.search.check.scores import (
+    SharedEvaluation,
+    calib_side,
+    check_dev_source,
+    check_settings,
+    copy_dev_scores,
+    pin_settings,
+    score_panel,
+    scored_alike,
+)
 
 SHAPE = ModelShape(num_layers=4, num_heads=8, num_kv_heads=4)
 
@@ -195,7 +205,6 @@ def test_scores_are_journaled_and_a_resumed_run_scores_nothing_twice(tmp_path: P
 
 
 def test_several_calibration_metrics_share_one_evaluation_and_each_gets_its_verdict(tmp_path: Path):
-    from bosch_eval.search.cli.calib_check_cli import SharedEvaluation, calib_side
 
     panel = build_panel(SHAPE, 32, [0.5], {"syn": ranking()}, random_count=3)
     evaluations: list[HeadMask] = []
@@ -293,7 +302,7 @@ def test_calib_check_end_to_end_on_the_toy_model(tmp_path: Path, capsys: pytest.
     from unittest import mock
 
     with mock.patch(
-        "bosch_eval.search.objective.objective_loading.build_objective", side_effect=AssertionError("loaded the model")
+        "bosch_eval.search.objective.loading.build_objective", side_effect=AssertionError("loaded the model")
     ):
         assert main(other) == 2  # refused before the model loads
     assert "made with other settings (random)" in capsys.readouterr().err
@@ -318,7 +327,7 @@ def test_a_failed_check_pins_no_settings(tmp_path: Path, capsys: pytest.CaptureF
 
 def _objective_settings(monkeypatch: pytest.MonkeyPatch, out: Path, *flags: str) -> tuple:
     """The (calibration, load) settings that ``calib-check --model toy FLAGS`` builds its objective with."""
-    from bosch_eval.search.objective import objective_loading
+    from bosch_eval.search.objective import loading as objective_loading
 
     seen = []
 
@@ -349,7 +358,7 @@ def test_a_negative_sink_count_is_refused_before_the_model_loads(tmp_path: Path,
     from unittest import mock
 
     with mock.patch(
-        "bosch_eval.search.objective.objective_loading.build_objective", side_effect=AssertionError("loaded the model")
+        "bosch_eval.search.objective.loading.build_objective", side_effect=AssertionError("loaded the model")
     ):
         assert main(["calib-check", "--model", "toy", "--sink", "-1", "--out", str(tmp_path / "check")]) == 2
     assert "--sink: expected an integer >= 0" in capsys.readouterr().err
@@ -374,7 +383,6 @@ class TestPinnedSettings:
     )  # fmt: skip
     def test_a_setting_is_pinned_only_when_given(self, tmp_path: Path, attribute: str, value: Any, key: str) -> None:
         """A check made before the flag existed (its default) resumes; another value is refused, named."""
-        from bosch_eval.search.cli.calib_check_cli import _pin_settings, check_settings
 
         ranking = tmp_path / "apl.json"
         ranking.write_text('{"scores": 1}')
@@ -382,13 +390,12 @@ class TestPinnedSettings:
         assert key not in check_settings(args, rankings, masks)
         out = tmp_path / "out"
         out.mkdir()
-        _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
+        pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
         setattr(args, attribute, value)
         with pytest.raises(CalibCheckError, match=rf"other settings \({key}\)"):
-            _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
+            pin_settings(out, check_settings(args, rankings, masks), new_settings=False)
 
     def test_a_moved_file_with_the_same_content_matches(self, tmp_path: Path) -> None:
-        from bosch_eval.search.cli.calib_check_cli import _pin_settings, check_settings
 
         first, second = tmp_path / "a" / "apl.json", tmp_path / "b" / "apl.json"
         for path in (first, second):
@@ -396,14 +403,13 @@ class TestPinnedSettings:
             path.write_text('{"scores": 1}')
         out = tmp_path / "out"
         out.mkdir()
-        _pin_settings(out, check_settings(*self.args(tmp_path, first)), new_settings=False)
-        _pin_settings(out, check_settings(*self.args(tmp_path, second)), new_settings=False)  # no error
+        pin_settings(out, check_settings(*self.args(tmp_path, first)), new_settings=False)
+        pin_settings(out, check_settings(*self.args(tmp_path, second)), new_settings=False)  # no error
         second.write_text('{"scores": 2}')
         with pytest.raises(CalibCheckError, match=r"other settings \(ranking\)"):
-            _pin_settings(out, check_settings(*self.args(tmp_path, second)), new_settings=False)
+            pin_settings(out, check_settings(*self.args(tmp_path, second)), new_settings=False)
 
     def test_settings_pinned_by_path_still_match(self, tmp_path: Path) -> None:
-        from bosch_eval.search.cli.calib_check_cli import _pin_settings, check_settings
 
         ranking = tmp_path / "apl.json"
         ranking.write_text('{"scores": 1}')
@@ -413,7 +419,7 @@ class TestPinnedSettings:
         out = tmp_path / "out"
         out.mkdir()
         (out / "settings.json").write_text(json.dumps(old))
-        _pin_settings(out, check_settings(args, rankings, masks), new_settings=False)  # no error
+        pin_settings(out, check_settings(args, rankings, masks), new_settings=False)  # no error
 
 
 class TestDevScoresFrom:
@@ -434,7 +440,6 @@ class TestDevScoresFrom:
         return source
 
     def test_a_check_of_another_calibration_or_metric_may_take_the_dev_scores(self, tmp_path: Path) -> None:
-        from bosch_eval.search.cli.calib_check_cli import check_dev_source
 
         source = self.source(tmp_path, calib="bosch_retrieval_calib", ratios=[0.75, 0.5], random=21, probes=False)
         check_dev_source(source, self.settings(calib_metric="acc_tiebreak"))  # no error
@@ -447,7 +452,6 @@ class TestDevScoresFrom:
     def test_a_check_whose_dev_side_differs_is_refused_naming_the_setting(
         self, tmp_path: Path, changes: dict, named: str
     ) -> None:
-        from bosch_eval.search.cli.calib_check_cli import check_dev_source
 
         source = self.source(tmp_path, **changes)
         with pytest.raises(
@@ -456,8 +460,7 @@ class TestDevScoresFrom:
             check_dev_source(source, self.settings())
 
     def test_only_masks_the_source_scored_alike_take_its_dev_scores(self, tmp_path: Path) -> None:
-        from bosch_eval.search.calib_check import PanelMask
-        from bosch_eval.search.cli.calib_check_cli import _scored_alike, check_dev_source
+        from bosch_eval.search.check.panel import PanelMask
 
         source = self.source(tmp_path, mask={"mine": {"sha256": "c" * 64}})
         ours = self.settings(ranking={"apl": {"sha256": "a" * 64}, "new": {"sha256": "d" * 64}},
@@ -467,11 +470,10 @@ class TestDevScoresFrom:
         mask = HeadMask.uniform(ModelShape(2, 4, 2), full=True)
         kinds = {"full": "anchor", "random0-r0.5": "random", "apl-r0.5": "ranking", "new-r0.5": "ranking", "mine": "given",
                  "rand-r0.5": "given"}  # a file named like the source's layer heuristic is not that mask  # fmt: skip
-        alike = {name for name, kind in kinds.items() if _scored_alike(PanelMask(name, kind, 0.5, mask), shared)}
+        alike = {name for name, kind in kinds.items() if scored_alike(PanelMask(name, kind, 0.5, mask), shared)}
         assert alike == {"full", "random0-r0.5", "apl-r0.5", "mine"}
 
     def test_a_directory_that_is_no_check_is_refused(self, tmp_path: Path) -> None:
-        from bosch_eval.search.cli.calib_check_cli import check_dev_source
 
         with pytest.raises(
             CalibCheckError, match=r"settings.json does not exist; expected the output directory of a calib-check"
@@ -498,7 +500,7 @@ class TestDevScoresFrom:
             str(tmp_path / "check"),
         ]
         with mock.patch(
-            "bosch_eval.search.objective.objective_loading.build_objective",
+            "bosch_eval.search.objective.loading.build_objective",
             side_effect=AssertionError("loaded the model"),
         ):
             assert main(argv) == 2
@@ -506,7 +508,6 @@ class TestDevScoresFrom:
         assert not (tmp_path / "check" / "settings.json").exists()
 
     def test_only_the_panels_missing_dev_scores_are_copied_once(self, tmp_path: Path) -> None:
-        from bosch_eval.search.cli.calib_check_cli import copy_dev_scores, score_panel
 
         source = tmp_path / "scores.jsonl"
         records = [{"side": "calib", "name": "full", "score": 0.9}, {"side": "dev", "name": "full", "score": 0.8},

@@ -14,7 +14,7 @@ from lm_eval.tasks import TaskManager
 
 from bosch_eval.models.random_model import train_tokenizer
 from bosch_eval.runtime.errors import LmEvalError
-from bosch_eval.search.objective.objective import CalibrationObjective
+from bosch_eval.search.objective.calibration import CalibrationObjective
 from bosch_eval.tasks import TASKS_DIR
 from bosch_eval.tasks.niah import calibration, dev_split, eval_suite, retrieval_calib, tiebreak, words
 from bosch_eval.tasks.niah.haystack import count_tokens
@@ -296,7 +296,7 @@ class TestTiebreak:
     @pytest.mark.slow
     def test_the_search_objective_races_on_it_and_keeps_acc(self):
         from bosch_eval.masks.head_mask import HeadMask
-        from bosch_eval.search.objective.objective_loading import CalibrationSettings, build_objective
+        from bosch_eval.search.objective.loading import CalibrationSettings, build_objective
 
         plain = build_objective("toy", CalibrationSettings(length=256, examples=4, metric="acc"))  # the paper's
         tie = CalibrationObjective(plain.lm, ["bosch_niah_calib"], metadata=plain.metadata, metric="acc_tiebreak")

@@ -19,7 +19,7 @@ from bosch_eval.compare.spec import load_spec
 from bosch_eval.masks.head_mask import ModelShape
 from bosch_eval.models.model_check import model_config, resolve_model
 from bosch_eval.runtime.errors import JournalError
-from bosch_eval.search.journal.journal import Journal
+from bosch_eval.search.journal.store import Journal
 
 REPO = Path(__file__).resolve().parents[1]
 HEADER = {"model": "toy", "ratio": 0.5, "window": 64}

@@ -112,7 +112,7 @@ def checked_files() -> list[str]:
 
 
 def package_of(name: str) -> str:
-    """The package a file's relative imports start from (``search/api.py`` -> ``bosch_eval.search``)."""
+    """The package a file's relative imports start from (``search/run/api.py`` -> ``bosch_eval.search``)."""
     try:
         module = dotted_module(REPO / name)
     except ValueError:  # not in the package: tests/x.py -> tests

@@ -35,15 +35,15 @@ from bosch_eval.models.random_model import random_model
 from bosch_eval.runtime.errors import MaskError
 from bosch_eval.runtime.registry import Registry
 from bosch_eval.search import importers, variants
-from bosch_eval.search.cli.import_cli import add_import_parser
-from bosch_eval.search.guarded.incumbents import incumbent_masks
+from bosch_eval.search.cli.importing import add_import_parser
+from bosch_eval.search.guard.incumbents import incumbent_masks
 from bosch_eval.search.importers import IMPORTERS, import_pattern
-from bosch_eval.search.pipeline import VARIANTS, SearchSettings, run_search
+from bosch_eval.search.run.pipeline import VARIANTS, SearchSettings, run_search
 from bosch_eval.search.stages import optimizers
-from bosch_eval.search.stages.stages import expected_evaluations
+from bosch_eval.search.stages.subproblems import expected_evaluations
 from bosch_eval.search.stages.optimizers import OPTIMIZERS, SubProblem, choose_method, minimize, optimizer_methods
-from bosch_eval.search.guarded.incumbent_rankings import ranking_sources
-from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
+from bosch_eval.search.guard.incumbent_rankings import ranking_sources
+from bosch_eval.search.objective.loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.search.rankers import RANKERS
 from bosch_eval.models.model_check import resolve_model
 from bosch_eval.tasks.niah.calibration_sets import calibration_examples, calibration_sets

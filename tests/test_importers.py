@@ -12,7 +12,7 @@ import pytest
 from bosch_eval.masks.head_mask import HeadMask, HeadRanking, ModelShape, ceil_count
 from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
 from bosch_eval.runtime.errors import MaskError, ModelError
-from bosch_eval.search.cli.import_cli import add_import_parser, import_main
+from bosch_eval.search.cli.importing import add_import_parser, import_main
 from bosch_eval.search.importers import import_pattern, model_shape
 from bosch_eval.search.importers.duo import import_duo
 from bosch_eval.search.importers.prulong import import_prulong

@@ -108,15 +108,15 @@ def test_the_folders_place_modules_in_their_layers():
         "model_adapters/lm_eval_hook.py": ADAPTER,
         "model_adapters/bosch.py": ADAPTER,
         "tasks/niah/haystack.py": ADAPTER,
-        "search/api.py": FEATURES,
+        "search/run/api.py": FEATURES,
         "bosch_eval/compare/runner.py": FEATURES,
         "bosch_eval/toy/corpus.py": FEATURES,
         "bosch_eval/cli.py": CLI,
         "bosch_eval/mask_cli.py": CLI,
         "bosch_eval/compare/cli.py": CLI,
-        "search/cli/rank_cli.py": CLI,
+        "search/cli/rank.py": CLI,
         "search/cli/__init__.py": CLI,
-        "search/stages/stages.py": FEATURES,
+        "search/stages/subproblems.py": FEATURES,
         "bosch_eval/train/__main__.py": CLI,
     }
     assert {name: place(REPO / name)[0].number for name in expected} == expected
@@ -167,15 +167,9 @@ def test_imports_point_down(path):
     assert not wrong, f"{relative(path)} ({layer.name}) imports against the layers: {wrong}"
 
 
-# The search's rooms (docs/architecture.md, "The search"): each imports only the rooms before
-# it here, and of the modules at the top of search/ only the leaves named for it.
-SEARCH_ROOMS = ("importers", "rankers", "journal", "objective", "stages", "guarded", "variants")
-SEARCH_ROOM_ALSO = {
-    "rankers": {"search/defaults.py"},
-    "objective": {"search/defaults.py"},
-    "guarded": {"search/tie_break.py"},
-    "variants": {"search/saturation.py", "search/tie_break.py"},
-}
+# The search's rooms (docs/architecture.md, "The search"): each imports only the rooms before it
+# here (the stages not the rankers either: S() alone drives them), and no module lies outside a room.
+SEARCH_ROOMS = ("importers", "journal", "objective", "rankers", "check", "stages", "guard", "variants", "run")
 
 
 def search_room(path: Path) -> str | None:
@@ -193,19 +187,62 @@ def test_search_rooms_import_only_the_rooms_before_them():
         room = search_room(path)
         if room not in SEARCH_ROOMS:
             continue
-        allowed = set(SEARCH_ROOMS[: SEARCH_ROOMS.index(room) + 1]) - (
-            {"rankers"} if room in ("journal", "objective", "stages") else set()
-        )
+        allowed = set(SEARCH_ROOMS[: SEARCH_ROOMS.index(room) + 1]) - ({"rankers"} if room == "stages" else set())
         for line, name in imported_names(path):
             located = locate(name)
             if located is None or not relative(located[0]).startswith("search/"):
                 continue
             target = located[0]
             target_room = search_room(target)
-            if target_room in allowed or relative(target) in SEARCH_ROOM_ALSO.get(room, set()):
+            if target_room in allowed:
                 continue
             wrong.append(f"{relative(path)}:{line}: {name} ({target_room or relative(target)})")
     assert not wrong, f"search rooms import against their order (docs/architecture.md): {wrong}"
+
+
+def test_every_search_module_is_in_a_room():
+    loose = [relative(path) for path in MODULES if search_room(path) is None and relative(path).startswith("search/")]
+    assert sorted(loose) == ["search/__init__.py", "search/__main__.py"], (
+        f"{loose}: a module of search/ lives in a room (SEARCH_ROOMS, docs/architecture.md), not at its top"
+    )
+    drawn = re.findall(r"^\| `search/(\w+)/` \|", TABLE.read_text(encoding="utf-8"), re.M)
+    assert drawn == [*SEARCH_ROOMS, "cli"], f"{TABLE.name}'s search table lists the rooms in import order: {drawn}"
+
+
+def repeated_folder(path: str) -> str | None:
+    """The folder whose name the module at ``path`` (``search/...``) repeats, in its own name or a
+    word of it (``journal/journal.py``, ``cli/search_cli.py``, ``stages/stage_progress.py``), or
+    beside it (``variants/guarded.py`` next to a ``guarded/`` room); None when it repeats none."""
+    parts = Path(path).parts
+    folders = {name for folder in parts[:-1] for name in (folder, folder.removesuffix("s"))}
+    stem = Path(path).stem
+    if stem in ("__init__", "__main__"):
+        return None
+    words = {stem, *stem.split("_")}
+    clash = sorted(words & folders)
+    if clash:
+        return clash[0]
+    return stem if stem in SEARCH_ROOMS and parts[1] != stem else None
+
+
+def test_repeated_folder_names_are_found():
+    assert repeated_folder("search/journal/journal.py") == "journal"
+    assert repeated_folder("search/cli/search_cli.py") == "cli"
+    assert repeated_folder("search/stages/stage_progress.py") == "stage"
+    assert repeated_folder("search/objective/objective_racing.py") == "objective"
+    assert repeated_folder("search/variants/guard.py") == "guard"  # beside the guard/ room
+    assert repeated_folder("search/stages/subproblems.py") is None
+    assert repeated_folder("search/stages/stage2.py") is None
+    assert repeated_folder("search/guard/local_walk.py") is None
+
+
+def test_no_search_module_path_repeats_its_folders_name():
+    repeats = {
+        relative(path): repeated_folder(relative(path)) for path in MODULES if relative(path).startswith("search/")
+    }
+    assert not {path: name for path, name in repeats.items() if name}, (
+        "a module's path says its folder once: name the module for what it holds"
+    )
 
 
 # The core's folders (docs/architecture.md, "The core's folders"): drawn top to bottom, each

@@ -68,14 +68,14 @@ def slashed_exists(path: str) -> bool:
 
 def test_the_check_sees_code_tests_and_docs():
     files = set(checked_files())
-    assert {"setup.py", "pyproject.toml", "docs/architecture.md", "tests/test_layers.py", "search/api.py"} <= files
+    assert {"setup.py", "pyproject.toml", "docs/architecture.md", "tests/test_layers.py", "search/run/api.py"} <= files
     assert "bosch_eval/toy/model/README.md" in files
     assert not any(name.startswith("results/") and name.endswith(".json") for name in files)
 
 
 def test_the_check_tells_names_apart():
     assert dotted_exists("bosch_eval.masks.head_mask.HeadMask") is None
-    assert dotted_exists("bosch_eval.search.journal.journal.os.fsync") is None  # an imported name, patched
+    assert dotted_exists("bosch_eval.search.journal.store.os.fsync") is None  # an imported name, patched
     assert dotted_exists("bosch_eval.attention.kernels") is None
     assert dotted_exists("bosch_eval.__version__") is None
     assert dotted_exists("bosch_eval.masks.HeadMask") == "bosch_eval/masks/__init__.py defines no 'HeadMask'"

@@ -1,4 +1,4 @@
-"""S(z) (``bosch_eval.search.objective.objective``): lm-eval's own scores, a fresh score per mask,
+"""S(z) (``bosch_eval.search.objective.calibration``): lm-eval's own scores, a fresh score per mask,
 tasks and tokens built once, the caller's random state left alone, group aggregation."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from bosch_eval.model_adapters.bosch import BoschLM
 from bosch_eval.runtime import launch
 from bosch_eval.runtime.errors import LmEvalError, SearchError
 from bosch_eval.runtime.launch import launch_state
-from bosch_eval.search.objective.objective import EVALUATE_PATH, CalibrationObjective
-from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
+from bosch_eval.search.objective.calibration import EVALUATE_PATH, CalibrationObjective
+from bosch_eval.search.objective.loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.search.objective.racing import RaceBound, Racing
 from bosch_eval.tasks import TASKS_DIR
 from tests.helpers import CALIB_METADATA, DOT_TASK, PLAIN_GROUP, PPL_TASK, WINDOW, masks, write_tasks
@@ -472,7 +472,7 @@ class _Loaded(Exception):
 
 def _adapter_kwargs(load: LoadSettings) -> dict:
     with (
-        mock.patch("bosch_eval.search.objective.objective_loading.BoschLM", side_effect=_Loaded) as adapter,
+        mock.patch("bosch_eval.search.objective.loading.BoschLM", side_effect=_Loaded) as adapter,
         pytest.raises(_Loaded),
     ):
         build_objective("toy", CalibrationSettings(tasks=("bosch_niah_calib",)), load)

@@ -88,7 +88,7 @@ def hook_line_targets() -> list[str]:
 def test_the_readers_find_what_the_docs_and_setup_name():
     names = documented_names()
     assert {"bosch_eval.attention.hybrid_attention.hybridize", "bosch_eval.models.checkpoint.load_hybrid_model",
-            "bosch_eval.model_adapters.bosch.BoschLM", "bosch_eval.search.api.search_model"} <= set(names)  # fmt: skip
+            "bosch_eval.model_adapters.bosch.BoschLM", "bosch_eval.search.run.api.search_model"} <= set(names)  # fmt: skip
     assert ("lm_eval.models:bosch", "bosch_eval.model_adapters.bosch:BoschLM") in pyproject_entry_points()
     assert hook_line_targets() == ["bosch_eval.model_adapters.lm_eval_hook"]
     assert {"bosch_eval.search", "bosch_eval.train", "bosch_eval.toy.train"} <= set(run_modules())

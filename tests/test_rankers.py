@@ -20,7 +20,7 @@ from bosch_eval.masks.head_mask import HeadRanking, ModelShape, ceil_count
 from bosch_eval.models.model_check import resolve_model
 from bosch_eval.runtime.errors import ModelError, SettingsError
 from bosch_eval.search import rankers
-from bosch_eval.search.cli.rank_cli import add_rank_parser
+from bosch_eval.search.cli.rank import add_rank_parser
 from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.rankers import reference as ref
 from bosch_eval.search.rankers.apl import APL
@@ -529,6 +529,6 @@ class TestRankCommand:
 
     @pytest.mark.slow
     def test_parser_import_is_cheap(self) -> None:
-        code = "import sys, bosch_eval.search.cli.rank_cli; print('torch' in sys.modules)"
+        code = "import sys, bosch_eval.search.cli.rank; print('torch' in sys.modules)"
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
         assert result.stdout.strip() == "False"

@@ -139,7 +139,7 @@ class TestCommandLineStaysCheap:
     def test_rank_help_and_parsing_list_no_ranker(self, monkeypatch: pytest.MonkeyPatch) -> None:
         import argparse
 
-        from bosch_eval.search.cli.rank_cli import add_rank_parser
+        from bosch_eval.search.cli.rank import add_rank_parser
 
         def refuse(self: Registry) -> None:
             raise AssertionError(f"{self.family}: members listed while parsing arguments")
@@ -154,7 +154,7 @@ class TestCommandLineStaysCheap:
     def test_a_methods_flags_are_its_own_and_its_help_lists_them(self, capsys: pytest.CaptureFixture[str]) -> None:
         import argparse
 
-        from bosch_eval.search.cli.rank_cli import add_rank_parser, method_options
+        from bosch_eval.search.cli.rank import add_rank_parser, method_options
 
         parser = argparse.ArgumentParser(prog="bosch-eval")
         add_rank_parser(parser.add_subparsers(dest="command"))
@@ -180,10 +180,10 @@ class TestCommandLineStaysCheap:
 
         code = textwrap.dedent("""
             import argparse, contextlib, io, sys
-            from bosch_eval.search.cli.rank_cli import add_rank_parser
+            from bosch_eval.search.cli.rank import add_rank_parser
             from bosch_eval.search.rankers import RANKERS
             from bosch_eval.masks.layer_heuristics import LAYER_HEURISTICS
-            from bosch_eval.search.pipeline import VARIANTS
+            from bosch_eval.search.run.pipeline import VARIANTS
             from bosch_eval.search.stages.optimizers import OPTIMIZERS
             from bosch_eval.search.importers import IMPORTERS
             assert IMPORTERS.names() == ("duo", "prulong", "retrieval-json")

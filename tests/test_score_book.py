@@ -31,6 +31,6 @@ def test_a_racing_book_names_the_methods_a_score_function_lacks():
 
 
 def test_the_search_objective_is_a_racing_score_function():
-    from bosch_eval.search.objective.objective import CalibrationObjective
+    from bosch_eval.search.objective.calibration import CalibrationObjective
 
     assert all(callable(getattr(CalibrationObjective, name)) for name in ("race", "race_many", "recall", "use_memo"))

@@ -138,7 +138,7 @@ def test_a_resume_under_other_settings_is_refused_unless_asked_and_keeps_the_old
     old_mask, old_report = (copy / "mask.json").read_text(), (copy / "report.md").read_text()
     journaled = {record["key"]: record["score"] for record in journal_lines(copy) if "score" in record}
     other = ("--seed", "1", "--buckets", "0", "0.5", "1")
-    with mock.patch("bosch_eval.search.api.build_objective", side_effect=AssertionError("loaded the model")):
+    with mock.patch("bosch_eval.search.run.api.build_objective", side_effect=AssertionError("loaded the model")):
         assert main(search_args(model_dir, task_dir, copy, "--resume", *other)) == 2  # refused before the model loads
     err = capsys.readouterr().err
     assert "settings.seed: 0 → 1" in err and "settings.buckets" in err and "--new-settings" in err
@@ -189,7 +189,7 @@ def test_a_gzipped_journal_under_other_settings_is_refused_before_the_model_load
     shutil.copytree(out, copy, ignore=shutil.ignore_patterns(".bosch-search.lock"))
     (copy / "journal.jsonl.gz").write_bytes(gzip.compress((copy / "journal.jsonl").read_bytes()))
     (copy / "journal.jsonl").unlink()
-    with mock.patch("bosch_eval.search.api.build_objective", side_effect=AssertionError("loaded the model")):
+    with mock.patch("bosch_eval.search.run.api.build_objective", side_effect=AssertionError("loaded the model")):
         assert main(search_args(model_dir, task_dir, copy, "--resume", "--seed", "1")) == 2
     err = capsys.readouterr().err
     assert "journal.jsonl" in err and "settings.seed: 0 → 1" in err and "--new-settings" in err
@@ -201,7 +201,7 @@ def test_a_journal_of_another_calibration_metric_is_refused_before_the_model_loa
     """Issue 67 made acc_tiebreak the default: a journal of acc resumed without --calib-metric acc
     is refused, naming the field, before anything loads."""
     model_dir, task_dir, out = finished
-    with mock.patch("bosch_eval.search.api.build_objective", side_effect=AssertionError("loaded the model")):
+    with mock.patch("bosch_eval.search.run.api.build_objective", side_effect=AssertionError("loaded the model")):
         assert main(search_args(model_dir, task_dir, out, "--resume", "--calib-metric", "acc_tiebreak")) == 2
     assert 'calibration.metric: "perplexity" → "acc_tiebreak"' in capsys.readouterr().err
 
@@ -212,7 +212,7 @@ def test_a_folder_holding_a_search_is_refused_without_resume_before_the_model_lo
     """Issue 68: the first message said only "pass --resume", after the model had loaded; the
     resume was then refused for other settings. Now one message, before the load, says both."""
     model_dir, task_dir, out = finished
-    with mock.patch("bosch_eval.search.api.build_objective", side_effect=AssertionError("loaded the model")):
+    with mock.patch("bosch_eval.search.run.api.build_objective", side_effect=AssertionError("loaded the model")):
         assert main(search_args(model_dir, task_dir, out)) == 2
         assert "holds a search; pass --resume to continue it; it ran under these settings" in capsys.readouterr().err
         assert main(search_args(model_dir, task_dir, out, "--seed", "1")) == 2
@@ -256,7 +256,7 @@ def test_settings_the_config_refutes_fail_before_the_weights_load(
 ) -> None:
     model_dir, task_dir, _ = finished
     args = search_args(model_dir, task_dir, tmp_path / "run") + extra
-    with mock.patch("bosch_eval.search.api.build_objective", side_effect=AssertionError("loaded the model")):
+    with mock.patch("bosch_eval.search.run.api.build_objective", side_effect=AssertionError("loaded the model")):
         assert main(args) == 2
     assert re.search(message, capsys.readouterr().err)
     assert not (tmp_path / "run" / "journal.jsonl").exists()

@@ -12,9 +12,9 @@ import pytest
 from bosch_eval.cli import main
 from bosch_eval.masks.head_mask import ModelShape, ceil_count
 from bosch_eval.runtime.errors import SearchError
-from bosch_eval.search.cli.search_cli import render_estimate
-from bosch_eval.search.cost import CallEstimate, estimate_calls, render_cost, stage3_calls, stage3_range
-from bosch_eval.search.pipeline import SearchSettings, run_search
+from bosch_eval.search.cli.find_mask import render_estimate
+from bosch_eval.search.run.cost import CallEstimate, estimate_calls, render_cost, stage3_calls, stage3_range
+from bosch_eval.search.run.pipeline import SearchSettings, run_search
 from bosch_eval.search.rankers import RANKERS
 from tests.helpers import SHAPE, ExampleObjective
 

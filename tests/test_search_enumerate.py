@@ -10,8 +10,8 @@ import pytest
 
 from bosch_eval.masks.head_mask import HeadMask, ModelShape
 from bosch_eval.runtime.errors import SearchError
-from bosch_eval.search.enumerate import enumerate_scores, main, masks_with_swa_count, place, render_optimum
-from bosch_eval.search.journal.journal import Journal, mask_key
+from bosch_eval.search.run.enumerate import enumerate_scores, main, masks_with_swa_count, place, render_optimum
+from bosch_eval.search.journal.store import Journal, mask_key
 
 SHAPE = ModelShape(num_layers=3, num_heads=4, num_kv_heads=2)
 HEADER = {"model": "synthetic", "window": 8}

@@ -11,11 +11,11 @@ import pytest
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count
 from bosch_eval.masks.layer_heuristics import layer_heuristic_mask
 from bosch_eval.runtime.errors import SearchError
-from bosch_eval.search.journal.journal import Journal, mask_key
+from bosch_eval.search.journal.store import Journal, mask_key
 from bosch_eval.search.objective.racing import RaceBound
 from bosch_eval.search.objective.scoring import ScoreScale
-from bosch_eval.search.pipeline import Resumed, SearchSettings, run_search, validate_for_shape
-from bosch_eval.search.report import render_report
+from bosch_eval.search.run.pipeline import Resumed, SearchSettings, run_search, validate_for_shape
+from bosch_eval.search.run.report import render_report
 from bosch_eval.search.stages.stage2 import assign_layer_ratios, cumulative_from_probes
 from bosch_eval.tasks.niah.tiebreak import tiebreak_weight
 from tests.helpers import SHAPE, ExampleObjective, Killed, planted, score_of

@@ -9,10 +9,10 @@ import pytest
 
 from bosch_eval.masks.head_mask import HeadMask, HeadRanking
 from bosch_eval.runtime.errors import SearchError
-from bosch_eval.search.api import RunOptions, search_model
-from bosch_eval.search.journal.journal import mask_key
-from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings
-from bosch_eval.search.pipeline import SearchSettings
+from bosch_eval.search.run.api import RunOptions, search_model
+from bosch_eval.search.journal.store import mask_key
+from bosch_eval.search.objective.loading import CalibrationSettings, LoadSettings
+from bosch_eval.search.run.pipeline import SearchSettings
 
 
 CALIBRATION = CalibrationSettings(examples=4, length=256)

@@ -14,7 +14,7 @@ from unittest import mock
 import pytest
 
 from bosch_eval.runtime.errors import JournalError
-from bosch_eval.search.journal.journal import Journal, mask_key
+from bosch_eval.search.journal.store import Journal, mask_key
 
 HEADER = {"model": "toy", "ratio": 0.5, "window": 64, "seed": 1, "variant": "bosch", "buckets": [0.0, 0.5, 1.0]}
 
@@ -86,7 +86,7 @@ class TestRoundTrip:
             written.append(path.read_text().splitlines()[-1])
 
         written: list[str] = []
-        with mock.patch("bosch_eval.search.journal.journal.os.fsync", side_effect=on_disk) as fsync:
+        with mock.patch("bosch_eval.search.journal.store.os.fsync", side_effect=on_disk) as fsync:
             journal.append("1", 0.25)
             journal.append("0", 0.125)
         assert fsync.call_count == 2
@@ -167,7 +167,7 @@ class TestResumeAfterAKill:
         child = textwrap.dedent(
             """
             import sys, time
-            from bosch_eval.search.journal.journal import Journal
+            from bosch_eval.search.journal.store import Journal
             journal = Journal(sys.argv[1], {"seed": 7}, resume=True)
             for index in range(len(journal), 100_000):
                 journal.append(f"m{index}", index / 7, stage="loop", pad="x" * (index % 50))
@@ -276,9 +276,9 @@ class TestRefusals:
 
     def test_wall_time_adds_up_over_resumes(self, tmp_path: Path) -> None:
         path = tmp_path / "j.jsonl"
-        with mock.patch("bosch_eval.search.journal.journal.time.perf_counter", side_effect=[100.0, 102.5]):
+        with mock.patch("bosch_eval.search.journal.store.time.perf_counter", side_effect=[100.0, 102.5]):
             Journal(path, HEADER, resume=False, wall_time=True).append("a", 0.5)
-        with mock.patch("bosch_eval.search.journal.journal.time.perf_counter", side_effect=[500.0, 501.0]):
+        with mock.patch("bosch_eval.search.journal.store.time.perf_counter", side_effect=[500.0, 501.0]):
             journal = Journal(path, HEADER, resume=True, wall_time=True)
             assert journal.prior_wall_s == 2.5
             journal.append("b", 0.5)

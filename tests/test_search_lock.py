@@ -15,7 +15,7 @@ import pytest
 
 from bosch_eval.runtime.errors import JournalError
 from bosch_eval.runtime.outdir_lock import OutputLock, lock_file
-from bosch_eval.search.journal.journal import Journal
+from bosch_eval.search.journal.store import Journal
 from tests.helpers import PPL_TASK, write_tasks
 
 REPO = Path(__file__).resolve().parents[1]

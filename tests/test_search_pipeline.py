@@ -17,12 +17,12 @@ import pytest
 
 from bosch_eval.masks.head_mask import HeadMask, ModelShape, ceil_count
 from bosch_eval.runtime.errors import SearchError
-from bosch_eval.search.journal.journal import Journal, mask_key
+from bosch_eval.search.journal.store import Journal, mask_key
 from bosch_eval.search.objective.score_book import Bits, ScoreBook
 from bosch_eval.search.objective.scoring import Anchors, ScoreScale, subproblem_loss
-from bosch_eval.search.pipeline import VARIANTS, Resumed, SearchSettings, default_chunk_layers, run_search
+from bosch_eval.search.run.pipeline import VARIANTS, Resumed, SearchSettings, default_chunk_layers, run_search
 from bosch_eval.search.variants import Variant
-from bosch_eval.search.stages.stages import LayerQuotas, StageOutcome, StageSettings, refine, stage3
+from bosch_eval.search.stages.subproblems import LayerQuotas, StageOutcome, StageSettings, refine, stage3
 from tests.helpers import SHAPE, ExampleObjective, RetrievalObjective, planted, score_of
 
 
@@ -178,8 +178,8 @@ SEARCH_SCRIPT = """
 import sys, time
 sys.path.insert(0, {tests!r})
 from helpers import SHAPE, planted
-from bosch_eval.search.journal.journal import Journal
-from bosch_eval.search.pipeline import Resumed, SearchSettings, run_search
+from bosch_eval.search.journal.store import Journal
+from bosch_eval.search.run.pipeline import Resumed, SearchSettings, run_search
 settings = SearchSettings(ratio=0.5)
 journal = Journal({path!r}, {{"test": "sigkill"}}, resume=True)
 known = {{record["key"]: record["score"] for record in journal.records}}
@@ -583,7 +583,7 @@ def test_stage3_converts_only_pool_groups_even_where_others_cost_less() -> None:
 
 
 def test_the_report_of_a_nested_search_counts_its_smaller_pool() -> None:
-    from bosch_eval.search.report import render_report
+    from bosch_eval.search.run.report import render_report
 
     shape = ModelShape(num_layers=4, num_heads=3, num_kv_heads=3)
     objective = AdditiveObjective(shape, 7)

@@ -9,8 +9,8 @@ import pytest
 
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.search.objective.score_book import ScoreBook
-from bosch_eval.search.pipeline import SearchSettings, run_search
-from bosch_eval.search.stages.stage_progress import StageProgress
+from bosch_eval.search.run.pipeline import SearchSettings, run_search
+from bosch_eval.search.stages.progress import StageProgress
 from tests.helpers import SHAPE, ExampleObjective
 
 
@@ -78,8 +78,8 @@ def test_the_eta_uses_the_time_per_mask_evaluated_in_this_run(caplog: pytest.Log
     """Issue 40: a resumed run said "ETA 250 s" at 83 s per evaluation: masks answered from
     the journal (free) were averaged into the rate. Six masks come from memory here, then
     one is evaluated at 0.2 s: 17 asks are left, so the ETA is about 17 × 0.2 s, not 17 × 0.2 / 7."""
-    from bosch_eval.search.journal.journal import mask_key
-    from bosch_eval.search.stages.stages import SubResult
+    from bosch_eval.search.journal.store import mask_key
+    from bosch_eval.search.stages.subproblems import SubResult
 
     journaled = masks_of(6, 0)
     deep = Deepening()
@@ -101,7 +101,7 @@ def test_the_eta_uses_the_time_per_mask_evaluated_in_this_run(caplog: pytest.Log
 def test_the_eta_of_a_stage_that_goes_down_the_layers_counts_their_cost(caplog: pytest.LogCaptureFixture) -> None:
     """Stage 1 goes from the top layer down; with the prefix cache a lower layer's masks run
     more layers. After the top layer (6 masks at 0.05 s) the rest cost 6 × (0.1 + 0.15 + 0.2) s."""
-    from bosch_eval.search.stages.stages import SubResult
+    from bosch_eval.search.stages.subproblems import SubResult
 
     deep = Deepening()
     book = ScoreBook(deep, SHAPE)
@@ -125,8 +125,8 @@ def test_every_count_of_masks_evaluated_agrees(tmp_path) -> None:  # noqa: ANN00
     same distinct masks (scored or stopped early), never journal lines (racing writes values
     and bounds too)."""
     from bosch_eval.runtime.errors import JournalError
-    from bosch_eval.search.journal.journal import Journal
-    from bosch_eval.search.pipeline import Resumed
+    from bosch_eval.search.journal.store import Journal
+    from bosch_eval.search.run.pipeline import Resumed
 
     path = tmp_path / "journal.jsonl"
     settings = SearchSettings(ratio=0.5, seed=5, budget_per_layer=10)

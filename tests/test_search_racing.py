@@ -10,9 +10,9 @@ import pytest
 
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.runtime.errors import JournalError
-from bosch_eval.search.journal.journal import Journal, mask_key
+from bosch_eval.search.journal.store import Journal, mask_key
 from bosch_eval.search.objective.racing import Racer, RaceBound, Tally, ruled_out
-from bosch_eval.search.pipeline import Resumed, SearchSettings, run_search
+from bosch_eval.search.run.pipeline import Resumed, SearchSettings, run_search
 from bosch_eval.search.stages.optimizers import Bound, Cutoff, SubProblem, minimize
 from tests.helpers import SHAPE, ExampleObjective, Killed
 

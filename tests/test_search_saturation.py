@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bosch_eval.search.saturation import stage1_saturation
+from bosch_eval.search.check.saturation import stage1_saturation
 
 
 def test_most_layers_without_a_drop_is_saturated():
@@ -25,7 +25,7 @@ def test_the_search_logs_a_saturated_stage_1(caplog):
     import logging
 
     from bosch_eval.masks.head_mask import ModelShape
-    from bosch_eval.search.pipeline import SearchSettings, run_search
+    from bosch_eval.search.run.pipeline import SearchSettings, run_search
 
     shape = ModelShape(num_layers=2, num_heads=4, num_kv_heads=2)
     score = lambda mask: 1.0 if mask.num_swa_groups <= 2 else 0.5 if mask.num_swa_groups < 4 else 0.0  # noqa: E731
@@ -49,7 +49,7 @@ def test_the_search_warns_when_stage_1_scored_its_own_mask_higher(caplog):
     import logging
 
     from bosch_eval.masks.head_mask import ModelShape
-    from bosch_eval.search.pipeline import SearchSettings, run_search
+    from bosch_eval.search.run.pipeline import SearchSettings, run_search
 
     shape = ModelShape(num_layers=4, num_heads=3, num_kv_heads=3)
     with caplog.at_level(logging.WARNING, logger="bosch_eval.search"):
@@ -80,7 +80,7 @@ def test_no_such_warning_when_stages_2_and_3_do_at_least_as_well(caplog):
     import logging
 
     from bosch_eval.masks.head_mask import ModelShape
-    from bosch_eval.search.pipeline import SearchSettings, run_search
+    from bosch_eval.search.run.pipeline import SearchSettings, run_search
 
     shape = ModelShape(num_layers=4, num_heads=3, num_kv_heads=3)
     settings = SearchSettings(ratio=0.5, budget_per_layer=8, buckets=(0.0, 2 / 3))
@@ -91,7 +91,7 @@ def test_no_such_warning_when_stages_2_and_3_do_at_least_as_well(caplog):
 
 
 def test_top_ties_counts_other_masks_of_the_found_ratio_at_its_score():
-    from bosch_eval.search.saturation import top_ties
+    from bosch_eval.search.check.saturation import top_ties
 
     scores = {
         "11/00": 1.0,  # the found mask (2 SWA groups)
@@ -121,7 +121,7 @@ def test_the_search_reports_the_masks_tied_with_the_one_it_returns(caplog):
     import logging
 
     from bosch_eval.masks.head_mask import ModelShape
-    from bosch_eval.search.pipeline import SearchSettings, run_search
+    from bosch_eval.search.run.pipeline import SearchSettings, run_search
 
     shape = ModelShape(num_layers=4, num_heads=3, num_kv_heads=3)
     asked: dict[tuple, float] = {}
@@ -149,7 +149,7 @@ def test_no_tie_warning_when_every_mask_scores_differently(caplog):
     import logging
 
     from bosch_eval.masks.head_mask import ModelShape
-    from bosch_eval.search.pipeline import SearchSettings, run_search
+    from bosch_eval.search.run.pipeline import SearchSettings, run_search
 
     shape = ModelShape(num_layers=4, num_heads=3, num_kv_heads=3)
 

@@ -13,11 +13,11 @@ import pytest
 from bosch_eval.cli import main
 from bosch_eval.masks.head_mask import HeadMask, ModelShape
 from bosch_eval.runtime.errors import SearchError
-from bosch_eval.search.journal.journal import mask_key, read_records
+from bosch_eval.search.journal.store import mask_key, read_records
 from bosch_eval.search.objective.racing import RaceBound
-from bosch_eval.search.pipeline import SearchSettings, run_search
-from bosch_eval.search.saturation import search_ties
-from bosch_eval.search.tie_break import (
+from bosch_eval.search.run.pipeline import SearchSettings, run_search
+from bosch_eval.search.check.saturation import search_ties
+from bosch_eval.search.objective.tie_break import (
     TIE_BREAK_FILE,
     TieBreak,
     TieBreakFile,

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from bosch_eval.masks.head_mask import HeadMask, ModelShape
-from bosch_eval.search.journal.journal import Journal, read_records
-from bosch_eval.search.pipeline import Resumed
+from bosch_eval.search.journal.store import Journal, read_records
+from bosch_eval.search.run.pipeline import Resumed
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks" / "studies"))  # the scripts are run as files, not installed

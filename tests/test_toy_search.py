@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from bosch_eval.masks.layer_heuristics import random_masks
-from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
-from bosch_eval.search.pipeline import SearchSettings, run_search
+from bosch_eval.search.objective.loading import CalibrationSettings, LoadSettings, build_objective
+from bosch_eval.search.run.pipeline import SearchSettings, run_search
 
 pytestmark = pytest.mark.slow
 

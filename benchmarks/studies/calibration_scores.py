@@ -28,8 +28,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 from bosch_eval.masks.head_mask import HeadMask, HeadRanking, ModelShape
-from bosch_eval.search.objective.objective import CalibrationObjective
-from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
+from bosch_eval.search.objective.calibration import CalibrationObjective
+from bosch_eval.search.objective.loading import CalibrationSettings, LoadSettings, build_objective
 
 TOY_L = Path("results/toy_l")
 VARIANTS = {

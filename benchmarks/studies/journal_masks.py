@@ -8,7 +8,7 @@
 ``ties``: how many masks the calibration set ties with the returned one (the count a search
 made since prints and writes to ``provenance.ties``; older searches' journals give it here).
 ``tied``: COUNT of those masks, the returned one first, as ``OUT/tied{i}.json``: the tie rule
-is the search's own (:func:`bosch_eval.search.saturation.search_ties`), the masks spread evenly
+is the search's own (:func:`bosch_eval.search.check.saturation.search_ties`), the masks spread evenly
 over the order the journal first scored them, each with the returned mask's window and sinks.
 ``stage1``: the mask Stage 1 kept (Algorithm 1), as ``OUT/stage1.json``: the first Stage-1
 record with ⌈ρ·G⌉ SWA groups in every layer at the best score such records reach.
@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bosch_eval.masks.head_mask import HeadMask
-from bosch_eval.search.journal.journal import read_records
-from bosch_eval.search.saturation import search_ties
+from bosch_eval.search.journal.store import read_records
+from bosch_eval.search.check.saturation import search_ties
 
 
 def bits(key: str) -> list[list[int]]:

@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from bosch_eval.search.calib_check import spearman
+from bosch_eval.search.check.panel import spearman
 
 
 def check_scores(check: Path) -> dict[str, dict[str, float]]:

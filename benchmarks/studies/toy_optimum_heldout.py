@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from bosch_eval.compare.results import read_run
-from bosch_eval.search.journal.journal import mask_key
+from bosch_eval.search.journal.store import mask_key
 
 OPTIMUM = Path("results/toy_optimum")
 LEADERBOARD = Path("results/toy_compare/leaderboard_toy")

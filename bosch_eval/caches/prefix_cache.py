@@ -104,7 +104,7 @@ class PrefixActivations:
         """Run the forwards that follow from ``layer`` (None or 0: every layer). The states
         entering it are stored per input and per mask rows below it, so only masks that share
         those rows reuse them: a sub-problem's candidates all do, the tied masks of a
-        tie-break in runs (:func:`bosch_eval.search.tie_break.shared_rows_layer`)."""
+        tie-break in runs (:func:`bosch_eval.search.objective.tie_break.shared_rows_layer`)."""
         if self.declined is not None:
             return  # nothing is reused, so no promise matters
         if layer is not None and not 0 <= layer < len(self.layers):

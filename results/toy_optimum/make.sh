@@ -11,7 +11,7 @@ mkdir -p "$here/masks"
 # 1. Every mask with ceil(rho*16) SWA groups, scored by the search's own S(z) (bosch_niah_calib acc).
 for ratio in 0.875 0.75; do
   resume=(); { [ -f "$here/r$ratio/journal.jsonl" ] || [ -f "$here/r$ratio/journal.jsonl.gz" ]; } && resume=(--resume)  # .gz: committed, unpacked on --resume
-  python -m bosch_eval.search.enumerate --model toy --ratio "$ratio" --out "$here/r$ratio" "${resume[@]}"
+  python -m bosch_eval.search.run.enumerate --model toy --ratio "$ratio" --out "$here/r$ratio" "${resume[@]}"
 done
 
 # 2. The masks to place: static rankings (results/toy_compare/rankings, from `bosch-eval rank`)
@@ -35,9 +35,9 @@ done
 # 3. Place them (evaluates nothing: every score is in the journal).
 places() { for item in "$@"; do printf -- '--place %s ' "$item"; done; }
 ranked() { for method in apl fisher razor dcam proxy qada; do echo "$method=$here/masks/$method-r$1.json"; done; }
-python -m bosch_eval.search.enumerate --model toy --ratio 0.875 --out "$here/r0.875" --resume \
+python -m bosch_eval.search.run.enumerate --model toy --ratio 0.875 --out "$here/r0.875" --resume \
   $(places bosch=results/toy_search/bosch-r0.875/mask.json $(ranked 0.875))
-python -m bosch_eval.search.enumerate --model toy --ratio 0.75 --out "$here/r0.75" --resume \
+python -m bosch_eval.search.run.enumerate --model toy --ratio 0.75 --out "$here/r0.75" --resume \
   $(places bosch=results/toy_search/bosch-r0.75/mask.json single=results/toy_search/single-r0.75/mask.json \
     bosch-refine2=results/toy_search/refine2-r0.75/mask.json bosch-oneplusone=results/toy_search/oneplusone-r0.75/mask.json \
     multi=results/toy_search/multi-r0.75/mask.json layer=results/toy_search/layer-r0.75/mask.json \

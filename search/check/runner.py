@@ -27,8 +27,8 @@ from bosch_eval.search.check.scores import (
 def run_from_args(args: argparse.Namespace) -> None:
     # The check itself: numpy, torch, lm-eval, not for --help.
     from bosch_eval.search.check.panel import build_panel
-    from bosch_eval.search.objective.objective import CalibrationObjective
-    from bosch_eval.search.objective.objective_loading import CalibrationSettings, LoadSettings, build_objective
+    from bosch_eval.search.objective.calibration import CalibrationObjective
+    from bosch_eval.search.objective.loading import CalibrationSettings, LoadSettings, build_objective
 
     ratios = [check_ratio(ratio, "--ratios") for ratio in args.ratios]
     if args.random < 2:

@@ -17,7 +17,7 @@ from bosch_eval.runtime.previous_results import keep_aside
 
 if TYPE_CHECKING:
     from bosch_eval.search.check.panel import PanelMask
-    from bosch_eval.search.objective.objective import CalibrationObjective
+    from bosch_eval.search.objective.calibration import CalibrationObjective
 
 
 CHECK_FILES = ("scores.jsonl", "check.json", "report.md", "settings.json")  # what --new-settings keeps aside

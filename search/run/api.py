@@ -63,6 +63,7 @@ from bosch_eval.search.run.pipeline import (
 )
 from bosch_eval.search.rankers.driver import RankingInputs
 from bosch_eval.search.run.report import render_report
+from bosch_eval.model_adapters.loader_args import adapter_settings
 from bosch_eval.search.objective.tie_break import (
     TieBreak,
     TieBreakFile,
@@ -285,7 +286,10 @@ def _with_incumbents(
         window=target.window, examples=calibration.examples or DEFAULT_CALIB_EXAMPLES, length=target.length or DEFAULT_CALIB_LEN,
         seed=calibration.seed, task=calibration.tasks[0], include_paths=calibration.include_paths,
     )  # fmt: skip
-    ranking_load = RankingLoad(target.model, target.path, inputs, device, load.model_args)
+    # The rankers read the model as it is (full attention): the adapter's own settings (sink=,
+    # attn_backend=, ...) are not theirs, only how the model loads (revision=, trust_remote_code=, ...).
+    loader_args = adapter_settings(load.model_args or {})[1]
+    ranking_load = RankingLoad(target.model, target.path, inputs, device, loader_args)
 
     def incumbents() -> list[tuple[str, str]]:
         return [
