@@ -83,7 +83,6 @@ from bosch_eval.model_adapters.scoring import ContinuationScorer, ForwardLogits,
 from bosch_eval.model_adapters.settings import AdapterSettings
 from bosch_eval.model_adapters.truncation import TruncationPolicy, over_long_contexts, over_long_requests
 from bosch_eval.models.checkpoint import set_saved_kv_quant
-from bosch_eval.models.model_defaults import resolve_window
 from bosch_eval.models.resolved_model import ResolvedModel
 from bosch_eval.models.rope_scaling import scaled_config
 from bosch_eval.models.transformers_compat import cache_argument
@@ -104,9 +103,6 @@ def _head_mask(model: ResolvedModel, settings: AdapterSettings) -> tuple[HeadMas
     """The mask asked for, checked against the model (a hybrid checkpoint restores its own)."""
     request = settings.mask_request()
     default_window = model.defaults.window
-    if isinstance(request.mask, str) and request.mask == "full":  # no head mask: the original attention everywhere
-        window = resolve_window(settings.window, default=default_window, all_full=True, source="mask=full")
-        request = replace(request, mask=HeadMask.uniform(model.shape, full=True, window=window, method="full"))
     checkpoint_mask = model.saved_mask
     if checkpoint_mask is not None and (request.mask, request.ranking, request.layers) == (None, None, None):
         request = replace(request, mask=checkpoint_mask)

@@ -66,7 +66,10 @@ def resolve_mask(
     if sinks is not None:
         sinks = check_sinks(sinks, "sink")
 
-    if mask is not None:
+    if isinstance(mask, str) and mask == "full":  # no head mask: the original attention everywhere
+        window = resolve_window(request.window, default=default_window, all_full=True, source="mask=full")
+        source, result = "mask=full", HeadMask.uniform(shape, full=True, window=window, method="full")
+    elif mask is not None:
         source = str(mask) if not isinstance(mask, HeadMask) else "mask"
         result = mask if isinstance(mask, HeadMask) else HeadMask.load(mask)
     else:
