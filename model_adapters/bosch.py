@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import logging
 from array import array
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -73,21 +72,20 @@ from bosch_eval.attention.hybrid_attention import HybridAttention, hybridize
 from bosch_eval.attention.local_window import SINK_RULE
 from bosch_eval.caches.captured import bucketed_capacity
 from bosch_eval.caches.hybrid_cache import HybridCache, captured_refusal
-from bosch_eval.caches.kv_quant.config import KVQuantConfig, parse_kv_quant
+from bosch_eval.caches.kv_quant.config import KVQuantConfig, kv_quant_setting
 from bosch_eval.caches.prefix_cache import PrefixActivations
 from bosch_eval.masks.head_mask import HeadMask
-from bosch_eval.masks.mask_sources import resolve_mask
+from bosch_eval.masks.mask_sources import mask_for_model
 from bosch_eval.model_adapters.compressed_scoring import CompressedScoring
 from bosch_eval.model_adapters.loader_args import adapter_settings
 from bosch_eval.model_adapters.scoring import ContinuationScorer, ForwardLogits, PrefixCachedLogits
-from bosch_eval.model_adapters.settings import AdapterSettings
 from bosch_eval.model_adapters.truncation import TruncationPolicy, over_long_contexts, over_long_requests
 from bosch_eval.models.checkpoint import set_saved_kv_quant
 from bosch_eval.models.resolved_model import ResolvedModel
-from bosch_eval.models.rope_scaling import scaled_config
+from bosch_eval.models.rope_scaling import yarn_loader_config
 from bosch_eval.models.transformers_compat import cache_argument
 from bosch_eval.runtime.device import pick_device, warn_slow_cpu_bfloat16
-from bosch_eval.runtime.errors import MaskError, ModelError, SettingsError
+from bosch_eval.runtime.errors import ModelError, SettingsError
 from bosch_eval.runtime.launch import ProcessShard, join_cpu_processes, shard_over_processes
 from bosch_eval.runtime.lm_eval_logs import quiet_per_length_warnings
 from bosch_eval.runtime.threads import apply_thread_policy
@@ -99,41 +97,6 @@ LM_EVAL_CLI_DEFAULT_DEVICE = "cuda:0"
 log = logging.getLogger("bosch_eval")
 
 
-def _head_mask(model: ResolvedModel, settings: AdapterSettings) -> tuple[HeadMask, str]:
-    """The mask asked for, checked against the model (a hybrid checkpoint restores its own)."""
-    request = settings.mask_request()
-    default_window = model.defaults.window
-    checkpoint_mask = model.saved_mask
-    if checkpoint_mask is not None and (request.mask, request.ranking, request.layers) == (None, None, None):
-        request = replace(request, mask=checkpoint_mask)
-    head_mask, source = resolve_mask(model.shape, request, default_window=default_window, model_name=model.path)
-    if checkpoint_mask is not None and (head_mask.bits, head_mask.window) != (
-        checkpoint_mask.bits,
-        checkpoint_mask.window,
-    ):
-        raise MaskError(
-            f"{source}: differs from the mask saved in {model.config_file} "
-            f"(SWA ratio {head_mask.swa_ratio:.4g}, window {head_mask.window} vs saved "
-            f"{checkpoint_mask.swa_ratio:.4g}, window {checkpoint_mask.window}); drop the explicit mask to use the saved one"
-        )
-    return head_mask, source
-
-
-def _kv_quant_config(model: ResolvedModel, settings: AdapterSettings) -> KVQuantConfig | None:
-    """The KV quantization asked for, checked against the model; a hybrid checkpoint's saved
-    settings when none is given."""
-    args = (settings.kv_quant, settings.kv_bits, settings.kv_window, settings.kv_group_size)
-    if args == (None, None, None, None):
-        quant = model.saved_kv_quant
-    else:
-        quant = parse_kv_quant(*args, head_dim=model.head_dim)
-    if quant is not None and settings.kv_cache != "hybrid":
-        raise SettingsError(
-            f"kv_cache: kv_quant={quant.method} stores its KV in the hybrid cache; got kv_cache={settings.kv_cache!r}"
-        )
-    return quant
-
-
 def _load_device(requested: str | None) -> str:
     """The device to load on: :func:`pick_device`, except that lm-eval's CLI default
     (``cuda:0``, passed when ``--device`` is not given) falls back to the CPU where no GPU
@@ -141,26 +104,6 @@ def _load_device(requested: str | None) -> str:
     if requested == LM_EVAL_CLI_DEFAULT_DEVICE and not torch.cuda.is_available():
         return pick_device(None)
     return pick_device(requested)
-
-
-def _rope_config(pretrained: str | torch.nn.Module, settings: AdapterSettings, loader_args: dict[str, Any]) -> Any:
-    """A YaRN-scaled config for HFLM's ``from_pretrained`` (the rotary embedding is built from
-    the config when the model is constructed), or None without ``rope_scaling``."""
-    if settings.rope_scaling is None:
-        return None
-    if not isinstance(pretrained, str):
-        raise SettingsError(
-            "rope_scaling: needs pretrained= as a name or path (a loaded model's rotary embedding is already built)"
-        )
-    if "config" in loader_args:
-        raise SettingsError("rope_scaling: cannot be combined with an explicit config=")
-    return scaled_config(
-        pretrained,
-        settings.rope_factor,
-        settings.rope_original_max_positions,
-        revision=loader_args.get("revision", "main"),
-        trust_remote_code=bool(loader_args.get("trust_remote_code", False)),
-    )
 
 
 @register_model("bosch")
@@ -186,11 +129,18 @@ class BoschLM(HFLM):
         else:  # a preloaded model: its own config
             self.resolved = ResolvedModel.loaded(pretrained)
         # Mask, ranking, window and kv_quant errors from the config alone, before minutes of weight loading.
-        head_mask, source = _head_mask(self.resolved, settings)
-        self.kv_quant: KVQuantConfig | None = _kv_quant_config(self.resolved, settings)
-        rope_config = _rope_config(pretrained, settings, loader_args)
-        if rope_config is not None:
-            loader_args["config"] = rope_config
+        model = self.resolved
+        head_mask, source = mask_for_model(
+            model.shape, settings.mask_request(), model.defaults.window, model.saved_mask, model.path
+        )  # a hybrid checkpoint restores its own
+        self.kv_quant: KVQuantConfig | None = kv_quant_setting(
+            (settings.kv_quant, settings.kv_bits, settings.kv_window, settings.kv_group_size),
+            model.saved_kv_quant, model.head_dim, settings.kv_cache,
+        )  # fmt: skip
+        if settings.rope_scaling is not None:
+            loader_args["config"] = yarn_loader_config(
+                pretrained, settings.rope_factor, settings.rope_original_max_positions, loader_args
+            )
         join_cpu_processes(str(loader_args.get("device", "")))  # before HFLM's Accelerator()
         super().__init__(pretrained=pretrained, **loader_args)
         # Read by lm-eval through rank and world_size (below): HFLM's share, or accelerate's processes.

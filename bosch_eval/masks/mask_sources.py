@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +87,28 @@ def resolve_mask(
     result.check_fits(shape, source=source, model=model_name)
     effective_window = resolve_window(request.window, carried=result.window, default=default_window, source=source)
     return result.with_meta(window=effective_window, sinks=result.sinks if sinks is None else sinks), source
+
+
+def mask_for_model(
+    shape: ModelShape,
+    request: MaskRequest,
+    default_window: int | None,
+    saved: HeadMask | None,
+    model_name: str | None,
+) -> tuple[HeadMask, str]:
+    """:func:`resolve_mask` for a model that may have saved a mask in its config (a hybrid
+    checkpoint): with no mask source asked for, the saved one; with one, it must equal it.
+
+    Raises:
+        MaskError: as :func:`resolve_mask`, or an asked mask that differs from the saved one.
+    """
+    if saved is not None and (request.mask, request.ranking, request.layers) == (None, None, None):
+        request = replace(request, mask=saved)
+    head_mask, source = resolve_mask(shape, request, default_window=default_window, model_name=model_name)
+    if saved is not None and (head_mask.bits, head_mask.window) != (saved.bits, saved.window):
+        raise MaskError(
+            f"{source}: differs from the mask saved in {model_name}/config.json "
+            f"(SWA ratio {head_mask.swa_ratio:.4g}, window {head_mask.window} vs saved "
+            f"{saved.swa_ratio:.4g}, window {saved.window}); drop the explicit mask to use the saved one"
+        )
+    return head_mask, source

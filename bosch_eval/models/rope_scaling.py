@@ -113,3 +113,28 @@ def scaled_config(
     config = AutoConfig.from_pretrained(pretrained, **from_pretrained)
     apply_yarn(config, factor, original_max_positions, source=f"{pretrained}/config.json")
     return config
+
+
+def yarn_loader_config(
+    pretrained: Any, factor: float, original_max_positions: int | None, loader_args: dict[str, Any]
+) -> Any:
+    """The YaRN-scaled config to hand ``from_pretrained`` (the rotary embedding is built from the
+    config as the model is constructed), for a model named by ``pretrained`` and loaded with
+    ``loader_args`` (its revision, trust_remote_code).
+
+    Raises:
+        SettingsError: a model already loaded (its rotary embedding is built), or an explicit config=.
+    """
+    if not isinstance(pretrained, str):
+        raise SettingsError(
+            "rope_scaling: needs pretrained= as a name or path (a loaded model's rotary embedding is already built)"
+        )
+    if "config" in loader_args:
+        raise SettingsError("rope_scaling: cannot be combined with an explicit config=")
+    return scaled_config(
+        pretrained,
+        factor,
+        original_max_positions,
+        revision=loader_args.get("revision", "main"),
+        trust_remote_code=bool(loader_args.get("trust_remote_code", False)),
+    )

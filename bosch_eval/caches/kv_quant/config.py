@@ -105,3 +105,21 @@ def parse_kv_quant(
     if head_dim is not None:
         config.check_head_dim(head_dim)
     return config
+
+
+def kv_quant_setting(
+    args: tuple[Any, Any, Any, Any], saved: KVQuantConfig | None, head_dim: int, kv_cache: str
+) -> KVQuantConfig | None:
+    """The KV quantization the model_args ``args`` (kv_quant, kv_bits, kv_window, kv_group_size)
+    ask for, checked against the head width; a hybrid checkpoint's ``saved`` settings when none
+    is given. It lives in the hybrid cache, so any other ``kv_cache`` is refused.
+
+    Raises:
+        SettingsError: a bad argument, or a quantization under another cache.
+    """
+    quant = saved if args == (None, None, None, None) else parse_kv_quant(*args, head_dim=head_dim)
+    if quant is not None and kv_cache != "hybrid":
+        raise SettingsError(
+            f"kv_cache: kv_quant={quant.method} stores its KV in the hybrid cache; got kv_cache={kv_cache!r}"
+        )
+    return quant
