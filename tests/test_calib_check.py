@@ -301,9 +301,7 @@ def test_calib_check_end_to_end_on_the_toy_model(tmp_path: Path, capsys: pytest.
     other = [item if item != "2" else "3" for item in argv]  # --random 3
     from unittest import mock
 
-    with mock.patch(
-        "bosch_eval.search.objective.loading.build_objective", side_effect=AssertionError("loaded the model")
-    ):
+    with mock.patch("bosch_eval.search.check.runner.build_objective", side_effect=AssertionError("loaded the model")):
         assert main(other) == 2  # refused before the model loads
     assert "made with other settings (random)" in capsys.readouterr().err
     check = (out / "check.json").read_text()
@@ -327,7 +325,7 @@ def test_a_failed_check_pins_no_settings(tmp_path: Path, capsys: pytest.CaptureF
 
 def _objective_settings(monkeypatch: pytest.MonkeyPatch, out: Path, *flags: str) -> tuple:
     """The (calibration, load) settings that ``calib-check --model toy FLAGS`` builds its objective with."""
-    from bosch_eval.search.objective import loading as objective_loading
+    from bosch_eval.search.check import runner
 
     seen = []
 
@@ -335,7 +333,7 @@ def _objective_settings(monkeypatch: pytest.MonkeyPatch, out: Path, *flags: str)
         seen.append((calibration, load))
         raise CalibCheckError("stop before scoring")
 
-    monkeypatch.setattr(objective_loading, "build_objective", loaded)
+    monkeypatch.setattr(runner, "build_objective", loaded)
     assert main(["calib-check", "--model", "toy", *flags, "--out", str(out)]) == 2
     return seen[0]
 
@@ -357,9 +355,7 @@ def test_the_calibration_metric_reaches_the_calibration_objective(tmp_path: Path
 def test_a_negative_sink_count_is_refused_before_the_model_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     from unittest import mock
 
-    with mock.patch(
-        "bosch_eval.search.objective.loading.build_objective", side_effect=AssertionError("loaded the model")
-    ):
+    with mock.patch("bosch_eval.search.check.runner.build_objective", side_effect=AssertionError("loaded the model")):
         assert main(["calib-check", "--model", "toy", "--sink", "-1", "--out", str(tmp_path / "check")]) == 2
     assert "--sink: expected an integer >= 0" in capsys.readouterr().err
 
@@ -500,7 +496,7 @@ class TestDevScoresFrom:
             str(tmp_path / "check"),
         ]
         with mock.patch(
-            "bosch_eval.search.objective.loading.build_objective",
+            "bosch_eval.search.check.runner.build_objective",
             side_effect=AssertionError("loaded the model"),
         ):
             assert main(argv) == 2

@@ -24,6 +24,8 @@ from bosch_eval.search.objective.calibration import EVALUATE_PATH, CalibrationOb
 from bosch_eval.search.objective.loading import CalibrationSettings, LoadSettings, build_objective
 from bosch_eval.search.objective.racing import RaceBound, Racing
 from bosch_eval.tasks import TASKS_DIR
+from bosch_eval.models.model_check import resolve_model
+from bosch_eval.search.objective.defaults import default_calib_task
 from tests.helpers import CALIB_METADATA, DOT_TASK, PLAIN_GROUP, PPL_TASK, WINDOW, masks, write_tasks
 
 BATCH_SIZE = 2
@@ -89,15 +91,19 @@ class TestScores:
         assert len({scores[0], scores[1], scores[2]}) == 3  # nothing stale from the previous mask
         assert scores[3] == scores[0]
 
-    def test_default_task_is_bosch_niah_calib(self, tiny_model_dir):
+    def test_the_default_task_draws_every_format_and_the_toys_keep_theirs(self, tiny_model_dir):
+        """calibration_choice.md: bosch_niah_calib_formats on a model of one's own; the bundled toys,
+        trained on bosch_niah_calib's documents only, keep that set, by alias or by path."""
         objective = build_objective(
             str(tiny_model_dir),
             CalibrationSettings(examples=4, length=320),
             LoadSettings(window=WINDOW, dtype="float32", batch_size=2),
         )
         info = objective.describe()
-        assert info["tasks"] == ["bosch_niah_calib"] and info["metric"] == "acc_tiebreak"  # issue 67's default
-        assert info["num_examples"] == {"bosch_niah_calib": 4}
+        assert info["tasks"] == ["bosch_niah_calib_formats"] and info["metric"] == "acc_tiebreak"  # issue 67's default
+        assert info["num_examples"] == {"bosch_niah_calib_formats": 4}
+        assert default_calib_task("toy") == default_calib_task(str(resolve_model("toy-l"))) == "bosch_niah_calib"
+        assert default_calib_task("smollm2") == default_calib_task("org/some-model") == "bosch_niah_calib_formats"
         assert info["metadata"] == {
             "pretrained": str(tiny_model_dir),
             "tokenizer": str(tiny_model_dir),
@@ -108,7 +114,7 @@ class TestScores:
         assert info["evaluate"] == EVALUATE_PATH and info["lm_eval"] == lm_eval.__version__
         score = objective(HeadMask.uniform(objective.shape, full=True))
         oracle = fresh_simple_evaluate(
-            tiny_model_dir, None, "bosch_niah_calib", 0.0, {"seq_len": 320, "num_examples": 4}
+            tiny_model_dir, None, "bosch_niah_calib_formats", 0.0, {"seq_len": 320, "num_examples": 4}
         )
         assert score == oracle["acc_tiebreak,none"]
 

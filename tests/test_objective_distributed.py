@@ -31,7 +31,7 @@ def launch(model_dir: Path, task_dir: Path, out_dir: Path) -> list[dict]:
         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
         str(WORKER), str(model_dir), str(task_dir), str(out_dir),
     ]  # fmt: skip
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-4000:]
     return [json.loads((out_dir / f"rank{rank}.json").read_text()) for rank in range(PROCESSES)]

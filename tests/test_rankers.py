@@ -508,7 +508,8 @@ class TestRankCommand:
         assert ranking.provenance["settings"] == {"cap": 3}
         model, tokenizer = real
         lag_sums, rows = np.zeros((3, 8)), 0
-        for ids in calibration_ids(tokenizer, CALIB_LEN, 2, 0, "bosch_niah_calib"):
+        # rank's default calibration set on a model of one's own (calibration_choice.md)
+        for ids in calibration_ids(tokenizer, CALIB_LEN, 2, 0, "bosch_niah_calib_formats"):
             maps, _ = eager_maps(model, ids)
             lags = np.minimum(np.tril(np.arange(len(ids))[:, None] - np.arange(len(ids))[None, :]), 3)
             lag_sums += np.stack([(m * lags).sum(axis=(1, 2)) for m in maps])

@@ -29,7 +29,7 @@ def test_two_processes_train_like_one(tiny_model_dir, tmp_path):
         "--warmup-ratio", "0.25", "--weight-decay", "0.01", "--mixed-precision", "no", "--save-every", "2",
         "--no-progress-bar", "--out", str(tmp_path / "two"),
     ]  # fmt: skip
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, check=False)
     assert result.returncode == 0, result.stderr[-4000:]
     assert result.stdout.count("hybrid checkpoint;") == 2  # every process returns; the main one alone wrote

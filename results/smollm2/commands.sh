@@ -40,6 +40,12 @@
 #   leaderboard R  its table from the runs finished so far (nothing evaluated) -> leaderboard_rR/leaderboard.md
 #   study-leaderboard R  the same for study-compare R (and its claims.md)        -> study_rR/leaderboard.md
 #   answer     the README's answer tables, from the study's comparisons (nothing evaluated) -> answer_doc_seed5.md
+#   rank67     issue 67's study: the six rankings on its calibration set (calibration_choice.md), fp32 -> rankings67/{method}.json
+#   search67 R [S]  issue 67's guarded search at ratio R, seed S: acc_tiebreak on that set, fp32, kappa = 10 (below),
+#              incumbents from rankings67/                                 -> search/guarded67-rR[-sS]/
+#   compare67 R  issue 67's held-out comparison on doc_seed 6 (study67_rR.yaml) -> study67_rR/
+#   leaderboard67 R  its table from the runs finished so far (nothing evaluated) -> study67_rR/leaderboard.md
+#   answer67   the README's answer tables from issue 67's comparisons         -> answer_doc_seed6.md
 #   threads    SmolLM2 forward passes with 1 thread and one per core, alone and beside a busy process (printed; threads.md)
 # On a lent GPU, gpu_session.sh runs the search and compare steps side by side.
 set -euo pipefail
@@ -47,9 +53,10 @@ set -euo pipefail
 # under a CPU quota, or beside other work, set OMP_NUM_THREADS yourself). bosch-eval's own default
 # leaves a core free, 1.8x slower here on 2 cores (threads.md).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
-step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|card-uuid|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|calib-choice|dev-uuid|uuid-calib-dev|stage1-dev|tie-break RATIO|dev-tiebreak RATIO|search RATIO [SEED]|search-paper RATIO [SEED]|compare RATIO|leaderboard RATIO|study-search RATIO [SEED]|study-compare RATIO|study-leaderboard RATIO|answer|threads}
+step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|card-uuid|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|calib-choice|dev-uuid|uuid-calib-dev|stage1-dev|tie-break RATIO|dev-tiebreak RATIO|search RATIO [SEED]|search-paper RATIO [SEED]|compare RATIO|leaderboard RATIO|study-search RATIO [SEED]|study-compare RATIO|study-leaderboard RATIO|answer|rank67|search67 RATIO [SEED]|compare67 RATIO|leaderboard67 RATIO|answer67|threads}
 R=results/smollm2
 CALIB=bosch_niah_calib  # the search's and the rankings' calibration task (README, "The calibration check with four sinks")
+CALIB67=bosch_niah_calib_formats  # issue 67's calibration set, by calibration_choice.md's rule (its Result)
 RC=$R/rankings_retrieval_calib  # the six rankings on bosch_retrieval_calib, the checks' panels (before the choice)
 case $step in
   probe)    python benchmarks/studies/probe_calibration.py --out $R/calibration_probe.md ;;
@@ -282,6 +289,32 @@ case $step in
             python benchmarks/studies/available_entries.py $R/study_r$ratio.yaml $out/finished.yaml --finished $out
             bosch-eval compare --config $out/finished.yaml --out $out --resume ;;
   answer)   python benchmarks/studies/study_summary.py $R/study_r0.5 $R/study_r0.75 $R/study_r0.875 > $R/answer_doc_seed5.md ;;
+  rank67)   for method in apl dcam proxy qada razor fisher; do
+              [ -f $R/rankings67/$method.json ] && continue
+              bosch-eval rank --method $method --model smollm2 --calib-task $CALIB67 --dtype float32 --out $R/rankings67/$method.json
+            done ;;
+  search67) # Chosen before any of its scores: the guarded variant, acc_tiebreak on CALIB67 (calibration_choice.md),
+            # four sinks, W = 128, fp32 (no AMX on the CPU sessions' cores; one dtype for the whole study). kappa = 10
+            # S() calls per layer in Stage 3 (the paper's 100 is up to 2,200 Stage-3 calls at rho = 0.75, 39 h at 60 s a
+            # call on 2 cores: `bosch-eval search --estimate`), the local search's 100 calls as the variant sets them.
+            ratio=${2:?ratio}; seed=${3:-0}; suffix=""; [ "$seed" = 0 ] || suffix="-s$seed"
+            out=$R/search/guarded67-r$ratio$suffix
+            resume=(); { [ -f $out/journal.jsonl ] || [ -f $out/journal.jsonl.gz ]; } && resume=(--resume)
+            bosch-eval search --model smollm2 --ratio $ratio --seed $seed --calib-tasks $CALIB67 --calib-metric acc_tiebreak \
+              --budget-per-layer 10 --rankings $(for method in apl dcam fisher proxy qada razor; do printf '%s=%s ' $method $R/rankings67/$method.json; done) \
+              --dtype float32 --batch-size 8 --model-args sink=4,attn_backend=blocked --prefix-cache-mb 2560 \
+              --out $out "${resume[@]}" ;;
+  compare67) # the entries whose mask exists run now, a later call adds the searches' (available_entries.py)
+            ratio=${2:?ratio}; out=$R/study67_r$ratio; mkdir -p $out/runs
+            for other in $R/study67_r*/runs/original; do  # the original's run is the same at every ratio
+              if [ ! -e $out/runs/original ] && [ -f $other/run.json ]; then ln -s ../../${other#$R/} $out/runs/original; fi
+            done
+            python benchmarks/studies/available_entries.py $R/study67_r$ratio.yaml $out/available.yaml
+            bosch-eval compare --config $out/available.yaml --out $out --resume ;;
+  leaderboard67) ratio=${2:?ratio}; out=$R/study67_r$ratio
+            python benchmarks/studies/available_entries.py $R/study67_r$ratio.yaml $out/finished.yaml --finished $out
+            bosch-eval compare --config $out/finished.yaml --out $out --resume ;;
+  answer67) python benchmarks/studies/study_summary.py $R/study67_r0.75 $R/study67_r0.875 $R/study67_r0.9375 > $R/answer_doc_seed6.md ;;
   threads)  python benchmarks/threads_loaded.py --model smollm2 --dtype bfloat16 --batch 8 --length 1024 --rounds 2 --forwards 3 ;;
   leaderboard) # the leaderboard of the runs finished so far, evaluating nothing (a comparison stopped early)
             ratio=${2:?ratio}; out=$R/leaderboard_r$ratio

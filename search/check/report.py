@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bosch_eval.runtime.versions import versions
+from bosch_eval.search.check.panel import SOLVABLE, PanelMask, RatioSummary, layer_drops, summarize
 from bosch_eval.search.check.scores import calib_side
-
-if TYPE_CHECKING:
-    from bosch_eval.search.check.panel import PanelMask, RatioSummary
 
 
 def make_report(
@@ -20,8 +18,6 @@ def make_report(
     """The check's report from the masks scored on both sides so far: the probes among them, and
     only the ratios whose masks are all scored (a verdict on part of a ratio's panel would be
     another test). None until both anchors are scored on both sides."""
-    from bosch_eval.search.check.panel import SOLVABLE, layer_drops, summarize  # numpy: not for --help
-
     metrics = settings.get("calib_metric", "acc")
     metrics = [metrics] if isinstance(metrics, str) else list(metrics)
     sides = [scores.get(calib_side(metric, metrics), {}) for metric in metrics] + [scores["dev"]]

@@ -10,6 +10,10 @@ import shlex
 from bosch_eval.masks.head_mask import HeadMask, HeadRanking, check_ratio, check_sinks
 from bosch_eval.runtime.errors import CalibCheckError
 from bosch_eval.runtime.outdir_lock import OutputLock
+from bosch_eval.search.objective.calibration import CalibrationObjective
+from bosch_eval.search.objective.defaults import default_calib_task
+from bosch_eval.search.objective.loading import CalibrationSettings, LoadSettings, build_objective
+from bosch_eval.search.check.panel import build_panel
 from bosch_eval.search.check.report import make_report, render
 from bosch_eval.search.check.scores import (
     SharedEvaluation,
@@ -24,12 +28,9 @@ from bosch_eval.search.check.scores import (
 )
 
 
-def run_from_args(args: argparse.Namespace) -> None:
-    # The check itself: numpy, torch, lm-eval, not for --help.
-    from bosch_eval.search.check.panel import build_panel
-    from bosch_eval.search.objective.calibration import CalibrationObjective
-    from bosch_eval.search.objective.loading import CalibrationSettings, LoadSettings, build_objective
-
+def run_check(args: argparse.Namespace) -> None:
+    """Run ``bosch-eval calib-check`` with its parsed ``args``; raises a ``BoschError`` on any bad input."""
+    args.calib = args.calib or default_calib_task(args.model)  # pinned in settings.json as resolved
     ratios = [check_ratio(ratio, "--ratios") for ratio in args.ratios]
     if args.random < 2:
         raise CalibCheckError(

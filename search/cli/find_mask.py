@@ -24,7 +24,13 @@ from bosch_eval.masks.head_mask import ModelShape, ceil_count
 from bosch_eval.model_adapters.loader_args import parse_model_args
 from bosch_eval.models.model_check import IGNORE_FLAG, model_config, resolve_model
 from bosch_eval.runtime.errors import SearchError
-from bosch_eval.search.objective.defaults import DEFAULT_CALIB_METRIC, DEFAULT_CALIB_TASK, DEFAULT_PREFIX_CACHE_MB
+from bosch_eval.search.objective.defaults import (
+    DEFAULT_CALIB_METRIC,
+    DEFAULT_CALIB_TASK,
+    DEFAULT_PREFIX_CACHE_MB,
+    PAPER_CALIB_TASK,
+    default_calib_task,
+)
 from bosch_eval.search.guard.incumbent_rankings import ranking_sources
 from bosch_eval.search.objective.racing import DEFAULT_RACE_CHUNK
 from bosch_eval.search.objective.scoring import DEFAULT_ALPHA, DEFAULT_GAMMA
@@ -138,7 +144,10 @@ def _add_algorithm_flags(parser: argparse.ArgumentParser) -> None:
 def _add_calibration_flags(parser: argparse.ArgumentParser) -> None:
     """What S(z) is measured on."""
     parser.add_argument(
-        "--calib-tasks", nargs="+", default=[DEFAULT_CALIB_TASK], help="lm-eval task(s) or group(s) scored as S(z)"
+        "--calib-tasks",
+        nargs="+",
+        help=f"lm-eval task(s) or group(s) scored as S(z) (default {DEFAULT_CALIB_TASK}; {PAPER_CALIB_TASK} on the "
+        "bundled toys, the format they were trained on)",
     )
     parser.add_argument("--include-path", help="extra lm-eval task directory for --calib-tasks")
     parser.add_argument(
@@ -232,7 +241,7 @@ def run_from_args(args: argparse.Namespace) -> None:
                 args.model,
                 settings,
                 None if args.estimate is CALLS_ONLY else args.estimate,
-                tuple(args.calib_tasks),
+                tuple(args.calib_tasks or (default_calib_task(args.model),)),
                 (args.include_path,) if args.include_path else (),
             )
         )
@@ -285,7 +294,7 @@ def run_settings(
     from bosch_eval.search.objective.loading import CalibrationSettings, LoadSettings
 
     calibration = CalibrationSettings(
-        tasks=tuple(args.calib_tasks),
+        tasks=tuple(args.calib_tasks or ()),
         include_path=args.include_path,
         metric=args.calib_metric,
         examples=args.calib_examples,
@@ -309,7 +318,7 @@ def render_estimate(
     model: str,
     settings: SearchSettings,
     seconds_per_call: float | None,
-    calib_tasks: tuple[str, ...] = (DEFAULT_CALIB_TASK,),
+    calib_tasks: tuple[str, ...] = (),
     include_paths: tuple[str, ...] = (),
 ) -> str:
     """The cost model's call range, and its time at ``seconds_per_call`` (None: calls only), for
@@ -327,7 +336,7 @@ def render_estimate(
     validate_for_shape(settings, shape)
     chunk, buckets = settings.chunk_layers_for(shape), settings.buckets_for(shape)
     methods, files = (
-        ranking_sources(settings.rankings, calib_tasks, include_paths)
+        ranking_sources(settings.rankings, calib_tasks or (default_calib_task(model),), include_paths)
         if VARIANTS[settings.variant].incumbents
         else ([], [])
     )

@@ -25,7 +25,7 @@ from bosch_eval.models.model_defaults import resolve_window
 from bosch_eval.runtime.device import pick_device
 from bosch_eval.runtime.errors import SettingsError, TemplateTooLong
 from bosch_eval.search.rankers import RANKERS
-from bosch_eval.search.objective.defaults import DEFAULT_CALIB_TASK
+from bosch_eval.search.objective.defaults import DEFAULT_CALIB_TASK, PAPER_CALIB_TASK, default_calib_task
 from bosch_eval.tasks.niah.calibration_sets import calibration_sets
 
 _HELP = {"-h", "--help"}
@@ -104,9 +104,8 @@ def add_rank_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="calibration seed (Razor: probe seed); default 0")
     parser.add_argument(
         "--calib-task",
-        default=DEFAULT_CALIB_TASK,
-        help=f"the calibration set the method reads (not Razor; a task of tasks/ or --include-path whose "
-        f"generator defines calibration_examples); default {DEFAULT_CALIB_TASK}",
+        help=f"the calibration set the method reads (not Razor; a task of tasks/ or --include-path whose generator "
+        f"defines calibration_examples); default {DEFAULT_CALIB_TASK}, {PAPER_CALIB_TASK} on the bundled toys",
     )
     parser.add_argument("--include-path", help="a folder of lm-eval task YAMLs that holds --calib-task")
     parser.add_argument("--block-size", type=int, default=64, help="query rows per streamed attention block")
@@ -165,6 +164,7 @@ def rank_main(args: argparse.Namespace) -> None:
 
     options = method_options(args)  # the method checked before anything loads
     include_paths = (args.include_path,) if args.include_path else ()
+    args.calib_task = args.calib_task or default_calib_task(args.model)
     known = calibration_sets(include_paths)
     if args.calib_task not in known:
         raise SettingsError(

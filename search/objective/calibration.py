@@ -71,7 +71,7 @@ from bosch_eval.runtime.lm_eval_session import (
     task_manager,
     templates_compiled_once,
 )
-from bosch_eval.search.objective.defaults import DEFAULT_CALIB_METRIC, DEFAULT_CALIB_TASK
+from bosch_eval.search.objective.defaults import DEFAULT_CALIB_METRIC
 from bosch_eval.search.objective.racing_evaluation import ObjectiveRacing
 from bosch_eval.search.objective.racing import Racing
 
@@ -81,7 +81,6 @@ if TYPE_CHECKING:
 
     from bosch_eval.model_adapters.bosch import BoschLM
 
-DEFAULT_TASKS = (DEFAULT_CALIB_TASK,)
 EVALUATE_PATH = "lm_eval.evaluator.evaluate"
 
 
@@ -118,7 +117,7 @@ class CalibrationObjective(ObjectiveRacing):
     def __init__(
         self,
         lm: BoschLM,
-        tasks: Sequence[str] = DEFAULT_TASKS,
+        tasks: Sequence[str],
         *,
         include_path: str | Path | None = None,
         metadata: Mapping[str, Any] | None = None,

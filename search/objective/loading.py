@@ -7,7 +7,7 @@ tokenizer) from the arguments.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bosch_eval.model_adapters.bosch import BoschLM
@@ -17,8 +17,13 @@ from bosch_eval.models.resolved_model import ResolvedModel
 from bosch_eval.runtime.device import pick_device
 from bosch_eval.runtime.errors import SearchError
 from bosch_eval.runtime.launch import launch_state
-from bosch_eval.search.objective.defaults import DEFAULT_CALIB_EXAMPLES, DEFAULT_CALIB_LEN, DEFAULT_CALIB_METRIC
-from bosch_eval.search.objective.calibration import DEFAULT_TASKS, CalibrationObjective
+from bosch_eval.search.objective.defaults import (
+    DEFAULT_CALIB_EXAMPLES,
+    DEFAULT_CALIB_LEN,
+    DEFAULT_CALIB_METRIC,
+    default_calib_task,
+)
+from bosch_eval.search.objective.calibration import CalibrationObjective
 from bosch_eval.search.objective.racing import Racing
 from bosch_eval.tasks.niah.calibration_sets import is_calibration_set
 
@@ -28,7 +33,7 @@ class CalibrationSettings:
     """What S(z) is measured on: the calibration task(s), their metric and their size.
 
     Attributes:
-        tasks: calibration task/group names (``bosch_niah_calib`` by default).
+        tasks: calibration task/group names; () for the model's default (:func:`default_calib_task`).
         include_path: an extra lm-eval task directory for ``tasks``.
         metric: the calibration metric.
         examples: examples of the calibration set among ``tasks`` (default 64).
@@ -44,7 +49,7 @@ class CalibrationSettings:
             the same metric and metadata (:mod:`bosch_eval.search.objective.tie_break`); () for none.
     """
 
-    tasks: tuple[str, ...] = DEFAULT_TASKS
+    tasks: tuple[str, ...] = ()
     include_path: str | None = None
     metric: str = DEFAULT_CALIB_METRIC
     examples: int | None = None
@@ -63,6 +68,10 @@ class CalibrationSettings:
             )  # one name, not its letters
         if self.include_path is not None:
             object.__setattr__(self, "include_path", str(self.include_path))
+
+    def for_model(self, model: str) -> CalibrationSettings:
+        """These settings with the default calibration set of ``model`` where no task is named."""
+        return self if self.tasks else replace(self, tasks=(default_calib_task(model),))
 
     @property
     def include_paths(self) -> tuple[str, ...]:
@@ -132,6 +141,7 @@ def build_objective(
             model, trust_remote_code=truthy(extra.get("trust_remote_code", False), "trust_remote_code")
         )
     path, defaults = resolved.path, resolved.defaults
+    calibration = calibration.for_model(model)
     window = resolve_window(load.window, default=defaults.window, source=model, flag="window=W")
     length = calibration.length if calibration.length is not None else defaults.calib_len
     # A config that understates the context: HFLM would left-truncate inputs to it.

@@ -30,7 +30,7 @@ from bosch_eval.search.rankers import RANKERS
 from bosch_eval.search.rankers.base import Ranker
 from bosch_eval.search.rankers.blocks import query_blocks
 from bosch_eval.search.rankers.capture import capture_attention
-from bosch_eval.search.objective.defaults import DEFAULT_CALIB_TASK
+from bosch_eval.search.objective.defaults import PAPER_CALIB_TASK
 
 DEFAULT_BLOCK_SIZE = 64
 # Rows of output-embedding logits formed at once by Fisher's loss ([rows, vocab] floats).
@@ -133,7 +133,7 @@ class RankingInputs:
     examples: int
     length: int
     seed: int = 0
-    task: str = DEFAULT_CALIB_TASK
+    task: str = PAPER_CALIB_TASK
     include_paths: tuple[
         str, ...
     ] = ()  # folders of task YAMLs beside the bundled ones (a calibration set of one's own)

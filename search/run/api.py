@@ -131,6 +131,7 @@ def search_model(
     state = launch_state(device)  # before any other accelerate state: joins CPU processes over gloo
     if not is_int(load.prefix_cache_mb) or load.prefix_cache_mb < 0:
         raise SearchError(f"--prefix-cache-mb: expected megabytes >= 0 (0 = no cache), got {load.prefix_cache_mb!r}")
+    calibration = calibration.for_model(model)
     target = _target(model, settings, calibration, load.window)
     pinned = settings.pinned_json(target.shape)
     out = Path(out)
