@@ -120,7 +120,9 @@ class HybridAttention:
             _set_implementation(self.model, implementation)
         self._order.arrange(spec.group_orders if spec.by_kind else None)
         self._spec = spec
-        setattr(self.model.config, CONFIG_FIELD, spec.saved_mask())
+        # What save_pretrained writes: the mask with the window and sinks it runs (models.checkpoint reads it back).
+        saved = spec.mask.with_meta(window=spec.local.window, sinks=spec.local.sinks)
+        setattr(self.model.config, CONFIG_FIELD, saved.to_json())
 
     def set_mask(self, mask: HeadMask, window: int | None = None, sinks: int | None = None) -> None:
         """Swap the mask in place (search mode): no reload, no weight copy.

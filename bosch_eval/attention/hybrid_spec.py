@@ -243,11 +243,6 @@ class HybridSpec:
             self.mask.bits == other.mask.bits and self.local == other.local and self.by_kind == other.by_kind
         )
 
-    def saved_mask(self) -> dict[str, Any]:
-        """The mask as ``save_pretrained`` writes it into the config (``bosch_mask``), with
-        the window and sinks this spec runs."""
-        return self.mask.with_meta(window=self.local.window, sinks=self.local.sinks).to_json()
-
 
 def _device(device: Any) -> Any:
     import torch

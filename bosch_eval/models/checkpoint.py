@@ -13,13 +13,11 @@ from typing import Any
 
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from bosch_eval.attention.hybrid_attention import hybridize
+from bosch_eval.attention.hybrid_attention import CONFIG_FIELD, hybridize
 from bosch_eval.caches.kv_quant.config import CONFIG_FIELD as KV_QUANT_FIELD
 from bosch_eval.caches.kv_quant.config import KVQuantConfig
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.runtime.errors import MaskError
-
-CONFIG_FIELD = "bosch_mask"
 
 
 def saved_mask(config: Any, source: str = "config.json") -> HeadMask | None:

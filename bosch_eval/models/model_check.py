@@ -82,9 +82,9 @@ def resolve_model(name: str, check: bool = True) -> str:
             return str(model_path(name))
         except FileNotFoundError as err:
             raise ModelError(f"model {name!r}: {err}") from None
-    if names_a_local_model(name):
-        return str(resolve_gguf(name))
-    return check_model_exists(name) if check else name
+    if not names_a_local_model(name):
+        return check_model_exists(name) if check else name
+    return str(resolve_gguf(name))
 
 
 def _looks_like_a_path(name: str) -> bool:
