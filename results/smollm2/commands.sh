@@ -41,6 +41,7 @@
 #   study-leaderboard R  the same for study-compare R (and its claims.md)        -> study_rR/leaderboard.md
 #   answer     the README's answer tables, from the study's comparisons (nothing evaluated) -> answer_doc_seed5.md
 #   rank67     issue 67's study: the six rankings on its calibration set (calibration_choice.md), fp32 -> rankings67/{method}.json
+#   rank67-shift  how far the new set moves each ranking's masks: Jaccard of the SWA sets, old set vs new -> rankings67/shift_rR/
 #   search67 R [S]  issue 67's guarded search at ratio R, seed S: acc_tiebreak on that set, fp32, kappa = 10 (below),
 #              incumbents from rankings67/                                 -> search/guarded67-rR[-sS]/
 #   compare67 R  issue 67's held-out comparison on doc_seed 6 (study67_rR.yaml) -> study67_rR/
@@ -53,7 +54,7 @@ set -euo pipefail
 # under a CPU quota, or beside other work, set OMP_NUM_THREADS yourself). bosch-eval's own default
 # leaves a core free, 1.8x slower here on 2 cores (threads.md).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
-step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|card-uuid|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|calib-choice|dev-uuid|uuid-calib-dev|stage1-dev|tie-break RATIO|dev-tiebreak RATIO|search RATIO [SEED]|search-paper RATIO [SEED]|compare RATIO|leaderboard RATIO|study-search RATIO [SEED]|study-compare RATIO|study-leaderboard RATIO|answer|rank67|search67 RATIO [SEED]|compare67 RATIO|leaderboard67 RATIO|answer67|threads}
+step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|card-uuid|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|calib-choice|dev-uuid|uuid-calib-dev|stage1-dev|tie-break RATIO|dev-tiebreak RATIO|search RATIO [SEED]|search-paper RATIO [SEED]|compare RATIO|leaderboard RATIO|study-search RATIO [SEED]|study-compare RATIO|study-leaderboard RATIO|answer|rank67|rank67-shift|search67 RATIO [SEED]|compare67 RATIO|leaderboard67 RATIO|answer67|threads}
 R=results/smollm2
 CALIB=bosch_niah_calib  # the search's and the rankings' calibration task (README, "The calibration check with four sinks")
 CALIB67=bosch_niah_calib_formats  # issue 67's calibration set, by calibration_choice.md's rule (its Result)
@@ -292,6 +293,14 @@ case $step in
   rank67)   for method in apl dcam proxy qada razor fisher; do
               [ -f $R/rankings67/$method.json ] && continue
               bosch-eval rank --method $method --model smollm2 --calib-task $CALIB67 --dtype float32 --out $R/rankings67/$method.json
+            done ;;
+  rank67-shift) for ratio in 0.75 0.875 0.9375; do
+              out=$R/rankings67/shift_r$ratio; masks=()
+              for method in apl dcam fisher proxy qada razor; do for set in rankings rankings67; do
+                bosch-eval mask from-ranking --ratio $ratio --out $out/masks/$method-$set.json $R/$set/$method.json > /dev/null
+                masks+=("$method ($set)=$out/masks/$method-$set.json")
+              done; done
+              bosch-eval analyze overlap --out $out "${masks[@]}"
             done ;;
   search67) # Chosen before any of its scores: the guarded variant, acc_tiebreak on CALIB67 (calibration_choice.md),
             # four sinks, W = 128, fp32 (no AMX on the CPU sessions' cores; one dtype for the whole study). kappa = 10
