@@ -301,6 +301,7 @@ case $step in
                 masks+=("$method ($set)=$out/masks/$method-$set.json")
               done; done
               bosch-eval analyze overlap --out $out "${masks[@]}"
+              rm $out/jaccard.png  # the notes cite the table; the heatmap is 190 KB of every checkout
             done ;;
   search67) # Chosen before any of its scores: the guarded variant, acc_tiebreak on CALIB67 (calibration_choice.md),
             # four sinks, W = 128, fp32 (no AMX on the CPU sessions' cores; one dtype for the whole study). kappa = 10
