@@ -19,7 +19,7 @@ TARGETS = ("transformers", "serving")
 def _mask(args: argparse.Namespace) -> tuple[HeadMask, str]:
     """The mask asked for: --mask, --ranking/--layers with --ratio, or the one a hybrid
     checkpoint (--model) embeds."""
-    from bosch_eval.models.checkpoint import CONFIG_FIELD  # transformers: not for --help
+    from bosch_eval.attention.hybrid_attention import CONFIG_FIELD  # torch: not for --help
     from bosch_eval.models.resolved_model import ResolvedModel  # torch: likewise
 
     if args.model is None:

@@ -28,11 +28,11 @@ from typing import Any
 
 import torch
 
+from bosch_eval.attention.hybrid_attention import CONFIG_FIELD as MASK_FIELD
 from bosch_eval.attention.hybrid_attention import hybridize
 from bosch_eval.caches.kv_quant.config import CONFIG_FIELD as KV_QUANT_FIELD
 from bosch_eval.masks.head_mask import HeadMask
 from bosch_eval.masks.window import WINDOW_CONVENTIONS
-from bosch_eval.models.checkpoint import CONFIG_FIELD as MASK_FIELD
 from bosch_eval.runtime.errors import ExportError
 
 SERVING_FORMAT = "bosch-serving/1"
