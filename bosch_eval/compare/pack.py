@@ -1,4 +1,4 @@
-"""Pack lm-eval outputs and plots for committing under ``results/`` (results/README.md).
+"""Pack lm-eval outputs for committing under ``results/`` (results/README.md).
 
 A packed folder keeps every number and the means to check it, not the bytes lm-eval repeats
 in every file:
@@ -14,8 +14,7 @@ in every file:
   the field names its entry: ``"see ../shared.json.gz#configs/<sha256[:12]>"`` (a path
   relative to the results file's folder).
 - both are gzipped, which ``compare``, the leaderboard and
-  :func:`bosch_eval.compare.results.read_run` read as they are;
-- ``*.png`` plots are stored with a 256-colour palette where that is smaller.
+  :func:`bosch_eval.compare.results.read_run` read as they are.
 
 Packing a packed folder again changes nothing. ``keep_prompts`` keeps the prompts of
 documents no task can regenerate. Runs in progress are left alone (a
@@ -27,7 +26,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import io
 import json
 import os
 from pathlib import Path
@@ -118,21 +116,6 @@ def strip_results(results: dict[str, Any], store: SharedStore, folder: Path) -> 
     return results
 
 
-def shrink_png(path: Path) -> bool:
-    """Re-store a plot with a 256-colour palette when that is smaller; whether it was."""
-    from PIL import Image  # matplotlib's dependency, only needed here
-
-    with Image.open(path) as image:
-        if image.mode == "P":
-            return False
-        buffer = io.BytesIO()
-        image.convert("RGB").quantize(256, method=Image.Quantize.MEDIANCUT).save(buffer, "PNG", optimize=True)
-    if len(buffer.getvalue()) >= path.stat().st_size:
-        return False
-    path.write_bytes(buffer.getvalue())
-    return True
-
-
 def pack(root: str | Path, keep_prompts: bool = False) -> int:
     """Pack every finished lm-eval output and plot below ``root``; the number of files changed.
 
@@ -158,7 +141,6 @@ def pack(root: str | Path, keep_prompts: bool = False) -> int:
         # indent 2, as lm-eval writes them, so a packed file reads as the original
         changed += _write_packed(path, json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     changed += store.save()
-    changed += sum(shrink_png(path) for path in sorted(root.rglob("*.png")))
     return changed
 
 
