@@ -1,6 +1,7 @@
-"""Bulky logs under results/ are committed gzipped (issue 38): the readers of lm-eval results
-and samples (``compare``'s leaderboard and paired CIs) and of search journals (``--resume``)
-take ``.gz`` too, and the committed files still give the committed numbers."""
+"""Bulky logs under results/ are committed compressed (issue 38): search journals gzipped, a
+comparison's runs in its ``runs.tar.xz``. The readers of lm-eval results and samples
+(``compare``'s leaderboard and paired CIs) and of search journals (``--resume``) take them as they
+are, and the committed files still give the committed numbers."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ import pytest
 from bosch_eval.compare.leaderboard import build_rows, column_order, from_compare_dir, write_leaderboard
 from bosch_eval.compare.pack import DOC_HASH_DIGITS
 from bosch_eval.compare.results import read_run
+from bosch_eval.compare.run_archive import ARCHIVE, readable_runs, restore_runs
 from bosch_eval.compare.runner import check_out_dir, plan_runs
 from bosch_eval.compare.spec import load_spec
 from bosch_eval.masks.head_mask import ModelShape
 from bosch_eval.models.model_check import model_config, resolve_model
-from bosch_eval.runtime.errors import JournalError
+from bosch_eval.runtime.errors import EntryError, JournalError
 from bosch_eval.search.journal.store import Journal
 
 REPO = Path(__file__).resolve().parents[1]
@@ -142,13 +144,17 @@ class TestCommittedResults:
             else:
                 assert path.name.endswith(".log.gz") and text, path  # a command's output (toy_sinks/run.log.gz)
 
-    def test_every_compare_run_reads_its_gzipped_results(self) -> None:
-        """Every finished run of every committed comparison keeps its lm-eval results gzipped, and reads."""
-        runs = sorted(path.parent for path in (REPO / "results").glob("**/runs/*/run.json"))
-        assert len(runs) > 100, runs
-        for run in runs:
-            assert list(run.rglob("results_*.json.gz")) and not list(run.rglob("results_*.json")), run
-            assert read_run(run).results, run
+    def test_every_committed_comparison_keeps_its_runs_in_its_archive_and_each_reads(self) -> None:
+        """No committed comparison leaves finished runs beside its ``runs.tar.xz``; each archived run reads."""
+        assert not list((REPO / "results").glob("**/runs/*/run.json"))
+        archives = sorted((REPO / "results").rglob(ARCHIVE))
+        read = 0
+        for archive in archives:
+            with readable_runs(archive.parent) as runs:
+                for run in runs.iterdir():
+                    assert read_run(run).results and (run / "run.json").is_file(), (archive, run.name)
+                    read += 1
+        assert len(archives) >= 11 and read > 100, (archives, read)
 
 
 # Committed comparisons (config, out) and what each must still do from its gzipped runs.
@@ -190,11 +196,16 @@ class TestCommittedComparison:  # about 0.5 s per test: the fast lane
 
     @pytest.mark.parametrize(("config", "out"), [*CURRENT, COMPARISONS[2]])
     def test_resume_takes_every_run_as_finished(self, config: str, out: str, tmp_path: Path) -> None:
+        """Archived runs count as finished: without --resume nothing is written; with it they are restored."""
         copy = tmp_path / "out"
         shutil.copytree(out, copy)
         spec = load_spec(config)
         plan = plan_runs(spec)
+        with pytest.raises(EntryError, match="runs are already finished"):
+            check_out_dir(spec, copy, resume=False, plan=plan)
+        assert (copy / ARCHIVE).read_bytes() == (Path(out) / ARCHIVE).read_bytes() and not (copy / "runs").exists()
         assert check_out_dir(spec, copy, resume=True, plan=plan) == {item.run for item in plan}
+        assert not (copy / ARCHIVE).exists() and {p.name for p in (copy / "runs").iterdir()} >= {i.run for i in plan}
 
     @pytest.mark.parametrize(("config", "out"), CURRENT)
     def test_the_leaderboard_rebuilds_byte_for_byte(self, config: str, out: str, tmp_path: Path) -> None:
@@ -204,15 +215,12 @@ class TestCommittedComparison:  # about 0.5 s per test: the fast lane
             assert (tmp_path / name).read_bytes() == (Path(out) / name).read_bytes(), name
 
     @pytest.mark.parametrize(("config", "out"), COMPARISONS)
-    def test_gzipped_runs_give_the_leaderboard_of_the_unpacked_ones(
+    def test_archived_runs_give_the_leaderboard_of_the_restored_ones(
         self, config: str, out: str, tmp_path: Path
     ) -> None:
         copy = tmp_path / "out"
-        shutil.copytree(Path(out) / "runs", copy / "runs")
-        shutil.copy(Path(out) / "leaderboard.json", copy)
-        for path in copy.rglob("*.gz"):
-            path.with_suffix("").write_bytes(gzip.decompress(path.read_bytes()))
-            path.unlink()
+        shutil.copytree(out, copy)
+        assert restore_runs(copy)
         rebuild(config, Path(out), tmp_path / "packed")
         rebuild(config, copy, tmp_path / "plain")
         for name in WRITTEN:
@@ -223,7 +231,8 @@ class TestCommittedComparison:  # about 0.5 s per test: the fast lane
         """Each cell's metric and mean (and CI where the samples are committed) as the committed leaderboard has it."""
         committed = json.loads((Path(out) / "leaderboard.json").read_text())
         rebuilt = rebuild(config, Path(out), tmp_path)
-        with_samples = bool(list(Path(out).glob("runs/*/*/samples_*")))
+        with readable_runs(out) as runs:
+            with_samples = bool(list(runs.glob("*/*/samples_*")))
         assert [row["entry"] for row in rebuilt["rows"]] == [row["entry"] for row in committed["rows"]]
         for new, old in zip(rebuilt["rows"], committed["rows"]):
             assert new["cells"].keys() == old["cells"].keys(), new["entry"]
@@ -231,10 +240,11 @@ class TestCommittedComparison:  # about 0.5 s per test: the fast lane
                 keys = ("metric", "mean", "ci") if with_samples else ("metric", "mean")
                 assert {k: new["cells"][task][k] for k in keys} == {k: cell[k] for k in keys}, (new["entry"], task)
 
-    def test_paired_cis_come_from_gzipped_samples(self) -> None:
-        """The byte-for-byte rebuild covers paired CIs read from gzipped samples."""
+    def test_paired_cis_come_from_archived_samples(self) -> None:
+        """The byte-for-byte rebuild covers paired CIs read from the samples in the archive."""
         out = Path("results/calibration/tiebreak/vs_static_r0.75")
-        assert list(out.glob("runs/*/*/samples_*.jsonl.gz")) and not list(out.glob("runs/*/*/samples_*.jsonl"))
+        with readable_runs(out) as runs:
+            assert list(runs.glob("*/*/samples_*.jsonl")) and not (out / "runs").exists()
         saved = json.loads((out / "leaderboard.json").read_text())
         assert any(cell.get("ci") for row in saved["rows"] for cell in row["cells"].values()), "no paired CI to compare"
 
@@ -258,9 +268,11 @@ def test_stripped_samples_regenerate_with_their_doc_hash(monkeypatch: pytest.Mon
         for name, task in load_task(manager, task_name)["tasks"].items()
     }
     checked = 0
-    for packed in sorted(Path(out).glob("runs/*/*/samples_*.jsonl.gz")):
+    with readable_runs(out) as runs:
+        packed_files = {path.relative_to(runs): path.read_text() for path in runs.glob("*/*/samples_*.jsonl")}
+    for packed, text in sorted(packed_files.items()):
         task = packed.name[len("samples_") :].rsplit("_", 1)[0]
-        for line in gzip.decompress(packed.read_bytes()).decode().splitlines():
+        for line in text.splitlines():
             sample = json.loads(line)
             assert "input" not in sample["doc"] and "arg_0" not in sample["arguments"]["gen_args_0"], packed
             doc = docs[task][sample["doc_id"]]

@@ -5,7 +5,7 @@ static entries are scored while the searches run, and a later call, once a searc
 written its mask.json, resumes the same output directory with that entry added. Every
 dropped entry is named on stderr, so nothing is left out silently.
 
-``--finished OUT``: only what ``OUT/runs`` holds (the reference always; a seeded entry with the
+``--finished OUT``: only what ``OUT`` holds finished (``runs/`` or ``runs.tar.xz``; the reference always; a seeded entry with the
 seeds finished), so that ``compare --resume`` on it runs nothing and writes the leaderboard of
 the runs made so far (commands.sh leaderboard). A ``claimant`` left out is dropped too (named on
 stderr): its claims wait for its run.
@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from bosch_eval.compare.run_archive import finished_runs
+
 
 def entry_args(entry: str | dict[str, Any]) -> tuple[str, dict[str, str]]:
     """An entry's name and model_args, from ``NAME=k=v,...`` or ``{name, args, seeds}``."""
@@ -35,13 +37,14 @@ def missing_mask(args: dict[str, str]) -> Path | None:
     return None if mask == "full" or Path(mask).is_file() else Path(mask)
 
 
-def finished_seeds(name: str, runs: Path) -> list[int]:
-    """The seeds of ``name`` whose run (``NAME@seed=S``) is finished under ``runs``."""
-    return sorted(int(p.name.split("@seed=")[1]) for p in runs.glob(f"{name}@seed=*") if (p / "run.json").is_file())
+def finished_seeds(name: str, runs: set[str]) -> list[int]:
+    """The seeds of ``name`` whose run (``NAME@seed=S``) is among the finished ``runs``."""
+    return sorted(int(run.split("@seed=")[1]) for run in runs if run.startswith(f"{name}@seed="))
 
 
 def narrow(spec: dict[str, Any], finished: Path | None, where: str) -> list[str | dict[str, Any]]:
     """The entries of ``spec`` whose mask exists (and, with ``finished``, whose runs are done there)."""
+    runs = finished_runs(finished) if finished is not None else set()
     kept = []
     for entry in spec["entries"]:
         name, args = entry_args(entry)
@@ -50,14 +53,14 @@ def narrow(spec: dict[str, Any], finished: Path | None, where: str) -> list[str 
             continue
         if finished is not None and name != spec.get("reference", "original"):
             seeded = args.get("layers") == "rand" and "seed" not in args
-            seeds = finished_seeds(name, finished / "runs") if seeded else []
+            seeds = finished_seeds(name, runs) if seeded else []
             if seeded and seeds:
                 entry = {
                     "name": name,
                     "args": entry.split("=", 1)[1] if isinstance(entry, str) else entry.get("args"),
                     "seeds": seeds,
                 }
-            elif not (finished / "runs" / name / "run.json").is_file():
+            elif name not in runs:
                 print(f"{where}: entry {name!r} has no finished run in {finished}; left out", file=sys.stderr)
                 continue
             if seeded and seeds != list(spec.get("seeds") or []):

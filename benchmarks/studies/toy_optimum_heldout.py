@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from bosch_eval.compare.results import read_run
+from bosch_eval.compare.run_archive import readable_runs
 from bosch_eval.search.journal.store import mask_key
 
 OPTIMUM = Path("results/toy_optimum")
@@ -21,7 +22,7 @@ LEADERBOARD = Path("results/toy_compare/leaderboard_toy")
 
 def run_scores(run: Path) -> dict[str, float]:
     scores: dict[str, float] = {}
-    results = read_run(run).results  # the committed runs' results_*.json are gzipped (issue 38)
+    results = read_run(run).results
     if "niah_single_1" in results:
         scores["niah_single_1@512"] = results["niah_single_1"]["512,none"]
         scores["niah_single_1@1024"] = results["niah_single_1"]["1024,none"]
@@ -33,11 +34,12 @@ def run_scores(run: Path) -> dict[str, float]:
 def leaderboard_runs() -> dict[str, tuple[str, dict[str, float]]]:
     """Mask key → (first run name with that mask, its held-out scores)."""
     runs: dict[str, tuple[str, dict[str, float]]] = {}
-    for run in sorted((LEADERBOARD / "runs").iterdir()):
-        mask = json.loads((run / "run.json").read_text()).get("mask")
-        if mask is None:
-            continue
-        runs.setdefault(mask_key(mask["mask"]), (run.name, run_scores(run)))
+    with readable_runs(LEADERBOARD) as finished:  # the committed runs are in its runs.tar.xz
+        for run in sorted(finished.iterdir()):
+            mask = json.loads((run / "run.json").read_text()).get("mask")
+            if mask is None:
+                continue
+            runs.setdefault(mask_key(mask["mask"]), (run.name, run_scores(run)))
     return runs
 
 

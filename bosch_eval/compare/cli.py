@@ -100,7 +100,12 @@ def compare_main(args: argparse.Namespace) -> None:
     from bosch_eval.compare.runner import output_lock, resolved_model, run_compare
 
     if args.pack:
-        print(f"{args.out}: {pack(args.out, keep_prompts=args.keep_prompts)} files packed")
+        if not Path(args.out).is_dir():  # before the lock, which would create it
+            raise EntryError(
+                f"--out {args.out}: not a directory (expected a comparison's --out or an lm_eval --output_path)"
+            )
+        with output_lock(args.out):  # packing moves finished runs into runs.tar.xz: not while a comparison writes
+            print(f"{args.out}: {pack(args.out, keep_prompts=args.keep_prompts)} files packed")
         return
     if args.new_settings and not args.resume:
         raise EntryError("--new-settings: evaluates again finished runs that no longer match; pass it with --resume")

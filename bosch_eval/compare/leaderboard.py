@@ -15,6 +15,7 @@ from typing import Any
 from bosch_eval.compare.kv_bytes import entry_kv_bytes
 from bosch_eval.compare.paired_ci import PairedDifference, paired_bootstrap_ci
 from bosch_eval.compare.results import RunResults, doc_values, main_score, read_run
+from bosch_eval.compare.run_archive import RUN_FILE, readable_runs
 from bosch_eval.masks.head_mask import HeadMask, HeadRanking
 from bosch_eval.runtime.errors import EntryError
 from bosch_eval.tasks.niah.eval_suite import value_format
@@ -89,15 +90,16 @@ def _members(name: str, groups: dict[str, list[str]]) -> set[str]:
 
 
 def from_compare_dir(out: Path, entries_order: list[str]) -> list[EntryRuns]:
-    """The finished runs under ``out/runs``, grouped by entry (in ``entries_order``)."""
+    """The finished runs of ``out`` (``runs/`` or its ``runs.tar.xz``), grouped by entry (in ``entries_order``)."""
     by_entry: dict[str, EntryRuns] = {}
-    for run_dir in sorted((out / "runs").iterdir()):
-        record = json.loads((run_dir / "run.json").read_text())
-        mask = HeadMask.from_json(record["mask"], str(run_dir / "run.json"))
-        args = {k: v for k, v in record["model_args"].items() if k != "seed"}
-        item = by_entry.setdefault(record["entry"], EntryRuns(record["entry"], [], args, mask))
-        item.runs.append(read_run(run_dir))
-        item.run_names.append(run_dir.name)
+    with readable_runs(out) as runs:
+        for run_dir in sorted(runs.iterdir()):
+            record = json.loads((run_dir / RUN_FILE).read_text())
+            mask = HeadMask.from_json(record["mask"], f"{out}/runs/{run_dir.name}/{RUN_FILE}")
+            args = {k: v for k, v in record["model_args"].items() if k != "seed"}
+            item = by_entry.setdefault(record["entry"], EntryRuns(record["entry"], [], args, mask))
+            item.runs.append(read_run(run_dir))
+            item.run_names.append(run_dir.name)
     return [by_entry[name] for name in entries_order if name in by_entry]
 
 

@@ -14,7 +14,9 @@ in every file:
   the field names its entry: ``"see ../shared.json.gz#configs/<sha256[:12]>"`` (a path
   relative to the results file's folder).
 - both are gzipped, which ``compare``, the leaderboard and
-  :func:`bosch_eval.compare.results.read_run` read as they are.
+  :func:`bosch_eval.compare.results.read_run` read as they are;
+- a comparison's finished runs then move into one ``runs.tar.xz``
+  (:mod:`bosch_eval.compare.run_archive`), which stores them 7 times smaller again.
 
 Packing a packed folder again changes nothing. ``keep_prompts`` keeps the prompts of
 documents no task can regenerate. Runs in progress are left alone (a
@@ -31,9 +33,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from bosch_eval.compare.run_archive import RUN_FILE, archive_runs
 from bosch_eval.runtime.errors import BoschError
 
-RUN_FILE = "run.json"  # bosch_eval.compare.runner's: a run is finished once it exists
 SHARED_FILE = "shared.json.gz"
 DOC_HASH_DIGITS = 16
 PACKED = "see "  # how a field moved into SHARED_FILE starts
@@ -117,7 +119,8 @@ def strip_results(results: dict[str, Any], store: SharedStore, folder: Path) -> 
 
 
 def pack(root: str | Path, keep_prompts: bool = False) -> int:
-    """Pack every finished lm-eval output and plot below ``root``; the number of files changed.
+    """Pack every finished lm-eval output below ``root``, a comparison's runs into its archive; the number of
+    files written (the archive counts once).
 
     ``keep_prompts``: for documents no task regenerates (made before it was seeded), whose
     prompt is the only record of what was asked.
@@ -141,6 +144,7 @@ def pack(root: str | Path, keep_prompts: bool = False) -> int:
         # indent 2, as lm-eval writes them, so a packed file reads as the original
         changed += _write_packed(path, json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     changed += store.save()
+    changed += archive_runs(root)
     return changed
 
 

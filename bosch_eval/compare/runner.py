@@ -5,6 +5,8 @@ Layout under ``out``::
     compare.json          the settings of the finished runs (a resume must match them)
     runs/<run>/           one finished run: lm-eval's results_*.json and samples_*.jsonl
                           (one pair per task) and run.json (entry, mask, window, inputs)
+    runs.tar.xz           finished runs packed for committing (``--pack``): restored to runs/
+                          when a comparison starts (:mod:`bosch_eval.compare.run_archive`)
     .partial/<run>/       the run in progress; moved to runs/ when its last task is done
     .requests/<run>/      its answers so far: lm-eval's request cache (``use_cache``), written per
                           batch, and pin.json (what decides them); removed when the run finishes
@@ -36,6 +38,7 @@ from typing import Any
 
 from bosch_eval.compare.entries import Entry
 from bosch_eval.compare.inputs import FILE_SOURCES, changed, run_inputs
+from bosch_eval.compare.run_archive import ARCHIVE, RUN_FILE, finished_runs, readable_runs, restore_runs
 from bosch_eval.compare.spec import CompareSpec
 from bosch_eval.masks.head_mask import HeadMask, ModelShape
 from bosch_eval.masks.mask_sources import MaskRequest, resolve_mask
@@ -53,7 +56,6 @@ from bosch_eval.runtime.lm_eval_session import load_task, task_manager
 from bosch_eval.runtime.outdir_lock import OutputLock
 from bosch_eval.runtime.previous_results import keep_aside
 
-RUN_FILE = "run.json"
 REQUESTS_DIR = ".requests"
 PIN_FILE = "pin.json"
 SETTINGS_FILE = "compare.json"
@@ -123,15 +125,15 @@ def check_out_dir(
     A finished run is never replaced unasked: with other settings, other model_args or other
     inputs (:func:`bosch_eval.compare.inputs.changed`) a resume is refused, naming what
     differs, unless ``new_settings``; then the finished runs that no longer stand, and the
-    leaderboard made from them, move to ``out/previous/<time>/`` and are evaluated again.
+    leaderboard made from them, move to ``out/previous/<time>/`` and are evaluated again. Runs
+    packed into ``runs.tar.xz`` count as finished; they are restored to ``runs/`` once the resume
+    is allowed, and nothing is written before that.
 
     Raises:
         EntryError: finished runs exist without ``resume``, or they were made with other
             settings, model_args or inputs (without ``new_settings``).
     """
-    finished = (
-        {p.name for p in (out / "runs").iterdir() if (p / RUN_FILE).is_file()} if (out / "runs").is_dir() else set()
-    )
+    finished = finished_runs(out)
     if finished and not resume:
         raise EntryError(
             f"{out}: {len(finished)} runs are already finished ({sorted(finished)[:3]}...); pass --resume or another --out"
@@ -150,13 +152,15 @@ def check_out_dir(
                 "--new-settings to evaluate them again (the old runs and leaderboard are kept in previous/)"
             )
         if differ:
-            keep_aside(out, ["runs", SETTINGS_FILE, *LEADERBOARD_FILES], {"settings": saved})
+            keep_aside(out, ["runs", ARCHIVE, SETTINGS_FILE, *LEADERBOARD_FILES], {"settings": saved})
             finished = set()
+    with readable_runs(out) as runs:
+        records = {run: json.loads((runs / run / RUN_FILE).read_text()) for run in finished}
     skip, stale = set(), {}
     for item in plan:
         if item.run not in finished:
             continue
-        record = json.loads((out / "runs" / item.run / RUN_FILE).read_text())
+        record = records[item.run]
         reasons = changed(record.get("inputs"), item.inputs)
         if _args_key(record["model_args"]) != _args_key(item.args):
             reasons.insert(0, f"field 'args' is {item.args} but the run was made with {record['model_args']}")
@@ -169,6 +173,8 @@ def check_out_dir(
             f"{out}: finished runs no longer match this comparison: {' | '.join(stale.values())}; pass --new-settings to "
             "evaluate them again (the old runs and leaderboard are kept in previous/), or use another --out"
         )
+    if restored := restore_runs(out):  # runs are added and replaced in runs/; --pack archives them again
+        log.info("%s: %d finished runs restored from %s to runs/", out, restored, ARCHIVE)
     if stale:
         log.warning("%s: evaluating again: %s", out, " | ".join(stale.values()))
         keep_aside(out, [f"runs/{run}" for run in stale] + list(LEADERBOARD_FILES), {"runs": stale})

@@ -47,6 +47,7 @@
 #   compare67 R  issue 67's held-out comparison on doc_seed 6 (study67_rR.yaml) -> study67_rR/
 #   leaderboard67 R  its table from the runs finished so far (nothing evaluated) -> study67_rR/leaderboard.md
 #   answer67   the README's answer tables from issue 67's comparisons         -> answer_doc_seed6.md
+#   pack67     the three comparisons' finished runs packed for committing      -> study67_r*/runs.tar.xz
 #   threads    SmolLM2 forward passes with 1 thread and one per core, alone and beside a busy process (printed; threads.md)
 # On a lent GPU, gpu_session.sh runs the search and compare steps side by side.
 set -euo pipefail
@@ -54,7 +55,7 @@ set -euo pipefail
 # under a CPU quota, or beside other work, set OMP_NUM_THREADS yourself). bosch-eval's own default
 # leaves a core free, 1.8x slower here on 2 cores (threads.md).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
-step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|card-uuid|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|calib-choice|dev-uuid|uuid-calib-dev|stage1-dev|tie-break RATIO|dev-tiebreak RATIO|search RATIO [SEED]|search-paper RATIO [SEED]|compare RATIO|leaderboard RATIO|study-search RATIO [SEED]|study-compare RATIO|study-leaderboard RATIO|answer|rank67|rank67-shift|search67 RATIO [SEED]|compare67 RATIO|leaderboard67 RATIO|answer67|threads}
+step=${1:?usage: results/smollm2/commands.sh probe|defaults|sinks|card|card-uuid|rank|check|check-niah|check-sinks CALIB|check-tiebreak|check-ties|check-ties-long|calib-choice|dev-uuid|uuid-calib-dev|stage1-dev|tie-break RATIO|dev-tiebreak RATIO|search RATIO [SEED]|search-paper RATIO [SEED]|compare RATIO|leaderboard RATIO|study-search RATIO [SEED]|study-compare RATIO|study-leaderboard RATIO|answer|rank67|rank67-shift|search67 RATIO [SEED]|compare67 RATIO|leaderboard67 RATIO|answer67|pack67|threads}
 R=results/smollm2
 CALIB=bosch_niah_calib  # the search's and the rankings' calibration task (README, "The calibration check with four sinks")
 CALIB67=bosch_niah_calib_formats  # issue 67's calibration set, by calibration_choice.md's rule (its Result)
@@ -316,8 +317,14 @@ case $step in
               --out $out "${resume[@]}" ;;
   compare67) # the entries whose mask exists run now, a later call adds the searches' (available_entries.py)
             ratio=${2:?ratio}; out=$R/study67_r$ratio; mkdir -p $out/runs
-            for other in $R/study67_r*/runs/original; do  # the original's run is the same at every ratio
-              if [ ! -e $out/runs/original ] && [ -f $other/run.json ]; then ln -s ../../${other#$R/} $out/runs/original; fi
+            # the original's run is the same at every ratio: a finished one on disk is copied, not evaluated again
+            # (19 min; --resume still checks its inputs against this comparison's); a copy, not a link, so that each
+            # folder packs alone (pack67). This folder's own, finished or archived, is kept.
+            archived_original() { [ -f $1/runs.tar.xz ] && tar -tJf $1/runs.tar.xz | grep -qx runs/original/run.json; }
+            for other in $R/study67_r*/runs/original; do
+              if [ ! -e $out/runs/original ] && ! archived_original $out && [ -f $other/run.json ]; then
+                cp -rL $other $out/runs/original
+              fi
             done
             python benchmarks/studies/available_entries.py $R/study67_r$ratio.yaml $out/available.yaml
             bosch-eval compare --config $out/available.yaml --out $out --resume ;;
@@ -325,6 +332,9 @@ case $step in
             python benchmarks/studies/available_entries.py $R/study67_r$ratio.yaml $out/finished.yaml --finished $out
             bosch-eval compare --config $out/finished.yaml --out $out --resume ;;
   answer67) python benchmarks/studies/study_summary.py $R/study67_r0.75 $R/study67_r0.875 $R/study67_r0.9375 > $R/answer_doc_seed6.md ;;
+  pack67)   # once the three comparisons are finished (a copy of the original's run is taken from disk): each one's
+            # finished runs into its runs.tar.xz (results/README.md)
+            for out in $R/study67_r*; do bosch-eval compare --pack --out $out; done ;;
   threads)  python benchmarks/threads_loaded.py --model smollm2 --dtype bfloat16 --batch 8 --length 1024 --rounds 2 --forwards 3 ;;
   leaderboard) # the leaderboard of the runs finished so far, evaluating nothing (a comparison stopped early)
             ratio=${2:?ratio}; out=$R/leaderboard_r$ratio
