@@ -41,7 +41,7 @@ def finished_on_disk(root: Path) -> list[Path]:
 
 def archived_runs(root: str | Path) -> set[str]:
     """The names of the runs in ``root``'s archive (none without one)."""
-    return {PurePosixPath(name).parts[1] for name in _members(Path(root))}
+    return _run_names(_members(Path(root)))
 
 
 def finished_runs(root: str | Path) -> set[str]:
@@ -60,12 +60,7 @@ def archive_runs(root: str | Path) -> bool:
     if not on_disk:
         return False
     members = _members(root)
-    both = sorted({path.name for path in on_disk} & {PurePosixPath(name).parts[1] for name in members})
-    if both:
-        raise BoschError(
-            f"{root}: runs {both} are both in {RUNS}/ and in {ARCHIVE}; restore the archive (any `bosch-eval compare` "
-            f"on this --out does) or remove one copy"
-        )
+    _refuse_runs_in_both(root, members)
     for run in on_disk:
         for path in sorted(p for p in run.rglob("*") if p.is_file()):
             data = path.read_bytes()
@@ -91,13 +86,10 @@ def restore_runs(root: str | Path) -> int:
     members = _members(root)
     if not members:
         return 0
-    names = {PurePosixPath(name).parts[1] for name in members}
-    both = sorted(names & {path.name for path in (root / RUNS).iterdir()}) if (root / RUNS).is_dir() else []
-    if both:
-        raise BoschError(f"{root}: runs {both} are both in {RUNS}/ and in {ARCHIVE}; remove one copy")
+    _refuse_runs_in_both(root, members)
     _extract(members, root)
     (root / ARCHIVE).unlink()
-    return len(names)
+    return len(_run_names(members))
 
 
 @contextlib.contextmanager
@@ -113,6 +105,18 @@ def readable_runs(root: str | Path) -> Iterator[Path]:
         for run in finished_on_disk(root):
             (Path(temporary) / RUNS / run.name).symlink_to(run.resolve(), target_is_directory=True)
         yield Path(temporary) / RUNS
+
+
+def _run_names(members: dict[str, bytes]) -> set[str]:
+    return {PurePosixPath(name).parts[1] for name in members}
+
+
+def _refuse_runs_in_both(root: Path, members: dict[str, bytes]) -> None:
+    """A run in ``root/runs`` (finished or not) and in the archive: which copy holds the run is not ours to guess."""
+    on_disk = {path.name for path in (root / RUNS).iterdir()} if (root / RUNS).is_dir() else set()
+    both = sorted(on_disk & _run_names(members))
+    if both:
+        raise BoschError(f"{root}: runs {both} are both in {RUNS}/ and in {ARCHIVE}; remove one copy")
 
 
 def _members(root: Path) -> dict[str, bytes]:
