@@ -328,3 +328,33 @@ def test_reference_and_from_results_that_name_nothing(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(_cli(tmp_path / "b", "--from-results", str(tmp_path / "empty"))) == 2
     assert "no lm-eval results_*.json below it" in capsys.readouterr().err
+
+
+def test_a_packed_comparison_resumes_beside_its_archive_and_packs_again(tmp_path):
+    """Archived runs count as finished; a new entry's run goes to runs/ and the next --pack adds it; a run
+    evaluated again is set aside from the restored archive."""
+    import shutil
+
+    from bosch_eval.compare.run_archive import ARCHIVE, archived_runs
+    from bosch_eval.masks.head_mask import HeadMask
+
+    out, mask = tmp_path / "cmp", tmp_path / "mask.json"
+    shutil.copy(MASK, mask)
+    both = ("original=", f"bosch=mask={mask}")
+    assert main(_cli(out)) == 0 and main(["compare", "--pack", "--out", str(out)]) == 0
+    assert archived_runs(out) == {"original"} and not (out / "runs").exists()
+
+    assert main(_cli(out, "--resume", entries=both)) == 0
+    assert archived_runs(out) == {"original"} and [p.name for p in (out / "runs").iterdir()] == ["bosch"]
+    board = json.loads((out / "leaderboard.json").read_text())
+    assert [row["entry"] for row in board["rows"]] == ["original", "bosch"]
+    assert main(["compare", "--pack", "--out", str(out)]) == 0
+    assert archived_runs(out) == {"original", "bosch"} and not (out / "runs").exists()
+    assert main(_cli(out, "--resume", entries=both)) == 0  # nothing evaluated: the same rows from the archive
+    assert json.loads((out / "leaderboard.json").read_text())["rows"] == board["rows"]
+
+    HeadMask.from_rows([[0] * 4] * 4, 8, window=32).save(mask)
+    assert main(_cli(out, "--resume", "--new-settings", entries=both)) == 0
+    (kept,) = (out / "previous").iterdir()
+    assert (kept / "runs" / "bosch" / "run.json").is_file() and not (out / ARCHIVE).exists()
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["bosch", "original"]

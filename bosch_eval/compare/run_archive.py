@@ -8,8 +8,9 @@ suffix: :func:`bosch_eval.compare.results.read_run` reads either), in name order
 time or owner, so the same runs give the same archive.
 
 ``compare --pack`` moves the finished runs into the archive (a run linked from another
-comparison is stored by content); ``compare`` restores them to ``runs/`` before it resumes,
-since it adds and replaces runs there. Readers that only read use :func:`readable_runs`.
+comparison is stored by content). A resumed ``compare`` counts archived runs as finished and
+writes new ones to ``runs/`` beside it (the next ``--pack`` adds them); it restores the archive
+only to set aside runs it evaluates again. Readers use :func:`readable_runs`.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ Layout under ``out``::
     compare.json          the settings of the finished runs (a resume must match them)
     runs/<run>/           one finished run: lm-eval's results_*.json and samples_*.jsonl
                           (one pair per task) and run.json (entry, mask, window, inputs)
-    runs.tar.xz           finished runs packed for committing (``--pack``): restored to runs/
-                          when a comparison starts (:mod:`bosch_eval.compare.run_archive`)
+    runs.tar.xz           finished runs packed for committing (``--pack``), read as they are;
+                          new runs go to runs/ (:mod:`bosch_eval.compare.run_archive`)
     .partial/<run>/       the run in progress; moved to runs/ when its last task is done
     .requests/<run>/      its answers so far: lm-eval's request cache (``use_cache``), written per
                           batch, and pin.json (what decides them); removed when the run finishes
@@ -126,8 +126,8 @@ def check_out_dir(
     inputs (:func:`bosch_eval.compare.inputs.changed`) a resume is refused, naming what
     differs, unless ``new_settings``; then the finished runs that no longer stand, and the
     leaderboard made from them, move to ``out/previous/<time>/`` and are evaluated again. Runs
-    packed into ``runs.tar.xz`` count as finished; they are restored to ``runs/`` once the resume
-    is allowed, and nothing is written before that.
+    packed into ``runs.tar.xz`` count as finished and stay there (new runs go to ``runs/``); the
+    archive is restored to ``runs/`` only when some of its runs are evaluated again.
 
     Raises:
         EntryError: finished runs exist without ``resume``, or they were made with other
@@ -173,10 +173,10 @@ def check_out_dir(
             f"{out}: finished runs no longer match this comparison: {' | '.join(stale.values())}; pass --new-settings to "
             "evaluate them again (the old runs and leaderboard are kept in previous/), or use another --out"
         )
-    if restored := restore_runs(out):  # runs are added and replaced in runs/; --pack archives them again
-        log.info("%s: %d finished runs restored from %s to runs/", out, restored, ARCHIVE)
     if stale:
         log.warning("%s: evaluating again: %s", out, " | ".join(stale.values()))
+        if restored := restore_runs(out):  # the stale runs move aside from runs/; --pack archives the rest again
+            log.info("%s: %d finished runs restored from %s to runs/", out, restored, ARCHIVE)
         keep_aside(out, [f"runs/{run}" for run in stale] + list(LEADERBOARD_FILES), {"runs": stale})
     shutil.rmtree(out / ".partial", ignore_errors=True)  # the run a kill interrupted
     _clear_stale_request_caches(spec, out, [item for item in plan if item.run not in skip])
