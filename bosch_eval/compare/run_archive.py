@@ -30,11 +30,11 @@ from bosch_eval.runtime.errors import BoschError
 
 ARCHIVE = "runs.tar.xz"
 RUNS = "runs"
-RUN_FILE = "run.json"  # bosch_eval.compare.runner's: a run is finished once it exists
+RUN_FILE = "run.json"  # the runner writes it last: a run folder holding it is finished
 XZ_PRESET = 9 | lzma.PRESET_EXTREME  # 75 KB against 91 KB at the default preset, 3 s for a study
 
 
-def finished_on_disk(root: Path) -> list[Path]:
+def finished_on_disk(root: str | Path) -> list[Path]:
     """The finished runs under ``root/runs`` (a folder, or a link to one, holding ``run.json``)."""
     runs = Path(root) / RUNS
     return sorted(path for path in runs.iterdir() if (path / RUN_FILE).is_file()) if runs.is_dir() else []
